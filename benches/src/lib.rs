@@ -1,0 +1,1 @@
+//! `pagoda-bench`: load generator and benchmarks for Pagoda.

@@ -1,0 +1,122 @@
+//! The boundary between the scheduler and the model: one [`ScheduledBatch`] in, one
+//! [`StepOutput`] out per engine step.
+//!
+//! Prefill and decode are the same thing here: each scheduled sequence computes `q_len >= 1` new
+//! tokens starting at position `start_pos` (its `num_computed_tokens`), attending to everything
+//! before it through its block table. A decode is `q_len == 1`.
+
+use std::sync::Arc;
+
+use crate::sampling::SamplingParams;
+
+/// Identifies one sequence (one of the `n` samples of a request) for the engine's lifetime.
+pub type SeqId = u64;
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone)]
+pub struct ScheduledSeq {
+    pub seq_id: SeqId,
+    /// The tokens to compute this step: `token_ids[start_pos..start_pos + q_len]` of the sequence.
+    pub token_ids: Vec<u32>,
+    /// Number of tokens already in the KV cache (`num_computed_tokens` before this step).
+    pub start_pos: usize,
+    /// Physical KV blocks covering positions `0..start_pos + q_len`, in order.
+    pub block_table: Vec<u32>,
+    /// `Some` when this step completes the sequence's prompt (or is a decode), so a token must be
+    /// sampled from the logits of its last position.
+    pub sample: Option<SampleRequest>,
+}
+
+impl ScheduledSeq {
+    pub fn q_len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Context length after this step: cached tokens plus the new ones.
+    pub fn context_len(&self) -> usize {
+        self.start_pos + self.token_ids.len()
+    }
+}
+
+/// What the sampler needs to draw one token for one sequence.
+#[derive(Debug, Clone)]
+pub struct SampleRequest {
+    pub params: Arc<SamplingParams>,
+    /// Effective seed of this sequence (request seed mixed with the sample index).
+    pub seed: u64,
+    /// How many tokens this sequence has generated so far; with `seed` it fixes the random draw,
+    /// so the output does not depend on batch composition or preemption.
+    pub output_index: usize,
+    /// Prompt then output token ids; filled only when `params.needs_history()`.
+    pub history: Option<Arc<[u32]>>,
+    /// Number of prompt tokens at the start of `history` (penalties other than repetition apply
+    /// to output tokens only).
+    pub prompt_len: usize,
+    /// Token ids that must not be sampled this step (eos and stop ids while `min_tokens` is not
+    /// reached).
+    pub banned_token_ids: Vec<u32>,
+}
+
+/// One engine step: a mixed batch of prefill chunks and decodes.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduledBatch {
+    pub seqs: Vec<ScheduledSeq>,
+}
+
+impl ScheduledBatch {
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.q_len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+}
+
+/// Logprob of one token id.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+}
+
+/// The sampled token's logprob and the most likely alternatives, most likely first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprobs {
+    pub sampled: TokenLogprob,
+    pub top: Vec<TokenLogprob>,
+}
+
+/// The token drawn for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    pub seq_id: SeqId,
+    pub token_id: u32,
+    pub logprobs: Option<TopLogprobs>,
+}
+
+/// Result of one step: one entry per scheduled sequence with `sample: Some`, in batch order.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    pub sampled: Vec<SampledToken>,
+}
+
+/// Why a step could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    #[error("model execution failed: {0}")]
+    Execution(String),
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+}
+
+/// Runs the model over one scheduled batch and samples the requested tokens.
+pub trait ModelExecutor: Send {
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<StepOutput, ExecutorError>;
+
+    /// Size of one KV block in tokens; the scheduler uses the same.
+    fn block_size(&self) -> usize;
+
+    /// Number of KV blocks the executor allocated.
+    fn num_blocks(&self) -> usize;
+}

@@ -1,0 +1,1 @@
+//! `pagoda-models`: candle model code, weight loading, KV-cache allocation, the model runner.

@@ -1,0 +1,3 @@
+//! The `pagoda` binary.
+
+fn main() {}
