@@ -61,6 +61,10 @@ pub struct SampleRequest {
 #[derive(Debug, Clone, Default)]
 pub struct ScheduledBatch {
     pub seqs: Vec<ScheduledSeq>,
+    /// Whole-block KV copies `(src, dst)` the executor must apply, in order, before computing
+    /// anything in this step (copy-on-write of a block shared by several samples or held by the
+    /// prefix cache). `dst` is always a block no other sequence uses.
+    pub block_copies: Vec<(u32, u32)>,
 }
 
 impl ScheduledBatch {
@@ -108,6 +112,10 @@ pub enum ExecutorError {
     Execution(String),
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// The executor cannot run any further step (device lost, corrupted state): the engine fails
+    /// every request in flight and stops.
+    #[error("model executor failed permanently: {0}")]
+    Fatal(String),
 }
 
 /// Runs the model over one scheduled batch and samples the requested tokens.

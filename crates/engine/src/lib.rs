@@ -4,11 +4,35 @@
 //! The model side is reached only through [`ModelExecutor`], which takes one [`ScheduledBatch`]
 //! per step and returns the sampled tokens.
 
+pub mod block_manager;
+pub mod block_pool;
+pub mod config;
+pub mod engine;
+pub mod event;
 pub mod executor;
+pub mod fake;
+pub mod handle;
+mod id_map;
+pub mod request;
+pub mod rng;
+pub mod sampler;
 pub mod sampling;
+pub mod scheduler;
+pub mod sequence;
+pub mod stats;
+mod stop;
 
+pub use config::{ConfigError, EngineConfig};
+pub use engine::Engine;
+pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{
     ExecutorError, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq,
     SeqId, StepOutput, TokenLogprob, TopLogprobs,
 };
-pub use sampling::SamplingParams;
+pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
+pub use request::{Request, RequestError, RequestId, StopConditions};
+pub use sampling::{SamplingParams, SamplingParamsError};
+pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
+pub use sequence::{SeqStatus, Sequence};
+pub use stats::{EngineObserver, EngineStatsSnapshot, NoopObserver, StepStats};
+pub use pagoda_text::TokenDecoder;

@@ -1,1 +1,31 @@
-//! `pagoda-ops`: custom tensor ops (paged attention, KV write, rotary, rmsnorm), each with a CPU implementation.
+//! `pagoda-ops`: the custom tensor ops of the model's forward pass (paged attention, KV-cache
+//! write, rotary embedding, RMSNorm, SiLU-and-mul), as candle custom ops.
+//!
+//! Each op is a candle `CustomOp*` / `InplaceOp*` with a multi-threaded CPU implementation in
+//! Rust (the reference, used by tests and the CPU backend). Math is always f32; tensors may be
+//! stored as f32, f16 or bf16. CUDA implementations built from `kernels/*.cu` will be added as
+//! the ops' `cuda_fwd`, behind the same public functions. The KV-cache layout and metadata
+//! contract are documented in `kernels/README.md`.
+//!
+//! Errors are `candle_core::Error` values: bad shapes, dtypes, devices, out-of-range slots or
+//! positions, and inconsistent metadata are reported, never panicked on.
+
+mod check;
+mod dtype;
+mod kv_cache;
+mod metadata;
+mod paged_attention;
+mod paged_attention_cpu;
+mod rms_norm;
+mod rotary;
+mod rotary_tables;
+mod silu_and_mul;
+mod simd;
+
+pub use kv_cache::reshape_and_cache;
+pub use metadata::{AttentionMetadata, HostAttentionMetadata};
+pub use paged_attention::paged_attention;
+pub use rms_norm::{add_rms_norm, rms_norm};
+pub use rotary::{rotary_embedding, RotaryStyle};
+pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};
+pub use silu_and_mul::silu_and_mul;

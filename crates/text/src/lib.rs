@@ -1,1 +1,37 @@
-//! `pagoda-text`: tokenizers (GGUF metadata or tokenizer.json), incremental detokenizing, chat templates, stop strings.
+//! `pagoda-text`: everything between text and token ids for the Pagoda server.
+//!
+//! - [`Tokenizer`]: loads a tokenizer from GGUF metadata ([`Tokenizer::from_gguf`]) or a Hugging
+//!   Face directory ([`Tokenizer::from_dir`]); encodes, decodes, and knows BOS/EOS ids and the
+//!   chat template.
+//! - [`IncrementalDetokenizer`]: turns generated ids into text deltas for streaming, never
+//!   splitting a UTF-8 character.
+//! - [`StopMatcher`]: finds stop strings across delta boundaries.
+//! - [`ChatTemplate`]: renders chat messages with a Hugging Face-style Jinja template.
+//! - [`GgufMetadata`]: reads the metadata section of a GGUF file.
+
+pub mod byte_level;
+pub mod chat_template;
+pub mod detokenizer;
+pub mod gguf_meta;
+pub mod stop;
+mod template_funcs;
+pub mod tokenizer;
+mod tokenizer_gguf;
+mod tokenizer_hf;
+
+pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
+pub use detokenizer::{IncrementalDetokenizer, TokenDecoder};
+pub use gguf_meta::{GgufError, GgufMetadata, MetaValue};
+pub use stop::{StopMatcher, StopOutcome};
+pub use tokenizer::{Tokenizer, TokenizerError};
+pub use tokenizer_gguf::SUPPORTED_PRE;
+
+// The server shares these across threads (behind `Arc`s); keep that a compile-time guarantee.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<Tokenizer>();
+    shareable::<ChatTemplate>();
+    shareable::<GgufMetadata>();
+    shareable::<IncrementalDetokenizer>();
+    shareable::<StopMatcher>();
+};

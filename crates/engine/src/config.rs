@@ -1,0 +1,131 @@
+//! Engine sizing and limits ([`EngineConfig`]) and their validation.
+
+/// Why an [`EngineConfig`] cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    #[error(
+        "the KV cache holds {capacity} tokens ({num_blocks} blocks of {block_size}) but \
+         max_model_len is {max_model_len}: lower max_model_len or give the cache more memory"
+    )]
+    CacheTooSmall { capacity: usize, num_blocks: usize, block_size: usize, max_model_len: usize },
+    #[error("block ids are u32: {0} blocks is too many")]
+    TooManyBlocks(usize),
+    #[error("block_size {config} does not match the executor's {executor}")]
+    BlockSizeMismatch { config: usize, executor: usize },
+    #[error("num_blocks {config} exceeds the {executor} blocks the executor allocated")]
+    NumBlocksMismatch { config: usize, executor: usize },
+}
+
+/// Sizes and limits of one engine. `block_size` and `num_blocks` come from the executor (see
+/// [`EngineConfig::for_executor`]); the rest are policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks available to the block manager.
+    pub num_blocks: usize,
+    /// Token budget of one step (prefill chunks plus decodes).
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once (and so in one step).
+    pub max_num_seqs: usize,
+    /// Longest sequence (prompt plus output) the model accepts.
+    pub max_model_len: usize,
+    /// Requests accepted but not yet started beyond which `submit` answers `Overloaded`.
+    pub max_waiting_requests: usize,
+    /// Reuse KV blocks of identical prompt prefixes across requests.
+    pub enable_prefix_caching: bool,
+}
+
+impl EngineConfig {
+    /// Defaults for a cache of `num_blocks` blocks of `block_size` tokens.
+    pub fn new(block_size: usize, num_blocks: usize, max_model_len: usize) -> Self {
+        Self {
+            block_size,
+            num_blocks,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 256,
+            max_model_len,
+            max_waiting_requests: 1024,
+            enable_prefix_caching: true,
+        }
+    }
+
+    /// Defaults sized from what the executor allocated.
+    pub fn for_executor(executor: &dyn crate::ModelExecutor, max_model_len: usize) -> Self {
+        Self::new(executor.block_size(), executor.num_blocks(), max_model_len)
+    }
+
+    /// Tokens the whole KV cache can hold.
+    pub fn cache_capacity_tokens(&self) -> usize {
+        self.num_blocks.saturating_mul(self.block_size)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let nonzero = [
+            ("block_size", self.block_size),
+            ("num_blocks", self.num_blocks),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_model_len", self.max_model_len),
+            ("max_waiting_requests", self.max_waiting_requests),
+        ];
+        if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
+            return Err(ConfigError::Zero(name));
+        }
+        if self.num_blocks > u32::MAX as usize {
+            return Err(ConfigError::TooManyBlocks(self.num_blocks));
+        }
+        // One sequence must always fit on its own, otherwise preemption could never make room
+        // for it and the scheduler would spin.
+        if self.cache_capacity_tokens() < self.max_model_len {
+            return Err(ConfigError::CacheTooSmall {
+                capacity: self.cache_capacity_tokens(),
+                num_blocks: self.num_blocks,
+                block_size: self.block_size,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`validate`](Self::validate) plus agreement with the executor's cache.
+    pub fn validate_for(&self, executor: &dyn crate::ModelExecutor) -> Result<(), ConfigError> {
+        self.validate()?;
+        if self.block_size != executor.block_size() {
+            return Err(ConfigError::BlockSizeMismatch { config: self.block_size, executor: executor.block_size() });
+        }
+        if self.num_blocks > executor.num_blocks() {
+            return Err(ConfigError::NumBlocksMismatch { config: self.num_blocks, executor: executor.num_blocks() });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(EngineConfig::new(16, 128, 2048).validate(), Ok(()));
+    }
+
+    #[test]
+    fn zero_fields_are_named() {
+        let mut c = EngineConfig::new(16, 128, 2048);
+        c.max_num_seqs = 0;
+        assert_eq!(c.validate(), Err(ConfigError::Zero("max_num_seqs")));
+        let c = EngineConfig::new(0, 128, 2048);
+        assert_eq!(c.validate(), Err(ConfigError::Zero("block_size")));
+    }
+
+    #[test]
+    fn cache_must_hold_one_full_sequence() {
+        let c = EngineConfig::new(16, 127, 2048);
+        let err = c.validate().unwrap_err();
+        assert!(matches!(err, ConfigError::CacheTooSmall { capacity: 2032, .. }));
+        assert!(err.to_string().contains("max_model_len is 2048"));
+    }
+}

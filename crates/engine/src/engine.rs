@@ -1,0 +1,307 @@
+//! The engine loop, on its own OS thread: drain commands (add, abort) -> drop requests whose
+//! stream was dropped -> `schedule()` -> `execute()` -> `update()` -> send events. It blocks on
+//! the command channel when there is nothing to do and never busy-waits.
+//!
+//! No request is lost: every stream ends with a last event (finished, aborted or failed), also
+//! when the executor fails, at shutdown, and — through `Drop` — if the loop itself panics.
+
+use std::sync::mpsc::{self, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use pagoda_text::TokenDecoder;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::config::EngineConfig;
+use crate::event::{FinishReason, TokenEvent, Usage};
+use crate::executor::{ExecutorError, ModelExecutor};
+use crate::id_map::IdMap;
+use crate::handle::{Command, EngineError, EngineHandle, HandleInner, Shared, Shutdown};
+use crate::request::RequestId;
+use crate::scheduler::{AddRequestError, Scheduler, StepEvents};
+use crate::stats::{EngineObserver, StepStats};
+
+/// After this many failed steps in a row the executor is taken to be broken for good.
+const MAX_CONSECUTIVE_FAILURES: usize = 3;
+
+/// Empty batches in a row (with requests in flight) after which the waiting head is failed
+/// instead of retried. One empty step is legitimate right after a preemption.
+const MAX_EMPTY_STEPS: usize = 2;
+
+/// Starts engines.
+pub struct Engine;
+
+impl Engine {
+    /// Validates `config` against the executor and starts the engine thread. The engine stops
+    /// when `shutdown` is triggered, when the executor fails permanently, or when every handle
+    /// is dropped and nothing is in flight.
+    pub fn spawn<E: ModelExecutor + 'static>(
+        config: EngineConfig,
+        executor: E,
+        decoder: Arc<dyn TokenDecoder>,
+        observer: Arc<dyn EngineObserver>,
+        shutdown: Shutdown,
+    ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
+        config.validate_for(&executor)?;
+        let scheduler = Scheduler::new(config.clone(), decoder)?;
+        let shared = Arc::new(Shared::new(config));
+        shared.stats.publish(&scheduler);
+        let (tx, rx) = mpsc::channel();
+        let inner = Arc::new(HandleInner { tx, shared: Arc::clone(&shared), shutdown: shutdown.clone() });
+        shutdown.register(Arc::downgrade(&inner));
+        let engine = EngineLoop {
+            scheduler,
+            executor,
+            observer,
+            shared,
+            rx,
+            shutdown,
+            streams: IdMap::default(),
+            events: StepEvents::default(),
+            last_unstarted: 0,
+            failures: 0,
+            empty_steps: 0,
+            steps: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("pagoda-engine".into())
+            .spawn(move || engine.run())
+            .map_err(|e| EngineError::Spawn(e.to_string()))?;
+        Ok((EngineHandle { inner }, thread))
+    }
+}
+
+struct EngineLoop<E: ModelExecutor> {
+    scheduler: Scheduler,
+    executor: E,
+    observer: Arc<dyn EngineObserver>,
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Command>,
+    shutdown: Shutdown,
+    streams: IdMap<RequestId, UnboundedSender<TokenEvent>>,
+    events: StepEvents,
+    /// `scheduler.num_unstarted_requests()` as last accounted in `shared.pending`.
+    last_unstarted: usize,
+    failures: usize,
+    empty_steps: usize,
+    steps: u64,
+}
+
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl<E: ModelExecutor> EngineLoop<E> {
+    fn run(mut self) {
+        loop {
+            if self.shutdown.is_triggered() {
+                self.stop(FinishReason::Abort, "the engine was shut down");
+                return;
+            }
+            if !self.scheduler.has_unfinished() {
+                // Idle: sleep until a command arrives; a closed channel means no handle is left.
+                match self.rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => {
+                        self.shared.kill("every engine handle was dropped");
+                        return;
+                    }
+                }
+            }
+            loop {
+                match self.rx.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            }
+            if self.shutdown.is_triggered() {
+                continue;
+            }
+            self.reap_closed_streams();
+            if self.scheduler.has_unfinished() {
+                if let Flow::Stop = self.step() {
+                    return;
+                }
+            }
+            self.publish();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add(request, tx) => {
+                let id = request.id;
+                if self.streams.contains_key(&id) {
+                    self.release_pending(1);
+                    let err = AddRequestError::DuplicateId(id);
+                    let _ = tx.send(error_event(err.to_string()));
+                    return;
+                }
+                match self.scheduler.add_request(*request) {
+                    Ok(()) => {
+                        self.last_unstarted += 1;
+                        self.streams.insert(id, tx);
+                    }
+                    Err(err) => {
+                        self.release_pending(1);
+                        let _ = tx.send(error_event(err.to_string()));
+                    }
+                }
+            }
+            Command::Abort(id) => {
+                self.scheduler.abort_request(id, FinishReason::Abort, &mut self.events);
+                self.dispatch();
+            }
+            Command::Wake => {}
+        }
+    }
+
+    /// Aborts requests whose receiver is gone, so their blocks are free for this step.
+    fn reap_closed_streams(&mut self) {
+        let closed: Vec<RequestId> = self.streams.iter().filter(|(_, tx)| tx.is_closed()).map(|(&id, _)| id).collect();
+        for id in closed {
+            self.streams.remove(&id);
+            self.scheduler.abort_request(id, FinishReason::Abort, &mut self.events);
+        }
+        self.dispatch();
+    }
+
+    fn step(&mut self) -> Flow {
+        let start = Instant::now();
+        let batch = self.scheduler.schedule();
+        // Requests admitted just now stop counting against `max_waiting_requests` before the
+        // (possibly long) step runs.
+        self.sync_pending();
+        if batch.is_empty() {
+            self.empty_steps += 1;
+            if self.empty_steps >= MAX_EMPTY_STEPS {
+                // Cannot happen with a validated config; fail rather than spin.
+                self.scheduler.fail_waiting_head("the request cannot be scheduled", &mut self.events);
+                self.dispatch();
+                self.empty_steps = 0;
+            }
+            return Flow::Continue;
+        }
+        self.empty_steps = 0;
+        let exec_start = Instant::now();
+        let result = self.executor.execute(&batch);
+        let execute_duration = exec_start.elapsed();
+        let failure = match result {
+            Ok(output) => match self.scheduler.update(output, &mut self.events) {
+                Ok(()) => None,
+                Err(e) => Some(format!("the executor's output does not match the batch: {e}")),
+            },
+            Err(ExecutorError::Fatal(msg)) => {
+                let reason = format!("model executor failed permanently: {msg}");
+                self.scheduler.fail_scheduled(&reason, &mut self.events);
+                self.stop(FinishReason::Error(reason.clone()), &reason);
+                return Flow::Stop;
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        match failure {
+            None => self.failures = 0,
+            Some(msg) => {
+                self.scheduler.fail_scheduled(&msg, &mut self.events);
+                self.failures += 1;
+                if self.failures >= MAX_CONSECUTIVE_FAILURES {
+                    let reason = format!("{} steps failed in a row, last: {msg}", self.failures);
+                    self.stop(FinishReason::Error(reason.clone()), &reason);
+                    return Flow::Stop;
+                }
+            }
+        }
+        self.steps += 1;
+        let s = *self.scheduler.last_schedule_stats();
+        let bm = self.scheduler.block_manager();
+        let stats = StepStats {
+            step: self.steps,
+            num_seqs: s.num_seqs,
+            num_prefill_tokens: s.num_prefill_tokens,
+            num_decode_tokens: s.num_decode_tokens,
+            num_preemptions: s.num_preemptions,
+            num_block_copies: s.num_block_copies,
+            prefix_cache_queries: s.prefix_cache_queries,
+            prefix_cache_hits: s.prefix_cache_hits,
+            num_running_seqs: self.scheduler.num_running_seqs(),
+            num_waiting_seqs: self.scheduler.num_waiting_seqs(),
+            kv_blocks_used: bm.num_used_blocks(),
+            kv_blocks_total: bm.num_total_blocks(),
+            duration: start.elapsed(),
+            execute_duration,
+        };
+        self.shared.stats.record_step(&stats);
+        self.observer.on_step(&stats);
+        self.dispatch();
+        Flow::Continue
+    }
+
+    /// Sends pending events; a request's stream is dropped after its last event.
+    fn dispatch(&mut self) {
+        for (id, event) in self.events.events.drain(..) {
+            let last = event.is_last();
+            if let Some(tx) = self.streams.get(&id) {
+                // A closed receiver is reaped (and its request aborted) before the next step.
+                let _ = tx.send(event);
+            }
+            if last {
+                self.streams.remove(&id);
+            }
+        }
+        self.shared.stats.record_finished(self.events.finished.len());
+        for metrics in self.events.finished.drain(..) {
+            self.observer.on_request_finished(&metrics);
+        }
+        self.sync_pending();
+    }
+
+    /// Requests that were scheduled for the first time (or ended before) leave `pending`.
+    fn sync_pending(&mut self) {
+        let now = self.scheduler.num_unstarted_requests();
+        if now < self.last_unstarted {
+            self.release_pending(self.last_unstarted - now);
+        }
+        self.last_unstarted = now;
+    }
+
+    fn release_pending(&self, n: usize) {
+        self.shared.pending.fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn publish(&self) {
+        self.shared.stats.publish(&self.scheduler);
+    }
+
+    /// Ends every request in flight (and any still in the channel) and marks the engine dead.
+    fn stop(&mut self, reason: FinishReason, why: &str) {
+        self.shared.kill(why);
+        while let Ok(cmd) = self.rx.try_recv() {
+            if let Command::Add(_, tx) = cmd {
+                self.release_pending(1);
+                let _ = tx.send(error_event(format!("the engine stopped: {why}")));
+            }
+        }
+        self.scheduler.abort_all(reason, &mut self.events);
+        self.dispatch();
+        self.publish();
+    }
+}
+
+impl<E: ModelExecutor> Drop for EngineLoop<E> {
+    /// Normally every stream has ended by now; after a panic this still ends them.
+    fn drop(&mut self) {
+        self.shared.kill("the engine thread stopped unexpectedly");
+        for (_, tx) in self.streams.drain() {
+            let _ = tx.send(error_event("the engine thread stopped unexpectedly".into()));
+        }
+    }
+}
+
+/// The only (and last) event of a request that could not be served.
+fn error_event(message: String) -> TokenEvent {
+    let mut event = TokenEvent::finish(0, FinishReason::Error(message));
+    event.usage = Some(Usage::default());
+    event
+}

@@ -1,0 +1,167 @@
+//! A deterministic fake model ([`FakeExecutor`]) and decoder ([`FakeDecoder`]) for tests and
+//! benchmarks of everything above the executor boundary.
+//!
+//! The fake is a pure function of a sequence's full token history, and it reads that history
+//! back from its own fake KV store: every computed token is written to its slot through the
+//! block table (after the step's block copies), and the context is read back through the block
+//! table, checking each slot holds the expected position. A wrong block table, a bad prefix-cache
+//! hit or a missing copy-on-write therefore shows up as a different output or an error, just as
+//! it would with a real model.
+
+use pagoda_text::TokenDecoder;
+
+use crate::executor::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, ScheduledSeq, StepOutput};
+use crate::rng::{combine, mix64};
+use crate::sampler::Sampler;
+
+/// One KV slot: the token written there and its position, `EMPTY` until written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    token: u32,
+    pos: u32,
+}
+
+const EMPTY: Slot = Slot { token: u32::MAX, pos: u32::MAX };
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct FakeExecutor {
+    block_size: usize,
+    num_blocks: usize,
+    vocab_size: usize,
+    kv: Vec<Slot>,
+    sampler: Sampler,
+    logits: Vec<f32>,
+    history: Vec<u32>,
+    steps: u64,
+    tokens_computed: u64,
+}
+
+impl FakeExecutor {
+    pub fn new(block_size: usize, num_blocks: usize, vocab_size: usize) -> Self {
+        Self {
+            block_size,
+            num_blocks,
+            vocab_size: vocab_size.max(1),
+            kv: vec![EMPTY; block_size * num_blocks],
+            sampler: Sampler::new(),
+            logits: Vec::new(),
+            history: Vec::new(),
+            steps: 0,
+            tokens_computed: 0,
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Steps executed so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Tokens computed so far (all steps).
+    pub fn tokens_computed(&self) -> u64 {
+        self.tokens_computed
+    }
+
+    /// The fake model: logits in `[-4, 4)` after `history`, a pure function of it.
+    pub fn logits_for(history: &[u32], vocab_size: usize, out: &mut Vec<f32>) {
+        let h = history.iter().fold(combine(0xFA4E, history.len() as u64), |h, &t| combine(h, u64::from(t)));
+        out.clear();
+        out.extend((0..vocab_size as u64).map(|i| (mix64(h ^ i) >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0));
+    }
+
+    fn slot(&self, seq: &ScheduledSeq, pos: usize) -> Result<usize, ExecutorError> {
+        let block = *seq.block_table.get(pos / self.block_size).ok_or_else(|| {
+            ExecutorError::InvalidBatch(format!("sequence {}: no block for position {pos}", seq.seq_id))
+        })? as usize;
+        if block >= self.num_blocks {
+            return Err(ExecutorError::InvalidBatch(format!("sequence {}: block {block} out of range", seq.seq_id)));
+        }
+        Ok(block * self.block_size + pos % self.block_size)
+    }
+}
+
+impl ModelExecutor for FakeExecutor {
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<StepOutput, ExecutorError> {
+        self.steps += 1;
+        let bs = self.block_size;
+        for &(src, dst) in &batch.block_copies {
+            let (src, dst) = (src as usize, dst as usize);
+            if src >= self.num_blocks || dst >= self.num_blocks {
+                return Err(ExecutorError::InvalidBatch(format!("block copy {src} -> {dst} out of range")));
+            }
+            self.kv.copy_within(src * bs..(src + 1) * bs, dst * bs);
+        }
+        // Like a real forward pass: every new token's KV is written before anything attends.
+        for seq in &batch.seqs {
+            for (i, &token) in seq.token_ids.iter().enumerate() {
+                let pos = seq.start_pos + i;
+                let slot = self.slot(seq, pos)?;
+                self.kv[slot] = Slot { token, pos: pos as u32 };
+            }
+            self.tokens_computed += seq.token_ids.len() as u64;
+        }
+        let mut sampled = Vec::new();
+        for seq in &batch.seqs {
+            let Some(req) = &seq.sample else { continue };
+            self.history.clear();
+            for pos in 0..seq.context_len() {
+                let slot = self.kv[self.slot(seq, pos)?];
+                if slot.pos != pos as u32 {
+                    return Err(ExecutorError::InvalidBatch(format!(
+                        "sequence {}: KV slot for position {pos} holds position {}",
+                        seq.seq_id, slot.pos as i64
+                    )));
+                }
+                self.history.push(slot.token);
+            }
+            Self::logits_for(&self.history, self.vocab_size, &mut self.logits);
+            let (token_id, logprobs) =
+                self.sampler.sample(&mut self.logits, req).map_err(|e| ExecutorError::Execution(e.to_string()))?;
+            sampled.push(SampledToken { seq_id: seq.seq_id, token_id, logprobs });
+        }
+        Ok(StepOutput { sampled })
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+}
+
+/// Decodes id `i` to one lowercase letter (`'a' + i % 26`), twice for odd `i / 26`, so tokens
+/// have different lengths and stop strings can straddle them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FakeDecoder;
+
+impl FakeDecoder {
+    pub fn piece(id: u32) -> String {
+        let mut s = String::new();
+        Self::push_piece(&mut s, id);
+        s
+    }
+
+    fn push_piece(out: &mut String, id: u32) {
+        let c = char::from(b'a' + (id % 26) as u8);
+        out.push(c);
+        if (id / 26) % 2 == 1 {
+            out.push(c);
+        }
+    }
+}
+
+impl TokenDecoder for FakeDecoder {
+    fn decode(&self, ids: &[u32], _skip_special_tokens: bool) -> String {
+        let mut out = String::with_capacity(ids.len() * 2);
+        for &id in ids {
+            Self::push_piece(&mut out, id);
+        }
+        out
+    }
+}

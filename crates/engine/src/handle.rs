@@ -1,0 +1,243 @@
+//! The caller's side of the engine: [`EngineHandle`] (submit, abort, health, stats),
+//! [`RequestStream`] (a request's [`TokenEvent`]s, for async and blocking callers),
+//! [`Shutdown`] and [`EngineError`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError, Weak};
+
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::config::{ConfigError, EngineConfig};
+use crate::event::TokenEvent;
+use crate::request::{Request, RequestError, RequestId};
+use crate::stats::{EngineStatsSnapshot, LiveStats};
+
+/// Why the engine refused or could not serve a request.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// Too many requests are waiting; try again later (HTTP 429/503).
+    #[error("the server is overloaded: {max_waiting} requests are already waiting")]
+    Overloaded { max_waiting: usize },
+    #[error(transparent)]
+    InvalidRequest(#[from] RequestError),
+    #[error("invalid engine configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// The engine thread stopped (executor failure, or a bug); it accepts nothing more.
+    #[error("the engine has stopped: {0}")]
+    Dead(String),
+    #[error("could not start the engine thread: {0}")]
+    Spawn(String),
+}
+
+pub(crate) enum Command {
+    Add(Box<Request>, UnboundedSender<TokenEvent>),
+    Abort(RequestId),
+    /// Only wakes the loop (shutdown).
+    Wake,
+}
+
+/// State shared by the handles and the engine thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: EngineConfig,
+    pub alive: AtomicBool,
+    pub death: Mutex<Option<String>>,
+    /// Requests submitted and not yet scheduled once (in the channel or waiting); what
+    /// `max_waiting_requests` bounds.
+    pub pending: AtomicUsize,
+    pub stats: LiveStats,
+    next_request_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(config: EngineConfig) -> Self {
+        Self {
+            config,
+            alive: AtomicBool::new(true),
+            death: Mutex::new(None),
+            pending: AtomicUsize::new(0),
+            stats: LiveStats::default(),
+            next_request_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Marks the engine dead for `reason` (the first reason wins).
+    pub fn kill(&self, reason: &str) {
+        let mut death = self.death.lock().unwrap_or_else(PoisonError::into_inner);
+        death.get_or_insert_with(|| reason.to_string());
+        self.alive.store(false, Ordering::SeqCst);
+    }
+
+    fn death_reason(&self) -> String {
+        let death = self.death.lock().unwrap_or_else(PoisonError::into_inner);
+        death.clone().unwrap_or_else(|| "stopped".into())
+    }
+}
+
+/// What the handles own; when the last handle goes, the command channel closes, which lets an
+/// idle engine thread exit.
+pub(crate) struct HandleInner {
+    pub tx: mpsc::Sender<Command>,
+    pub shared: Arc<Shared>,
+    pub shutdown: Shutdown,
+}
+
+/// Submits requests to a running engine. Cheap to clone; usable from any thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub(crate) inner: Arc<HandleInner>,
+}
+
+impl EngineHandle {
+    /// Queues a request and returns the stream of its events. Validation errors, a full waiting
+    /// queue and a stopped engine are reported here; anything later arrives as an event.
+    pub fn submit(&self, request: Request) -> Result<RequestStream, EngineError> {
+        let shared = &self.inner.shared;
+        if self.inner.shutdown.is_triggered() {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.health()?;
+        request.validate(&shared.config)?;
+        let max_waiting = shared.config.max_waiting_requests;
+        if shared.pending.fetch_add(1, Ordering::SeqCst) >= max_waiting {
+            shared.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Overloaded { max_waiting });
+        }
+        let id = request.id;
+        let (tx, rx) = unbounded_channel();
+        if self.inner.tx.send(Command::Add(Box::new(request), tx)).is_err() {
+            shared.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Dead(shared.death_reason()));
+        }
+        Ok(RequestStream { id, rx })
+    }
+
+    /// Aborts a request; its stream ends with `FinishReason::Abort`. Unknown ids are ignored.
+    /// (Dropping the request's stream has the same effect.)
+    pub fn abort(&self, id: RequestId) {
+        // A stopped engine has nothing to abort.
+        let _ = self.inner.tx.send(Command::Abort(id));
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.inner.shared.alive.load(Ordering::SeqCst)
+    }
+
+    /// `Ok` while the engine thread runs.
+    pub fn health(&self) -> Result<(), EngineError> {
+        if self.is_alive() {
+            Ok(())
+        } else {
+            Err(EngineError::Dead(self.inner.shared.death_reason()))
+        }
+    }
+
+    pub fn stats(&self) -> EngineStatsSnapshot {
+        self.inner.shared.stats.snapshot()
+    }
+
+    /// Requests submitted and not yet started.
+    pub fn num_pending(&self) -> usize {
+        self.inner.shared.pending.load(Ordering::SeqCst)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.shared.config
+    }
+
+    /// A fresh request id, unique for this engine (for callers without ids of their own).
+    pub fn next_request_id(&self) -> RequestId {
+        self.inner.shared.next_request_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The shutdown signal this engine obeys.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.inner.shutdown
+    }
+}
+
+/// The events of one request. Every stream ends with an event for which
+/// [`TokenEvent::is_last`] holds, then `None`. Dropping it aborts the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    id: RequestId,
+    rx: UnboundedReceiver<TokenEvent>,
+}
+
+impl RequestStream {
+    pub fn request_id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Next event, from async code.
+    pub async fn recv(&mut self) -> Option<TokenEvent> {
+        self.rx.recv().await
+    }
+
+    /// Next event, from blocking code (not from inside an async runtime).
+    pub fn blocking_recv(&mut self) -> Option<TokenEvent> {
+        self.rx.blocking_recv()
+    }
+
+    pub fn try_recv(&mut self) -> Result<TokenEvent, TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    pub fn into_inner(self) -> UnboundedReceiver<TokenEvent> {
+        self.rx
+    }
+}
+
+type Waker = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+struct ShutdownInner {
+    triggered: AtomicBool,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+/// Tells engines to stop: requests in flight end with `FinishReason::Abort`, new submissions
+/// are refused, and the engine thread exits. Clone it to trigger from elsewhere (a signal
+/// handler, a test).
+#[derive(Clone, Default)]
+pub struct Shutdown {
+    inner: Arc<ShutdownInner>,
+}
+
+impl std::fmt::Debug for Shutdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shutdown").field("triggered", &self.is_triggered()).finish()
+    }
+}
+
+impl Shutdown {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn trigger(&self) {
+        self.inner.triggered.store(true, Ordering::SeqCst);
+        let wakers = self.inner.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        for wake in wakers.iter() {
+            wake();
+        }
+    }
+
+    pub fn is_triggered(&self) -> bool {
+        self.inner.triggered.load(Ordering::SeqCst)
+    }
+
+    /// Registers an engine to wake on trigger. Holds the handles weakly, so a forgotten shutdown
+    /// does not keep an engine's command channel open.
+    pub(crate) fn register(&self, handle: Weak<HandleInner>) {
+        let wake: Waker = Box::new(move || {
+            if let Some(inner) = handle.upgrade() {
+                let _ = inner.tx.send(Command::Wake);
+            }
+        });
+        self.inner.wakers.lock().unwrap_or_else(PoisonError::into_inner).push(wake);
+    }
+}

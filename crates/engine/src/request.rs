@@ -1,0 +1,180 @@
+//! What a caller submits: [`Request`] (prompt token ids, sampling parameters, stop conditions,
+//! limits) and its validation against the engine's limits.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::EngineConfig;
+use crate::sampling::{SamplingParams, SamplingParamsError};
+
+/// Caller-chosen id of a request; must be unique among the requests in flight.
+pub type RequestId = u64;
+
+/// When a sequence stops besides `max_tokens`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StopConditions {
+    /// End-of-sequence ids of the model (from the tokenizer / generation config).
+    pub eos_token_ids: Vec<u32>,
+    /// Keep generating past an eos token (benchmarks).
+    pub ignore_eos: bool,
+    /// Extra ids that end the sequence; the id is kept in the token ids, its text is not emitted.
+    pub stop_token_ids: Vec<u32>,
+    /// Texts that end the sequence; the matched stop string is not part of the output text.
+    pub stop_strings: Vec<String>,
+    /// No eos, stop id or stop string can end the sequence before this many tokens.
+    pub min_tokens: usize,
+}
+
+/// One generation request, already tokenized.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt_token_ids: Vec<u32>,
+    pub params: Arc<SamplingParams>,
+    pub stop: StopConditions,
+    /// `None`: up to `max_model_len - prompt_len`.
+    pub max_tokens: Option<usize>,
+    /// When the request reached the server; timestamps and queue-time metrics start here.
+    pub arrival: Instant,
+    /// Lower values are scheduled first and preempted last; equal priorities are served FIFO.
+    pub priority: i32,
+    /// Number of independent samples (OpenAI `n`); they share the prompt's KV blocks.
+    pub n: usize,
+    /// Leave special tokens out of the generated text.
+    pub skip_special_tokens: bool,
+}
+
+impl Request {
+    /// A request with default limits: one sample, priority 0, arrival now, no stop conditions.
+    pub fn new(id: RequestId, prompt_token_ids: Vec<u32>, params: Arc<SamplingParams>) -> Self {
+        Self {
+            id,
+            prompt_token_ids,
+            params,
+            stop: StopConditions::default(),
+            max_tokens: None,
+            arrival: Instant::now(),
+            priority: 0,
+            n: 1,
+            skip_special_tokens: true,
+        }
+    }
+
+    pub fn with_max_tokens(mut self, max_tokens: usize) -> Self {
+        self.max_tokens = Some(max_tokens);
+        self
+    }
+
+    pub fn with_stop(mut self, stop: StopConditions) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    pub fn with_n(mut self, n: usize) -> Self {
+        self.n = n;
+        self
+    }
+
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn with_arrival(mut self, arrival: Instant) -> Self {
+        self.arrival = arrival;
+        self
+    }
+
+    /// Checks the request against the engine's limits; returns the effective `max_tokens`.
+    pub fn validate(&self, config: &EngineConfig) -> Result<usize, RequestError> {
+        let prompt_len = self.prompt_token_ids.len();
+        if prompt_len == 0 {
+            return Err(RequestError::EmptyPrompt);
+        }
+        // The prompt must leave room for at least one generated token.
+        if prompt_len >= config.max_model_len {
+            return Err(RequestError::PromptTooLong { prompt_len, max_model_len: config.max_model_len });
+        }
+        let max_tokens = match self.max_tokens {
+            Some(0) => return Err(RequestError::ZeroMaxTokens),
+            Some(m) if prompt_len.saturating_add(m) > config.max_model_len => {
+                return Err(RequestError::TooLong { prompt_len, max_tokens: m, max_model_len: config.max_model_len })
+            }
+            Some(m) => m,
+            None => config.max_model_len - prompt_len,
+        };
+        if self.stop.min_tokens > max_tokens {
+            return Err(RequestError::MinTokensAboveMax { min_tokens: self.stop.min_tokens, max_tokens });
+        }
+        if self.n == 0 {
+            return Err(RequestError::ZeroSamples);
+        }
+        if self.n > config.max_num_seqs {
+            return Err(RequestError::TooManySamples { n: self.n, max_num_seqs: config.max_num_seqs });
+        }
+        self.params.validate()?;
+        Ok(max_tokens)
+    }
+}
+
+/// Why a request was refused before it was queued.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt_len} tokens; this model's maximum context length is {max_model_len} tokens")]
+    PromptTooLong { prompt_len: usize, max_model_len: usize },
+    #[error(
+        "this model's maximum context length is {max_model_len} tokens; the request asks for \
+         {prompt_len} prompt tokens plus {max_tokens} completion tokens"
+    )]
+    TooLong { prompt_len: usize, max_tokens: usize, max_model_len: usize },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("min_tokens ({min_tokens}) is larger than max_tokens ({max_tokens})")]
+    MinTokensAboveMax { min_tokens: usize, max_tokens: usize },
+    #[error("n must be at least 1")]
+    ZeroSamples,
+    #[error("n = {n} exceeds the engine's limit of {max_num_seqs} concurrent sequences")]
+    TooManySamples { n: usize, max_num_seqs: usize },
+    #[error(transparent)]
+    Sampling(#[from] SamplingParamsError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> EngineConfig {
+        EngineConfig::new(16, 64, 100)
+    }
+
+    fn req(prompt_len: usize) -> Request {
+        Request::new(1, vec![5; prompt_len], Arc::new(SamplingParams::default()))
+    }
+
+    #[test]
+    fn max_tokens_defaults_to_the_rest_of_the_context() {
+        assert_eq!(req(30).validate(&config()), Ok(70));
+        assert_eq!(req(30).with_max_tokens(70).validate(&config()), Ok(70));
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let c = config();
+        assert_eq!(req(0).validate(&c), Err(RequestError::EmptyPrompt));
+        assert!(matches!(req(100).validate(&c), Err(RequestError::PromptTooLong { .. })));
+        assert!(matches!(req(30).with_max_tokens(71).validate(&c), Err(RequestError::TooLong { .. })));
+        assert_eq!(req(30).with_max_tokens(0).validate(&c), Err(RequestError::ZeroMaxTokens));
+        assert_eq!(req(3).with_n(0).validate(&c), Err(RequestError::ZeroSamples));
+        assert!(matches!(req(3).with_n(257).validate(&c), Err(RequestError::TooManySamples { .. })));
+        let stop = StopConditions { min_tokens: 9, ..Default::default() };
+        assert!(matches!(
+            req(3).with_max_tokens(8).with_stop(stop).validate(&c),
+            Err(RequestError::MinTokensAboveMax { .. })
+        ));
+        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        let r = Request::new(1, vec![1], Arc::new(bad));
+        assert!(matches!(r.validate(&c), Err(RequestError::Sampling(_))));
+    }
+}

@@ -1,0 +1,451 @@
+//! The continuous-batching scheduler: owns every live sequence, the waiting queue, the running
+//! set and the block manager, and turns them into one [`ScheduledBatch`] per step
+//! ([`schedule`](Scheduler::schedule), in `schedule.rs`) and the step's sampled tokens back into
+//! [`TokenEvent`]s ([`update`](Scheduler::update), in `update.rs`). Never touches tensors.
+//!
+//! Prefill and decode are one thing: every step a scheduled sequence computes
+//! `token_ids[num_computed..num_computed + q]`. A request with `n > 1` starts as one sequence
+//! that computes the prompt up to its last token; it then forks into `n` sequences sharing those
+//! blocks, and each computes the last prompt token (copying the shared partial block on write)
+//! and samples on its own.
+
+mod schedule;
+mod update;
+
+use std::collections::hash_map::RandomState;
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pagoda_text::TokenDecoder;
+
+use crate::block_manager::BlockManager;
+use crate::config::{ConfigError, EngineConfig};
+use crate::event::{FinishReason, RequestMetrics, RequestTimestamps, TokenEvent, Usage};
+use crate::executor::SeqId;
+use crate::id_map::IdMap;
+use crate::request::{Request, RequestError, RequestId, StopConditions};
+use crate::rng::{combine, sample_seed};
+use crate::sampling::SamplingParams;
+use crate::sequence::{SeqStatus, Sequence};
+use crate::stop::OutputProcessor;
+
+/// Why [`Scheduler::add_request`] refused a request.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AddRequestError {
+    #[error(transparent)]
+    Invalid(#[from] RequestError),
+    #[error("request id {0} is already in flight")]
+    DuplicateId(RequestId),
+}
+
+/// The executor's output did not match the batch it was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateError {
+    #[error("the executor returned {got} sampled tokens for {expected} sequences that asked for one")]
+    SampleCount { expected: usize, got: usize },
+    #[error("sampled token {index} belongs to sequence {got}, expected sequence {expected}")]
+    SeqMismatch { index: usize, expected: SeqId, got: SeqId },
+}
+
+/// Events and finished-request metrics produced by one scheduler call. Reused across steps so
+/// steady-state steps do not allocate the vectors.
+#[derive(Debug, Default)]
+pub struct StepEvents {
+    pub events: Vec<(RequestId, TokenEvent)>,
+    pub finished: Vec<RequestMetrics>,
+}
+
+impl StepEvents {
+    pub fn clear(&mut self) {
+        self.events.clear();
+        self.finished.clear();
+    }
+}
+
+/// What the last [`Scheduler::schedule`] did, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScheduleStats {
+    pub num_seqs: usize,
+    /// Tokens computed for prompts (and for recomputing preempted output).
+    pub num_prefill_tokens: usize,
+    /// Tokens computed for sequences that are generating (one each).
+    pub num_decode_tokens: usize,
+    pub num_preemptions: usize,
+    pub num_block_copies: usize,
+    /// Prefix-cache lookups made by admissions this step, in tokens.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+}
+
+/// What never changes for a request, shared by its sequences.
+#[derive(Debug)]
+pub(crate) struct RequestShared {
+    pub id: RequestId,
+    pub params: Arc<SamplingParams>,
+    pub stop: StopConditions,
+    pub max_tokens: usize,
+    pub prompt_len: usize,
+    pub n: usize,
+    pub priority: i32,
+    pub skip_special_tokens: bool,
+    pub seed: u64,
+    /// Banned from sampling while `min_tokens` is not reached: eos (unless ignored) and stop ids.
+    pub min_tokens_banned: Vec<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SeqEntry {
+    pub seq: Sequence,
+    pub shared: Arc<RequestShared>,
+    pub output: OutputProcessor,
+    /// Samples this sequence forks into once all but the last prompt token are computed; 0 once
+    /// forked (or for `n == 1`).
+    pub fork_into: usize,
+    /// Last step this sequence was scheduled in.
+    pub last_scheduled: u64,
+}
+
+impl SeqEntry {
+    /// Sequence slots it takes against `max_num_seqs`: an unforked parent reserves all samples.
+    pub fn slots(&self) -> usize {
+        self.fork_into.max(1)
+    }
+
+    /// Tokens to have computed before the next thing happens (a sample, or the fork).
+    pub fn target(&self) -> usize {
+        if self.fork_into > 1 {
+            self.seq.prompt_len - 1
+        } else {
+            self.seq.len()
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct RequestState {
+    pub shared: Arc<RequestShared>,
+    /// Sequences created so far (finished ones included).
+    pub seq_ids: Vec<SeqId>,
+    /// By sample index.
+    pub finish_reasons: Vec<Option<FinishReason>>,
+    pub num_unfinished: usize,
+    pub timestamps: RequestTimestamps,
+    pub cached_prompt_tokens: Option<usize>,
+    /// Output tokens of the sequences that have ended so far.
+    pub completion_tokens: usize,
+    pub num_preemptions: usize,
+}
+
+/// One scheduled sequence of the last step, as `update` needs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scheduled {
+    pub seq_id: SeqId,
+    pub q: usize,
+    pub sample: bool,
+}
+
+pub struct Scheduler {
+    pub(crate) config: EngineConfig,
+    pub(crate) decoder: Arc<dyn TokenDecoder>,
+    pub(crate) blocks: BlockManager,
+    pub(crate) seqs: IdMap<SeqId, SeqEntry>,
+    pub(crate) requests: IdMap<RequestId, RequestState>,
+    /// Ordered by priority, FIFO within one; preempted sequences go back to the front.
+    pub(crate) waiting: VecDeque<SeqId>,
+    /// In admission order.
+    pub(crate) running: Vec<SeqId>,
+    /// Sum of `slots()` over `running`.
+    pub(crate) running_slots: usize,
+    pub(crate) next_seq_id: SeqId,
+    pub(crate) step: u64,
+    pub(crate) scheduled: Vec<Scheduled>,
+    /// Scratch list of running prefills, reused across steps.
+    pub(crate) prefill_scratch: Vec<SeqId>,
+    pub(crate) num_preemptions: u64,
+    /// Requests none of whose sequences was ever scheduled.
+    pub(crate) num_unstarted: usize,
+    pub(crate) last_stats: ScheduleStats,
+    /// Source of seeds for requests that bring none.
+    seed_state: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: EngineConfig, decoder: Arc<dyn TokenDecoder>) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let blocks = BlockManager::new(config.num_blocks, config.block_size, config.enable_prefix_caching);
+        Ok(Self {
+            config,
+            decoder,
+            blocks,
+            seqs: IdMap::default(),
+            requests: IdMap::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            running_slots: 0,
+            next_seq_id: 0,
+            step: 0,
+            scheduled: Vec::new(),
+            prefill_scratch: Vec::new(),
+            num_preemptions: 0,
+            num_unstarted: 0,
+            last_stats: ScheduleStats::default(),
+            seed_state: RandomState::new().hash_one(0x5EED_u64),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Validates and queues a request.
+    pub fn add_request(&mut self, request: Request) -> Result<(), AddRequestError> {
+        let max_tokens = request.validate(&self.config)?;
+        if self.requests.contains_key(&request.id) {
+            return Err(AddRequestError::DuplicateId(request.id));
+        }
+        let seed = request.params.seed.unwrap_or_else(|| {
+            self.seed_state = combine(self.seed_state, request.id);
+            self.seed_state
+        });
+        let stop = request.stop;
+        let mut min_tokens_banned = Vec::new();
+        if stop.min_tokens > 0 {
+            if !stop.ignore_eos {
+                min_tokens_banned.extend_from_slice(&stop.eos_token_ids);
+            }
+            min_tokens_banned.extend_from_slice(&stop.stop_token_ids);
+        }
+        let shared = Arc::new(RequestShared {
+            id: request.id,
+            params: request.params,
+            max_tokens,
+            prompt_len: request.prompt_token_ids.len(),
+            n: request.n,
+            priority: request.priority,
+            skip_special_tokens: request.skip_special_tokens,
+            seed,
+            min_tokens_banned,
+            stop,
+        });
+        let seq_id = self.new_seq_id();
+        let output = OutputProcessor::new(&request.prompt_token_ids, shared.skip_special_tokens, &shared.stop);
+        let seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
+        let fork_into = if shared.n > 1 { shared.n } else { 0 };
+        self.seqs.insert(seq_id, SeqEntry { seq, shared: shared.clone(), output, fork_into, last_scheduled: 0 });
+        self.requests.insert(
+            request.id,
+            RequestState {
+                seq_ids: vec![seq_id],
+                finish_reasons: vec![None; shared.n],
+                num_unfinished: shared.n,
+                timestamps: RequestTimestamps::new(request.arrival),
+                cached_prompt_tokens: None,
+                completion_tokens: 0,
+                num_preemptions: 0,
+                shared,
+            },
+        );
+        self.num_unstarted += 1;
+        self.enqueue_back(seq_id);
+        Ok(())
+    }
+
+    pub(crate) fn new_seq_id(&mut self) -> SeqId {
+        let id = self.next_seq_id;
+        self.next_seq_id += 1;
+        id
+    }
+
+    fn priority_of(&self, id: SeqId) -> i32 {
+        self.seqs.get(&id).map_or(0, |e| e.shared.priority)
+    }
+
+    /// Queues behind every waiting sequence of the same or a more urgent priority.
+    fn enqueue_back(&mut self, id: SeqId) {
+        let p = self.priority_of(id);
+        let mut pos = self.waiting.len();
+        while pos > 0 && self.priority_of(self.waiting[pos - 1]) > p {
+            pos -= 1;
+        }
+        self.waiting.insert(pos, id);
+    }
+
+    /// Queues ahead of every waiting sequence of the same or a less urgent priority.
+    pub(crate) fn enqueue_front(&mut self, id: SeqId) {
+        let p = self.priority_of(id);
+        let mut pos = 0;
+        while pos < self.waiting.len() && self.priority_of(self.waiting[pos]) < p {
+            pos += 1;
+        }
+        self.waiting.insert(pos, id);
+    }
+
+    /// Ends a request now: frees its blocks and finishes every unfinished sample with `reason`.
+    /// Returns false for an unknown id.
+    pub fn abort_request(&mut self, id: RequestId, reason: FinishReason, out: &mut StepEvents) -> bool {
+        let Some(state) = self.requests.get(&id) else { return false };
+        let seq_ids = state.seq_ids.clone();
+        let mut removed_running = false;
+        for sid in seq_ids {
+            let Some(mut entry) = self.seqs.remove(&sid) else { continue };
+            if let Some(state) = self.requests.get_mut(&id) {
+                state.completion_tokens += entry.seq.output_len();
+            }
+            match entry.seq.status {
+                SeqStatus::Running => {
+                    self.running_slots -= entry.slots();
+                    removed_running = true;
+                }
+                SeqStatus::Waiting => self.waiting.retain(|&w| w != sid),
+                SeqStatus::Finished => {}
+            }
+            self.blocks.free(&mut entry.seq);
+        }
+        if removed_running {
+            let seqs = &self.seqs;
+            self.running.retain(|sid| seqs.contains_key(sid));
+        }
+        let now = Instant::now();
+        let Some(mut state) = self.requests.remove(&id) else { return true };
+        if state.timestamps.first_scheduled.is_none() {
+            self.num_unstarted -= 1;
+        }
+        let unfinished: Vec<usize> = (0..state.finish_reasons.len()).filter(|&i| state.finish_reasons[i].is_none()).collect();
+        for (k, &i) in unfinished.iter().enumerate() {
+            state.finish_reasons[i] = Some(reason.clone());
+            let mut event = TokenEvent::finish(i, reason.clone());
+            if k + 1 == unfinished.len() {
+                Self::finalize(&mut state, now, &mut event, out);
+            }
+            out.events.push((id, event));
+        }
+        true
+    }
+
+    /// Fails every request with a sequence in the last scheduled batch (the step failed).
+    pub fn fail_scheduled(&mut self, message: &str, out: &mut StepEvents) {
+        let mut ids: Vec<RequestId> =
+            self.scheduled.iter().filter_map(|s| self.seqs.get(&s.seq_id).map(|e| e.seq.request_id)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        self.scheduled.clear();
+        for id in ids {
+            self.abort_request(id, FinishReason::Error(message.to_string()), out);
+        }
+    }
+
+    /// Fails the first waiting request (it cannot be scheduled).
+    pub fn fail_waiting_head(&mut self, message: &str, out: &mut StepEvents) {
+        if let Some(id) = self.waiting.front().and_then(|s| self.seqs.get(s)).map(|e| e.seq.request_id) {
+            self.abort_request(id, FinishReason::Error(message.to_string()), out);
+        }
+    }
+
+    /// Ends every request with `reason` (shutdown, or an engine that cannot continue).
+    pub fn abort_all(&mut self, reason: FinishReason, out: &mut StepEvents) {
+        let mut ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.abort_request(id, reason.clone(), out);
+        }
+    }
+
+    /// Fills in the request's usage and timestamps on its last event and records its metrics.
+    pub(crate) fn finalize(state: &mut RequestState, now: Instant, event: &mut TokenEvent, out: &mut StepEvents) {
+        state.timestamps.finished = Some(now);
+        let usage = Usage {
+            prompt_tokens: state.shared.prompt_len,
+            completion_tokens: state.completion_tokens,
+            cached_prompt_tokens: state.cached_prompt_tokens.unwrap_or(0),
+        };
+        event.usage = Some(usage);
+        event.timestamps = Some(state.timestamps);
+        out.finished.push(RequestMetrics {
+            request_id: state.shared.id,
+            usage,
+            timestamps: state.timestamps,
+            finish_reasons: state.finish_reasons.iter().map(|r| r.clone().unwrap_or(FinishReason::Abort)).collect(),
+            num_preemptions: state.num_preemptions,
+        });
+    }
+
+    /// Whether any request is in flight.
+    pub fn has_unfinished(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn contains_request(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    /// Ids of the requests in flight, in no particular order.
+    pub fn request_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.requests.keys().copied()
+    }
+
+    pub fn num_running_seqs(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting_seqs(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests not yet scheduled even once (what `max_waiting_requests` bounds).
+    pub fn num_unstarted_requests(&self) -> usize {
+        self.num_unstarted
+    }
+
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+
+    pub fn block_manager(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    pub fn last_schedule_stats(&self) -> &ScheduleStats {
+        &self.last_stats
+    }
+
+    /// Full consistency check (O(everything)), for tests: block reference counts match the
+    /// block tables, waiting sequences hold no blocks, and the slot count is right.
+    pub fn audit(&self) -> Result<(), String> {
+        self.blocks.audit(self.seqs.values().map(|e| e.seq.block_table.as_slice()))?;
+        let slots: usize = self.running.iter().map(|id| self.seqs.get(id).map_or(0, SeqEntry::slots)).sum();
+        if slots != self.running_slots {
+            return Err(format!("running slots {} but counted {slots}", self.running_slots));
+        }
+        if self.running.len() + self.waiting.len() != self.seqs.len() {
+            return Err(format!(
+                "{} running + {} waiting != {} live sequences",
+                self.running.len(),
+                self.waiting.len(),
+                self.seqs.len()
+            ));
+        }
+        for id in &self.waiting {
+            let e = self.seqs.get(id).ok_or_else(|| format!("waiting sequence {id} is gone"))?;
+            if !e.seq.block_table.is_empty() || e.seq.num_computed_tokens != 0 || e.seq.status != SeqStatus::Waiting {
+                return Err(format!("waiting sequence {id} holds blocks or computed tokens"));
+            }
+        }
+        for id in &self.running {
+            let e = self.seqs.get(id).ok_or_else(|| format!("running sequence {id} is gone"))?;
+            let needed = e.seq.num_computed_tokens.div_ceil(self.blocks.block_size());
+            if e.seq.status != SeqStatus::Running || e.seq.block_table.len() < needed {
+                return Err(format!("running sequence {id} is inconsistent"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,321 @@
+//! One scheduling pass: running sequences first (decodes, then the next chunks of unfinished
+//! prefills), then waiting ones (prefix-cache lookup, then as much of the prompt as the token
+//! budget and the free blocks allow), preempting by recompute when blocks run out.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::block_manager::BlockManager;
+use crate::executor::{SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
+use crate::rng::sample_seed;
+use crate::sequence::SeqStatus;
+use crate::stop::OutputProcessor;
+
+use super::{ScheduleStats, Scheduled, Scheduler, SeqEntry};
+
+impl Scheduler {
+    /// Builds the next step's batch. Every sequence in it computes `q_len >= 1` tokens; those
+    /// that complete their prompt (or are decoding) ask for a sampled token.
+    pub fn schedule(&mut self) -> ScheduledBatch {
+        self.step += 1;
+        self.scheduled.clear();
+        self.last_stats = ScheduleStats::default();
+        let queries_before = self.blocks.prefix_cache_queries();
+        let hits_before = self.blocks.prefix_cache_hits();
+        let preemptions_before = self.num_preemptions;
+        let mut batch = ScheduledBatch { seqs: Vec::with_capacity(self.running.len()), ..Default::default() };
+        let mut budget = self.config.max_num_batched_tokens;
+
+        self.schedule_running(&mut batch, &mut budget);
+        // After a preemption the cache is under pressure: admitting now would only preempt again
+        // (possibly the sequence just requeued).
+        if self.num_preemptions == preemptions_before {
+            self.schedule_waiting(&mut batch, &mut budget);
+        }
+
+        let stats = &mut self.last_stats;
+        stats.num_seqs = batch.seqs.len();
+        stats.num_preemptions = (self.num_preemptions - preemptions_before) as usize;
+        stats.num_block_copies = batch.block_copies.len();
+        stats.prefix_cache_queries = self.blocks.prefix_cache_queries() - queries_before;
+        stats.prefix_cache_hits = self.blocks.prefix_cache_hits() - hits_before;
+        self.check_invariants(&batch, budget);
+        batch
+    }
+
+    /// Running sequences: first every decode (one token left to compute), in admission order,
+    /// then the next chunk of each unfinished prefill in the budget that remains.
+    fn schedule_running(&mut self, batch: &mut ScheduledBatch, budget: &mut usize) {
+        let mut prefills = std::mem::take(&mut self.prefill_scratch);
+        prefills.clear();
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let id = self.running[i];
+            let Some(e) = self.seqs.get_mut(&id) else {
+                i += 1;
+                continue;
+            };
+            let remaining = e.target().saturating_sub(e.seq.num_computed_tokens);
+            if remaining != 1 {
+                if remaining > 1 {
+                    prefills.push(id);
+                } else if e.fork_into > 1 {
+                    // A parent at its fork point (update forks right away; this only guards
+                    // against leaving one stuck). The children are visited later in this loop.
+                    self.fork(id);
+                }
+                i += 1;
+                continue;
+            }
+            if self.blocks.max_tokens_fitting(&e.seq, 1) == 1 {
+                Self::push_entry(e, 1, self.step, &mut self.blocks, batch, &mut self.scheduled, &mut self.last_stats);
+                *budget -= 1;
+                i += 1;
+                continue;
+            }
+            if self.make_room(id, 1, &mut i).is_some() && self.push_scheduled(id, 1, batch) {
+                *budget -= 1;
+                i += 1;
+            }
+        }
+        for &id in &prefills {
+            if *budget == 0 {
+                break;
+            }
+            let Some(e) = self.seqs.get_mut(&id) else { continue };
+            // Preempted (or scheduled) earlier in this step.
+            if e.seq.status != SeqStatus::Running || e.last_scheduled == self.step {
+                continue;
+            }
+            let want = e.target().saturating_sub(e.seq.num_computed_tokens).min(*budget);
+            // A prefill chunk shrinks to the free blocks rather than preempting anyone.
+            let fits = self.blocks.max_tokens_fitting(&e.seq, want);
+            let q = if fits > 0 { Some(fits) } else { self.make_room(id, want, &mut 0) };
+            if let Some(q) = q {
+                if self.push_scheduled(id, q, batch) {
+                    *budget -= q;
+                }
+            }
+        }
+        self.prefill_scratch = prefills;
+    }
+
+    /// Frees blocks until running sequence `id` can compute at least one of `want` tokens, by
+    /// preempting the least urgent, most recently admitted sequence not yet scheduled in this
+    /// step — or `id` itself when there is none (then `None`). `cursor` (a position in
+    /// `running`) is kept pointing at the same sequence while entries before it are removed.
+    fn make_room(&mut self, id: SeqId, want: usize, cursor: &mut usize) -> Option<usize> {
+        loop {
+            let e = self.seqs.get(&id)?;
+            let q = self.blocks.max_tokens_fitting(&e.seq, want);
+            if q > 0 {
+                return Some(q);
+            }
+            match self.pick_victim(id) {
+                Some(victim) => {
+                    if self.preempt(victim).is_some_and(|pos| pos < *cursor) {
+                        *cursor -= 1;
+                    }
+                }
+                None => {
+                    // The next sequence moves into `id`'s position; the cursor stays.
+                    self.preempt(id);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Admits waiting sequences in queue order while budget, sequence slots and blocks allow.
+    /// Head-of-line: a sequence that does not fit stops admission (no overtaking).
+    fn schedule_waiting(&mut self, batch: &mut ScheduledBatch, budget: &mut usize) {
+        while *budget > 0 {
+            let Some(&id) = self.waiting.front() else { break };
+            let Some(e) = self.seqs.get_mut(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            if self.running_slots + e.slots() > self.config.max_num_seqs {
+                break;
+            }
+            let target = e.target();
+            // Keep at least one token to compute so there are logits to sample from; a parent
+            // about to fork may take everything up to the fork point from the cache.
+            let max_cached = if e.fork_into > 1 { target } else { target - 1 };
+            let plan = self.blocks.plan_admission(&mut e.seq, max_cached);
+            let remaining = target - plan.num_cached_tokens;
+            let q = self.blocks.admission_max_tokens(&plan, remaining.min(*budget));
+            if (q == 0 && remaining > 0) || self.blocks.admission_blocks_needed(&plan, q) > self.blocks.num_free_blocks() {
+                break;
+            }
+            self.waiting.pop_front();
+            let cached = plan.num_cached_tokens;
+            if self.blocks.admit(&mut e.seq, plan, q, &mut batch.block_copies).is_err() {
+                // Cannot happen (checked above); undo rather than lose the sequence.
+                self.blocks.free(&mut e.seq);
+                self.enqueue_front(id);
+                break;
+            }
+            e.seq.status = SeqStatus::Running;
+            let slots = e.slots();
+            let request_id = e.seq.request_id;
+            let prompt_len = e.seq.prompt_len;
+            let forks_now = e.fork_into > 1 && e.seq.num_computed_tokens == target;
+            self.running.push(id);
+            self.running_slots += slots;
+            if let Some(state) = self.requests.get_mut(&request_id) {
+                if state.timestamps.first_scheduled.is_none() {
+                    state.timestamps.first_scheduled = Some(Instant::now());
+                    state.cached_prompt_tokens = Some(cached.min(prompt_len));
+                    self.num_unstarted -= 1;
+                }
+            }
+            if q > 0 && self.push_scheduled(id, q, batch) {
+                *budget -= q;
+            }
+            if forks_now {
+                // Each sample computes the last prompt token on its own, budget and blocks
+                // permitting; the rest wait for the next step's running pass.
+                for sid in self.fork(id) {
+                    if *budget == 0 {
+                        break;
+                    }
+                    let fits = self.seqs.get(&sid).is_some_and(|e| self.blocks.max_tokens_fitting(&e.seq, 1) == 1);
+                    if fits && self.push_scheduled(sid, 1, batch) {
+                        *budget -= 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch.
+    fn push_scheduled(&mut self, id: SeqId, q: usize, batch: &mut ScheduledBatch) -> bool {
+        let Some(e) = self.seqs.get_mut(&id) else { return false };
+        Self::push_entry(e, q, self.step, &mut self.blocks, batch, &mut self.scheduled, &mut self.last_stats)
+    }
+
+    /// [`push_scheduled`](Self::push_scheduled) for an entry already looked up.
+    fn push_entry(
+        e: &mut SeqEntry,
+        q: usize,
+        step: u64,
+        blocks: &mut BlockManager,
+        batch: &mut ScheduledBatch,
+        scheduled: &mut Vec<Scheduled>,
+        stats: &mut ScheduleStats,
+    ) -> bool {
+        if blocks.allocate(&mut e.seq, q, &mut batch.block_copies).is_err() {
+            debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
+            return false;
+        }
+        let start = e.seq.num_computed_tokens;
+        let sample = start + q == e.target() && e.fork_into <= 1;
+        let sample_request = sample.then(|| sample_request(e));
+        batch.seqs.push(ScheduledSeq {
+            seq_id: e.seq.id,
+            token_ids: e.seq.token_ids[start..start + q].to_vec(),
+            start_pos: start,
+            block_table: e.seq.block_table.clone(),
+            sample: sample_request,
+        });
+        e.last_scheduled = step;
+        scheduled.push(Scheduled { seq_id: e.seq.id, q, sample });
+        if q == 1 && sample && e.seq.output_len() > 0 {
+            stats.num_decode_tokens += 1;
+        } else {
+            stats.num_prefill_tokens += q;
+        }
+        true
+    }
+
+    /// The least urgent (highest priority value), most recently admitted running sequence other
+    /// than `except` that is not in this step's batch yet.
+    fn pick_victim(&self, except: SeqId) -> Option<SeqId> {
+        let mut best: Option<(i32, SeqId)> = None;
+        for &id in self.running.iter().rev() {
+            let Some(e) = self.seqs.get(&id) else { continue };
+            if id == except || e.last_scheduled == self.step {
+                continue;
+            }
+            if best.is_none_or(|(p, _)| e.shared.priority > p) {
+                best = Some((e.shared.priority, id));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// Preempts a running sequence by recompute: frees its blocks and requeues it at the front.
+    /// Returns its former position in `running`.
+    pub(crate) fn preempt(&mut self, id: SeqId) -> Option<usize> {
+        let pos = self.running.iter().position(|&r| r == id)?;
+        self.running.remove(pos);
+        let e = self.seqs.get_mut(&id)?;
+        self.blocks.free(&mut e.seq);
+        e.seq.status = SeqStatus::Waiting;
+        self.running_slots -= e.slots();
+        let request_id = e.seq.request_id;
+        self.num_preemptions += 1;
+        if let Some(state) = self.requests.get_mut(&request_id) {
+            state.num_preemptions += 1;
+        }
+        self.enqueue_front(id);
+        Some(pos)
+    }
+
+    /// Splits a parent whose prompt is computed up to its last token into the request's `n`
+    /// samples, sharing its blocks. Returns the ids of the new sequences.
+    pub(crate) fn fork(&mut self, parent: SeqId) -> Vec<SeqId> {
+        let Some(e) = self.seqs.get_mut(&parent) else { return Vec::new() };
+        let n = std::mem::take(&mut e.fork_into);
+        let shared = Arc::clone(&e.shared);
+        let base = e.seq.clone();
+        let mut children = Vec::with_capacity(n.saturating_sub(1));
+        for index in 1..n {
+            let id = self.new_seq_id();
+            let seq = base.fork(id, index, sample_seed(shared.seed, index));
+            self.blocks.share(&seq.block_table);
+            let output = OutputProcessor::new(&seq.token_ids, shared.skip_special_tokens, &shared.stop);
+            let last_scheduled = 0;
+            self.seqs.insert(id, SeqEntry { seq, shared: Arc::clone(&shared), output, fork_into: 0, last_scheduled });
+            self.running.push(id);
+            children.push(id);
+        }
+        if let Some(state) = self.requests.get_mut(&shared.id) {
+            state.seq_ids.extend_from_slice(&children);
+        }
+        // The parent reserved `n` slots; now each of the `n` sequences holds one.
+        children
+    }
+
+    /// Cheap checks that every schedule must satisfy (debug builds).
+    fn check_invariants(&self, batch: &ScheduledBatch, budget_left: usize) {
+        debug_assert_eq!(batch.num_tokens() + budget_left, self.config.max_num_batched_tokens, "token budget");
+        debug_assert!(batch.num_tokens() <= self.config.max_num_batched_tokens, "token budget exceeded");
+        debug_assert!(batch.seqs.len() <= self.config.max_num_seqs, "too many sequences in the batch");
+        debug_assert!(self.running_slots <= self.config.max_num_seqs, "too many running sequences");
+        debug_assert_eq!(
+            self.blocks.num_free_blocks() + self.blocks.num_used_blocks(),
+            self.blocks.num_total_blocks(),
+            "free + used != total blocks"
+        );
+        debug_assert!(
+            batch.seqs.iter().all(|s| s.q_len() > 0 && s.block_table.len() * self.blocks.block_size() >= s.context_len()),
+            "a scheduled sequence lacks blocks"
+        );
+    }
+}
+
+/// What the sampler needs for this sequence's next token.
+fn sample_request(e: &SeqEntry) -> SampleRequest {
+    let shared = &e.shared;
+    let output_index = e.seq.output_len();
+    SampleRequest {
+        params: Arc::clone(&shared.params),
+        seed: e.seq.seed,
+        output_index,
+        history: shared.params.needs_history().then(|| Arc::from(e.seq.token_ids.as_slice())),
+        prompt_len: e.seq.prompt_len,
+        banned_token_ids: if output_index < shared.stop.min_tokens { shared.min_tokens_banned.clone() } else { Vec::new() },
+    }
+}

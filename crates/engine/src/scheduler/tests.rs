@@ -1,0 +1,374 @@
+//! Scheduler unit tests, driven step by step with the fake executor.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::*;
+use crate::event::StopReason;
+use crate::executor::{ModelExecutor, ScheduledBatch, StepOutput};
+use crate::fake::{FakeDecoder, FakeExecutor};
+
+const VOCAB: usize = 32;
+
+struct Harness {
+    sched: Scheduler,
+    exec: FakeExecutor,
+    events: StepEvents,
+    /// Per request: every event received, in order.
+    received: HashMap<RequestId, Vec<TokenEvent>>,
+    metrics: Vec<RequestMetrics>,
+}
+
+impl Harness {
+    fn new(config: EngineConfig) -> Self {
+        let exec = FakeExecutor::new(config.block_size, config.num_blocks, VOCAB);
+        let sched = Scheduler::new(config, Arc::new(FakeDecoder)).unwrap();
+        Self { sched, exec, events: StepEvents::default(), received: HashMap::new(), metrics: Vec::new() }
+    }
+
+    fn small(block_size: usize, num_blocks: usize) -> Self {
+        Self::new(EngineConfig::new(block_size, num_blocks, block_size * num_blocks))
+    }
+
+    fn add(&mut self, r: Request) {
+        self.sched.add_request(r).unwrap();
+    }
+
+    /// One step; returns the batch that ran.
+    fn step(&mut self) -> ScheduledBatch {
+        let batch = self.sched.schedule();
+        if !batch.is_empty() {
+            let out = self.exec.execute(&batch).unwrap();
+            self.sched.update(out, &mut self.events).unwrap();
+        }
+        self.drain();
+        self.sched.audit().unwrap();
+        batch
+    }
+
+    fn drain(&mut self) {
+        for (id, ev) in self.events.events.drain(..) {
+            self.received.entry(id).or_default().push(ev);
+        }
+        self.metrics.append(&mut self.events.finished);
+    }
+
+    fn run(&mut self) -> usize {
+        let mut steps = 0;
+        while self.sched.has_unfinished() {
+            self.step();
+            steps += 1;
+            assert!(steps < 100_000, "no progress");
+        }
+        steps
+    }
+
+    /// Output token ids of sample `index` of request `id`.
+    fn tokens(&self, id: RequestId, index: usize) -> Vec<u32> {
+        self.received[&id].iter().filter(|e| e.index == index).flat_map(|e| e.token_ids.clone()).collect()
+    }
+
+    fn text(&self, id: RequestId, index: usize) -> String {
+        self.received[&id].iter().filter(|e| e.index == index).map(|e| e.text.as_str()).collect()
+    }
+
+    fn finish(&self, id: RequestId, index: usize) -> FinishReason {
+        self.received[&id].iter().filter(|e| e.index == index).find_map(|e| e.finished.clone()).unwrap()
+    }
+
+    fn usage(&self, id: RequestId) -> Usage {
+        let last = self.received[&id].last().unwrap();
+        assert!(last.is_last());
+        last.usage.unwrap()
+    }
+}
+
+fn params(temperature: f32, seed: u64) -> Arc<SamplingParams> {
+    Arc::new(SamplingParams { temperature, seed: Some(seed), ..Default::default() })
+}
+
+fn req(id: RequestId, prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request::new(id, prompt, params(1.0, id)).with_max_tokens(max_tokens)
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 7 + salt) % VOCAB as u32).collect()
+}
+
+/// Output of `r` run alone on a big cache.
+fn solo(r: &Request) -> Vec<Vec<u32>> {
+    let mut h = Harness::small(4, 4096);
+    h.add(r.clone());
+    h.run();
+    (0..r.n).map(|i| h.tokens(r.id, i)).collect()
+}
+
+#[test]
+fn one_request_runs_to_max_tokens_and_frees_everything() {
+    let mut h = Harness::small(4, 64);
+    h.add(req(1, prompt(10, 0), 7));
+    let steps = h.run();
+    assert_eq!(steps, 7, "one prefill step then six decodes");
+    assert_eq!(h.tokens(1, 0).len(), 7);
+    assert_eq!(h.finish(1, 0), FinishReason::Length);
+    assert_eq!(h.usage(1), Usage { prompt_tokens: 10, completion_tokens: 7, cached_prompt_tokens: 0 });
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 64);
+    let m = &h.metrics[0];
+    let ts = m.timestamps;
+    assert!(ts.first_scheduled.is_some() && ts.first_token.is_some() && ts.finished.is_some());
+    assert!(ts.first_token <= ts.finished);
+}
+
+#[test]
+fn long_prompt_is_chunked_while_others_decode() {
+    let mut config = EngineConfig::new(16, 256, 1024);
+    config.max_num_batched_tokens = 64;
+    let mut h = Harness::new(config);
+    for id in 0..4 {
+        h.add(req(id, prompt(8, id as u32), 200));
+    }
+    h.step(); // the four short prompts
+    h.add(req(99, prompt(500, 3), 4));
+    let mut chunk_steps = 0;
+    let mut mixed_steps = 0;
+    while h.sched.contains_request(99) {
+        let batch = h.step();
+        assert!(batch.num_tokens() <= 64);
+        let long = batch.seqs.iter().find(|s| h.sched.seqs.get(&s.seq_id).is_none_or(|e| e.seq.request_id == 99));
+        let decodes = batch.seqs.iter().filter(|s| s.q_len() == 1 && s.sample.is_some()).count();
+        if let Some(long) = long {
+            if long.q_len() > 1 {
+                chunk_steps += 1;
+                assert!(long.sample.is_none() || long.start_pos + long.q_len() == 500);
+                if decodes == 4 {
+                    mixed_steps += 1;
+                }
+            }
+        }
+    }
+    // 500 tokens at most 60 per step next to four decodes: at least nine chunks.
+    assert!(chunk_steps >= 9, "{chunk_steps} chunk steps");
+    assert!(mixed_steps >= 8, "{mixed_steps} mixed steps");
+    assert_eq!(h.tokens(99, 0), solo(&req(99, prompt(500, 3), 4))[0]);
+}
+
+#[test]
+fn prefix_cache_hit_is_reported_and_does_not_change_outputs() {
+    let mut h = Harness::small(4, 64);
+    let r1 = req(1, prompt(21, 0), 5);
+    let r2 = req(2, prompt(21, 0), 5);
+    h.add(r1.clone());
+    h.run();
+    h.add(r2.clone());
+    let first = h.step();
+    // 20 of 21 tokens are in full cached blocks; one is computed.
+    assert_eq!(first.seqs[0].start_pos, 20);
+    assert_eq!(first.seqs[0].q_len(), 1);
+    h.run();
+    assert_eq!(h.usage(2).cached_prompt_tokens, 20);
+    // Same seed as request 1 would give the same output; here each has its own seed.
+    assert_eq!(h.tokens(2, 0), solo(&r2)[0]);
+    assert_eq!(h.tokens(1, 0), solo(&r1)[0]);
+    assert!(h.sched.block_manager().prefix_cache_hits() >= 20);
+}
+
+#[test]
+fn fully_cached_prompt_recomputes_only_its_last_token() {
+    let mut h = Harness::small(4, 64);
+    let p = prompt(16, 1);
+    h.add(req(1, p.clone(), 2));
+    h.run();
+    let r2 = Request::new(2, p, params(1.0, 1)).with_max_tokens(2);
+    h.add(r2.clone());
+    let batch = h.step();
+    assert_eq!((batch.seqs[0].start_pos, batch.seqs[0].q_len()), (15, 1));
+    assert_eq!(batch.block_copies.len(), 1, "the cached last block is copied, not written");
+    h.run();
+    assert_eq!(h.tokens(2, 0), h.tokens(1, 0), "same prompt and seed");
+    assert_eq!(h.usage(2).cached_prompt_tokens, 15);
+}
+
+#[test]
+fn samples_share_prompt_blocks_and_draw_independently() {
+    let mut h = Harness::small(4, 64);
+    let r = Request::new(1, prompt(10, 2), params(1.0, 5)).with_max_tokens(6).with_n(3);
+    h.add(r.clone());
+    h.step(); // prompt minus its last token, then the fork
+    assert_eq!(h.sched.num_running_seqs(), 3);
+    // Two full prompt blocks are shared; the partial one is copied on write.
+    let batch = h.step();
+    assert_eq!(batch.seqs.len(), 3);
+    assert!(batch.seqs.iter().all(|s| s.start_pos == 9 && s.sample.is_some()));
+    assert_eq!(batch.block_copies.len(), 2);
+    assert!(batch.seqs.iter().all(|s| s.block_table[..2] == batch.seqs[0].block_table[..2]));
+    h.run();
+    let outs: Vec<_> = (0..3).map(|i| h.tokens(1, i)).collect();
+    assert!(outs[0] != outs[1] || outs[1] != outs[2], "independent seeds");
+    assert_eq!(outs, solo(&r));
+    assert_eq!(h.usage(1).completion_tokens, 18);
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 64);
+}
+
+#[test]
+fn preemption_by_recompute_keeps_outputs() {
+    // 12 blocks of 4 tokens; three sequences growing to 40 tokens cannot all fit.
+    let mut h = Harness::small(4, 12);
+    let reqs: Vec<_> = (0..3).map(|i| req(i, prompt(8, i as u32), 32)).collect();
+    for r in &reqs {
+        h.add(r.clone());
+    }
+    h.run();
+    assert!(h.sched.num_preemptions() > 0);
+    for r in &reqs {
+        assert_eq!(h.tokens(r.id, 0), solo(r)[0], "request {}", r.id);
+    }
+    assert!(h.metrics.iter().map(|m| m.num_preemptions).sum::<usize>() > 0);
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 12);
+}
+
+#[test]
+fn abort_frees_blocks_and_finishes_every_sample() {
+    let mut h = Harness::small(4, 64);
+    h.add(Request::new(1, prompt(9, 0), params(1.0, 1)).with_max_tokens(50).with_n(2));
+    h.add(req(2, prompt(9, 1), 50));
+    h.step();
+    h.step();
+    assert!(h.sched.block_manager().num_used_blocks() > 0);
+    assert!(h.sched.abort_request(1, FinishReason::Abort, &mut h.events));
+    assert!(h.sched.abort_request(2, FinishReason::Abort, &mut h.events));
+    assert!(!h.sched.abort_request(3, FinishReason::Abort, &mut h.events));
+    h.drain();
+    assert_eq!(h.finish(1, 0), FinishReason::Abort);
+    assert_eq!(h.finish(1, 1), FinishReason::Abort);
+    assert!(h.received[&1].last().unwrap().is_last());
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 64);
+    assert!(!h.sched.has_unfinished());
+    h.sched.audit().unwrap();
+}
+
+#[test]
+fn abort_before_the_fork_finishes_unforked_samples() {
+    let mut h = Harness::small(4, 64);
+    h.add(Request::new(1, prompt(9, 0), params(1.0, 1)).with_n(3));
+    assert_eq!(h.sched.num_unstarted_requests(), 1);
+    h.sched.abort_request(1, FinishReason::Abort, &mut h.events);
+    h.drain();
+    assert_eq!(h.received[&1].len(), 3);
+    assert_eq!(h.sched.num_unstarted_requests(), 0);
+    assert_eq!(h.metrics[0].finish_reasons, vec![FinishReason::Abort; 3]);
+}
+
+#[test]
+fn max_num_seqs_caps_running_sequences() {
+    let mut config = EngineConfig::new(4, 256, 64);
+    config.max_num_seqs = 3;
+    let mut h = Harness::new(config);
+    for id in 0..5 {
+        h.add(req(id, prompt(5, id as u32), 4));
+    }
+    h.add(Request::new(9, prompt(5, 0), params(1.0, 9)).with_max_tokens(4).with_n(3));
+    while h.sched.has_unfinished() {
+        let batch = h.step();
+        assert!(batch.seqs.len() <= 3);
+        assert!(h.sched.running_slots <= 3);
+    }
+    assert_eq!(h.metrics.len(), 6);
+}
+
+#[test]
+fn bad_requests_are_rejected() {
+    let mut h = Harness::small(4, 16); // max_model_len 64
+    let err = h.sched.add_request(req(1, prompt(64, 0), 1)).unwrap_err();
+    assert!(matches!(err, AddRequestError::Invalid(RequestError::PromptTooLong { .. })), "{err}");
+    h.add(req(2, prompt(5, 0), 1));
+    assert_eq!(h.sched.add_request(req(2, prompt(5, 0), 1)), Err(AddRequestError::DuplicateId(2)));
+}
+
+#[test]
+fn eos_is_banned_until_min_tokens_then_stops() {
+    let mut h = Harness::small(4, 64);
+    // Greedy on the fake model: find the first token of the greedy output, make it the eos.
+    let probe = Request::new(1, prompt(6, 0), params(0.0, 0)).with_max_tokens(3);
+    let eos = solo(&probe)[0][0];
+    let stop = StopConditions { eos_token_ids: vec![eos], min_tokens: 2, ..Default::default() };
+    let r = Request::new(2, prompt(6, 0), params(0.0, 0)).with_max_tokens(20).with_stop(stop.clone());
+    h.add(r);
+    let batch = h.step();
+    assert_eq!(batch.seqs[0].sample.as_ref().unwrap().banned_token_ids, vec![eos]);
+    h.run();
+    let out = h.tokens(2, 0);
+    assert!(out.len() >= 3);
+    assert!(!out[..2].contains(&eos));
+    // Without min_tokens greedy emits eos at once.
+    let stop = StopConditions { min_tokens: 0, ..stop };
+    h.add(Request::new(3, prompt(6, 0), params(0.0, 0)).with_max_tokens(20).with_stop(stop));
+    h.run();
+    assert_eq!(h.tokens(3, 0), vec![eos]);
+    assert_eq!(h.finish(3, 0), FinishReason::Stop(StopReason::Eos(eos)));
+    assert_eq!(h.text(3, 0), "");
+}
+
+#[test]
+fn stop_strings_cut_the_text() {
+    let mut h = Harness::small(4, 64);
+    let probe = Request::new(1, prompt(6, 0), params(0.0, 0)).with_max_tokens(6);
+    let out = solo(&probe)[0].clone();
+    // Stop at the text of generated tokens 3 and 4.
+    let stop_text: String = out[2..4].iter().map(|&t| FakeDecoder::piece(t)).collect();
+    let before: String = out[..2].iter().map(|&t| FakeDecoder::piece(t)).collect();
+    let stop = StopConditions { stop_strings: vec![stop_text.clone()], ..Default::default() };
+    h.add(Request::new(2, prompt(6, 0), params(0.0, 0)).with_max_tokens(6).with_stop(stop));
+    h.run();
+    // The first occurrence may start earlier if the pieces repeat; the text never contains it.
+    let text = h.text(2, 0);
+    assert!(!text.contains(&stop_text));
+    assert!(before.starts_with(&text) || text.starts_with(&before));
+    assert_eq!(h.finish(2, 0), FinishReason::Stop(StopReason::StopString(stop_text)));
+}
+
+#[test]
+fn executor_output_mismatch_is_an_error_and_fails_the_step() {
+    let mut h = Harness::small(4, 64);
+    h.add(req(1, prompt(5, 0), 5));
+    let _batch = h.sched.schedule();
+    let err = h.sched.update(StepOutput::default(), &mut h.events).unwrap_err();
+    assert_eq!(err, UpdateError::SampleCount { expected: 1, got: 0 });
+    h.sched.fail_scheduled("boom", &mut h.events);
+    h.drain();
+    assert_eq!(h.finish(1, 0), FinishReason::Error("boom".into()));
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 64);
+}
+
+#[test]
+fn priority_orders_the_queue() {
+    let mut config = EngineConfig::new(4, 64, 64);
+    config.max_num_seqs = 1;
+    let mut h = Harness::new(config);
+    h.add(req(1, prompt(4, 0), 2).with_priority(5));
+    h.add(req(2, prompt(4, 1), 2).with_priority(-1));
+    h.add(req(3, prompt(4, 2), 2).with_priority(5));
+    let mut order = Vec::new();
+    while h.sched.has_unfinished() {
+        h.step();
+        for m in h.metrics.drain(..) {
+            order.push(m.request_id);
+        }
+    }
+    assert_eq!(order, vec![2, 1, 3]);
+}
+
+#[test]
+fn prefix_caching_off_gives_the_same_outputs() {
+    let mut config = EngineConfig::new(4, 64, 256);
+    config.enable_prefix_caching = false;
+    let mut h = Harness::new(config);
+    let r1 = req(1, prompt(20, 0), 5);
+    let r2 = req(2, prompt(20, 0), 5);
+    h.add(r1.clone());
+    h.run();
+    h.add(r2.clone());
+    h.run();
+    assert_eq!(h.usage(2).cached_prompt_tokens, 0);
+    assert_eq!(h.sched.block_manager().prefix_cache_queries(), 0);
+    assert_eq!(h.tokens(2, 0), solo(&r2)[0]);
+}

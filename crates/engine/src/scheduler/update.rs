@@ -1,0 +1,111 @@
+//! After a step: advance `num_computed_tokens`, offer newly full blocks to the prefix cache,
+//! fork parents that reached their fork point, append sampled tokens, check stop conditions,
+//! free finished sequences and produce the step's [`TokenEvent`]s.
+
+use std::time::Instant;
+
+use pagoda_text::TokenDecoder;
+
+use crate::event::{FinishReason, TokenEvent};
+use crate::executor::{SampledToken, SeqId, StepOutput};
+
+use super::{Scheduler, SeqEntry, StepEvents, UpdateError};
+
+impl Scheduler {
+    /// Applies the executor's output for the batch of the last [`schedule`](Self::schedule).
+    /// On a mismatch between batch and output nothing is changed; the caller should then
+    /// [`fail_scheduled`](Self::fail_scheduled).
+    pub fn update(&mut self, output: StepOutput, out: &mut StepEvents) -> Result<(), UpdateError> {
+        let expected = self.scheduled.iter().filter(|s| s.sample).count();
+        if output.sampled.len() != expected {
+            return Err(UpdateError::SampleCount { expected, got: output.sampled.len() });
+        }
+        let sampling = self.scheduled.iter().filter(|s| s.sample);
+        for (index, (s, t)) in sampling.zip(&output.sampled).enumerate() {
+            if s.seq_id != t.seq_id {
+                return Err(UpdateError::SeqMismatch { index, expected: s.seq_id, got: t.seq_id });
+            }
+        }
+
+        let now = Instant::now();
+        let mut sampled = output.sampled.into_iter();
+        let mut finished = Vec::new();
+        let scheduled = std::mem::take(&mut self.scheduled);
+        for s in &scheduled {
+            let token = if s.sample { sampled.next() } else { None };
+            let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
+            e.seq.num_computed_tokens += s.q;
+            self.blocks.commit_computed(&mut e.seq);
+            if e.fork_into > 1 && e.seq.num_computed_tokens >= e.target() {
+                self.fork(s.seq_id);
+                continue;
+            }
+            let Some(token) = token else { continue };
+            let request_id = e.seq.request_id;
+            let (mut event, finish) = Self::append_token(e, token, &*self.decoder, self.config.max_model_len);
+            if e.seq.output_len() == 1 {
+                if let Some(state) = self.requests.get_mut(&request_id) {
+                    state.timestamps.first_token.get_or_insert(now);
+                }
+            }
+            if let Some(reason) = finish {
+                self.finish_seq(s.seq_id, reason, now, &mut event, out);
+                finished.push(s.seq_id);
+            }
+            out.events.push((request_id, event));
+        }
+        self.scheduled = scheduled;
+        self.scheduled.clear();
+        if !finished.is_empty() {
+            let seqs = &self.seqs;
+            self.running.retain(|id| seqs.contains_key(id));
+        }
+        Ok(())
+    }
+
+    /// Appends one sampled token and runs the stop checks; returns the token's event and the
+    /// finish reason if a stop condition hit.
+    fn append_token(
+        e: &mut SeqEntry,
+        sampled: SampledToken,
+        decoder: &dyn TokenDecoder,
+        max_model_len: usize,
+    ) -> (TokenEvent, Option<FinishReason>) {
+        let token = sampled.token_id;
+        e.seq.token_ids.push(token);
+        let output_len = e.seq.output_len();
+        let at_limit = output_len >= e.shared.max_tokens || e.seq.len() >= max_model_len;
+        let outcome = e.output.push(decoder, &e.shared.stop, token, output_len, at_limit);
+        let event = TokenEvent {
+            index: e.seq.sample_index,
+            token_ids: vec![token],
+            text: outcome.text,
+            logprobs: sampled.logprobs.map(|l| vec![l]),
+            finished: outcome.finish.clone(),
+            usage: None,
+            timestamps: None,
+        };
+        (event, outcome.finish)
+    }
+
+    /// Frees a finished sequence; on the request's last sample, completes the event with usage
+    /// and timestamps and drops the request. The caller removes it from `running`.
+    fn finish_seq(&mut self, id: SeqId, reason: FinishReason, now: Instant, event: &mut TokenEvent, out: &mut StepEvents) {
+        let Some(mut e) = self.seqs.remove(&id) else { return };
+        self.blocks.free(&mut e.seq);
+        e.seq.status = crate::sequence::SeqStatus::Finished;
+        self.running_slots -= e.slots();
+        let request_id = e.seq.request_id;
+        let Some(state) = self.requests.get_mut(&request_id) else { return };
+        state.completion_tokens += e.seq.output_len();
+        if let Some(slot) = state.finish_reasons.get_mut(e.seq.sample_index) {
+            *slot = Some(reason);
+        }
+        state.num_unfinished = state.num_unfinished.saturating_sub(1);
+        if state.num_unfinished == 0 {
+            if let Some(mut state) = self.requests.remove(&request_id) {
+                Self::finalize(&mut state, now, event, out);
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Property tests of the scheduler with the fake executor: random arrivals, prompt and output
+//! lengths, shared prefixes, n > 1, stop conditions, aborts and caches small enough to force
+//! preemption. Every request must end, every block must come back, and each request's output
+//! must equal what it produces alone on a big cache.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{drive, reference, VOCAB};
+use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
+use pagoda_engine::{EngineConfig, FinishReason, Request, SamplingParams, Scheduler, StopConditions};
+use proptest::prelude::*;
+
+const MAX_MODEL_LEN: usize = 48;
+
+#[derive(Debug, Clone)]
+struct Spec {
+    base: usize,
+    shared: usize,
+    suffix: Vec<u32>,
+    max_tokens: usize,
+    greedy: bool,
+    n: usize,
+    eos: Option<u32>,
+    min_tokens: usize,
+    stop_string: Option<String>,
+    logprobs: bool,
+    arrival: usize,
+    abort_at: Option<usize>,
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        (0usize..3, 0usize..24, prop::collection::vec(0u32..VOCAB as u32, 0..12), 1usize..16),
+        (any::<bool>(), 1usize..4, prop::option::of(0u32..VOCAB as u32), 0usize..3),
+        (prop::option::of("[a-e]{1,3}"), any::<bool>(), 0usize..30, prop::option::weighted(0.2, 0usize..40)),
+    )
+        .prop_map(|((base, shared, suffix, max_tokens), (greedy, n, eos, min_tokens), (stop_string, logprobs, arrival, abort_at))| Spec {
+            base,
+            shared,
+            suffix,
+            max_tokens,
+            greedy,
+            n,
+            eos,
+            min_tokens,
+            stop_string,
+            logprobs,
+            arrival,
+            abort_at,
+        })
+}
+
+/// Three base prompts whose prefixes requests share, so the prefix cache gets hits.
+fn base_prompt(base: usize) -> Vec<u32> {
+    (0..24u32).map(|i| (i * (base as u32 * 2 + 3) + base as u32) % VOCAB as u32).collect()
+}
+
+fn build(id: u64, s: &Spec, max_num_seqs: usize) -> Request {
+    let mut prompt: Vec<u32> = base_prompt(s.base)[..s.shared].to_vec();
+    prompt.extend_from_slice(&s.suffix);
+    if prompt.is_empty() {
+        prompt.push(1);
+    }
+    prompt.truncate(MAX_MODEL_LEN - s.max_tokens);
+    let params = SamplingParams {
+        temperature: if s.greedy { 0.0 } else { 1.0 },
+        seed: Some(id * 7919),
+        logprobs: s.logprobs.then_some(2),
+        ..Default::default()
+    };
+    let stop = StopConditions {
+        eos_token_ids: s.eos.into_iter().collect(),
+        stop_strings: s.stop_string.clone().into_iter().collect(),
+        min_tokens: s.min_tokens.min(s.max_tokens),
+        ..Default::default()
+    };
+    Request::new(id, prompt, Arc::new(params))
+        .with_max_tokens(s.max_tokens)
+        .with_n(s.n.min(max_num_seqs))
+        .with_stop(stop)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_request_ends_blocks_return_and_outputs_match_solo_runs(
+        block_size in prop::sample::select(vec![1usize, 2, 4, 8]),
+        extra_blocks in 0usize..24,
+        budget in 1usize..64,
+        max_num_seqs in 1usize..8,
+        prefix_caching in any::<bool>(),
+        specs in prop::collection::vec(spec(), 1..10),
+    ) {
+        let min_blocks = MAX_MODEL_LEN.div_ceil(block_size);
+        let mut config = EngineConfig::new(block_size, min_blocks + extra_blocks, MAX_MODEL_LEN);
+        config.max_num_batched_tokens = budget;
+        config.max_num_seqs = max_num_seqs;
+        config.enable_prefix_caching = prefix_caching;
+        let requests: Vec<Request> = specs.iter().enumerate().map(|(i, s)| build(i as u64, s, max_num_seqs)).collect();
+        let arrivals = specs.iter().zip(&requests).map(|(s, r)| (s.arrival, r.clone())).collect();
+        let aborts = specs.iter().zip(&requests).filter_map(|(s, r)| s.abort_at.map(|a| (a, r.id))).collect();
+
+        let mut sched = Scheduler::new(config.clone(), Arc::new(FakeDecoder)).unwrap();
+        let mut exec = FakeExecutor::new(block_size, config.num_blocks, VOCAB);
+        let (out, _) = drive(&mut sched, &mut exec, arrivals, aborts);
+
+        prop_assert_eq!(sched.block_manager().num_free_blocks(), config.num_blocks);
+        prop_assert_eq!(sched.block_manager().num_used_blocks(), 0);
+        for r in &requests {
+            let got = out.get(&r.id).expect("every request gets events");
+            prop_assert!(got.done, "request {} has no last event", r.id);
+            prop_assert_eq!(got.samples.len(), r.n);
+            let want = reference(r, MAX_MODEL_LEN);
+            for (i, (g, w)) in got.samples.iter().zip(&want).enumerate() {
+                if g.finish == Some(FinishReason::Abort) {
+                    prop_assert!(w.tokens.starts_with(&g.tokens), "request {} sample {i}: aborted output is not a prefix", r.id);
+                } else {
+                    prop_assert_eq!(g, w, "request {} sample {}", r.id, i);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The Llama-family transformer (Llama 2/3, SmolLM, Mistral, Qwen2) over a flattened, mixed
+//! batch and a paged KV cache. Attention goes through `pagoda-ops`, so the same code runs the CPU
+//! reference ops and, on a GPU, our CUDA kernels.
+
+use candle_core::{DType, Device, Tensor};
+use pagoda_ops::AttentionMetadata;
+
+use crate::config::LlamaConfig;
+use crate::error::Result;
+use crate::kv_cache::KvCache;
+use crate::linear::Linear;
+use crate::weights::WeightSource;
+
+struct Layer {
+    attn_norm: Tensor,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    ffn_norm: Tensor,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+/// One step's flattened inputs, built by the model runner.
+pub struct ForwardInput<'a> {
+    /// u32 `[num_tokens]`.
+    pub input_ids: &'a Tensor,
+    /// u32 `[num_tokens]`.
+    pub positions: &'a Tensor,
+    pub attention: &'a AttentionMetadata,
+    /// u32 `[num_rows]`: the token rows whose logits are wanted.
+    pub logits_rows: &'a Tensor,
+}
+
+pub struct Llama {
+    config: LlamaConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Layer>,
+    final_norm: Tensor,
+    lm_head: Linear,
+    cos: Tensor,
+    sin: Tensor,
+    softmax_scale: f32,
+    dtype: DType,
+}
+
+impl Llama {
+    pub fn load(source: &mut dyn WeightSource, config: LlamaConfig, dtype: DType, device: &Device) -> Result<Self> {
+        let c = &config;
+        let embed_tokens = source.dense("token_embd.weight", &[c.vocab_size, c.hidden_size])?;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let name = |part: &str| format!("blk.{i}.{part}.weight");
+            let bias = |part: &str| c.attention_bias.then(|| format!("blk.{i}.{part}.bias"));
+            let q_bias = bias("attn_q");
+            let k_bias = bias("attn_k");
+            let v_bias = bias("attn_v");
+            layers.push(Layer {
+                attn_norm: source.dense(&name("attn_norm"), &[c.hidden_size])?,
+                q_proj: source.linear(&name("attn_q"), c.q_size(), c.hidden_size, q_bias.as_deref())?,
+                k_proj: source.linear(&name("attn_k"), c.kv_size(), c.hidden_size, k_bias.as_deref())?,
+                v_proj: source.linear(&name("attn_v"), c.kv_size(), c.hidden_size, v_bias.as_deref())?,
+                o_proj: source.linear(&name("attn_output"), c.hidden_size, c.q_size(), None)?,
+                ffn_norm: source.dense(&name("ffn_norm"), &[c.hidden_size])?,
+                gate_proj: source.linear(&name("ffn_gate"), c.intermediate_size, c.hidden_size, None)?,
+                up_proj: source.linear(&name("ffn_up"), c.intermediate_size, c.hidden_size, None)?,
+                down_proj: source.linear(&name("ffn_down"), c.hidden_size, c.intermediate_size, None)?,
+            });
+        }
+        let final_norm = source.dense("output_norm.weight", &[c.hidden_size])?;
+        let lm_head = if !c.tie_word_embeddings && source.contains("output.weight") {
+            source.linear("output.weight", c.vocab_size, c.hidden_size, None)?
+        } else {
+            // Tied: reuse the embedding table (kept quantized when the source allows it).
+            source.linear("token_embd.weight", c.vocab_size, c.hidden_size, None)?
+        };
+        let (cos, sin) = rotary_tables(c, device)?;
+        Ok(Self {
+            softmax_scale: 1.0 / (c.head_dim as f32).sqrt(),
+            config,
+            embed_tokens,
+            layers,
+            final_norm,
+            lm_head,
+            cos,
+            sin,
+            dtype,
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Runs every layer over the batch, writing its K/V into `cache`, and returns f32 logits
+    /// `[num_rows, vocab]` for the requested rows only.
+    pub fn forward(&self, input: &ForwardInput<'_>, cache: &KvCache) -> Result<Tensor> {
+        let c = &self.config;
+        let num_tokens = input.input_ids.dim(0)?;
+        let mut hidden = self.embed_tokens.index_select(input.input_ids, 0)?;
+        let mut residual: Option<Tensor> = None;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let normed = match &residual {
+                None => {
+                    residual = Some(hidden.clone());
+                    pagoda_ops::rms_norm(&hidden, &layer.attn_norm, c.rms_norm_eps)?
+                }
+                Some(r) => {
+                    let (normed, sum) = pagoda_ops::add_rms_norm(&hidden, r, &layer.attn_norm, c.rms_norm_eps)?;
+                    residual = Some(sum);
+                    normed
+                }
+            };
+            let q = layer.q_proj.forward(&normed)?.reshape((num_tokens, c.num_heads, c.head_dim))?;
+            let k = layer.k_proj.forward(&normed)?.reshape((num_tokens, c.num_kv_heads, c.head_dim))?;
+            let v = layer.v_proj.forward(&normed)?.reshape((num_tokens, c.num_kv_heads, c.head_dim))?;
+            let (q, k) =
+                pagoda_ops::rotary_embedding(&q, &k, input.positions, &self.cos, &self.sin, c.rope_style)?;
+            let (k_cache, v_cache) = cache.layer(i);
+            pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &input.attention.slot_mapping)?;
+            let attn =
+                pagoda_ops::paged_attention(&q, k_cache, v_cache, input.attention, self.softmax_scale)?;
+            hidden = layer.o_proj.forward(&attn.reshape((num_tokens, c.q_size()))?)?;
+
+            let r = residual.as_ref().expect("set by the first layer");
+            let (normed, sum) = pagoda_ops::add_rms_norm(&hidden, r, &layer.ffn_norm, c.rms_norm_eps)?;
+            residual = Some(sum);
+            let gate = layer.gate_proj.forward(&normed)?;
+            let up = layer.up_proj.forward(&normed)?;
+            hidden = layer.down_proj.forward(&pagoda_ops::silu_and_mul(&gate, &up)?)?;
+        }
+        let r = residual.as_ref().expect("models have at least one layer");
+        let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, c.rms_norm_eps)?;
+        let rows = normed.index_select(input.logits_rows, 0)?;
+        Ok(self.lm_head.forward(&rows)?.to_dtype(DType::F32)?)
+    }
+
+    /// Whether the projections run as quantized matmuls.
+    pub fn is_quantized(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.q_proj.is_quantized())
+    }
+}
+
+/// cos/sin tables for every position the model supports, with the GGUF's frequency factors.
+fn rotary_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let mut inv_freq = pagoda_ops::rotary_inv_freq(c.rope_theta, c.head_dim, c.rope_scaling)?;
+    if let Some(factors) = &c.rope_freq_factors {
+        if factors.len() != inv_freq.len() {
+            return Err(crate::error::ModelError::InvalidOption(format!(
+                "rope_freqs has {} entries, expected {}",
+                factors.len(),
+                inv_freq.len()
+            )));
+        }
+        inv_freq.iter_mut().zip(factors).for_each(|(f, k)| *f /= *k as f64);
+    }
+    Ok(pagoda_ops::rotary_tables_from_inv_freq(&inv_freq, c.max_position_embeddings, device)?)
+}

@@ -1,0 +1,99 @@
+//! Finds out what a `--model` path holds (GGUF file, Hugging Face directory, or a shape config
+//! for dummy weights) and builds the model from it.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Device};
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::llama::Llama;
+use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
+
+/// Largest dequantized model that `dequantize: None` dequantizes.
+pub const AUTO_DEQUANTIZE_MAX_BYTES: u64 = 2 << 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadFormat {
+    /// GGUF for a `.gguf` file, safetensors for a directory.
+    #[default]
+    Auto,
+    Gguf,
+    Safetensors,
+    /// Random weights shaped by a `config.json`-style file.
+    Dummy,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub device: Device,
+    /// Compute dtype; f32 on the CPU.
+    pub dtype: DType,
+    /// Dequantize GGUF projections to `dtype` (`Some(true)`) or run them as quantized matmuls
+    /// (`Some(false)`). `None` dequantizes when the dequantized weights fit in
+    /// [`AUTO_DEQUANTIZE_MAX_BYTES`]: for small models f32 GEMMs are both exact and fast, while
+    /// candle's quantized matmul rounds activations to 8 bits.
+    pub dequantize: Option<bool>,
+    pub format: LoadFormat,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { device: Device::Cpu, dtype: DType::F32, dequantize: None, format: LoadFormat::Auto }
+    }
+}
+
+/// What was loaded and how long it took.
+pub struct LoadedModel {
+    pub model: Llama,
+    pub path: PathBuf,
+    pub format: LoadFormat,
+    pub load_seconds: f64,
+}
+
+pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let started = Instant::now();
+    if !path.exists() {
+        return Err(ModelError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        });
+    }
+    let format = match options.format {
+        LoadFormat::Auto if path.is_dir() => LoadFormat::Safetensors,
+        LoadFormat::Auto => LoadFormat::Gguf,
+        f => f,
+    };
+    let (dtype, device) = (options.dtype, &options.device);
+    let model = match format {
+        LoadFormat::Gguf => {
+            let mut weights = GgufWeights::open(path, device, dtype, false)?;
+            let dequantize = options.dequantize.unwrap_or_else(|| {
+                weights.num_elements() * dtype.size_in_bytes() as u64 <= AUTO_DEQUANTIZE_MAX_BYTES
+            });
+            weights.set_dequantize(dequantize);
+            let has_output = weights.contains("output.weight");
+            let has_bias = weights.contains("blk.0.attn_q.bias");
+            let mut config = LlamaConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;
+            if weights.contains("rope_freqs.weight") {
+                let factors = weights.dense("rope_freqs.weight", &[config.head_dim / 2])?;
+                config.rope_freq_factors = Some(factors.to_dtype(DType::F32)?.to_vec1()?);
+            }
+            Llama::load(&mut weights, config, dtype, device)?
+        }
+        LoadFormat::Safetensors => {
+            let config = LlamaConfig::from_hf_json(&path.join("config.json"))?;
+            let mut weights = SafetensorsWeights::open(path, device, dtype)?;
+            Llama::load(&mut weights, config, dtype, device)?
+        }
+        LoadFormat::Dummy => {
+            let config_path = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
+            let config = LlamaConfig::from_hf_json(&config_path)?;
+            let mut weights = DummyWeights::new(&config_path, device, dtype);
+            Llama::load(&mut weights as &mut dyn WeightSource, config, dtype, device)?
+        }
+        LoadFormat::Auto => unreachable!("resolved above"),
+    };
+    Ok(LoadedModel { model, path: path.to_path_buf(), format, load_seconds: started.elapsed().as_secs_f64() })
+}

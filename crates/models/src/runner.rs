@@ -1,0 +1,138 @@
+//! The model runner: turns a [`ScheduledBatch`] into flat tensors (token ids, positions, slot
+//! mapping, query starts, context lengths, block tables), runs the model over the whole mixed
+//! batch at once, and samples one token per sequence that asked for one.
+
+use candle_core::{Device, Tensor};
+use pagoda_engine::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, StepOutput};
+use pagoda_ops::AttentionMetadata;
+
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::llama::{ForwardInput, Llama};
+
+pub struct ModelRunner {
+    model: Llama,
+    cache: KvCache,
+    device: Device,
+}
+
+/// Host-side flattening of one batch.
+struct FlatBatch {
+    input_ids: Vec<u32>,
+    positions: Vec<u32>,
+    slot_mapping: Vec<u32>,
+    cu_seqlens_q: Vec<u32>,
+    context_lens: Vec<u32>,
+    logits_rows: Vec<u32>,
+}
+
+impl ModelRunner {
+    pub fn new(model: Llama, cache: KvCache, device: Device) -> Self {
+        Self { model, cache, device }
+    }
+
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    fn flatten(&self, batch: &ScheduledBatch) -> Result<FlatBatch> {
+        let block_size = self.cache.block_size();
+        let num_blocks = self.cache.num_blocks() as u32;
+        let max_len = self.model.config().max_position_embeddings;
+        let num_tokens = batch.num_tokens();
+        let mut flat = FlatBatch {
+            input_ids: Vec::with_capacity(num_tokens),
+            positions: Vec::with_capacity(num_tokens),
+            slot_mapping: Vec::with_capacity(num_tokens),
+            cu_seqlens_q: Vec::with_capacity(batch.seqs.len() + 1),
+            context_lens: Vec::with_capacity(batch.seqs.len()),
+            logits_rows: Vec::new(),
+        };
+        flat.cu_seqlens_q.push(0);
+        for seq in &batch.seqs {
+            let invalid = |why: String| ModelError::InvalidOption(format!("sequence {}: {why}", seq.seq_id));
+            if seq.token_ids.is_empty() {
+                return Err(invalid("no tokens to compute".into()));
+            }
+            if seq.context_len() > max_len {
+                return Err(invalid(format!("context {} exceeds the model's {max_len} positions", seq.context_len())));
+            }
+            if seq.block_table.len() * block_size < seq.context_len() {
+                return Err(invalid(format!(
+                    "{} blocks cannot hold {} tokens",
+                    seq.block_table.len(),
+                    seq.context_len()
+                )));
+            }
+            if let Some(b) = seq.block_table.iter().find(|&&b| b >= num_blocks) {
+                return Err(invalid(format!("block {b} outside the cache of {num_blocks} blocks")));
+            }
+            for (offset, &token) in seq.token_ids.iter().enumerate() {
+                let pos = seq.start_pos + offset;
+                flat.input_ids.push(token);
+                flat.positions.push(pos as u32);
+                let block = seq.block_table[pos / block_size] as usize;
+                flat.slot_mapping.push((block * block_size + pos % block_size) as u32);
+            }
+            flat.cu_seqlens_q.push(flat.input_ids.len() as u32);
+            flat.context_lens.push(seq.context_len() as u32);
+            if seq.sample.is_some() {
+                flat.logits_rows.push(flat.input_ids.len() as u32 - 1);
+            }
+        }
+        Ok(flat)
+    }
+
+    /// Runs the batch and returns f32 logits `[n, vocab]`, one row per sequence with
+    /// `sample: Some`, in batch order.
+    pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
+        self.cache.copy_blocks(&batch.block_copies)?;
+        let flat = self.flatten(batch)?;
+        let dev = &self.device;
+        let block_tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_table.as_slice()).collect();
+        let attention =
+            AttentionMetadata::new(flat.slot_mapping, flat.cu_seqlens_q, flat.context_lens, &block_tables, dev)?;
+        let num_tokens = flat.input_ids.len();
+        let num_rows = flat.logits_rows.len();
+        let input_ids = Tensor::from_vec(flat.input_ids, num_tokens, dev)?;
+        let positions = Tensor::from_vec(flat.positions, num_tokens, dev)?;
+        let logits_rows = Tensor::from_vec(flat.logits_rows, num_rows, dev)?;
+        let input = ForwardInput {
+            input_ids: &input_ids,
+            positions: &positions,
+            attention: &attention,
+            logits_rows: &logits_rows,
+        };
+        self.model.forward(&input, &self.cache)
+    }
+}
+
+impl ModelExecutor for ModelRunner {
+    fn execute(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
+        let logits = self.logits(batch).map_err(|e| ExecutorError::Execution(e.to_string()))?;
+        let rows = logits.to_vec2::<f32>().map_err(|e| ExecutorError::Execution(e.to_string()))?;
+        let sampled = batch
+            .seqs
+            .iter()
+            .filter_map(|s| s.sample.as_ref().map(|req| (s.seq_id, req)))
+            .zip(rows)
+            .map(|((seq_id, req), mut row)| {
+                let (token_id, logprobs) = pagoda_engine::sampler::sample(&mut row, req);
+                SampledToken { seq_id, token_id, logprobs }
+            })
+            .collect();
+        Ok(StepOutput { sampled })
+    }
+
+    fn block_size(&self) -> usize {
+        self.cache.block_size()
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.cache.num_blocks()
+    }
+}

@@ -1,0 +1,112 @@
+//! Shared helpers of the model tests: the real model, the golden fixture, and a tiny block
+//! allocator so tests can drive the runner without the engine.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use pagoda_engine::{SampleRequest, SamplingParams, ScheduledBatch, ScheduledSeq};
+use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
+
+pub const BLOCK_SIZE: usize = 16;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn model_path() -> PathBuf {
+    let path = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "{} is missing: run scripts/fetch-model.sh (make does it)", path.display());
+    path
+}
+
+pub fn fixture() -> serde_json::Value {
+    let path = repo_root().join("tests/fixtures/golden.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (regenerate with scripts/golden.py)", path.display()));
+    serde_json::from_str(&text).expect("golden.json is valid JSON")
+}
+
+pub fn ids(value: &serde_json::Value) -> Vec<u32> {
+    value.as_array().expect("an array of ids").iter().map(|v| v.as_u64().unwrap() as u32).collect()
+}
+
+pub fn runner(dequantize: bool, num_blocks: usize) -> ModelRunner {
+    let options = LoadOptions { dequantize: Some(dequantize), ..LoadOptions::default() };
+    let loaded = load_model(&model_path(), &options).expect("the default model loads");
+    let cache = KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+    ModelRunner::new(loaded.model, cache, Device::Cpu)
+}
+
+pub fn greedy_request() -> SampleRequest {
+    SampleRequest {
+        params: Arc::new(SamplingParams::default()),
+        seed: 0,
+        output_index: 0,
+        history: None,
+        prompt_len: 0,
+        banned_token_ids: Vec::new(),
+    }
+}
+
+/// A sequence whose blocks are the contiguous range starting at `first_block`.
+pub struct TestSeq {
+    pub id: u64,
+    pub tokens: Vec<u32>,
+    pub computed: usize,
+    pub first_block: u32,
+}
+
+impl TestSeq {
+    pub fn new(id: u64, tokens: Vec<u32>, first_block: u32) -> Self {
+        Self { id, tokens, computed: 0, first_block }
+    }
+
+    /// The next `n` tokens as a scheduled chunk that asks for logits.
+    pub fn chunk(&self, n: usize) -> ScheduledSeq {
+        let end = self.computed + n;
+        let blocks = end.div_ceil(BLOCK_SIZE) as u32;
+        ScheduledSeq {
+            seq_id: self.id,
+            token_ids: self.tokens[self.computed..end].to_vec(),
+            start_pos: self.computed,
+            block_table: (self.first_block..self.first_block + blocks).collect(),
+            sample: Some(greedy_request()),
+        }
+    }
+}
+
+pub fn batch(seqs: Vec<ScheduledSeq>) -> ScheduledBatch {
+    ScheduledBatch { seqs, ..ScheduledBatch::default() }
+}
+
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prefills `prompt` in one chunk, then decodes greedily; returns the last-prompt-position
+/// logits and `steps` generated ids.
+pub fn greedy(runner: &mut ModelRunner, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
+    let mut seq = TestSeq::new(1, prompt.to_vec(), 0);
+    let mut first_logits = None;
+    let mut out = Vec::new();
+    while out.len() < steps {
+        let n = seq.tokens.len() - seq.computed;
+        let logits = runner.logits(&batch(vec![seq.chunk(n)])).unwrap();
+        let row = logits.to_vec2::<f32>().unwrap().remove(0);
+        seq.computed += n;
+        let next = argmax(&row);
+        first_logits.get_or_insert(row);
+        out.push(next);
+        seq.tokens.push(next);
+    }
+    (first_logits.unwrap(), out)
+}

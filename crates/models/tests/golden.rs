@@ -1,0 +1,59 @@
+//! The CPU model against the golden fixture of scripts/golden.py (numpy forward pass over the
+//! dequantized GGUF weights): last-position logits and greedy continuations.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn dequantized_f32_path_matches_reference_logits_and_greedy_continuation() {
+    let fixture = fixture();
+    let mut runner = runner(true, 64);
+    for case in fixture["logits_cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let expected = ids(&case["greedy"]);
+        let (logits, generated) = greedy(&mut runner, &prompt, expected.len());
+        for pair in case["top20"].as_array().unwrap() {
+            let id = pair[0].as_u64().unwrap() as usize;
+            let reference = pair[1].as_f64().unwrap() as f32;
+            let ours = logits[id];
+            assert!((ours - reference).abs() <= 1e-3, "{name}: logit of token {id}: ours {ours}, reference {reference}");
+        }
+        assert_eq!(generated, expected, "{name}: greedy continuation differs");
+    }
+}
+
+/// candle's quantized matmul quantizes activations to 8 bits per block (as llama.cpp does), so
+/// its logits drift from the f32 reference: measured up to ~1.5 on the chat prompt, ~0.5 on the
+/// plain ones. Greedy tokens can only be expected to agree where the reference's top-2 margin is
+/// larger than that drift; the chat prompt's first step has a margin of 0.08 (a near-tie between
+/// "The" and another token), so there the quantized answer must be the reference's runner-up.
+const QUANTIZED_LOGIT_TOLERANCE: f32 = 2.0;
+
+#[test]
+fn quantized_path_agrees_on_the_first_16_greedy_tokens() {
+    let fixture = fixture();
+    let mut runner = runner(false, 64);
+    assert!(runner.model().is_quantized());
+    for case in fixture["logits_cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let expected = ids(&case["greedy"]);
+        let (logits, generated) = greedy(&mut runner, &prompt, 16);
+        let top20 = case["top20"].as_array().unwrap();
+        for pair in top20 {
+            let id = pair[0].as_u64().unwrap() as usize;
+            let reference = pair[1].as_f64().unwrap() as f32;
+            let diff = (logits[id] - reference).abs();
+            assert!(diff <= QUANTIZED_LOGIT_TOLERANCE, "{name}: token {id} logit off by {diff}");
+        }
+        let margin = top20[0][1].as_f64().unwrap() - top20[1][1].as_f64().unwrap();
+        if margin >= 0.1 {
+            assert_eq!(generated, expected[..16], "{name}: quantized greedy continuation differs");
+        } else {
+            let top2: Vec<u32> = top20[..2].iter().map(|p| p[0].as_u64().unwrap() as u32).collect();
+            assert!(top2.contains(&generated[0]), "{name}: first token {} not in the reference top 2", generated[0]);
+        }
+    }
+}

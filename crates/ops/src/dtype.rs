@@ -1,0 +1,206 @@
+//! Floating-point storage types the CPU kernels accept (f32, f16, bf16) and their conversions.
+//!
+//! Every kernel does its math in f32; this module is the one place that knows how to turn a
+//! storage slice into f32 and back, and how to pick the monomorphised kernel for a [`DType`].
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Result, WithDType};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+
+/// A storage element type: read into f32 for math, written back rounded to nearest.
+pub(crate) trait Float: WithDType {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+
+    /// Converts `src` into `dst` (same length).
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]);
+
+    /// Converts `src` into `dst` (same length), rounding to nearest.
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]);
+
+    /// The mutable element vector of a storage of this type, if the storage has this type.
+    fn storage_vec_mut(storage: &mut CpuStorage) -> Option<&mut Vec<Self>>;
+}
+
+impl Float for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
+    }
+    fn storage_vec_mut(storage: &mut CpuStorage) -> Option<&mut Vec<Self>> {
+        match storage {
+            CpuStorage::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Float for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    // bf16 is the top half of an f32, so widening is a shift; written out (rather than via
+    // half's slice helper) so it inlines and vectorises inside the kernels.
+    #[inline(always)]
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits((s.to_bits() as u32) << 16);
+        }
+    }
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn storage_vec_mut(storage: &mut CpuStorage) -> Option<&mut Vec<Self>> {
+        match storage {
+            CpuStorage::BF16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Float for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    // half uses F16C / NEON conversion instructions when the CPU has them.
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn storage_vec_mut(storage: &mut CpuStorage) -> Option<&mut Vec<Self>> {
+        match storage {
+            CpuStorage::F16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// True for the dtypes the kernels accept as float storage.
+pub(crate) fn is_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Fails with `UnsupportedDTypeForOp` unless `dtype` is f32, f16 or bf16.
+pub(crate) fn check_float(dtype: DType, op: &'static str) -> Result<()> {
+    if is_float(dtype) {
+        Ok(())
+    } else {
+        Err(candle_core::Error::UnsupportedDTypeForOp(dtype, op))
+    }
+}
+
+/// Evaluates `$body` with the type alias `$t` bound to the Rust type of `$dtype` (f32, f16 or
+/// bf16), or returns `UnsupportedDTypeForOp` for any other dtype.
+macro_rules! with_float {
+    ($dtype:expr, $op:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            other => Err(candle_core::Error::UnsupportedDTypeForOp(other, $op)),
+        }
+    };
+}
+pub(crate) use with_float;
+
+/// Converts any float storage slice region to f32, whatever its dtype.
+pub(crate) fn storage_to_f32(
+    storage: &CpuStorage,
+    start: usize,
+    len: usize,
+    op: &'static str,
+) -> Result<Vec<f32>> {
+    with_float!(storage.dtype(), op, T => {
+        let src = storage.as_slice::<T>()?;
+        let src = src.get(start..start + len).ok_or_else(|| {
+            candle_core::Error::Msg(format!("{op}: storage region {start}..{} out of bounds", start + len))
+        })?;
+        let mut out = vec![0f32; len];
+        T::to_f32_slice(src, &mut out);
+        Ok(out)
+    })
+}
+
+/// Packs f32 results into a storage of `dtype` (f32, f16 or bf16).
+pub(crate) fn f32_to_storage(values: Vec<f32>, dtype: DType, op: &'static str) -> Result<CpuStorage> {
+    with_float!(dtype, op, T => {
+        let mut out = vec![T::from_f32(0.0); values.len()];
+        T::from_f32_slice(&values, &mut out);
+        Ok(T::to_cpu_storage_owned(out))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_each_float_type() {
+        let values = vec![1.5f32, -2.25, 0.0, 1024.0];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let storage = f32_to_storage(values.clone(), dtype, "test").unwrap();
+            assert_eq!(storage.dtype(), dtype);
+            assert_eq!(storage_to_f32(&storage, 1, 3, "test").unwrap(), values[1..].to_vec());
+        }
+    }
+
+    #[test]
+    fn rejects_non_float_dtypes() {
+        assert!(check_float(DType::U32, "test").is_err());
+        assert!(f32_to_storage(vec![1.0], DType::U8, "test").is_err());
+        let storage = CpuStorage::U32(vec![1, 2]);
+        assert!(storage_to_f32(&storage, 0, 2, "test").is_err());
+    }
+
+    #[test]
+    fn bf16_widening_matches_half() {
+        let values = [1.5f32, -2.0e-3, 3.0e38, f32::INFINITY, -0.0, 1.0e-40];
+        let src: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+        let mut dst = [0f32; 6];
+        bf16::to_f32_slice(&src, &mut dst);
+        for (d, s) in dst.iter().zip(&src) {
+            assert_eq!(d.to_bits(), s.to_f32().to_bits());
+        }
+        let mut nan = [0f32];
+        bf16::to_f32_slice(&[bf16::NAN], &mut nan);
+        assert!(nan[0].is_nan());
+    }
+
+    #[test]
+    fn out_of_bounds_region_is_an_error() {
+        let storage = CpuStorage::F32(vec![1.0, 2.0]);
+        assert!(storage_to_f32(&storage, 1, 2, "test").is_err());
+    }
+}

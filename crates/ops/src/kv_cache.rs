@@ -1,0 +1,129 @@
+//! `reshape_and_cache`: writes the new tokens' K and V rows into the paged caches, in place.
+//!
+//! Cache layout (see kernels/README.md): `[num_blocks, block_size, num_kv_heads, head_dim]`,
+//! contiguous, so slot `s = block * block_size + row` is the `num_kv_heads * head_dim` elements
+//! starting at `s * num_kv_heads * head_dim`.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, InplaceOp3, Layout, Result, Tensor};
+
+use crate::check::{self, invalid};
+use crate::dtype::{with_float, Float};
+
+const OP: &str = "reshape_and_cache";
+
+/// Writes `k` and `v` (`[num_tokens, num_kv_heads, head_dim]`) into `k_cache` and `v_cache`
+/// (`[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous) at the slots in
+/// `slot_mapping` (u32 `[num_tokens]`), in place.
+///
+/// `k`/`v` must have the caches' dtype (f32, f16 or bf16); they may be strided views whose rows
+/// (one token's `num_kv_heads * head_dim` values) are contiguous. Every slot must be below
+/// `num_blocks * block_size`; an out-of-range slot is an error and then nothing is written.
+/// If a slot repeats, the later token's row wins.
+pub fn reshape_and_cache(
+    k: &Tensor,
+    v: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+) -> Result<()> {
+    let [num_blocks, block_size, kv_heads, head_dim] = check::dims::<4>(k_cache)?;
+    check::shape_is(v_cache, k_cache.dims(), OP, "v_cache")?;
+    let [num_tokens] = check::dims::<1>(slot_mapping)?;
+    check::shape_is(k, &[num_tokens, kv_heads, head_dim], OP, "k")?;
+    check::shape_is(v, &[num_tokens, kv_heads, head_dim], OP, "v")?;
+    crate::dtype::check_float(k_cache.dtype(), OP)?;
+    check::dtype_is(v_cache, k_cache.dtype(), OP)?;
+    check::dtype_is(k, k_cache.dtype(), OP)?;
+    check::dtype_is(v, k_cache.dtype(), OP)?;
+    check::dtype_is(slot_mapping, DType::U32, OP)?;
+    for t in [v_cache, k, v, slot_mapping] {
+        check::same_device(k_cache, t, OP)?;
+    }
+    check::contiguous(k_cache, OP)?;
+    check::contiguous(v_cache, OP)?;
+    let op = WriteKv { num_slots: num_blocks * block_size, row_len: kv_heads * head_dim };
+    k_cache.inplace_op3(k, slot_mapping, &op)?;
+    v_cache.inplace_op3(v, slot_mapping, &op)
+}
+
+/// Copies row `t` of the source into cache slot `slot_mapping[t]`.
+struct WriteKv {
+    num_slots: usize,
+    /// Elements per slot: `num_kv_heads * head_dim`.
+    row_len: usize,
+}
+
+impl WriteKv {
+    fn write<T: Float>(
+        &self,
+        cache: &mut CpuStorage,
+        cache_l: &Layout,
+        src: &CpuStorage,
+        src_l: &Layout,
+        slots: &[u32],
+    ) -> Result<()> {
+        let (cache_start, cache_end) = check::contiguous_range(cache_l, OP)?;
+        let rows = check::rows(src_l, 2, OP)?;
+        if rows.rows != slots.len() || rows.row_len != self.row_len {
+            return Err(invalid(OP, "source rows do not match slot_mapping and the cache row size"));
+        }
+        if cache_end - cache_start != self.num_slots * self.row_len {
+            return Err(invalid(OP, "cache storage does not match its shape"));
+        }
+        // Validate every slot before writing any, so a bad batch leaves the cache untouched.
+        if let Some(&bad) = slots.iter().find(|&&s| s as usize >= self.num_slots) {
+            return Err(candle_core::Error::InvalidIndex {
+                op: OP,
+                index: bad as usize,
+                size: self.num_slots,
+            });
+        }
+        let src = src.as_slice::<T>()?;
+        if rows.end() > src.len() {
+            return Err(invalid(OP, "source view exceeds its storage"));
+        }
+        let dtype = cache.dtype();
+        let cache = T::storage_vec_mut(cache).ok_or(candle_core::Error::DTypeMismatchBinaryOp {
+            lhs: dtype,
+            rhs: T::DTYPE,
+            op: OP,
+        })?;
+        let cache = &mut cache[cache_start..cache_end];
+        for (t, &slot) in slots.iter().enumerate() {
+            let dst = slot as usize * self.row_len;
+            cache[dst..dst + self.row_len].copy_from_slice(&src[rows.range(t)]);
+        }
+        Ok(())
+    }
+}
+
+impl InplaceOp3 for WriteKv {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        cache: &mut CpuStorage,
+        cache_l: &Layout,
+        src: &CpuStorage,
+        src_l: &Layout,
+        slots: &CpuStorage,
+        slots_l: &Layout,
+    ) -> Result<()> {
+        let (s0, s1) = check::contiguous_range(slots_l, OP)?;
+        let slots = slots
+            .as_slice::<u32>()?
+            .get(s0..s1)
+            .ok_or_else(|| invalid(OP, "slot_mapping view exceeds its storage"))?;
+        if src.dtype() != cache.dtype() {
+            return Err(candle_core::Error::DTypeMismatchBinaryOp {
+                lhs: cache.dtype(),
+                rhs: src.dtype(),
+                op: OP,
+            });
+        }
+        with_float!(cache.dtype(), OP, T => self.write::<T>(cache, cache_l, src, src_l, slots))
+    }
+}

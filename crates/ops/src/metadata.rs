@@ -1,0 +1,342 @@
+//! Per-step attention metadata: where each new token's K/V goes, where each sequence's queries
+//! start, how long each context is, and each sequence's block table.
+//!
+//! The model runner builds one [`AttentionMetadata`] per step and passes it to every layer. It
+//! holds the metadata twice: as u32 tensors on the model's device (what device kernels read) and
+//! as host vectors (what the CPU kernels and the validation read), so no op ever copies metadata
+//! back from the device. Build it with [`AttentionMetadata::new`] (from host vectors) or
+//! [`AttentionMetadata::from_tensors`] (reads the tensors back once); both validate it.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+use crate::check::invalid;
+
+const OP: &str = "attention_metadata";
+
+/// Host copies of the metadata tensors, in the same layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAttentionMetadata {
+    /// Cache slot (`block * block_size + row`) of each new token, `[num_tokens]`.
+    pub slot_mapping: Vec<u32>,
+    /// Query start of each sequence in the flattened batch, `[num_seqs + 1]`, from 0 to `num_tokens`.
+    pub cu_seqlens_q: Vec<u32>,
+    /// Cached + new tokens of each sequence after this step, `[num_seqs]`.
+    pub context_lens: Vec<u32>,
+    /// Row-major `[num_seqs, max_blocks_per_seq]` block ids; entries past a sequence's last
+    /// block are padding and never read.
+    pub block_tables: Vec<u32>,
+    pub max_blocks_per_seq: usize,
+}
+
+impl HostAttentionMetadata {
+    pub fn num_seqs(&self) -> usize {
+        self.context_lens.len()
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.slot_mapping.len()
+    }
+
+    /// Query rows `[start, end)` of sequence `seq` in the flattened batch (after `validate`).
+    pub(crate) fn query_range(&self, seq: usize) -> std::ops::Range<usize> {
+        self.cu_seqlens_q[seq] as usize..self.cu_seqlens_q[seq + 1] as usize
+    }
+
+    /// The (padded) block table row of sequence `seq` (after `validate`).
+    pub(crate) fn block_table(&self, seq: usize) -> &[u32] {
+        let w = self.max_blocks_per_seq;
+        &self.block_tables[seq * w..(seq + 1) * w]
+    }
+
+    /// Checks the invariants that do not depend on the cache shape: `cu_seqlens_q` starts at 0,
+    /// never decreases and ends at `num_tokens`; each context holds at least its new tokens; the
+    /// block table has `num_seqs` rows.
+    pub fn validate(&self) -> Result<()> {
+        let num_seqs = self.num_seqs();
+        if self.cu_seqlens_q.len() != num_seqs + 1 {
+            return Err(invalid(
+                OP,
+                format!(
+                    "cu_seqlens_q has {} entries, expected num_seqs + 1 = {}",
+                    self.cu_seqlens_q.len(),
+                    num_seqs + 1
+                ),
+            ));
+        }
+        if self.cu_seqlens_q[0] != 0 {
+            return Err(invalid(OP, "cu_seqlens_q must start at 0"));
+        }
+        if self.cu_seqlens_q[num_seqs] as usize != self.num_tokens() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "cu_seqlens_q ends at {} but slot_mapping has {} tokens",
+                    self.cu_seqlens_q[num_seqs],
+                    self.num_tokens()
+                ),
+            ));
+        }
+        for seq in 0..num_seqs {
+            let (start, end) = (self.cu_seqlens_q[seq], self.cu_seqlens_q[seq + 1]);
+            if end < start {
+                return Err(invalid(OP, format!("cu_seqlens_q decreases at sequence {seq}")));
+            }
+            if self.context_lens[seq] < end - start {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "sequence {seq} has {} new tokens but a context of only {}",
+                        end - start,
+                        self.context_lens[seq]
+                    ),
+                ));
+            }
+        }
+        if self.block_tables.len() != num_seqs * self.max_blocks_per_seq {
+            return Err(invalid(
+                OP,
+                format!(
+                    "block_tables has {} entries, expected {num_seqs} x {}",
+                    self.block_tables.len(),
+                    self.max_blocks_per_seq
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that every block a sequence's context needs is in its table and below
+    /// `num_blocks`, for a cache of `block_size`-token blocks. Assumes `validate` passed.
+    pub(crate) fn validate_for_cache(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        op: &'static str,
+    ) -> Result<()> {
+        if block_size == 0 {
+            return Err(invalid(op, "block_size is 0"));
+        }
+        for seq in 0..self.num_seqs() {
+            let needed = (self.context_lens[seq] as usize).div_ceil(block_size);
+            if needed > self.max_blocks_per_seq {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "sequence {seq} has a context of {} tokens ({needed} blocks of {block_size}) \
+                         but its block table has only {} entries",
+                        self.context_lens[seq], self.max_blocks_per_seq
+                    ),
+                ));
+            }
+            if let Some(&bad) = self.block_table(seq)[..needed].iter().find(|&&b| b as usize >= num_blocks) {
+                return Err(invalid(
+                    op,
+                    format!("sequence {seq} uses block {bad} but the cache has {num_blocks} blocks"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per-step attention metadata shared by all layers; built once per step by the model runner.
+///
+/// The public tensors live on the model's device; the private host copy is what CPU kernels and
+/// validation use. Construct with [`AttentionMetadata::new`] or [`AttentionMetadata::from_tensors`]
+/// so the two always agree.
+#[derive(Debug, Clone)]
+pub struct AttentionMetadata {
+    /// u32 `[num_tokens]`: cache slot of each new token.
+    pub slot_mapping: Tensor,
+    /// u32 `[num_seqs + 1]`: query start of each sequence in the flattened batch.
+    pub cu_seqlens_q: Tensor,
+    /// u32 `[num_seqs]`: cached + new tokens of each sequence after this step.
+    pub context_lens: Tensor,
+    /// u32 `[num_seqs, max_blocks_per_seq]`, padded (padding never read).
+    pub block_tables: Tensor,
+    pub max_q_len: usize,
+    pub max_context_len: usize,
+    host: HostAttentionMetadata,
+}
+
+impl AttentionMetadata {
+    /// Builds the metadata from host vectors and uploads the tensors to `device`.
+    ///
+    /// `block_tables` holds one row per sequence, of any length; rows are padded with 0 to the
+    /// longest. `max_q_len` and `max_context_len` are computed.
+    pub fn new<B: AsRef<[u32]>>(
+        slot_mapping: Vec<u32>,
+        cu_seqlens_q: Vec<u32>,
+        context_lens: Vec<u32>,
+        block_tables: &[B],
+        device: &Device,
+    ) -> Result<Self> {
+        if block_tables.len() != context_lens.len() {
+            return Err(invalid(
+                OP,
+                format!("{} block table rows for {} sequences", block_tables.len(), context_lens.len()),
+            ));
+        }
+        let max_blocks_per_seq = block_tables.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
+        let mut flat = vec![0u32; block_tables.len() * max_blocks_per_seq];
+        for (dst, row) in flat.chunks_mut(max_blocks_per_seq.max(1)).zip(block_tables) {
+            let row = row.as_ref();
+            dst[..row.len()].copy_from_slice(row);
+        }
+        let host = HostAttentionMetadata {
+            slot_mapping,
+            cu_seqlens_q,
+            context_lens,
+            block_tables: flat,
+            max_blocks_per_seq,
+        };
+        Self::from_host(host, device)
+    }
+
+    /// Validates `host` and uploads it to `device`.
+    pub fn from_host(host: HostAttentionMetadata, device: &Device) -> Result<Self> {
+        host.validate()?;
+        let num_seqs = host.num_seqs();
+        let slot_mapping = Tensor::from_slice(&host.slot_mapping, host.slot_mapping.len(), device)?;
+        let cu_seqlens_q = Tensor::from_slice(&host.cu_seqlens_q, num_seqs + 1, device)?;
+        let context_lens = Tensor::from_slice(&host.context_lens, num_seqs, device)?;
+        let block_tables =
+            Tensor::from_slice(&host.block_tables, (num_seqs, host.max_blocks_per_seq), device)?;
+        Ok(Self::assemble(slot_mapping, cu_seqlens_q, context_lens, block_tables, host))
+    }
+
+    /// Builds the metadata from u32 tensors (on any device), reading each back to the host once.
+    pub fn from_tensors(
+        slot_mapping: Tensor,
+        cu_seqlens_q: Tensor,
+        context_lens: Tensor,
+        block_tables: Tensor,
+    ) -> Result<Self> {
+        for t in [&slot_mapping, &cu_seqlens_q, &context_lens, &block_tables] {
+            crate::check::dtype_is(t, DType::U32, OP)?;
+        }
+        let (rows, max_blocks_per_seq) = block_tables.dims2()?;
+        let host = HostAttentionMetadata {
+            slot_mapping: slot_mapping.to_vec1()?,
+            cu_seqlens_q: cu_seqlens_q.to_vec1()?,
+            context_lens: context_lens.to_vec1()?,
+            block_tables: block_tables.flatten_all()?.to_vec1()?,
+            max_blocks_per_seq,
+        };
+        if rows != host.num_seqs() {
+            return Err(invalid(OP, format!("{rows} block table rows for {} sequences", host.num_seqs())));
+        }
+        host.validate()?;
+        Ok(Self::assemble(slot_mapping, cu_seqlens_q, context_lens, block_tables, host))
+    }
+
+    fn assemble(
+        slot_mapping: Tensor,
+        cu_seqlens_q: Tensor,
+        context_lens: Tensor,
+        block_tables: Tensor,
+        host: HostAttentionMetadata,
+    ) -> Self {
+        let max_q_len = (0..host.num_seqs()).map(|s| host.query_range(s).len()).max().unwrap_or(0);
+        let max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
+        Self { slot_mapping, cu_seqlens_q, context_lens, block_tables, max_q_len, max_context_len, host }
+    }
+
+    /// The host copy of the metadata (what the CPU kernels read).
+    pub fn host(&self) -> &HostAttentionMetadata {
+        &self.host
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.host.num_seqs()
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.host.num_tokens()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_seqs() -> AttentionMetadata {
+        // Seq 0: decode at context 5 (blocks 3, 1); seq 1: 3-token prefill, fresh (block 0).
+        AttentionMetadata::new(
+            vec![4 * 3, 0, 1, 2],
+            vec![0, 1, 4],
+            vec![5, 3],
+            &[vec![3, 1], vec![0]],
+            &Device::Cpu,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn new_pads_block_tables_and_computes_maxima() {
+        let m = two_seqs();
+        assert_eq!(m.max_q_len, 3);
+        assert_eq!(m.max_context_len, 5);
+        assert_eq!(m.block_tables.to_vec2::<u32>().unwrap(), vec![vec![3, 1], vec![0, 0]]);
+        assert_eq!(m.host().block_table(1), &[0, 0]);
+        assert_eq!(m.host().query_range(1), 1..4);
+        assert_eq!(m.cu_seqlens_q.to_vec1::<u32>().unwrap(), vec![0, 1, 4]);
+        assert_eq!((m.num_seqs(), m.num_tokens()), (2, 4));
+    }
+
+    #[test]
+    fn from_tensors_matches_new() {
+        let a = two_seqs();
+        let b = AttentionMetadata::from_tensors(
+            a.slot_mapping.clone(),
+            a.cu_seqlens_q.clone(),
+            a.context_lens.clone(),
+            a.block_tables.clone(),
+        )
+        .unwrap();
+        assert_eq!(a.host(), b.host());
+        assert_eq!((a.max_q_len, a.max_context_len), (b.max_q_len, b.max_context_len));
+    }
+
+    #[test]
+    fn rejects_inconsistent_metadata() {
+        let cpu = &Device::Cpu;
+        let empty: &[Vec<u32>] = &[vec![0]];
+        // cu_seqlens_q too short.
+        assert!(AttentionMetadata::new(vec![0], vec![0], vec![1], empty, cpu).is_err());
+        // Does not start at 0.
+        assert!(AttentionMetadata::new(vec![0], vec![1, 1], vec![1], empty, cpu).is_err());
+        // Does not end at num_tokens.
+        assert!(AttentionMetadata::new(vec![0, 1], vec![0, 1], vec![1], empty, cpu).is_err());
+        // Context shorter than the new tokens.
+        assert!(AttentionMetadata::new(vec![0, 1], vec![0, 2], vec![1], empty, cpu).is_err());
+        // Decreasing starts.
+        let two: &[Vec<u32>] = &[vec![0], vec![1]];
+        assert!(AttentionMetadata::new(vec![0], vec![0, 2, 1], vec![2, 2], two, cpu).is_err());
+        // Block table rows != sequences.
+        assert!(AttentionMetadata::new(vec![0], vec![0, 1], vec![1], two, cpu).is_err());
+        // Wrong dtype for from_tensors.
+        let f = Tensor::zeros(1, DType::F32, cpu).unwrap();
+        let m = two_seqs();
+        assert!(AttentionMetadata::from_tensors(f, m.cu_seqlens_q, m.context_lens, m.block_tables).is_err());
+    }
+
+    #[test]
+    fn validate_for_cache_checks_table_coverage_and_block_ids() {
+        let m = two_seqs();
+        assert!(m.host().validate_for_cache(4, 4, "test").is_ok());
+        // Block 3 is out of range for a 3-block cache.
+        assert!(m.host().validate_for_cache(3, 4, "test").is_err());
+        // Context 5 needs 3 blocks of 2, the table has 2.
+        assert!(m.host().validate_for_cache(8, 2, "test").is_err());
+        assert!(m.host().validate_for_cache(8, 0, "test").is_err());
+    }
+
+    #[test]
+    fn empty_batch_is_valid() {
+        let none: &[Vec<u32>] = &[];
+        let m = AttentionMetadata::new(vec![], vec![0], vec![], none, &Device::Cpu).unwrap();
+        assert_eq!((m.num_seqs(), m.num_tokens(), m.max_q_len, m.max_context_len), (0, 0, 0, 0));
+        assert_eq!(m.block_tables.dims(), &[0, 0]);
+    }
+}

@@ -1,0 +1,132 @@
+//! `paged_attention`: varlen causal attention over a mixed batch of decodes and prefill chunks,
+//! reading K/V from the paged caches through each sequence's block table.
+//!
+//! This file holds the public function, the argument checks and the candle op; the CPU kernel
+//! is in `paged_attention_cpu`. A CUDA kernel will plug in as the op's `cuda_fwd`, reading the
+//! metadata tensors of [`AttentionMetadata`] instead of the host copies.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+use crate::check::{self, invalid};
+use crate::dtype::{check_float, f32_to_storage, storage_to_f32, with_float, Float};
+use crate::metadata::{AttentionMetadata, HostAttentionMetadata};
+use crate::paged_attention_cpu::{self as cpu, CacheView, Queries};
+
+const OP: &str = "paged_attention";
+
+/// Varlen paged attention over a mixed batch.
+///
+/// `q` is `[num_tokens, num_q_heads, head_dim]`; sequence `i`'s queries are rows
+/// `cu_seqlens_q[i]..cu_seqlens_q[i + 1]`, at positions `context_len - q_len .. context_len`.
+/// Each query attends causally to the positions `<=` its own, reading K/V for all of them
+/// (cached and new: `reshape_and_cache` has already written the new ones) through the block
+/// table. Caches are `[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous, f32/f16/bf16
+/// (both the same dtype). GQA/MQA: q head `h` uses kv head `h / (num_q_heads / num_kv_heads)`.
+///
+/// Math is f32 with `scores = q . k * softmax_scale`. Returns `[num_tokens, num_q_heads, head_dim]`
+/// in `q`'s dtype (f32, f16 or bf16; it need not match the cache's).
+pub fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &AttentionMetadata,
+    softmax_scale: f32,
+) -> Result<Tensor> {
+    let [num_blocks, block_size, kv_heads, head_dim] = check::dims::<4>(k_cache)?;
+    check::shape_is(v_cache, k_cache.dims(), OP, "v_cache")?;
+    let [num_tokens, q_heads, q_head_dim] = check::dims::<3>(q)?;
+    if q_head_dim != head_dim {
+        return Err(invalid(OP, format!("q head_dim {q_head_dim} differs from the cache's {head_dim}")));
+    }
+    if kv_heads == 0 || q_heads == 0 || q_heads % kv_heads > 0 {
+        return Err(invalid(
+            OP,
+            format!("num_q_heads {q_heads} is not a positive multiple of num_kv_heads {kv_heads}"),
+        ));
+    }
+    if num_tokens != meta.num_tokens() {
+        return Err(invalid(
+            OP,
+            format!("q has {num_tokens} tokens but the metadata has {}", meta.num_tokens()),
+        ));
+    }
+    if !softmax_scale.is_finite() {
+        return Err(invalid(OP, format!("softmax_scale {softmax_scale} is not finite")));
+    }
+    check_float(q.dtype(), OP)?;
+    check_float(k_cache.dtype(), OP)?;
+    check::dtype_is(v_cache, k_cache.dtype(), OP)?;
+    check::same_device(q, k_cache, OP)?;
+    check::same_device(q, v_cache, OP)?;
+    check::contiguous(k_cache, OP)?;
+    check::contiguous(v_cache, OP)?;
+    meta.host().validate_for_cache(num_blocks, block_size, OP)?;
+    let op = PagedAttention { meta: meta.host(), softmax_scale };
+    q.apply_op3_no_bwd(k_cache, v_cache, &op)
+}
+
+/// The candle op: inputs (q, k_cache, v_cache); metadata and scale travel in the op.
+struct PagedAttention<'a> {
+    meta: &'a HostAttentionMetadata,
+    softmax_scale: f32,
+}
+
+impl CustomOp3 for PagedAttention<'_> {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        q: &CpuStorage,
+        q_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+        v: &CpuStorage,
+        v_l: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let &[num_tokens, q_heads, head_dim] = q_l.dims() else {
+            return Err(invalid(OP, "q must be [num_tokens, num_q_heads, head_dim]"));
+        };
+        let &[_, block_size, kv_heads, _] = k_l.dims() else {
+            return Err(invalid(OP, "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim]"));
+        };
+        // Queries may be a strided view (e.g. out of a fused QKV projection) with contiguous
+        // token rows; gather them into one dense f32 buffer.
+        let rows = check::rows(q_l, 2, OP)?;
+        let q_f32 = if rows.row_stride == rows.row_len {
+            storage_to_f32(q, rows.start, rows.rows * rows.row_len, OP)?
+        } else {
+            with_float!(q.dtype(), OP, T => {
+                let src = q.as_slice::<T>()?;
+                if rows.end() > src.len() {
+                    return Err(invalid(OP, "q view exceeds its storage"));
+                }
+                let mut dense = vec![0f32; rows.rows * rows.row_len];
+                for (t, dst) in dense.chunks_exact_mut(rows.row_len.max(1)).enumerate() {
+                    T::to_f32_slice(&src[rows.range(t)], dst);
+                }
+                Ok(dense)
+            })?
+        };
+        let queries = Queries { q: &q_f32, q_heads, softmax_scale: self.softmax_scale };
+        let (k0, k1) = check::contiguous_range(k_l, OP)?;
+        let (v0, v1) = check::contiguous_range(v_l, OP)?;
+        if k.dtype() != v.dtype() {
+            return Err(candle_core::Error::DTypeMismatchBinaryOp { lhs: k.dtype(), rhs: v.dtype(), op: OP });
+        }
+        let out = with_float!(k.dtype(), OP, T => {
+            let view = CacheView {
+                k: k.as_slice::<T>()?.get(k0..k1).ok_or_else(|| invalid(OP, "k_cache view exceeds its storage"))?,
+                v: v.as_slice::<T>()?.get(v0..v1).ok_or_else(|| invalid(OP, "v_cache view exceeds its storage"))?,
+                block_size,
+                kv_heads,
+                head_dim,
+            };
+            Ok(cpu::paged_attention(&queries, &view, self.meta))
+        })?;
+        let storage = f32_to_storage(out, q.dtype(), OP)?;
+        Ok((storage, Shape::from((num_tokens, q_heads, head_dim))))
+    }
+}

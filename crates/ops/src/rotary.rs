@@ -1,0 +1,165 @@
+//! `rotary_embedding`: applies rotary position embeddings to q and k at per-token positions,
+//! with either pairing convention (GGUF/llama.cpp interleaved pairs or HF halves).
+//!
+//! The cos/sin tables come from [`crate::rotary_tables`]; each token looks up its own row, so a
+//! mixed batch of sequences at different positions is one call.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+use rayon::prelude::*;
+
+use crate::check::{self, invalid};
+use crate::dtype::{with_float, Float};
+
+const OP: &str = "rotary_embedding";
+
+/// Which elements of a head form the rotated pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RotaryStyle {
+    /// Pairs `(2i, 2i + 1)`: GGUF files converted by llama.cpp (which permuted q/k weights).
+    Interleaved,
+    /// Pairs `(i, i + head_dim / 2)`: Hugging Face safetensors (`rotate_half`).
+    Halves,
+}
+
+/// Rotary embedding for `q` `[num_tokens, num_heads, head_dim]` and `k`
+/// `[num_tokens, num_kv_heads, head_dim]` at `positions` (u32 `[num_tokens]`).
+///
+/// `cos`/`sin` are f32 `[max_positions, head_dim / 2]` (contiguous); pair `i` of a head is rotated
+/// by the angle whose cos/sin are at column `i` of the token's position row:
+/// `(a, b) -> (a cos - b sin, a sin + b cos)`. Math is f32; returns `(q, k)` rotated, contiguous,
+/// in their own dtypes (f32, f16 or bf16). A position `>= max_positions` is an error.
+pub fn rotary_embedding(
+    q: &Tensor,
+    k: &Tensor,
+    positions: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    style: RotaryStyle,
+) -> Result<(Tensor, Tensor)> {
+    let [num_tokens, _, head_dim] = check::dims::<3>(q)?;
+    let [k_tokens, _, k_head_dim] = check::dims::<3>(k)?;
+    if k_tokens != num_tokens || k_head_dim != head_dim {
+        return Err(candle_core::Error::ShapeMismatchBinaryOp {
+            lhs: q.shape().clone(),
+            rhs: k.shape().clone(),
+            op: OP,
+        });
+    }
+    if head_dim % 2 == 1 {
+        return Err(invalid(OP, format!("head_dim {head_dim} is odd")));
+    }
+    check::shape_is(positions, &[num_tokens], OP, "positions")?;
+    check::dtype_is(positions, DType::U32, OP)?;
+    let [max_positions, half] = check::dims::<2>(cos)?;
+    if half != head_dim / 2 {
+        return Err(invalid(OP, format!("cos has {half} columns, expected head_dim / 2 = {}", head_dim / 2)));
+    }
+    check::shape_is(sin, &[max_positions, half], OP, "sin")?;
+    check::dtype_is(cos, DType::F32, OP)?;
+    check::dtype_is(sin, DType::F32, OP)?;
+    crate::dtype::check_float(q.dtype(), OP)?;
+    crate::dtype::check_float(k.dtype(), OP)?;
+    for t in [k, positions, cos, sin] {
+        check::same_device(q, t, OP)?;
+    }
+    check::contiguous(cos, OP)?;
+    check::contiguous(sin, OP)?;
+    check::contiguous(positions, OP)?;
+    let op = Rotary { positions, style };
+    let q = q.apply_op3_no_bwd(cos, sin, &op)?;
+    let k = k.apply_op3_no_bwd(cos, sin, &op)?;
+    Ok((q, k))
+}
+
+/// The candle op: inputs (x, cos, sin); the positions tensor travels in the op (it is u32, so
+/// it can never share storage with the float inputs whose locks candle holds).
+struct Rotary<'a> {
+    positions: &'a Tensor,
+    style: RotaryStyle,
+}
+
+impl Rotary<'_> {
+    fn apply<T: Float>(
+        &self,
+        x: &CpuStorage,
+        x_l: &Layout,
+        cos: &[f32],
+        sin: &[f32],
+        positions: &[u32],
+    ) -> Result<CpuStorage> {
+        let &[num_tokens, heads, head_dim] = x_l.dims() else {
+            return Err(invalid(OP, "x must be [num_tokens, num_heads, head_dim]"));
+        };
+        let half = head_dim / 2;
+        let max_positions = cos.len() / half.max(1);
+        if let Some(&bad) = positions.iter().find(|&&p| p as usize >= max_positions) {
+            return Err(candle_core::Error::InvalidIndex {
+                op: OP,
+                index: bad as usize,
+                size: max_positions,
+            });
+        }
+        let rows = check::rows(x_l, 2, OP)?;
+        let src = x.as_slice::<T>()?;
+        if rows.end() > src.len() || rows.rows != num_tokens || positions.len() != num_tokens {
+            return Err(invalid(OP, "x view does not match its storage or positions"));
+        }
+        let row_len = heads * head_dim;
+        let mut out = vec![T::from_f32(0.0); num_tokens * row_len];
+        if row_len == 0 {
+            return Ok(T::to_cpu_storage_owned(out));
+        }
+        let style = self.style;
+        out.par_chunks_mut(row_len).with_min_len((1 << 14) / row_len + 1).enumerate().for_each(|(t, dst)| {
+            let p = positions[t] as usize;
+            let (c, s) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
+            let x = &src[rows.range(t)];
+            for (dst, x) in dst.chunks_exact_mut(head_dim).zip(x.chunks_exact(head_dim)) {
+                for i in 0..half {
+                    let (ia, ib) = match style {
+                        RotaryStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RotaryStyle::Halves => (i, i + half),
+                    };
+                    let (a, b) = (x[ia].to_f32(), x[ib].to_f32());
+                    dst[ia] = T::from_f32(a * c[i] - b * s[i]);
+                    dst[ib] = T::from_f32(a * s[i] + b * c[i]);
+                }
+            }
+        });
+        Ok(T::to_cpu_storage_owned(out))
+    }
+}
+
+impl CustomOp3 for Rotary<'_> {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        x_l: &Layout,
+        cos: &CpuStorage,
+        cos_l: &Layout,
+        sin: &CpuStorage,
+        sin_l: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (c0, c1) = check::contiguous_range(cos_l, OP)?;
+        let (s0, s1) = check::contiguous_range(sin_l, OP)?;
+        let cos = &cos.as_slice::<f32>()?[c0..c1];
+        let sin = &sin.as_slice::<f32>()?[s0..s1];
+        let (storage, pos_l) = self.positions.storage_and_layout();
+        let Storage::Cpu(pos) = &*storage else {
+            return Err(candle_core::Error::DeviceMismatchBinaryOp {
+                lhs: candle_core::DeviceLocation::Cpu,
+                rhs: self.positions.device().location(),
+                op: OP,
+            });
+        };
+        let (p0, p1) = check::contiguous_range(pos_l, OP)?;
+        let positions = &pos.as_slice::<u32>()?[p0..p1];
+        let out = with_float!(x.dtype(), OP, T => self.apply::<T>(x, x_l, cos, sin, positions))?;
+        Ok((out, x_l.shape().clone()))
+    }
+}

@@ -1,0 +1,193 @@
+//! Small f32 vector kernels (dot, weighted row sums, scale, exp) written so LLVM vectorises them.
+//!
+//! Plain `iter().sum()` is a strict left-to-right reduction LLVM may not reorder, so `dot`
+//! keeps independent partial sums in lanes. All are `#[inline(always)]` so that a caller
+//! compiled with extra target features (see `paged_attention_cpu`) gets wider vectors, and
+//! the multiply-adds are generic over [`MulAdd`] so that such a caller can use FMA.
+
+/// Accumulator lanes of `dot`: one AVX2 vector.
+const LANES: usize = 8;
+
+/// How `a * b + c` is computed.
+pub(crate) trait MulAdd {
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// Multiply then add: vectorises on every target.
+pub(crate) struct Separate;
+
+/// One fused instruction; only for code compiled with the `fma` target feature, since without
+/// it `f32::mul_add` is a library call per element.
+pub(crate) struct Fused;
+
+impl MulAdd for Separate {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// `sum(a[i] * b[i])` over the shorter length.
+#[inline(always)]
+pub(crate) fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; LANES];
+    let ca = a.chunks_exact(LANES);
+    let cb = b.chunks_exact(LANES);
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        // Fixed-size arrays let LLVM drop the bounds checks and use one full-width vector.
+        let (x, y): (&[f32; LANES], &[f32; LANES]) = match (x.try_into(), y.try_into()) {
+            (Ok(x), Ok(y)) => (x, y),
+            _ => unreachable!("chunks_exact yields LANES-long chunks"),
+        };
+        for i in 0..LANES {
+            acc[i] = M::mul_add(x[i], y[i], acc[i]);
+        }
+    }
+    // A plain sequential sum of the lanes: fancier reduction trees lead LLVM's SLP vectoriser
+    // to split the accumulator into 2-lane pieces, which is several times slower.
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Width of the output segment [`add_weighted_rows`] keeps in registers.
+const SEGMENT: usize = 32;
+
+/// `out += sum_j weights[j] * rows[j]`, where `rows` holds `weights.len()` rows of
+/// `out.len()` elements back to back.
+///
+/// Each `SEGMENT`-wide slice of `out` is accumulated in registers over all rows and written
+/// once, instead of loading and storing `out` for every row.
+#[inline(always)]
+pub(crate) fn add_weighted_rows<M: MulAdd>(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    let width = out.len();
+    if width == 0 {
+        return;
+    }
+    let mut d0 = 0;
+    while d0 + SEGMENT <= width {
+        let mut acc = [0f32; SEGMENT];
+        for (&w, row) in weights.iter().zip(rows.chunks_exact(width)) {
+            let v = &row[d0..d0 + SEGMENT];
+            for i in 0..SEGMENT {
+                acc[i] = M::mul_add(w, v[i], acc[i]);
+            }
+        }
+        for (o, a) in out[d0..d0 + SEGMENT].iter_mut().zip(acc) {
+            *o += a;
+        }
+        d0 += SEGMENT;
+    }
+    if d0 < width {
+        for (&w, row) in weights.iter().zip(rows.chunks_exact(width)) {
+            for (o, v) in out[d0..].iter_mut().zip(&row[d0..]) {
+                *o = M::mul_add(w, *v, *o);
+            }
+        }
+    }
+}
+
+/// `y[i] *= alpha`.
+#[inline(always)]
+pub(crate) fn scale(y: &mut [f32], alpha: f32) {
+    for y in y.iter_mut() {
+        *y *= alpha;
+    }
+}
+
+/// Below this, `exp` would leave the normal range; inputs are clamped here (the result,
+/// ~1.2e-38, is as good as 0 next to the softmax's max term of 1).
+const EXP_MIN: f32 = -87.0;
+
+/// `x[i] = e^x[i]` for `x[i] <= 0` (softmax scores minus their max), relative error < 2e-7.
+///
+/// `f32::exp` is a libm call per element; this is range reduction `x = n ln2 + r` plus a
+/// degree-6 polynomial for `e^r`, all in plain arithmetic so it vectorises. NaN stays NaN.
+#[inline(always)]
+pub(crate) fn exp_nonpositive(xs: &mut [f32]) {
+    // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    for x in xs.iter_mut() {
+        // Written as a compare so NaN passes through unclamped.
+        let v = if *x < EXP_MIN { EXP_MIN } else { *x };
+        let shifted = v * std::f32::consts::LOG2_E + ROUND;
+        let n = shifted - ROUND;
+        let n_int = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+        let r = v - n * LN2_HI - n * LN2_LO;
+        let p = 1.0
+            + r * (1.0
+                + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+        // 2^n built from its exponent bits; n is in [-126, 0] here, so it is a normal number.
+        let two_n = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
+        *x = p * two_n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_naive_sum_for_odd_lengths() {
+        for n in [0usize, 1, 7, 16, 17, 64, 100] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let naive: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
+            assert!((dot::<Separate>(&a, &b) as f64 - naive).abs() < 1e-4, "n = {n}");
+            assert!((dot::<Fused>(&a, &b) as f64 - naive).abs() < 1e-4, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn weighted_rows_match_naive_sum_for_any_width() {
+        for width in [1usize, 31, 32, 64, 80, 128] {
+            let rows_n = 5;
+            let rows: Vec<f32> = (0..rows_n * width).map(|i| (i as f32 * 0.3).sin()).collect();
+            let weights: Vec<f32> = (0..rows_n).map(|j| j as f32 - 1.5).collect();
+            let mut out: Vec<f32> = (0..width).map(|d| d as f32).collect();
+            let mut expected = out.clone();
+            for (j, w) in weights.iter().enumerate() {
+                for d in 0..width {
+                    expected[d] += w * rows[j * width + d];
+                }
+            }
+            add_weighted_rows::<Separate>(&mut out, &weights, &rows);
+            for (o, e) in out.iter().zip(&expected) {
+                assert!((o - e).abs() < 1e-4, "width {width}: {o} vs {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn exp_matches_std_over_its_range() {
+        let mut xs: Vec<f32> = (0..20_000).map(|i| -(i as f32) * 0.0045).collect();
+        xs.extend([0.0, -1e-30, -86.9, -87.0, -100.0, f32::NEG_INFINITY]);
+        let inputs = xs.clone();
+        exp_nonpositive(&mut xs);
+        for (got, x) in xs.iter().zip(&inputs) {
+            // Below the clamp the result is e^EXP_MIN, itself accurate.
+            let want = x.max(EXP_MIN).exp();
+            assert!((got - want).abs() <= 3e-7 * want, "e^{x}: {got} vs {want}");
+        }
+        let mut nan = [f32::NAN];
+        exp_nonpositive(&mut nan);
+        assert!(nan[0].is_nan());
+    }
+
+    #[test]
+    fn scale_multiplies_in_place() {
+        let mut y = vec![3.0f32, 0.0, -4.0];
+        scale(&mut y, 0.5);
+        assert_eq!(y, vec![1.5, 0.0, -2.0]);
+    }
+}

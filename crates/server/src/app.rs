@@ -1,0 +1,78 @@
+//! The router: routes, the API-key guard on the API routes, and the cross-cutting layers
+//! (request ids, access log and HTTP metrics, CORS, the body limit). Unknown routes and methods
+//! answer in the OpenAI error shape too.
+
+use std::sync::LazyLock;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{Method, Uri};
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use tower::ServiceBuilder;
+use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
+
+use crate::auth::{require_api_key, ApiKey};
+use crate::error::ApiError;
+use crate::extract::BodyLimit;
+use crate::handlers::{chat, completions, info, tokenize};
+use crate::layers::{self, MakeId, X_REQUEST_ID};
+use crate::state::SharedState;
+
+/// HTTP-level settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpOptions {
+    /// Required as `Authorization: Bearer` on the API routes when set.
+    pub api_key: Option<String>,
+    /// CORS origins; `*` allows any.
+    pub allowed_origins: Vec<String>,
+    /// Largest accepted request body; larger ones get 413.
+    pub max_request_body_bytes: usize,
+}
+
+static OPENAPI: LazyLock<serde_json::Value> =
+    LazyLock::new(|| serde_json::to_value(crate::openapi::document()).unwrap_or_default());
+
+async fn openapi_json() -> Json<serde_json::Value> {
+    Json(OPENAPI.clone())
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::RouteNotFound { method: method.to_string(), path: uri.path().to_owned() }
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_owned() }
+}
+
+pub fn router(state: SharedState, options: &HttpOptions) -> Router {
+    let mut api = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(info::list_models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize));
+    if let Some(key) = &options.api_key {
+        api = api.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));
+    }
+    let open = Router::new()
+        .route("/health", get(info::health))
+        .route("/version", get(info::version))
+        .route("/metrics", get(info::metrics))
+        .route("/openapi.json", get(openapi_json));
+    let metrics = state.metrics.clone();
+    api.merge(open)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(
+            ServiceBuilder::new()
+                .layer(from_fn(layers::sanitize_request_id))
+                .layer(SetRequestIdLayer::new(X_REQUEST_ID.clone(), MakeId))
+                .layer(PropagateRequestIdLayer::new(X_REQUEST_ID.clone()))
+                .layer(layers::cors(&options.allowed_origins))
+                .layer(from_fn_with_state(metrics, layers::observe))
+                .layer(Extension(BodyLimit(options.max_request_body_bytes)))
+                .layer(DefaultBodyLimit::max(options.max_request_body_bytes)),
+        )
+}

@@ -1,0 +1,493 @@
+//! `pagoda serve` configuration: command-line flags in vLLM's vocabulary, an optional TOML file
+//! (`--config FILE`, the same names in kebab-case), and the resolved [`ServerConfig`].
+//!
+//! Precedence: flags (and `PAGODA_API_KEY`) over the file over the defaults.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::metrics::MetricsPrefix;
+
+/// What `pagoda serve` serves when no `--model` is given.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("invalid value for {flag}: {message}")]
+    Invalid { flag: &'static str, message: String },
+}
+
+fn invalid(flag: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { flag, message: message.into() }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormatArg {
+    /// GGUF for a file, safetensors for a directory.
+    #[default]
+    Auto,
+    Gguf,
+    Safetensors,
+    /// Random weights shaped by a config.json-style file (for benchmarking).
+    Dummy,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DtypeArg {
+    /// float32 on the CPU, bfloat16 on CUDA.
+    #[default]
+    Auto,
+    #[value(alias = "f32", alias = "float")]
+    #[serde(alias = "f32", alias = "float")]
+    Float32,
+    #[value(alias = "f16", alias = "half")]
+    #[serde(alias = "f16", alias = "half")]
+    Float16,
+    #[value(alias = "bf16")]
+    #[serde(alias = "bf16")]
+    Bfloat16,
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceArg {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(DeviceArg::Cpu),
+            "cuda" | "gpu" => Ok(DeviceArg::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceArg::Cuda)
+                .ok_or_else(|| format!("expected cpu, cuda or cuda:N, got {s:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceArg::Cpu => f.write_str("cpu"),
+            DeviceArg::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceArg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A byte count: an integer, or a number with a unit (`512MiB`, `2GiB`, `1.5GB`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let num: f64 = num.parse().map_err(|_| format!("expected a size like 1073741824 or 1GiB, got {s:?}"))?;
+        let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1.0,
+            "k" | "kb" => 1e3,
+            "m" | "mb" => 1e6,
+            "g" | "gb" => 1e9,
+            "ki" | "kib" => 1024.0,
+            "mi" | "mib" => 1024.0 * 1024.0,
+            "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
+            "ti" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+            u => return Err(format!("unknown size unit {u:?} in {s:?}")),
+        };
+        Ok(ByteSize((num * mult) as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Flags of `pagoda serve`. Every field is optional so that the config file can supply it.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServeArgs {
+    /// Model to serve: a GGUF file, a Hugging Face model directory (config.json + safetensors),
+    /// or, with --load-format dummy, a config.json shape file. [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<String>,
+    /// Tokenizer: a tokenizer.json file or a directory holding one. [default: from the model]
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<String>,
+    /// Name(s) clients use in the `model` field. [default: the --model argument]
+    #[arg(long, value_name = "NAME", num_args = 1..)]
+    pub served_model_name: Option<Vec<String>>,
+    /// How to read the weights.
+    #[arg(long, value_enum)]
+    pub load_format: Option<LoadFormatArg>,
+    /// Jinja chat template file, replacing the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// Address to listen on. [default: 127.0.0.1]
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on; 0 picks a free one. [default: 8000]
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Longest prompt plus completion, in tokens. [default: the model's context length]
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Most sequences in one engine step. [default: 256]
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Token budget of one engine step (prefill chunks plus decodes). [default: 2048]
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Requests allowed to wait for admission; beyond that a request gets 429. [default: 1024]
+    #[arg(long)]
+    pub max_waiting_requests: Option<usize>,
+    /// Tokens per KV-cache block. [default: 16]
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// KV-cache size, e.g. 2GiB or 536870912. [default: 1GiB on the CPU; on CUDA, from --gpu-memory-utilization]
+    #[arg(long, value_name = "BYTES")]
+    pub kv_cache_memory: Option<ByteSize>,
+    /// Fraction of GPU memory Pagoda may use (weights, activations and KV cache). [default: 0.9]
+    #[arg(long)]
+    pub gpu_memory_utilization: Option<f64>,
+    /// Use exactly this many KV blocks, ignoring the memory settings.
+    #[arg(long)]
+    pub num_gpu_blocks_override: Option<usize>,
+    /// Reuse KV blocks of identical prompt prefixes (on by default).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub enable_prefix_caching: Option<bool>,
+    /// Turn prefix caching off.
+    #[arg(long, conflicts_with = "enable_prefix_caching")]
+    #[serde(skip)]
+    pub no_enable_prefix_caching: bool,
+    /// Compute dtype.
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub dequantize: Option<bool>,
+    /// cpu, cuda or cuda:N. [default: cpu]
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<DeviceArg>,
+    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.
+    #[arg(long, env = "PAGODA_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// CORS origins allowed to call the API; `*` for any. [default: *]
+    #[arg(long, value_name = "ORIGIN", num_args = 1..)]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Namespace of the Prometheus metrics: `pagoda:...`, or `vllm:...` for vLLM dashboards.
+    #[arg(long, value_enum)]
+    pub metrics_prefix: Option<MetricsPrefix>,
+    /// Most top logprobs a request may ask for. [default: 20]
+    #[arg(long)]
+    pub max_logprobs: Option<usize>,
+    /// Largest request body accepted; larger ones get 413. [default: 8MiB]
+    #[arg(long, value_name = "BYTES")]
+    pub max_request_body_bytes: Option<ByteSize>,
+    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT. [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<f64>,
+    /// TOML file with any of these options in kebab-case (e.g. `max-model-len = 2048`).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+}
+
+/// Everything `pagoda serve` needs, resolved and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub model: String,
+    /// Whether `model` is the built-in default (for the "run `make model`" hint).
+    pub model_is_default: bool,
+    pub tokenizer: Option<String>,
+    pub served_model_names: Vec<String>,
+    pub load_format: LoadFormatArg,
+    pub chat_template: Option<PathBuf>,
+    pub host: String,
+    pub port: u16,
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting_requests: usize,
+    pub block_size: usize,
+    pub kv_cache_memory: Option<u64>,
+    pub gpu_memory_utilization: f64,
+    pub num_gpu_blocks_override: Option<usize>,
+    pub enable_prefix_caching: bool,
+    pub dtype: DtypeArg,
+    pub dequantize: Option<bool>,
+    pub device: DeviceArg,
+    pub api_key: Option<String>,
+    pub allowed_origins: Vec<String>,
+    pub metrics_prefix: MetricsPrefix,
+    pub max_logprobs: usize,
+    pub max_request_body_bytes: usize,
+    pub shutdown_timeout: Duration,
+}
+
+/// KV-cache size on the CPU when none is given.
+pub const DEFAULT_CPU_KV_CACHE_BYTES: u64 = 1 << 30;
+
+impl ServerConfig {
+    /// Reads `--config` (if any) and merges it under the flags.
+    pub fn from_args(args: ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => Self::read_file(path)?,
+            None => ServeArgs::default(),
+        };
+        Self::merge(args, file)
+    }
+
+    fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source: Box::new(source) })
+    }
+
+    /// `cli` over `file` over the defaults.
+    pub fn merge(cli: ServeArgs, file: ServeArgs) -> Result<Self, ConfigError> {
+        let enable_prefix_caching = if cli.no_enable_prefix_caching {
+            false
+        } else {
+            cli.enable_prefix_caching.or(file.enable_prefix_caching).unwrap_or(true)
+        };
+        let given_model = cli.model.or(file.model);
+        let model_is_default = given_model.is_none();
+        let model = given_model.unwrap_or_else(|| DEFAULT_MODEL.to_owned());
+        let served_model_names =
+            cli.served_model_name.or(file.served_model_name).unwrap_or_else(|| vec![model.clone()]);
+        let config = Self {
+            model_is_default,
+            tokenizer: cli.tokenizer.or(file.tokenizer),
+            served_model_names,
+            load_format: cli.load_format.or(file.load_format).unwrap_or_default(),
+            chat_template: cli.chat_template.or(file.chat_template),
+            host: cli.host.or(file.host).unwrap_or_else(|| "127.0.0.1".to_owned()),
+            port: cli.port.or(file.port).unwrap_or(8000),
+            max_model_len: cli.max_model_len.or(file.max_model_len),
+            max_num_seqs: cli.max_num_seqs.or(file.max_num_seqs).unwrap_or(256),
+            max_num_batched_tokens: cli.max_num_batched_tokens.or(file.max_num_batched_tokens).unwrap_or(2048),
+            max_waiting_requests: cli.max_waiting_requests.or(file.max_waiting_requests).unwrap_or(1024),
+            block_size: cli.block_size.or(file.block_size).unwrap_or(16),
+            kv_cache_memory: cli.kv_cache_memory.or(file.kv_cache_memory).map(|b| b.0),
+            gpu_memory_utilization: cli.gpu_memory_utilization.or(file.gpu_memory_utilization).unwrap_or(0.9),
+            num_gpu_blocks_override: cli.num_gpu_blocks_override.or(file.num_gpu_blocks_override),
+            enable_prefix_caching,
+            dtype: cli.dtype.or(file.dtype).unwrap_or_default(),
+            dequantize: cli.dequantize.or(file.dequantize),
+            device: cli.device.or(file.device).unwrap_or_default(),
+            api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+            allowed_origins: cli.allowed_origins.or(file.allowed_origins).unwrap_or_else(|| vec!["*".to_owned()]),
+            metrics_prefix: cli.metrics_prefix.or(file.metrics_prefix).unwrap_or_default(),
+            max_logprobs: cli.max_logprobs.or(file.max_logprobs).unwrap_or(20),
+            max_request_body_bytes: cli
+                .max_request_body_bytes
+                .or(file.max_request_body_bytes)
+                .map(|b| b.0 as usize)
+                .unwrap_or(8 << 20),
+            shutdown_timeout: Duration::from_secs_f64(cli.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(30.0).max(0.0)),
+            model,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.served_model_names.is_empty() || self.served_model_names.iter().any(|n| n.is_empty()) {
+            return Err(invalid("--served-model-name", "names must not be empty"));
+        }
+        if self.max_model_len == Some(0) {
+            return Err(invalid("--max-model-len", "must be at least 1"));
+        }
+        if self.max_num_seqs == 0 {
+            return Err(invalid("--max-num-seqs", "must be at least 1"));
+        }
+        if self.max_num_batched_tokens == 0 {
+            return Err(invalid("--max-num-batched-tokens", "must be at least 1"));
+        }
+        if !(1..=1024).contains(&self.block_size) {
+            return Err(invalid("--block-size", format!("must be in [1, 1024], got {}", self.block_size)));
+        }
+        if !(self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0) {
+            return Err(invalid(
+                "--gpu-memory-utilization",
+                format!("must be in (0, 1], got {}", self.gpu_memory_utilization),
+            ));
+        }
+        if self.kv_cache_memory == Some(0) || self.num_gpu_blocks_override == Some(0) {
+            return Err(invalid("--kv-cache-memory", "the KV cache needs at least one block"));
+        }
+        if self.max_request_body_bytes == 0 {
+            return Err(invalid("--max-request-body-bytes", "must be at least 1"));
+        }
+        if self.allowed_origins.iter().any(|o| o != "*" && axum::http::HeaderValue::from_str(o).is_err()) {
+            return Err(invalid("--allowed-origins", "origins must be valid header values such as https://example.com"));
+        }
+        Ok(())
+    }
+
+    /// The address to bind.
+    pub fn bind_addr(&self) -> String {
+        if self.host.contains(':') && !self.host.starts_with('[') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn cli(args: &[&str]) -> ServeArgs {
+        Cli::try_parse_from(std::iter::once("pagoda").chain(args.iter().copied())).unwrap().args
+    }
+
+    #[test]
+    fn defaults() {
+        let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+        assert_eq!(c.model, DEFAULT_MODEL);
+        assert!(c.model_is_default);
+        assert_eq!(c.served_model_names, vec![DEFAULT_MODEL.to_owned()]);
+        assert_eq!(c.bind_addr(), "127.0.0.1:8000");
+        assert!(c.enable_prefix_caching);
+        assert_eq!(c.block_size, 16);
+        assert_eq!(c.device, DeviceArg::Cpu);
+        assert_eq!(c.metrics_prefix, MetricsPrefix::Pagoda);
+    }
+
+    #[test]
+    fn vllm_flags_parse() {
+        let a = cli(&[
+            "--model",
+            "m.gguf",
+            "--served-model-name",
+            "a",
+            "b",
+            "--max-model-len",
+            "2048",
+            "--no-enable-prefix-caching",
+            "--kv-cache-memory",
+            "512MiB",
+            "--device",
+            "cuda:1",
+            "--dtype",
+            "bf16",
+            "--metrics-prefix",
+            "vllm",
+            "--allowed-origins",
+            "https://a.example",
+        ]);
+        let c = ServerConfig::merge(a, ServeArgs::default()).unwrap();
+        assert_eq!(c.served_model_names, vec!["a", "b"]);
+        assert_eq!(c.max_model_len, Some(2048));
+        assert!(!c.enable_prefix_caching);
+        assert_eq!(c.kv_cache_memory, Some(512 << 20));
+        assert_eq!(c.device, DeviceArg::Cuda(1));
+        assert_eq!(c.dtype, DtypeArg::Bfloat16);
+        assert_eq!(c.metrics_prefix, MetricsPrefix::Vllm);
+        assert!(!c.model_is_default);
+        let c = ServerConfig::merge(cli(&["--enable-prefix-caching"]), ServeArgs::default()).unwrap();
+        assert!(c.enable_prefix_caching);
+    }
+
+    #[test]
+    fn file_is_under_flags() {
+        let file: ServeArgs = toml::from_str(
+            r#"
+            model = "from-file.gguf"
+            port = 9000
+            max-num-seqs = 8
+            kv-cache-memory = "1GiB"
+            enable-prefix-caching = false
+            allowed-origins = ["http://localhost:3000"]
+            "#,
+        )
+        .unwrap();
+        let c = ServerConfig::merge(cli(&["--port", "9100"]), file).unwrap();
+        assert_eq!(c.model, "from-file.gguf");
+        assert_eq!(c.port, 9100);
+        assert_eq!(c.max_num_seqs, 8);
+        assert_eq!(c.kv_cache_memory, Some(1 << 30));
+        assert!(!c.enable_prefix_caching);
+        assert_eq!(c.allowed_origins, vec!["http://localhost:3000"]);
+    }
+
+    #[test]
+    fn unknown_file_keys_are_errors() {
+        assert!(toml::from_str::<ServeArgs>("max_model_lenn = 3").is_err());
+        assert!(toml::from_str::<ServeArgs>("config = \"x\"").is_err());
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for args in [
+            &["--block-size", "0"][..],
+            &["--gpu-memory-utilization", "1.5"],
+            &["--max-num-seqs", "0"],
+            &["--max-model-len", "0"],
+            &["--kv-cache-memory", "0"],
+        ] {
+            assert!(ServerConfig::merge(cli(args), ServeArgs::default()).is_err(), "{args:?}");
+        }
+        assert!(Cli::try_parse_from(["pagoda", "--device", "tpu"]).is_err());
+        assert!(Cli::try_parse_from(["pagoda", "--kv-cache-memory", "lots"]).is_err());
+        assert!(Cli::try_parse_from(["pagoda", "--enable-prefix-caching", "--no-enable-prefix-caching"]).is_err());
+    }
+
+    #[test]
+    fn byte_sizes() {
+        let p = |s: &str| s.parse::<ByteSize>().map(|b| b.0);
+        assert_eq!(p("1024"), Ok(1024));
+        assert_eq!(p("2GiB"), Ok(2 << 30));
+        assert_eq!(p("1.5 GB"), Ok(1_500_000_000));
+        assert_eq!(p("16k"), Ok(16_000));
+        assert!(p("").is_err() && p("GiB").is_err() && p("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn ipv6_bind_address() {
+        let c = ServerConfig::merge(cli(&["--host", "::1", "--port", "0"]), ServeArgs::default()).unwrap();
+        assert_eq!(c.bind_addr(), "[::1]:0");
+    }
+}

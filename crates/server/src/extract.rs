@@ -1,0 +1,115 @@
+//! The JSON body extractor. It reads the body under the size limit (over it: 413), parses it
+//! whatever the `Content-Type` (so `curl -d` works), and turns a serde failure into a 400 that
+//! names the parameter at fault (`temperature`, `messages[0].role`).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, InvalidParam};
+
+/// A request body parsed as `T`; rejections are [`ApiError`]s.
+#[derive(Debug, Clone)]
+pub struct JsonBody<T>(pub T);
+
+/// The body limit, stored in request extensions by the router so that the 413 message can say it.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0).unwrap_or(0);
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge { limit }
+            } else {
+                ApiError::MalformedJson(rejection.body_text())
+            }
+        })?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses `bytes` as `T`, mapping errors to the client's terms.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if inner.is_data() {
+            let param = (path != ".").then_some(path);
+            let message = match &param {
+                Some(p) => format!("Invalid value for `{p}`: {inner}"),
+                None => format!("Invalid request body: {inner}"),
+            };
+            ApiError::InvalidParam(InvalidParam { param, message })
+        } else {
+            ApiError::MalformedJson(inner.to_string())
+        }
+    })?;
+    de.end().map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::{ChatCompletionRequest, CompletionRequest};
+
+    fn param(json: &str) -> Option<String> {
+        match parse::<ChatCompletionRequest>(json.as_bytes()).unwrap_err() {
+            ApiError::InvalidParam(p) => p.param,
+            other => panic!("expected InvalidParam, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_json_is_its_own_error() {
+        for body in ["", "{", "{\"messages\": [}", "not json", "{\"messages\":[]} trailing"] {
+            assert!(
+                matches!(parse::<ChatCompletionRequest>(body.as_bytes()), Err(ApiError::MalformedJson(_))),
+                "{body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_types_name_the_parameter() {
+        assert_eq!(param(r#"{"messages":[],"temperature":"hot"}"#).as_deref(), Some("temperature"));
+        assert_eq!(param(r#"{"messages":[],"max_tokens":-1}"#).as_deref(), Some("max_tokens"));
+        assert_eq!(param(r#"{"messages":[],"n":1.5}"#).as_deref(), Some("n"));
+        assert_eq!(param(r#"{"messages":[{"role":"user","content":7}]}"#).as_deref(), Some("messages[0].content"));
+        assert_eq!(param(r#"{"messages":[{"content":"x"}]}"#).as_deref(), Some("messages[0]"));
+        assert_eq!(param(r#"{"messages":"hi"}"#).as_deref(), Some("messages"));
+        assert_eq!(param(r#"{"messages":[],"stop":5}"#).as_deref(), Some("stop"));
+        assert_eq!(param(r#"{"messages":[],"logit_bias":{"5":"x"}}"#).as_deref(), Some("logit_bias.5"));
+    }
+
+    #[test]
+    fn missing_required_field_is_a_400() {
+        let err = parse::<ChatCompletionRequest>(b"{}").unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert!(err.to_string().contains("messages"), "{err}");
+        let err = parse::<CompletionRequest>(b"{\"model\":\"m\"}").unwrap_err();
+        assert!(err.to_string().contains("prompt"), "{err}");
+        let err = parse::<CompletionRequest>(b"[1,2]").unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn nulls_mean_absent() {
+        let r: ChatCompletionRequest =
+            parse(br#"{"messages":[],"temperature":null,"stop":null,"n":null,"seed":null}"#).unwrap();
+        assert_eq!(r.temperature, None);
+        assert_eq!(r.n, None);
+    }
+
+    #[test]
+    fn deep_nesting_does_not_overflow() {
+        let body = format!("{{\"messages\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(parse::<ChatCompletionRequest>(body.as_bytes()).is_err());
+    }
+}

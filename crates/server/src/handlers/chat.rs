@@ -1,0 +1,229 @@
+//! `POST /v1/chat/completions`: render the conversation with the chat template, generate, and
+//! answer with one `chat.completion` or a stream of `chat.completion.chunk` events.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, BoxStream, StreamExt};
+use pagoda_text::Tokenizer;
+
+use super::{finish_reason, response_id};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::logprobs;
+use crate::openai::{
+    unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+    ChatDelta, ErrorResponse, ResponseMessage, Usage,
+};
+use crate::prompt::chat_messages;
+use crate::sse;
+use crate::state::SharedState;
+use crate::submit::{failure, submit, ChoiceEvent, Submission};
+use crate::validate::validate;
+
+/// What every chunk and the response repeat.
+#[derive(Clone)]
+struct Context {
+    id: String,
+    created: u64,
+    model: String,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Context {
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".to_owned(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+}
+
+/// Chat completion (OpenAI). With `stream: true` the response is `text/event-stream`: one
+/// `chat.completion.chunk` per event, then `data: [DONE]`.
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "openai",
+    request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The completion (or, with stream=true, an SSE stream of chat.completion.chunk objects)",
+         body = ChatCompletionResponse),
+        (status = 400, description = "Malformed JSON, a bad parameter, or a prompt too long", body = ErrorResponse),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 413, description = "Body over the limit", body = ErrorResponse),
+        (status = 429, description = "The waiting queue is full", body = ErrorResponse),
+        (status = 503, description = "The engine is not available", body = ErrorResponse),
+    ),
+    security((), ("api_key" = []))
+)]
+pub async fn chat_completions(
+    State(state): State<SharedState>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let model = state.model.resolve(req.model.as_deref())?;
+    if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
+        return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
+    }
+    let params = validate(req.common(), &state.limits)?;
+    let messages = chat_messages(&req.messages)?;
+    let prompt = state.prompts.chat(messages, true, false).await?;
+    let submission = submit(&state, vec![prompt], &params, arrival)?;
+    let ctx = Context {
+        id: response_id("chatcmpl"),
+        created: unix_now(),
+        model,
+        tokenizer: Arc::clone(state.prompts.tokenizer()),
+    };
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+        Ok(stream_response(state, ctx, submission, include_usage))
+    } else {
+        let response = collect_response(&state, ctx, submission).await?;
+        Ok(Json(response).into_response())
+    }
+}
+
+async fn collect_response(
+    state: &SharedState,
+    ctx: Context,
+    submission: Submission,
+) -> Result<ChatCompletionResponse, ApiError> {
+    let want_logprobs = submission.wants_logprobs;
+    let (_, collected) = submission.collect(state).await?;
+    let choices = collected
+        .choices
+        .into_iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let (finish, stop_reason) = match &c.finish {
+                Some(r) => {
+                    let (f, s) = finish_reason(r);
+                    (Some(f), s)
+                }
+                None => (None, None),
+            };
+            ChatChoice {
+                index,
+                message: ResponseMessage { role: "assistant".to_owned(), content: c.text },
+                logprobs: want_logprobs.then(|| logprobs::chat(&ctx.tokenizer, &c.logprobs)),
+                finish_reason: finish,
+                stop_reason,
+            }
+        })
+        .collect();
+    Ok(ChatCompletionResponse {
+        id: ctx.id,
+        object: "chat.completion".to_owned(),
+        created: ctx.created,
+        model: ctx.model,
+        choices,
+        usage: Usage::new(collected.prompt_tokens, collected.completion_tokens),
+    })
+}
+
+/// State of a streamed response between events.
+struct StreamState {
+    state: SharedState,
+    ctx: Context,
+    events: BoxStream<'static, ChoiceEvent>,
+    include_usage: bool,
+    want_logprobs: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    done: bool,
+}
+
+impl StreamState {
+    /// The SSE events for one engine event (none when it carries nothing to show).
+    fn on_event(&mut self, ChoiceEvent { choice, event }: ChoiceEvent) -> Vec<axum::response::sse::Event> {
+        if let Some(pagoda_engine::FinishReason::Error(message)) = &event.finished {
+            self.done = true;
+            return vec![sse::error_event(&failure(&self.state, message)), sse::done_event()];
+        }
+        if let Some(usage) = event.usage {
+            self.prompt_tokens += usage.prompt_tokens;
+            self.completion_tokens += usage.completion_tokens;
+        }
+        let logprobs = match (&event.logprobs, self.want_logprobs) {
+            (Some(lp), true) if !lp.is_empty() => Some(logprobs::chat(&self.ctx.tokenizer, lp)),
+            _ => None,
+        };
+        if event.text.is_empty() && logprobs.is_none() && event.finished.is_none() {
+            return Vec::new();
+        }
+        let (finish, stop_reason) = match &event.finished {
+            Some(r) => {
+                let (f, s) = finish_reason(r);
+                (Some(f), s)
+            }
+            None => (None, None),
+        };
+        let choice = ChatChunkChoice {
+            index: choice,
+            delta: ChatDelta { role: None, content: Some(event.text) },
+            logprobs,
+            finish_reason: finish,
+            stop_reason,
+        };
+        vec![sse::json_event(&self.ctx.chunk(vec![choice], None))]
+    }
+
+    fn on_end(&mut self) -> Vec<axum::response::sse::Event> {
+        self.done = true;
+        let mut out = Vec::with_capacity(2);
+        if self.include_usage {
+            let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+            out.push(sse::json_event(&self.ctx.chunk(Vec::new(), Some(usage))));
+        }
+        out.push(sse::done_event());
+        out
+    }
+}
+
+fn stream_response(state: SharedState, ctx: Context, submission: Submission, include_usage: bool) -> Response {
+    // The first chunk of every choice carries the role, before any token is ready.
+    let head: Vec<_> = (0..submission.num_choices())
+        .map(|index| {
+            let choice = ChatChunkChoice {
+                index,
+                delta: ChatDelta { role: Some("assistant".to_owned()), content: Some(String::new()) },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            };
+            sse::json_event(&ctx.chunk(vec![choice], None))
+        })
+        .collect();
+    let st = StreamState {
+        state,
+        want_logprobs: submission.wants_logprobs,
+        ctx,
+        events: submission.events,
+        include_usage,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        done: false,
+    };
+    let body = stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let events = match st.events.next().await {
+            Some(e) => st.on_event(e),
+            None => st.on_end(),
+        };
+        Some((events, st))
+    })
+    .flat_map(stream::iter);
+    sse::response(stream::iter(head).chain(body).map(Ok))
+}

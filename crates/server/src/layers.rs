@@ -1,0 +1,91 @@
+//! Cross-cutting HTTP layers: request ids (`x-request-id`, taken from the client or made up,
+//! echoed in the response and put in every log line of the request), one access-log line per
+//! request, HTTP request counts by route and status, and CORS.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::Response;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+use tower_http::request_id::{MakeRequestId, RequestId};
+use tracing::Instrument;
+
+use crate::metrics::Metrics;
+
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client-supplied request id kept as is; longer ones are replaced.
+const MAX_CLIENT_REQUEST_ID: usize = 128;
+
+/// Makes a fresh random id for requests that bring none (or an unusable one).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MakeId;
+
+impl MakeRequestId for MakeId {
+    fn make_request_id<B>(&mut self, _req: &axum::http::Request<B>) -> Option<RequestId> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        HeaderValue::from_str(&id).ok().map(RequestId::new)
+    }
+}
+
+/// Drops a client's `x-request-id` that is too long or not printable ASCII, so that
+/// [`MakeId`] replaces it.
+pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
+    let bad = req.headers().get(&X_REQUEST_ID).is_some_and(|v| {
+        v.len() > MAX_CLIENT_REQUEST_ID || v.is_empty() || !v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+    });
+    if bad {
+        req.headers_mut().remove(&X_REQUEST_ID);
+    }
+    next.run(req).await
+}
+
+/// The request's id, as set by the request-id layer.
+pub fn request_id_of<B>(req: &axum::http::Request<B>) -> String {
+    req.headers().get(&X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned()
+}
+
+/// Runs the request inside a span carrying its id, logs one line when the response head is
+/// ready, and counts it by route template, method and status.
+pub async fn observe(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let span = tracing::info_span!("request", id = %request_id_of(&req));
+    async move {
+        let response = next.run(req).await;
+        let status = response.status().as_u16();
+        metrics.observe_http(&route, method.as_str(), status);
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        if route == "/health" || route == "/metrics" {
+            tracing::debug!(%method, path, status, ms, "http");
+        } else {
+            tracing::info!(%method, path, status, ms, "http");
+        }
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+/// CORS for `--allowed-origins` (`*` allows any origin).
+pub fn cors(allowed_origins: &[String]) -> CorsLayer {
+    let origin = if allowed_origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(allowed_origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(origin)
+        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_headers(Any)
+        .expose_headers([X_REQUEST_ID.clone()])
+}

@@ -1,0 +1,28 @@
+//! `pagoda-server`: the HTTP face of Pagoda. An axum app speaking OpenAI's API (chat and
+//! completions, streaming over SSE), vLLM's extensions (`/tokenize`, `/detokenize`, extra
+//! sampling parameters) and vLLM's Prometheus metrics, in front of a `pagoda-engine` engine.
+//!
+//! Wire types ([`openai`]) end in the handlers: requests are validated ([`validate`]) and
+//! tokenized ([`prompt`]) into engine requests ([`submit`]), and every failure is an
+//! [`error::ApiError`], mapped to a status and the OpenAI error body in one place.
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod generate;
+pub mod handlers;
+pub mod layers;
+pub mod logprobs;
+pub mod metrics;
+pub mod openai;
+pub mod openapi;
+pub mod prompt;
+pub mod runtime;
+pub mod server;
+pub mod sse;
+pub mod state;
+pub mod submit;
+pub mod tracker;
+pub mod validate;

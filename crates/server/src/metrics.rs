@@ -1,0 +1,427 @@
+//! Prometheus metrics under vLLM's names and bucket sets, prefixed `pagoda:` (or `vllm:` with
+//! `--metrics-prefix vllm`, so that existing vLLM dashboards work unchanged), each labelled with
+//! `model_name`; plus `http_requests_total{handler,method,status}`.
+//!
+//! Engine-side values (running/waiting counts, KV usage, preemptions, prefix-cache counters) are
+//! copied from an engine snapshot at scrape time by [`Metrics::record_engine`]; per-request values
+//! are observed by the handlers as tokens arrive ([`Metrics::observe_request`]).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+use serde::Deserialize;
+
+/// The namespace in front of every model metric.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsPrefix {
+    #[default]
+    Pagoda,
+    Vllm,
+}
+
+impl MetricsPrefix {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricsPrefix::Pagoda => "pagoda",
+            MetricsPrefix::Vllm => "vllm",
+        }
+    }
+}
+
+/// vLLM's buckets for time to first token.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+];
+/// vLLM's buckets for inter-token latency and time per output token.
+pub const TPOT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+/// vLLM's buckets for whole-request phases (end-to-end, queue, prefill, decode).
+pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+];
+/// vLLM's buckets for tokens per engine step.
+pub const ITERATION_TOKEN_BUCKETS: &[f64] =
+    &[1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+
+/// 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's `build_1_2_5_buckets`), for token counts.
+pub fn buckets_1_2_5(max: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut exponent = 1usize;
+    loop {
+        for m in [1, 2, 5] {
+            let v = m * exponent;
+            if v > max {
+                return out;
+            }
+            out.push(v as f64);
+        }
+        exponent = exponent.saturating_mul(10);
+    }
+}
+
+/// What the engine reports about itself at scrape time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineSnapshot {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks in use, 0 to 1.
+    pub kv_cache_usage: f64,
+    /// Cumulative counts since start-up.
+    pub num_preemptions: u64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+}
+
+/// How one request went, for the per-request histograms and counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub prompt_tokens: usize,
+    pub generation_tokens: usize,
+    /// `stop`, `length` or `abort`.
+    pub finished_reason: &'static str,
+    pub e2e: Duration,
+    /// Arrival to first scheduling; `None` if never scheduled.
+    pub queue: Option<Duration>,
+    /// First scheduling to first token.
+    pub prefill: Option<Duration>,
+    /// First token to last token.
+    pub decode: Option<Duration>,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    num_requests_running: IntGauge,
+    num_requests_waiting: IntGauge,
+    kv_cache_usage_perc: Gauge,
+    prompt_tokens: IntCounter,
+    generation_tokens: IntCounter,
+    request_success: IntCounterVec,
+    num_preemptions: IntCounter,
+    prefix_cache_queries: IntCounter,
+    prefix_cache_hits: IntCounter,
+    time_to_first_token: Histogram,
+    inter_token_latency: Histogram,
+    time_per_output_token: Histogram,
+    e2e_latency: Histogram,
+    queue_time: Histogram,
+    prefill_time: Histogram,
+    decode_time: Histogram,
+    inference_time: Histogram,
+    request_prompt_tokens: Histogram,
+    request_generation_tokens: Histogram,
+    iteration_tokens: Histogram,
+    http_requests: IntCounterVec,
+    /// Engine counters as last copied, so that the next copy adds only the difference.
+    engine_seen: Mutex<EngineSnapshot>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+struct Builder<'a> {
+    registry: Registry,
+    prefix: &'static str,
+    model_name: &'a str,
+}
+
+impl Builder<'_> {
+    fn opts(&self, name: &str, help: &str) -> Opts {
+        Opts::new(format!("{}:{name}", self.prefix), help).const_label("model_name", self.model_name)
+    }
+
+    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> prometheus::Result<C> {
+        self.registry.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> prometheus::Result<Gauge> {
+        self.register(Gauge::with_opts(self.opts(name, help))?)
+    }
+
+    fn int_gauge(&self, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+        self.register(IntGauge::with_opts(self.opts(name, help))?)
+    }
+
+    fn counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+        self.register(IntCounter::with_opts(self.opts(name, help))?)
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: &[f64]) -> prometheus::Result<Histogram> {
+        let opts = HistogramOpts::from(self.opts(name, help)).buckets(buckets.to_vec());
+        self.register(Histogram::with_opts(opts)?)
+    }
+}
+
+impl Metrics {
+    pub fn new(prefix: MetricsPrefix, model_name: &str, max_model_len: usize) -> prometheus::Result<Self> {
+        let b = Builder { registry: Registry::new(), prefix: prefix.as_str(), model_name };
+        let token_buckets = buckets_1_2_5(max_model_len.max(1));
+        let request_success = b.register(IntCounterVec::new(
+            b.opts("request_success_total", "Count of successfully processed requests."),
+            &["finished_reason"],
+        )?)?;
+        let http_requests = b.register(IntCounterVec::new(
+            Opts::new("http_requests_total", "HTTP requests by route, method and status."),
+            &["handler", "method", "status"],
+        )?)?;
+        Ok(Self {
+            num_requests_running: b.int_gauge("num_requests_running", "Number of requests in model execution batches.")?,
+            num_requests_waiting: b.int_gauge("num_requests_waiting", "Number of requests waiting to be processed.")?,
+            kv_cache_usage_perc: b.gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")?,
+            prompt_tokens: b.counter("prompt_tokens_total", "Number of prefill tokens processed.")?,
+            generation_tokens: b.counter("generation_tokens_total", "Number of generation tokens processed.")?,
+            request_success,
+            num_preemptions: b.counter("num_preemptions_total", "Cumulative number of preemptions.")?,
+            prefix_cache_queries: b.counter(
+                "prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+            )?,
+            prefix_cache_hits: b
+                .counter("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.")?,
+            time_to_first_token: b.histogram(
+                "time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            )?,
+            inter_token_latency: b.histogram(
+                "inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                TPOT_BUCKETS,
+            )?,
+            time_per_output_token: b.histogram(
+                "request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                TPOT_BUCKETS,
+            )?,
+            e2e_latency: b.histogram(
+                "e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            queue_time: b.histogram(
+                "request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            prefill_time: b.histogram(
+                "request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            decode_time: b.histogram(
+                "request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            inference_time: b.histogram(
+                "request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            request_prompt_tokens: b.histogram(
+                "request_prompt_tokens",
+                "Number of prefill tokens processed.",
+                &token_buckets,
+            )?,
+            request_generation_tokens: b.histogram(
+                "request_generation_tokens",
+                "Number of generation tokens processed.",
+                &token_buckets,
+            )?,
+            iteration_tokens: b.histogram(
+                "iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                ITERATION_TOKEN_BUCKETS,
+            )?,
+            http_requests,
+            engine_seen: Mutex::new(EngineSnapshot::default()),
+            registry: b.registry,
+        })
+    }
+
+    /// Copies the engine's state into the gauges and advances the engine counters.
+    pub fn record_engine(&self, now: &EngineSnapshot) {
+        self.num_requests_running.set(now.num_running as i64);
+        self.num_requests_waiting.set(now.num_waiting as i64);
+        self.kv_cache_usage_perc.set(now.kv_cache_usage);
+        let mut seen = self.engine_seen.lock().unwrap_or_else(|p| p.into_inner());
+        self.num_preemptions.inc_by(now.num_preemptions.saturating_sub(seen.num_preemptions));
+        self.prefix_cache_queries.inc_by(now.prefix_cache_queries.saturating_sub(seen.prefix_cache_queries));
+        self.prefix_cache_hits.inc_by(now.prefix_cache_hits.saturating_sub(seen.prefix_cache_hits));
+        *seen = *now;
+    }
+
+    /// One engine step computed `tokens` tokens.
+    pub fn observe_iteration(&self, tokens: usize) {
+        self.iteration_tokens.observe(tokens as f64);
+    }
+
+    /// A request was admitted with this many prompt tokens.
+    pub fn observe_prompt(&self, prompt_tokens: usize) {
+        self.prompt_tokens.inc_by(prompt_tokens as u64);
+    }
+
+    pub fn observe_first_token(&self, since_arrival: Duration) {
+        self.time_to_first_token.observe(since_arrival.as_secs_f64());
+    }
+
+    /// One output token, `since_previous` after the previous one of the same sequence.
+    pub fn observe_token(&self, since_previous: Option<Duration>) {
+        self.generation_tokens.inc();
+        if let Some(d) = since_previous {
+            self.inter_token_latency.observe(d.as_secs_f64());
+        }
+    }
+
+    pub fn observe_request(&self, r: &RequestRecord) {
+        self.request_success.with_label_values(&[r.finished_reason]).inc();
+        self.e2e_latency.observe(r.e2e.as_secs_f64());
+        self.request_prompt_tokens.observe(r.prompt_tokens as f64);
+        self.request_generation_tokens.observe(r.generation_tokens as f64);
+        if let Some(q) = r.queue {
+            self.queue_time.observe(q.as_secs_f64());
+        }
+        if let Some(p) = r.prefill {
+            self.prefill_time.observe(p.as_secs_f64());
+        }
+        if let Some(d) = r.decode {
+            self.decode_time.observe(d.as_secs_f64());
+            if r.generation_tokens > 1 {
+                self.time_per_output_token.observe(d.as_secs_f64() / (r.generation_tokens - 1) as f64);
+            }
+        }
+        if let (Some(p), Some(d)) = (r.prefill, r.decode) {
+            self.inference_time.observe((p + d).as_secs_f64());
+        }
+    }
+
+    pub fn observe_http(&self, handler: &str, method: &str, status: u16) {
+        self.http_requests.with_label_values(&[handler, method, &status.to_string()]).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metrics.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_two_five_buckets() {
+        assert_eq!(buckets_1_2_5(100), vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
+        assert_eq!(buckets_1_2_5(1), vec![1.0]);
+        assert_eq!(buckets_1_2_5(8192).last(), Some(&5000.0));
+    }
+
+    #[test]
+    fn names_prefixes_and_labels() {
+        for (prefix, name) in [(MetricsPrefix::Pagoda, "pagoda"), (MetricsPrefix::Vllm, "vllm")] {
+            let m = Metrics::new(prefix, "smol", 2048).unwrap();
+            m.observe_prompt(3);
+            m.observe_request(&RequestRecord {
+                prompt_tokens: 3,
+                generation_tokens: 2,
+                finished_reason: "stop",
+                e2e: Duration::from_millis(50),
+                queue: Some(Duration::from_millis(1)),
+                prefill: Some(Duration::from_millis(9)),
+                decode: Some(Duration::from_millis(40)),
+            });
+            let text = m.render();
+            for metric in [
+                "num_requests_running",
+                "num_requests_waiting",
+                "kv_cache_usage_perc",
+                "prompt_tokens_total",
+                "generation_tokens_total",
+                "num_preemptions_total",
+                "prefix_cache_queries_total",
+                "prefix_cache_hits_total",
+                "time_to_first_token_seconds_bucket",
+                "inter_token_latency_seconds_bucket",
+                "request_time_per_output_token_seconds_bucket",
+                "e2e_request_latency_seconds_bucket",
+                "request_queue_time_seconds_bucket",
+                "request_prefill_time_seconds_bucket",
+                "request_decode_time_seconds_bucket",
+                "request_prompt_tokens_bucket",
+                "request_generation_tokens_bucket",
+                "iteration_tokens_total_bucket",
+            ] {
+                assert!(text.contains(&format!("{name}:{metric}{{")), "{name}:{metric} missing in\n{text}");
+            }
+            assert!(text.contains(&format!("{name}:prompt_tokens_total{{model_name=\"smol\"}} 3")), "{text}");
+            assert!(text.contains(&format!(
+                "{name}:request_success_total{{finished_reason=\"stop\",model_name=\"smol\"}} 1"
+            )));
+        }
+    }
+
+    #[test]
+    fn exact_vllm_buckets_are_exported() {
+        let m = Metrics::new(MetricsPrefix::Pagoda, "m", 100).unwrap();
+        let text = m.render();
+        let les = |metric: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("pagoda:{metric}_bucket{{")))
+                .map(|l| l.split("le=\"").nth(1).unwrap().split('"').next().unwrap().to_owned())
+                .collect()
+        };
+        let ttft = les("time_to_first_token_seconds");
+        assert_eq!(ttft.len(), TTFT_BUCKETS.len() + 1);
+        assert_eq!(ttft.first().map(String::as_str), Some("0.001"));
+        assert_eq!(ttft[ttft.len() - 2], "2560");
+        assert_eq!(les("inter_token_latency_seconds").len(), TPOT_BUCKETS.len() + 1);
+        assert_eq!(les("request_decode_time_seconds")[20], "7680");
+        assert_eq!(les("request_prompt_tokens").len(), buckets_1_2_5(100).len() + 1);
+    }
+
+    #[test]
+    fn engine_counters_advance_by_difference() {
+        let m = Metrics::new(MetricsPrefix::Pagoda, "m", 100).unwrap();
+        let snap = |p, q, h| EngineSnapshot {
+            num_running: 2,
+            num_waiting: 1,
+            kv_cache_usage: 0.5,
+            num_preemptions: p,
+            prefix_cache_queries: q,
+            prefix_cache_hits: h,
+        };
+        m.record_engine(&snap(1, 10, 4));
+        m.record_engine(&snap(3, 30, 4));
+        assert_eq!(m.num_preemptions.get(), 3);
+        assert_eq!(m.prefix_cache_queries.get(), 30);
+        assert_eq!(m.prefix_cache_hits.get(), 4);
+        assert_eq!(m.num_requests_running.get(), 2);
+        assert!(m.render().contains("pagoda:kv_cache_usage_perc{model_name=\"m\"} 0.5"));
+    }
+
+    #[test]
+    fn http_counts_by_route_and_status() {
+        let m = Metrics::new(MetricsPrefix::Pagoda, "m", 100).unwrap();
+        m.observe_http("/v1/models", "GET", 200);
+        m.observe_http("/v1/models", "GET", 200);
+        m.observe_http("/v1/chat/completions", "POST", 400);
+        let text = m.render();
+        assert!(text.contains("http_requests_total{handler=\"/v1/models\",method=\"GET\",status=\"200\"} 2"), "{text}");
+        assert!(text.contains("status=\"400\"} 1"));
+    }
+}

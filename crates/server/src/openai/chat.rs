@@ -1,0 +1,304 @@
+//! `POST /v1/chat/completions` wire types: the request, the `chat.completion` response and the
+//! `chat.completion.chunk` stream events.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::common::{StopSpec, StreamOptions, Usage};
+use super::sampling::{CommonParams, FinishReason, StopReason};
+
+/// A chat completion request. Unknown fields are ignored.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    /// The served model name; may be omitted when the server serves one model.
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    /// Deprecated alias of `max_completion_tokens`. Absent: whatever the context allows.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    /// 0 to 2; 0 is greedy. Default 1.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// (0, 1]. Default 1.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// -1 or 0 disables; otherwise the number of most likely tokens to keep.
+    #[serde(default)]
+    pub top_k: Option<i32>,
+    /// [0, 1]. Default 0.
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    /// Number of choices to generate. Default 1.
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stop: Option<StopSpec>,
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    /// [-2, 2].
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    /// [-2, 2].
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    /// (0, 2]; 1 disables.
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string) to a bias in [-100, 100].
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// Return the log probability of each output token.
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    /// 0 to 20 alternatives per token; needs `logprobs: true`.
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    #[serde(default)]
+    pub min_tokens: Option<u32>,
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Accepted and ignored.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+impl ChatCompletionRequest {
+    pub fn common(&self) -> CommonParams {
+        CommonParams {
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            max_tokens_param: if self.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            },
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            n: self.n,
+            stop: self.stop.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias.clone(),
+            logprobs_param: "top_logprobs",
+            logprobs: if self.logprobs.unwrap_or(false) { Some(self.top_logprobs.unwrap_or(0)) } else { None },
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            min_tokens: self.min_tokens,
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+        }
+    }
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct ChatMessage {
+    /// `system`, `developer` (same as `system`), `user` or `assistant`.
+    pub role: String,
+    /// A string or an array of `{"type": "text", "text": ...}` parts; may be null for an
+    /// assistant message.
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// Message content: a string or an array of parts.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One content part. Only `text` parts are supported.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct ContentPart {
+    /// Must be `text`.
+    pub r#type: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageContent;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<MessageContent, E> {
+                Ok(MessageContent::Text(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MessageContent, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(p) = seq.next_element::<ContentPart>()? {
+                    parts.push(p);
+                }
+                Ok(MessageContent::Parts(parts))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `chat.completion`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    /// Always `chat.completion`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ResponseMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<FinishReason>,
+    /// The stop string or stop token id that ended the choice, if any.
+    pub stop_reason: Option<StopReason>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ResponseMessage {
+    /// Always `assistant`.
+    pub role: String,
+    pub content: String,
+}
+
+/// `chat.completion.chunk`: one SSE event of a streamed chat completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// Always `chat.completion.chunk`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    /// Only on the last chunk, and only with `stream_options.include_usage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<FinishReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
+}
+
+/// The new part of the assistant message. The first chunk of a choice carries the role.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// Chat logprobs: one entry per output token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_accepts_string_parts_or_null() {
+        let m: ChatMessage = serde_json::from_str(r#"{"role":"user","content":"hi"}"#).unwrap();
+        assert_eq!(m.content, Some(MessageContent::Text("hi".into())));
+        let m: ChatMessage =
+            serde_json::from_str(r#"{"role":"user","content":[{"type":"text","text":"a"}]}"#).unwrap();
+        assert!(matches!(m.content, Some(MessageContent::Parts(ref p)) if p.len() == 1));
+        let m: ChatMessage = serde_json::from_str(r#"{"role":"assistant","content":null}"#).unwrap();
+        assert_eq!(m.content, None);
+        let err = serde_json::from_str::<ChatMessage>(r#"{"role":"user","content":5}"#).unwrap_err();
+        assert!(err.to_string().contains("a string or an array of content parts"), "{err}");
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_over_max_tokens() {
+        let r: ChatCompletionRequest = serde_json::from_str(
+            r#"{"messages":[],"max_tokens":5,"max_completion_tokens":7,"logprobs":true,"top_logprobs":3}"#,
+        )
+        .unwrap();
+        let c = r.common();
+        assert_eq!(c.max_tokens, Some(7));
+        assert_eq!(c.max_tokens_param, "max_completion_tokens");
+        assert_eq!(c.logprobs, Some(3));
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        let r: ChatCompletionRequest =
+            serde_json::from_str(r#"{"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":true}"#)
+                .unwrap();
+        assert_eq!(r.messages.len(), 1);
+    }
+
+    #[test]
+    fn chunk_omits_absent_usage_and_role() {
+        let chunk = ChatCompletionChunk {
+            id: "c".into(),
+            object: "chat.completion.chunk".into(),
+            created: 0,
+            model: "m".into(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: ChatDelta { role: None, content: Some("x".into()) },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }],
+            usage: None,
+        };
+        let v = serde_json::to_value(&chunk).unwrap();
+        assert!(v.get("usage").is_none());
+        assert!(v["choices"][0]["delta"].get("role").is_none());
+        assert!(v["choices"][0]["finish_reason"].is_null());
+    }
+}

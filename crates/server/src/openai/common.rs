@@ -1,0 +1,115 @@
+//! Wire types shared by the chat and completions APIs: errors, usage, stream options, stop
+//! sequences, and the "string or array" shapes OpenAI accepts.
+//!
+//! The flexible shapes have hand-written `Deserialize` impls so that a wrong shape is reported
+//! as a plain sentence with the parameter's name, not serde's "did not match any variant".
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The OpenAI error body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    pub r#type: String,
+    /// The request parameter at fault, if any.
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StreamOptions {
+    /// Send a last chunk with empty `choices` and the request's `usage`.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for StopSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StopSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StopSpec, E> {
+                Ok(StopSpec::One(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StopSpec, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(StopSpec::Many(out))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// The `object` of a list response.
+pub const LIST_OBJECT: &str = "list";
+
+/// Seconds since the Unix epoch, for `created` fields.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_accepts_string_or_list_only() {
+        let one: StopSpec = serde_json::from_str(r#""\n""#).unwrap();
+        assert_eq!(one.into_vec(), vec!["\n"]);
+        let many: StopSpec = serde_json::from_str(r#"["a","b"]"#).unwrap();
+        assert_eq!(many.into_vec(), vec!["a", "b"]);
+        let err = serde_json::from_str::<StopSpec>("3").unwrap_err().to_string();
+        assert!(err.contains("a string or an array of strings"), "{err}");
+        assert!(serde_json::from_str::<StopSpec>("[1]").is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! `POST /v1/completions` wire types: the request (with its four prompt shapes), the
+//! `text_completion` response and its stream events.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::common::{StopSpec, StreamOptions, Usage};
+use super::sampling::{CommonParams, FinishReason, StopReason};
+
+/// A completion request. Unknown fields are ignored.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    /// Absent: whatever the context allows.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<i32>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    /// Accepted only when equal to `n` (or absent).
+    #[serde(default)]
+    pub best_of: Option<u32>,
+    #[serde(default)]
+    pub stop: Option<StopSpec>,
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// Number of alternatives (0 to 20) returned with each token's logprob.
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+    /// Prepend the prompt to the completion text.
+    #[serde(default)]
+    pub echo: Option<bool>,
+    /// Not supported: must be absent or empty.
+    #[serde(default)]
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    #[serde(default)]
+    pub min_tokens: Option<u32>,
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Accepted and ignored.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+impl CompletionRequest {
+    pub fn common(&self) -> CommonParams {
+        CommonParams {
+            max_tokens: self.max_tokens,
+            max_tokens_param: "max_tokens",
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            n: self.n,
+            stop: self.stop.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias.clone(),
+            logprobs: self.logprobs,
+            logprobs_param: "logprobs",
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            min_tokens: self.min_tokens,
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+        }
+    }
+}
+
+/// `prompt`: a string, an array of strings, an array of token ids, or an array of arrays of
+/// token ids. Several prompts give `n` choices each, indexed prompt by prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenBatches(Vec<Vec<u32>>),
+}
+
+impl Default for Prompt {
+    fn default() -> Self {
+        Prompt::Text(String::new())
+    }
+}
+
+/// One prompt out of a [`Prompt`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl Prompt {
+    pub fn into_inputs(self) -> Vec<PromptInput> {
+        match self {
+            Prompt::Text(t) => vec![PromptInput::Text(t)],
+            Prompt::Texts(v) => v.into_iter().map(PromptInput::Text).collect(),
+            Prompt::Tokens(t) => vec![PromptInput::Tokens(t)],
+            Prompt::TokenBatches(v) => v.into_iter().map(PromptInput::Tokens).collect(),
+        }
+    }
+}
+
+const PROMPT_SHAPES: &str =
+    "a string, an array of strings, an array of token ids, or an array of arrays of token ids";
+
+impl<'de> Deserialize<'de> for Prompt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Prompt;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(PROMPT_SHAPES)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Prompt, E> {
+                Ok(Prompt::Text(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt, A::Error> {
+                let mut items = Vec::new();
+                while let Some(v) = seq.next_element::<serde_json::Value>()? {
+                    items.push(v);
+                }
+                classify(items).map_err(de::Error::custom)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+fn token_id(v: &serde_json::Value) -> Option<u32> {
+    v.as_u64().and_then(|t| u32::try_from(t).ok())
+}
+
+fn classify(items: Vec<serde_json::Value>) -> Result<Prompt, String> {
+    let bad = || format!("expected {PROMPT_SHAPES}");
+    let Some(first) = items.first() else {
+        return Ok(Prompt::Texts(Vec::new()));
+    };
+    if first.is_string() {
+        items
+            .into_iter()
+            .map(|v| match v {
+                serde_json::Value::String(s) => Ok(s),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_, _>>()
+            .map(Prompt::Texts)
+    } else if first.is_number() {
+        items
+            .iter()
+            .map(|v| token_id(v).ok_or_else(|| format!("token ids must be integers in 0..2^32, got {v}")))
+            .collect::<Result<_, _>>()
+            .map(Prompt::Tokens)
+    } else if first.is_array() {
+        items
+            .iter()
+            .map(|inner| {
+                inner
+                    .as_array()
+                    .ok_or_else(bad)?
+                    .iter()
+                    .map(|v| {
+                        token_id(v).ok_or_else(|| format!("token ids must be integers in 0..2^32, got {v}"))
+                    })
+                    .collect::<Result<Vec<u32>, String>>()
+            })
+            .collect::<Result<_, _>>()
+            .map(Prompt::TokenBatches)
+    } else {
+        Err(bad())
+    }
+}
+
+/// `text_completion`, also the `object` of each streamed chunk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CompletionResponse {
+    pub id: String,
+    /// Always `text_completion`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    /// Always present on a non-streamed response; on a stream only in the last chunk with
+    /// `stream_options.include_usage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<FinishReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
+}
+
+/// Legacy completions logprobs: parallel arrays, one entry per token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CompletionLogprobs {
+    /// Offset of each token's text in the choice's `text`.
+    pub text_offset: Vec<usize>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub tokens: Vec<String>,
+    /// Token text to logprob, for the most likely alternatives at each position.
+    pub top_logprobs: Vec<Option<HashMap<String, f32>>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(json: &str) -> Result<Prompt, String> {
+        serde_json::from_str::<Prompt>(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn four_prompt_shapes() {
+        assert_eq!(prompt(r#""hi""#).unwrap(), Prompt::Text("hi".into()));
+        assert_eq!(prompt(r#"["a","b"]"#).unwrap(), Prompt::Texts(vec!["a".into(), "b".into()]));
+        assert_eq!(prompt("[1,2,3]").unwrap(), Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!(prompt("[[1],[2,3]]").unwrap(), Prompt::TokenBatches(vec![vec![1], vec![2, 3]]));
+        assert_eq!(prompt("[]").unwrap(), Prompt::Texts(vec![]));
+    }
+
+    #[test]
+    fn bad_prompt_shapes_are_errors() {
+        for bad in ["5", "null", "{}", r#"["a",1]"#, "[1,-1]", "[1.5]", "[[1],\"a\"]", "[true]", "[4294967296]"] {
+            assert!(prompt(bad).is_err(), "{bad} should be rejected");
+        }
+        assert!(prompt("[1,-1]").unwrap_err().contains("token ids"));
+    }
+
+    #[test]
+    fn several_prompts_become_several_inputs() {
+        let inputs = Prompt::TokenBatches(vec![vec![1], vec![2]]).into_inputs();
+        assert_eq!(inputs, vec![PromptInput::Tokens(vec![1]), PromptInput::Tokens(vec![2])]);
+    }
+}

@@ -1,0 +1,21 @@
+//! OpenAI (and vLLM-extension) wire types. They end at the HTTP layer: handlers validate them
+//! into engine requests, and nothing here is seen by the engine.
+
+pub mod chat;
+pub mod common;
+pub mod completions;
+pub mod models;
+pub mod sampling;
+pub mod tokenize;
+
+pub use chat::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+    ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ContentPart, MessageContent, ResponseMessage,
+};
+pub use common::{unix_now, ErrorDetail, ErrorResponse, StopSpec, StreamOptions, Usage};
+pub use completions::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Prompt, PromptInput,
+};
+pub use models::{ModelCard, ModelList, VersionResponse};
+pub use sampling::{CommonParams, FinishReason, StopReason};
+pub use tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};

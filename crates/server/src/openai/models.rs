@@ -1,0 +1,32 @@
+//! `GET /v1/models`, `GET /version` and `GET /health` wire types.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+/// One served model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelCard {
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+    /// What `--model` pointed at.
+    pub root: String,
+    /// Longest prompt plus completion, in tokens.
+    pub max_model_len: usize,
+}
+
+/// `GET /version`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VersionResponse {
+    pub version: String,
+}

@@ -1,0 +1,68 @@
+//! The generation parameters that chat and completions requests share, gathered into one view
+//! ([`CommonParams`]) so that validation is written once, plus the finish/stop reasons both
+//! responses report.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::common::StopSpec;
+
+/// The shared generation parameters of a request, as the client sent them (unvalidated).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CommonParams {
+    pub max_tokens: Option<u32>,
+    /// Which parameter `max_tokens` came from, for error messages.
+    pub max_tokens_param: &'static str,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub n: Option<u32>,
+    pub stop: Option<StopSpec>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// `Some(k)`: return the sampled token's logprob and `k` alternatives.
+    pub logprobs: Option<u32>,
+    /// Which parameter `logprobs` came from, for error messages.
+    pub logprobs_param: &'static str,
+    pub ignore_eos: bool,
+    pub min_tokens: Option<u32>,
+    pub skip_special_tokens: bool,
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// End of sequence, a stop string or a stop token.
+    Stop,
+    /// `max_tokens` or the context length reached.
+    Length,
+    /// The request was aborted (e.g. the server shut down).
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// The stop string or stop token id that ended a choice (vLLM's `stop_reason`). `null` when the
+/// choice ended on the model's end-of-sequence token or on its length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopReason {
+    Token(u32),
+    Text(String),
+}

@@ -1,0 +1,235 @@
+//! From a request's prompt to token ids: chat messages are checked, rendered with the chat
+//! template and tokenized; completion prompts are tokenized (or checked, when given as ids).
+//! The CPU work runs on the blocking pool (`spawn_blocking`), never on the async runtime.
+
+use std::sync::Arc;
+
+use pagoda_text::{ChatMessage, ChatTemplate, ChatTemplateError, Tokenizer};
+
+use crate::error::{ApiError, InvalidParam};
+use crate::openai::{self, MessageContent, PromptInput};
+
+/// One prompt, ready for the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenizedPrompt {
+    /// The prompt text (rendered chat, or the completion prompt; decoded when given as ids).
+    pub text: String,
+    pub token_ids: Vec<u32>,
+}
+
+/// Checks roles and content and flattens content parts into plain text, as the template
+/// expects it.
+pub fn chat_messages(messages: &[openai::ChatMessage]) -> Result<Vec<ChatMessage>, InvalidParam> {
+    if messages.is_empty() {
+        return Err(InvalidParam::new("messages", "messages must contain at least one message"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                other => {
+                    return Err(InvalidParam::new(
+                        format!("messages[{i}].role"),
+                        format!("role must be one of system, developer, user, assistant; got {other:?}"),
+                    ))
+                }
+            };
+            let content = match &m.content {
+                None if role == "assistant" => String::new(),
+                None => {
+                    return Err(InvalidParam::new(
+                        format!("messages[{i}].content"),
+                        format!("a {role} message needs content"),
+                    ))
+                }
+                Some(MessageContent::Text(t)) => t.clone(),
+                Some(MessageContent::Parts(parts)) => {
+                    let mut texts = Vec::with_capacity(parts.len());
+                    for (j, part) in parts.iter().enumerate() {
+                        let param = || format!("messages[{i}].content[{j}]");
+                        if part.r#type != "text" {
+                            return Err(InvalidParam::new(
+                                param(),
+                                format!("only text content parts are supported, got type {:?}", part.r#type),
+                            ));
+                        }
+                        let text = part
+                            .text
+                            .as_ref()
+                            .ok_or_else(|| InvalidParam::new(param(), "a text part needs a `text` string"))?;
+                        texts.push(text.as_str());
+                    }
+                    texts.join("\n")
+                }
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// The tokenizer and chat template, shared by all requests.
+#[derive(Clone)]
+pub struct PromptBuilder {
+    tokenizer: Arc<Tokenizer>,
+    template: Option<Arc<ChatTemplate>>,
+    /// Number of token ids the model has embeddings for.
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for PromptBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PromptBuilder").field("vocab_size", &self.vocab_size).finish_non_exhaustive()
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))
+}
+
+impl PromptBuilder {
+    pub fn new(tokenizer: Arc<Tokenizer>, template: Option<Arc<ChatTemplate>>, vocab_size: usize) -> Self {
+        Self { tokenizer, template, vocab_size }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Renders the conversation and tokenizes it (the template writes any BOS itself).
+    pub async fn chat(
+        &self,
+        messages: Vec<ChatMessage>,
+        add_generation_prompt: bool,
+        add_special_tokens: bool,
+    ) -> Result<TokenizedPrompt, ApiError> {
+        let template = self.template.clone().ok_or_else(|| {
+            ApiError::invalid(
+                "messages",
+                "this model has no chat template; use /v1/completions or start the server with --chat-template",
+            )
+        })?;
+        let tokenizer = self.tokenizer.clone();
+        blocking(move || {
+            let text = template.render(&messages, add_generation_prompt).map_err(|e| match e {
+                ChatTemplateError::Raised(m) => ApiError::invalid("messages", m),
+                other => ApiError::invalid("messages", other.to_string()),
+            })?;
+            let token_ids =
+                tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            Ok(TokenizedPrompt { text, token_ids })
+        })
+        .await?
+    }
+
+    /// Tokenizes (or checks and decodes) each completion prompt.
+    pub async fn completion(
+        &self,
+        inputs: Vec<PromptInput>,
+        add_special_tokens: bool,
+    ) -> Result<Vec<TokenizedPrompt>, ApiError> {
+        if inputs.is_empty() {
+            return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+        }
+        let tokenizer = self.tokenizer.clone();
+        let vocab_size = self.vocab_size;
+        blocking(move || {
+            inputs
+                .into_iter()
+                .map(|input| {
+                    let prompt = match input {
+                        PromptInput::Text(text) => {
+                            let token_ids = tokenizer
+                                .encode(&text, add_special_tokens)
+                                .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+                            TokenizedPrompt { text, token_ids }
+                        }
+                        PromptInput::Tokens(token_ids) => {
+                            if let Some(bad) = token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+                                return Err(ApiError::invalid(
+                                    "prompt",
+                                    format!("token id {bad} is outside the vocabulary (size {vocab_size})"),
+                                ));
+                            }
+                            let text = tokenizer.decode(&token_ids, false).unwrap_or_default();
+                            TokenizedPrompt { text, token_ids }
+                        }
+                    };
+                    if prompt.token_ids.is_empty() {
+                        return Err(ApiError::invalid("prompt", "the prompt must contain at least one token"));
+                    }
+                    Ok(prompt)
+                })
+                .collect()
+        })
+        .await?
+    }
+
+    /// Token ids of `text`.
+    pub async fn encode(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+        let tokenizer = self.tokenizer.clone();
+        blocking(move || tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::invalid("prompt", e.to_string())))
+            .await?
+    }
+
+    /// Text of `ids` (special tokens kept).
+    pub async fn decode(&self, ids: Vec<u32>) -> Result<String, ApiError> {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(ApiError::invalid(
+                "tokens",
+                format!("token id {bad} is outside the vocabulary (size {})", self.vocab_size),
+            ));
+        }
+        let tokenizer = self.tokenizer.clone();
+        blocking(move || tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))).await?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::ContentPart;
+
+    fn msg(role: &str, content: Option<MessageContent>) -> openai::ChatMessage {
+        openai::ChatMessage { role: role.into(), content, name: None }
+    }
+
+    #[test]
+    fn roles_and_parts() {
+        let out = chat_messages(&[
+            msg("developer", Some(MessageContent::Text("be brief".into()))),
+            msg(
+                "user",
+                Some(MessageContent::Parts(vec![
+                    ContentPart { r#type: "text".into(), text: Some("a".into()) },
+                    ContentPart { r#type: "text".into(), text: Some("b".into()) },
+                ])),
+            ),
+            msg("assistant", None),
+        ])
+        .unwrap();
+        assert_eq!(
+            out,
+            vec![ChatMessage::new("system", "be brief"), ChatMessage::new("user", "a\nb"), ChatMessage::new("assistant", "")]
+        );
+    }
+
+    #[test]
+    fn bad_messages_name_the_field() {
+        let p = |m: Vec<openai::ChatMessage>| chat_messages(&m).unwrap_err().param.unwrap();
+        assert_eq!(p(vec![]), "messages");
+        assert_eq!(p(vec![msg("wizard", Some(MessageContent::Text("x".into())))]), "messages[0].role");
+        assert_eq!(p(vec![msg("user", None)]), "messages[0].content");
+        let image = ContentPart { r#type: "image_url".into(), text: None };
+        assert_eq!(p(vec![msg("user", Some(MessageContent::Parts(vec![image])))]), "messages[0].content[0]");
+        let no_text = ContentPart { r#type: "text".into(), text: None };
+        assert_eq!(p(vec![msg("user", Some(MessageContent::Parts(vec![no_text])))]), "messages[0].content[0]");
+    }
+}

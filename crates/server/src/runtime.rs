@@ -1,0 +1,194 @@
+//! Assembles what serving needs from a `--model` path: the model runner with its KV cache, the
+//! tokenizer and chat template, and the engine thread over them. Used by `pagoda serve`,
+//! `pagoda generate` and the offline benchmark, so all three run the same path.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use candle_core::{DType, Device};
+use pagoda_engine::stats::EngineObserver;
+use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
+use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelError, ModelRunner};
+use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
+
+/// Why the model or the engine could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("{path}: chat template: {source}")]
+    ChatTemplate { path: PathBuf, source: ChatTemplateError },
+    #[error("{0}: no tokenizer found; pass --tokenizer (a GGUF file or a directory with tokenizer.json)")]
+    NoTokenizer(PathBuf),
+    #[error("the KV cache budget of {bytes} bytes holds no block of {block_size} tokens")]
+    CacheTooSmall { bytes: u64, block_size: usize },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// What to load and how big to make the cache and the batches.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    pub model: PathBuf,
+    /// Tokenizer source when it is not the model itself (required for dummy weights).
+    pub tokenizer: Option<PathBuf>,
+    pub load_format: LoadFormat,
+    /// See [`LoadOptions::dequantize`]; `None` decides by model size.
+    pub dequantize: Option<bool>,
+    pub device: Device,
+    pub dtype: DType,
+    pub block_size: usize,
+    /// Bytes of KV cache; ignored when `num_blocks` is set.
+    pub kv_cache_bytes: u64,
+    pub num_blocks: Option<usize>,
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting_requests: usize,
+    pub enable_prefix_caching: bool,
+}
+
+impl RuntimeOptions {
+    /// Defaults for a CPU run of `model`.
+    pub fn new(model: impl Into<PathBuf>) -> Self {
+        Self {
+            model: model.into(),
+            tokenizer: None,
+            load_format: LoadFormat::Auto,
+            dequantize: None,
+            device: Device::Cpu,
+            dtype: DType::F32,
+            block_size: 16,
+            kv_cache_bytes: 1 << 30,
+            num_blocks: None,
+            max_model_len: None,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_waiting_requests: 1024,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+/// Stage timings of start-up, for the log.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartupTimes {
+    pub model_seconds: f64,
+    pub tokenizer_seconds: f64,
+    pub cache_seconds: f64,
+}
+
+/// The loaded model and tokenizer, before the engine starts.
+pub struct LoadedRuntime {
+    pub runner: ModelRunner,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Option<Arc<ChatTemplate>>,
+    pub engine_config: EngineConfig,
+    pub kv_cache_bytes: u64,
+    pub times: StartupTimes,
+}
+
+/// A running engine and what requests are prepared with.
+pub struct Runtime {
+    pub engine: EngineHandle,
+    pub engine_thread: JoinHandle<()>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Option<Arc<ChatTemplate>>,
+    pub engine_config: EngineConfig,
+}
+
+fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
+    if let Some(t) = &options.tokenizer {
+        return Ok(t.clone());
+    }
+    let model = &options.model;
+    if options.load_format == LoadFormat::Dummy {
+        return Err(RuntimeError::NoTokenizer(model.clone()));
+    }
+    Ok(model.clone())
+}
+
+fn load_tokenizer(path: &Path) -> Result<Tokenizer, RuntimeError> {
+    Ok(if path.is_dir() { Tokenizer::from_dir(path)? } else { Tokenizer::from_gguf(path)? })
+}
+
+impl LoadedRuntime {
+    pub fn load(options: &RuntimeOptions) -> Result<Self, RuntimeError> {
+        let load = LoadOptions {
+            device: options.device.clone(),
+            dtype: options.dtype,
+            dequantize: options.dequantize,
+            format: options.load_format,
+        };
+        let loaded = load_model(&options.model, &load)?;
+        let mut times = StartupTimes { model_seconds: loaded.load_seconds, ..Default::default() };
+
+        let started = Instant::now();
+        let tokenizer_path = tokenizer_source(options)?;
+        let tokenizer = load_tokenizer(&tokenizer_path)?;
+        let chat_template = match tokenizer.chat_template() {
+            Some(source) => Some(Arc::new(
+                ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())
+                    .map_err(|source| RuntimeError::ChatTemplate { path: tokenizer_path.clone(), source })?,
+            )),
+            None => None,
+        };
+        times.tokenizer_seconds = started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
+        let config = loaded.model.config().clone();
+        let cache_dtype = loaded.model.dtype();
+        let num_blocks = match options.num_blocks {
+            Some(n) => n,
+            None => KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, options.kv_cache_bytes),
+        };
+        // Without an explicit limit, the context is what both the model and the cache allow.
+        let max_model_len = options
+            .max_model_len
+            .unwrap_or_else(|| config.max_position_embeddings.min(num_blocks * options.block_size));
+        if num_blocks == 0 {
+            return Err(RuntimeError::CacheTooSmall {
+                bytes: options.kv_cache_bytes,
+                block_size: options.block_size,
+            });
+        }
+        let cache = KvCache::new(&config, num_blocks, options.block_size, cache_dtype, &options.device)?;
+        let kv_cache_bytes =
+            (num_blocks * options.block_size * config.kv_bytes_per_token(cache_dtype.size_in_bytes())) as u64;
+        times.cache_seconds = started.elapsed().as_secs_f64();
+
+        let mut engine_config = EngineConfig::new(options.block_size, num_blocks, max_model_len);
+        engine_config.max_num_seqs = options.max_num_seqs;
+        engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
+        engine_config.max_waiting_requests = options.max_waiting_requests;
+        engine_config.enable_prefix_caching = options.enable_prefix_caching;
+        engine_config.validate().map_err(EngineError::from)?;
+
+        Ok(Self {
+            runner: ModelRunner::new(loaded.model, cache, options.device.clone()),
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+            engine_config,
+            kv_cache_bytes,
+            times,
+        })
+    }
+
+    /// Starts the engine thread over the loaded model.
+    pub fn start(self, observer: Arc<dyn EngineObserver>, shutdown: Shutdown) -> Result<Runtime, RuntimeError> {
+        let decoder: Arc<dyn pagoda_text::TokenDecoder> = self.tokenizer.clone();
+        let (engine, engine_thread) =
+            Engine::spawn(self.engine_config.clone(), self.runner, decoder, observer, shutdown)?;
+        Ok(Runtime {
+            engine,
+            engine_thread,
+            tokenizer: self.tokenizer,
+            chat_template: self.chat_template,
+            engine_config: self.engine_config,
+        })
+    }
+}

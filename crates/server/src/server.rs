@@ -1,0 +1,311 @@
+//! `pagoda serve` from start to exit: load the model and tokenizer, size the KV cache, start the
+//! engine, bind, serve, and on the shutdown signal stop accepting, let in-flight requests finish
+//! for up to the grace period, then stop the engine. Every start-up stage logs one line with its
+//! time. The shutdown signal is an argument, so tests drive it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use candle_core::{DType, Device};
+use pagoda_engine::{EngineObserver, Shutdown};
+use pagoda_models::LoadFormat;
+use pagoda_text::ChatTemplate;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+use crate::app::{router, HttpOptions};
+use crate::config::{DeviceArg, DtypeArg, LoadFormatArg, ServerConfig, DEFAULT_CPU_KV_CACHE_BYTES};
+use crate::metrics::Metrics;
+use crate::prompt::PromptBuilder;
+use crate::runtime::{LoadedRuntime, RuntimeError, RuntimeOptions};
+use crate::state::{AppState, ModelInfo, SharedState};
+use crate::validate::Limits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("the default model {0} is missing: run `make model` to fetch it, or pass --model PATH")]
+    DefaultModelMissing(String),
+    #[error(
+        "--model {0}: no such file or directory (pass a GGUF file, a Hugging Face model directory, or with \
+         --load-format dummy a config.json)"
+    )]
+    ModelMissing(String),
+    #[error("--device {device}: {message}")]
+    Device { device: DeviceArg, message: String },
+    #[error("--chat-template {path}: {message}")]
+    ChatTemplate { path: PathBuf, message: String },
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("setting up metrics failed: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("the server failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("start-up task failed: {0}")]
+    Join(String),
+}
+
+fn device(arg: DeviceArg) -> Result<Device, ServeError> {
+    match arg {
+        DeviceArg::Cpu => Ok(Device::Cpu),
+        DeviceArg::Cuda(n) => {
+            Device::new_cuda(n).map_err(|e| ServeError::Device { device: arg, message: e.to_string() })
+        }
+    }
+}
+
+fn dtype(arg: DtypeArg, device: &Device) -> DType {
+    match arg {
+        DtypeArg::Auto if device.is_cpu() => DType::F32,
+        DtypeArg::Auto => DType::BF16,
+        DtypeArg::Float32 => DType::F32,
+        DtypeArg::Float16 => DType::F16,
+        DtypeArg::Bfloat16 => DType::BF16,
+    }
+}
+
+/// The runtime options `config` asks for.
+pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeError> {
+    if !Path::new(&config.model).exists() {
+        return Err(if config.model_is_default {
+            ServeError::DefaultModelMissing(config.model.clone())
+        } else {
+            ServeError::ModelMissing(config.model.clone())
+        });
+    }
+    let device = device(config.device)?;
+    let mut options = RuntimeOptions::new(&config.model);
+    options.tokenizer = config.tokenizer.as_ref().map(PathBuf::from);
+    options.load_format = match config.load_format {
+        LoadFormatArg::Auto => LoadFormat::Auto,
+        LoadFormatArg::Gguf => LoadFormat::Gguf,
+        LoadFormatArg::Safetensors => LoadFormat::Safetensors,
+        LoadFormatArg::Dummy => LoadFormat::Dummy,
+    };
+    options.dequantize = config.dequantize;
+    options.dtype = dtype(config.dtype, &device);
+    options.device = device;
+    options.block_size = config.block_size;
+    options.kv_cache_bytes = config.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES);
+    options.num_blocks = config.num_gpu_blocks_override;
+    options.max_model_len = config.max_model_len;
+    options.max_num_seqs = config.max_num_seqs;
+    options.max_num_batched_tokens = config.max_num_batched_tokens;
+    options.max_waiting_requests = config.max_waiting_requests;
+    options.enable_prefix_caching = config.enable_prefix_caching;
+    Ok(options)
+}
+
+fn load_chat_template(path: &Path, runtime: &LoadedRuntime) -> Result<ChatTemplate, ServeError> {
+    let err = |message: String| ServeError::ChatTemplate { path: path.to_owned(), message };
+    let source = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let t = &runtime.tokenizer;
+    ChatTemplate::new(&source, t.bos_token(), t.eos_token()).map_err(|e| err(e.to_string()))
+}
+
+/// Feeds engine steps into the metrics.
+struct StepMetrics(Arc<Metrics>);
+
+impl EngineObserver for StepMetrics {
+    fn on_step(&self, stats: &pagoda_engine::StepStats) {
+        self.0.observe_iteration(stats.num_prefill_tokens + stats.num_decode_tokens);
+    }
+}
+
+/// A loaded, bound server that has not started serving yet.
+pub struct Server {
+    state: SharedState,
+    router: Router,
+    listener: TcpListener,
+    engine_thread: JoinHandle<()>,
+    engine_shutdown: Shutdown,
+    grace: Duration,
+    started: Instant,
+}
+
+impl Server {
+    /// Loads everything `config` names (on the blocking pool), starts the engine and binds.
+    pub async fn build(config: &ServerConfig) -> Result<Self, ServeError> {
+        let started = Instant::now();
+        let options = runtime_options(config)?;
+        tracing::info!(
+            model = %config.model,
+            device = %config.device,
+            dtype = ?options.dtype,
+            "loading the model"
+        );
+        let chat_template_path = config.chat_template.clone();
+        let runtime = tokio::task::spawn_blocking(move || -> Result<LoadedRuntime, ServeError> {
+            let mut runtime = LoadedRuntime::load(&options)?;
+            if let Some(path) = chat_template_path {
+                runtime.chat_template = Some(Arc::new(load_chat_template(&path, &runtime)?));
+            }
+            Ok(runtime)
+        })
+        .await
+        .map_err(|e| ServeError::Join(e.to_string()))??;
+
+        let model_config = runtime.runner.model().config().clone();
+        let t = runtime.times;
+        tracing::info!(
+            seconds = format!("{:.2}", t.model_seconds),
+            arch = %model_config.architecture,
+            layers = model_config.num_layers,
+            vocab = model_config.vocab_size,
+            context = model_config.max_position_embeddings,
+            "model loaded"
+        );
+        tracing::info!(
+            seconds = format!("{:.2}", t.tokenizer_seconds),
+            vocab = runtime.tokenizer.vocab_size(),
+            chat_template = runtime.chat_template.is_some(),
+            "tokenizer loaded"
+        );
+        let ec = runtime.engine_config.clone();
+        tracing::info!(
+            seconds = format!("{:.2}", t.cache_seconds),
+            blocks = ec.num_blocks,
+            block_size = ec.block_size,
+            tokens = ec.cache_capacity_tokens(),
+            gib = format!("{:.3}", runtime.kv_cache_bytes as f64 / (1u64 << 30) as f64),
+            "KV cache allocated"
+        );
+
+        let model_name = config.served_model_names[0].clone();
+        let metrics = Arc::new(Metrics::new(config.metrics_prefix, &model_name, ec.max_model_len)?);
+        let vocab_size = model_config.vocab_size;
+        let engine_shutdown = Shutdown::new();
+        let engine_started = Instant::now();
+        let running = runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
+        tracing::info!(
+            seconds = format!("{:.2}", engine_started.elapsed().as_secs_f64()),
+            max_model_len = ec.max_model_len,
+            max_num_seqs = ec.max_num_seqs,
+            max_num_batched_tokens = ec.max_num_batched_tokens,
+            max_waiting_requests = ec.max_waiting_requests,
+            prefix_caching = ec.enable_prefix_caching,
+            "engine started"
+        );
+
+        let state = Arc::new(AppState {
+            eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
+            prompts: PromptBuilder::new(Arc::clone(&running.tokenizer), running.chat_template.clone(), vocab_size),
+            engine: running.engine,
+            metrics,
+            model: ModelInfo {
+                served_names: config.served_model_names.clone(),
+                root: config.model.clone(),
+                created: crate::openai::unix_now(),
+            },
+            limits: Limits { vocab_size, max_model_len: ec.max_model_len, max_logprobs: config.max_logprobs },
+        });
+        let http = HttpOptions {
+            api_key: config.api_key.clone(),
+            allowed_origins: config.allowed_origins.clone(),
+            max_request_body_bytes: config.max_request_body_bytes,
+        };
+        let router = router(Arc::clone(&state), &http);
+        let addr = config.bind_addr();
+        let listener = match TcpListener::bind(&addr).await {
+            Ok(l) => l,
+            Err(source) => {
+                engine_shutdown.trigger();
+                return Err(ServeError::Bind { addr, source });
+            }
+        };
+        Ok(Self {
+            state,
+            router,
+            listener,
+            engine_thread: running.engine_thread,
+            engine_shutdown,
+            grace: config.shutdown_timeout,
+            started,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn state(&self) -> &SharedState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then drains (up to the grace period) and stops the
+    /// engine.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+        let addr = self.listener.local_addr()?;
+        tracing::info!(
+            seconds = format!("{:.2}", self.started.elapsed().as_secs_f64()),
+            model = %self.state.model.served_names[0],
+            "ready on http://{addr}"
+        );
+        let signalled = Arc::new(Notify::new());
+        let notify = Arc::clone(&signalled);
+        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
+            shutdown.await;
+            notify.notify_one();
+        });
+        let serve = async move { server.await };
+        tokio::pin!(serve);
+        let result = tokio::select! {
+            result = &mut serve => result,
+            () = signalled.notified() => {
+                tracing::info!(
+                    grace_seconds = self.grace.as_secs_f64(),
+                    running = self.state.engine.stats().num_requests,
+                    "shutting down: no new connections; finishing requests in flight"
+                );
+                match tokio::time::timeout(self.grace, &mut serve).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        tracing::warn!("grace period over: aborting the requests still in flight");
+                        Ok(())
+                    }
+                }
+            }
+        };
+        // Dropping the server (if the grace period ran out) closed its connections; now stop
+        // the engine, which ends whatever is left, and wait for its thread.
+        drop(serve);
+        self.engine_shutdown.trigger();
+        let thread = self.engine_thread;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .map_err(|e| ServeError::Join(e.to_string()))?
+            .map_err(|_| ServeError::Join("the engine thread panicked".into()))?;
+        tracing::info!("shut down");
+        result.map_err(ServeError::Io)
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}

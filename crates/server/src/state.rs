@@ -1,0 +1,79 @@
+//! What every handler shares: the engine handle, the prompt builder (tokenizer and chat
+//! template), the metrics, the served model's identity and the request limits.
+
+use std::sync::Arc;
+
+use pagoda_engine::EngineHandle;
+
+use crate::error::ApiError;
+use crate::metrics::{EngineSnapshot, Metrics};
+use crate::prompt::PromptBuilder;
+use crate::validate::Limits;
+
+/// The served model as `/v1/models` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// Names clients may use; the first is the one responses carry.
+    pub served_names: Vec<String>,
+    /// What `--model` pointed at.
+    pub root: String,
+    /// Seconds since the epoch at start-up.
+    pub created: u64,
+}
+
+impl ModelInfo {
+    /// The name to answer with: the requested one if it is served (404 if not), else the first.
+    pub fn resolve(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        match requested {
+            None | Some("") => Ok(self.served_names[0].clone()),
+            Some(name) if self.served_names.iter().any(|n| n == name) => Ok(name.to_owned()),
+            Some(name) => Err(ApiError::ModelNotFound(name.to_owned())),
+        }
+    }
+}
+
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub prompts: PromptBuilder,
+    pub metrics: Arc<Metrics>,
+    pub model: ModelInfo,
+    pub limits: Limits,
+    /// The model's end-of-sequence ids, a stop condition of every request.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("model", &self.model).field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    /// Copies the engine's gauges and counters into the metrics (at scrape time).
+    pub fn refresh_engine_metrics(&self) {
+        let s = self.engine.stats();
+        self.metrics.record_engine(&EngineSnapshot {
+            num_running: s.num_running_seqs,
+            num_waiting: s.num_waiting_seqs,
+            kv_cache_usage: s.kv_usage(),
+            num_preemptions: s.num_preemptions,
+            prefix_cache_queries: s.prefix_cache_queries,
+            prefix_cache_hits: s.prefix_cache_hits,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_resolve_or_404() {
+        let info = ModelInfo { served_names: vec!["a".into(), "b".into()], root: "x".into(), created: 0 };
+        assert_eq!(info.resolve(None).unwrap(), "a");
+        assert_eq!(info.resolve(Some("b")).unwrap(), "b");
+        assert_eq!(info.resolve(Some("c")), Err(ApiError::ModelNotFound("c".into())));
+    }
+}

@@ -1,0 +1,149 @@
+//! Hands validated prompts to the engine: checks each prompt against the context length, builds
+//! the engine [`Request`]s (no wire type crosses), submits them (admission may refuse: 429/503)
+//! and merges their event streams into one stream of [`ChoiceEvent`]s, each observed by a
+//! [`RequestTracker`]. Dropping the merged stream drops the engine streams, which aborts the
+//! requests and frees their KV blocks.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::stream::{self, BoxStream, StreamExt};
+use pagoda_engine::{Request, RequestStream, StopConditions, TokenEvent};
+
+use crate::error::ApiError;
+use crate::prompt::TokenizedPrompt;
+use crate::state::AppState;
+use crate::tracker::RequestTracker;
+use crate::validate::{resolve_max_tokens, GenerationParams};
+
+/// One engine event, with the OpenAI choice index it belongs to (`prompt * n + sample`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceEvent {
+    pub choice: usize,
+    pub event: TokenEvent,
+}
+
+/// The requests of one API call, in flight.
+pub struct Submission {
+    pub prompts: Vec<TokenizedPrompt>,
+    /// Choices per prompt.
+    pub n: usize,
+    /// Whether the client asked for logprobs.
+    pub wants_logprobs: bool,
+    pub events: BoxStream<'static, ChoiceEvent>,
+}
+
+impl Submission {
+    pub fn num_choices(&self) -> usize {
+        self.prompts.len() * self.n
+    }
+}
+
+fn events_of(prompt: usize, n: usize, stream: RequestStream, tracker: RequestTracker) -> BoxStream<'static, ChoiceEvent> {
+    stream::unfold((stream, tracker), move |(mut stream, mut tracker)| async move {
+        let event = stream.recv().await?;
+        tracker.observe(&event);
+        let choice = prompt * n + event.index;
+        Some((ChoiceEvent { choice, event }, (stream, tracker)))
+    })
+    .boxed()
+}
+
+/// Submits one engine request per prompt; either all are admitted or none stays in flight.
+pub fn submit(
+    state: &AppState,
+    prompts: Vec<TokenizedPrompt>,
+    params: &GenerationParams,
+    arrival: Instant,
+) -> Result<Submission, ApiError> {
+    let max_model_len = state.limits.max_model_len;
+    let max_tokens = prompts
+        .iter()
+        .map(|p| resolve_max_tokens(p.token_ids.len(), params.max_tokens, max_model_len))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sampling = Arc::new(params.sampling.clone());
+    let stop = StopConditions {
+        eos_token_ids: state.eos_token_ids.clone(),
+        ignore_eos: params.ignore_eos,
+        stop_token_ids: params.stop_token_ids.clone(),
+        stop_strings: params.stop.clone(),
+        min_tokens: params.min_tokens,
+    };
+    let mut streams = Vec::with_capacity(prompts.len());
+    for (i, (prompt, max_tokens)) in prompts.iter().zip(max_tokens).enumerate() {
+        let mut request =
+            Request::new(state.engine.next_request_id(), prompt.token_ids.clone(), Arc::clone(&sampling))
+                .with_max_tokens(max_tokens)
+                .with_stop(stop.clone())
+                .with_n(params.n)
+                .with_arrival(arrival);
+        request.skip_special_tokens = params.skip_special_tokens;
+        // On error the streams submitted so far are dropped, which aborts them.
+        let stream = state.engine.submit(request)?;
+        let tracker = RequestTracker::new(Arc::clone(&state.metrics), arrival, prompt.token_ids.len(), params.n);
+        streams.push(events_of(i, params.n, stream, tracker));
+    }
+    Ok(Submission {
+        prompts,
+        n: params.n,
+        wants_logprobs: params.sampling.logprobs.is_some(),
+        events: stream::select_all(streams).boxed() })
+}
+
+/// The error for an engine event that failed a request: 503 if the engine is gone, else 500.
+/// Only the first line of the engine's message reaches the client (no backtraces); the whole
+/// message is logged.
+pub fn failure(state: &AppState, message: &str) -> ApiError {
+    tracing::error!(error = message, "request failed in the engine");
+    let first_line = message.lines().next().unwrap_or_default().to_owned();
+    if state.engine.is_alive() {
+        ApiError::Internal(first_line)
+    } else {
+        ApiError::EngineUnavailable(first_line)
+    }
+}
+
+/// Everything one choice produced, for a non-streamed response.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChoiceOutput {
+    pub text: String,
+    pub num_tokens: usize,
+    pub logprobs: Vec<pagoda_engine::TopLogprobs>,
+    pub finish: Option<pagoda_engine::FinishReason>,
+}
+
+/// All choices of a submission, once every request has ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Collected {
+    pub choices: Vec<ChoiceOutput>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Submission {
+    /// Waits for every event. A failed request fails the whole call.
+    pub async fn collect(mut self, state: &AppState) -> Result<(Vec<TokenizedPrompt>, Collected), ApiError> {
+        let mut out = Collected { choices: vec![ChoiceOutput::default(); self.num_choices()], ..Default::default() };
+        while let Some(ChoiceEvent { choice, event }) = self.events.next().await {
+            if let Some(pagoda_engine::FinishReason::Error(message)) = &event.finished {
+                return Err(failure(state, message));
+            }
+            if let Some(usage) = event.usage {
+                out.prompt_tokens += usage.prompt_tokens;
+                out.completion_tokens += usage.completion_tokens;
+            }
+            let Some(c) = out.choices.get_mut(choice) else {
+                return Err(ApiError::Internal(format!("the engine sent an event for unknown choice {choice}")));
+            };
+            c.text.push_str(&event.text);
+            c.num_tokens += event.token_ids.len();
+            if let Some(lp) = event.logprobs {
+                c.logprobs.extend(lp);
+            }
+            if event.finished.is_some() {
+                c.finish = event.finished;
+            }
+        }
+        Ok((self.prompts, out))
+    }
+}

@@ -1,0 +1,205 @@
+//! Starting real servers with the real model on 127.0.0.1:0, and small HTTP/SSE helpers.
+//!
+//! Each server runs on its own thread with its own tokio runtime, so it outlives any one
+//! test's runtime; [`TestServer::stop`] drives its shutdown like a signal would.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use futures_util::StreamExt;
+use pagoda_server::config::{ServeArgs, ServerConfig};
+use pagoda_server::server::Server;
+use serde_json::Value;
+
+pub const API_KEY: &str = "e2e-secret";
+
+/// The default model; its absence fails the tests (run `make model`).
+pub fn model_path() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "{} is missing: run `make model` first", path.display());
+    path
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<Result<()>>>>,
+}
+
+impl TestServer {
+    /// Starts `pagoda serve` in-process with the real model and `extra` flags.
+    pub fn start(extra: &[&str]) -> TestServer {
+        let model = model_path();
+        let mut argv = vec![
+            "pagoda".to_owned(),
+            "--model".to_owned(),
+            model.display().to_string(),
+            "--served-model-name".to_owned(),
+            "smol".to_owned(),
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--kv-cache-memory".to_owned(),
+            "96MiB".to_owned(),
+            "--max-model-len".to_owned(),
+            "1024".to_owned(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let args = Cli::try_parse_from(argv).expect("test flags parse").args;
+        let config = ServerConfig::from_args(args).expect("test config is valid");
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || -> Result<()> {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(async move {
+                let server = match Server::build(&config).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = addr_tx.send(Err(e.to_string()));
+                        bail!("start-up failed: {e}");
+                    }
+                };
+                let _ = addr_tx.send(Ok(server.local_addr()?));
+                server
+                    .run(async move {
+                        let _ = stop_rx.await;
+                    })
+                    .await?;
+                Ok(())
+            })
+        });
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("server start-up timed out")
+            .unwrap_or_else(|e| panic!("server failed to start: {e}"));
+        TestServer {
+            addr,
+            stop: std::sync::Mutex::new(Some(stop_tx)),
+            thread: std::sync::Mutex::new(Some(thread)),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Sends the shutdown signal without waiting.
+    pub fn signal_stop(&self) {
+        if let Some(tx) = self.stop.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Signals shutdown and waits until the server has exited (from a blocking context).
+    pub fn join(&self) -> Result<()> {
+        self.signal_stop();
+        let thread = self.thread.lock().unwrap().take().context("already joined")?;
+        thread.join().map_err(|_| anyhow::anyhow!("server thread panicked"))?
+    }
+}
+
+/// The server most tests share: API key required, a small body limit.
+pub fn shared() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        TestServer::start(&["--api-key", API_KEY, "--max-request-body-bytes", "64KiB", "--max-num-seqs", "64"])
+    })
+}
+
+/// A client that sends the shared server's API key.
+pub fn client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {API_KEY}").parse().unwrap());
+    reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(300)).build().unwrap()
+}
+
+/// POSTs `body` and returns the status and JSON body.
+pub async fn post_json(client: &reqwest::Client, url: &str, body: &Value) -> Result<(u16, Value)> {
+    let resp = client.post(url).json(body).send().await?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await?;
+    let json = serde_json::from_str(&text).with_context(|| format!("not JSON ({status}): {text}"))?;
+    Ok((status, json))
+}
+
+/// Asserts the OpenAI error shape and returns the error object.
+pub fn assert_error_shape(body: &Value) -> &serde_json::Map<String, Value> {
+    let error = body.get("error").and_then(Value::as_object).unwrap_or_else(|| panic!("no error object: {body}"));
+    for key in ["message", "type", "param", "code"] {
+        assert!(error.contains_key(key), "error lacks {key}: {body}");
+    }
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(error["type"].is_string(), "{body}");
+    error
+}
+
+/// Reads a whole SSE response: the JSON of each `data:` event, and whether `[DONE]` came last.
+pub async fn read_sse(resp: reqwest::Response) -> Result<(Vec<Value>, bool)> {
+    let mut events = SseReader::new(resp);
+    let mut out = Vec::new();
+    while let Some(data) = events.next_data().await? {
+        if data == "[DONE]" {
+            if events.next_data().await?.is_some() {
+                bail!("data after [DONE]");
+            }
+            return Ok((out, true));
+        }
+        out.push(serde_json::from_str(&data).with_context(|| format!("bad event {data}"))?);
+    }
+    Ok((out, false))
+}
+
+/// Incremental SSE reader over a response body.
+pub struct SseReader {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<axum::body::Bytes>>,
+    buf: String,
+}
+
+impl SseReader {
+    pub fn new(resp: reqwest::Response) -> Self {
+        Self { body: resp.bytes_stream().boxed(), buf: String::new() }
+    }
+
+    /// The next event's `data:` payload; `None` at the end of the body.
+    pub async fn next_data(&mut self) -> Result<Option<String>> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let event: String = self.buf.drain(..end + 2).collect();
+                let data: Vec<&str> =
+                    event.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.trim_start()).collect();
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Ok(Some(data.join("\n")));
+            }
+            match self.body.next().await {
+                Some(chunk) => self.buf.push_str(std::str::from_utf8(&chunk?)?),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// The value of the first sample of `metric` whose labels contain `labels` in /metrics text.
+pub fn metric(text: &str, metric: &str, labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.split_once(['{', ' ']).is_some_and(|(name, _)| name == metric) && (labels.is_empty() || l.contains(labels))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub async fn metrics_text(client: &reqwest::Client, server: &TestServer) -> Result<String> {
+    Ok(client.get(server.url("/metrics")).send().await?.error_for_status()?.text().await?)
+}
