@@ -55,7 +55,13 @@ fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
 
 impl BlockManager {
     pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> Self {
-        Self { pool: BlockPool::new(num_blocks), block_size: block_size.max(1), prefix_caching, queries: 0, hits: 0 }
+        Self {
+            pool: BlockPool::new(num_blocks),
+            block_size: block_size.max(1),
+            prefix_caching,
+            queries: 0,
+            hits: 0,
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -150,7 +156,8 @@ impl BlockManager {
 
     /// Largest `q <= want` that admitting with `plan` can compute with the free blocks.
     pub fn admission_max_tokens(&self, plan: &AdmissionPlan, want: usize) -> usize {
-        let spare = self.pool.num_free().saturating_sub(plan.from_free + usize::from(plan.cow(self.block_size)));
+        let spare =
+            self.pool.num_free().saturating_sub(plan.from_free + usize::from(plan.cow(self.block_size)));
         let fits = (plan.blocks.len() + spare) * self.block_size;
         want.min(fits.saturating_sub(plan.num_cached_tokens))
     }

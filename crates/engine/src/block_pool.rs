@@ -147,11 +147,17 @@ impl BlockPool {
     }
 
     /// The cached block holding `tokens` after `parent`, if any.
-    pub fn lookup(&self, hash: u64, parent: Option<CachedBlockRef>, tokens: &[u32]) -> Option<CachedBlockRef> {
+    pub fn lookup(
+        &self,
+        hash: u64,
+        parent: Option<CachedBlockRef>,
+        tokens: &[u32],
+    ) -> Option<CachedBlockRef> {
         let &id = self.index.get(&hash)?;
         let block = &self.blocks[id as usize];
         let entry = block.cached.as_ref()?;
-        (entry.parent == parent && *entry.tokens == *tokens).then_some(CachedBlockRef { id, generation: block.generation })
+        (entry.parent == parent && *entry.tokens == *tokens)
+            .then_some(CachedBlockRef { id, generation: block.generation })
     }
 
     /// Offers block `id`, now full with `tokens` after `parent`, to the cache. Returns the
@@ -205,10 +211,18 @@ impl BlockPool {
         }
         let unreferenced = self.blocks.iter().filter(|b| b.ref_count == 0).count();
         if seen != self.num_free || unreferenced != self.num_free {
-            return Err(format!("num_free {} but {seen} listed and {unreferenced} unreferenced", self.num_free));
+            return Err(format!(
+                "num_free {} but {seen} listed and {unreferenced} unreferenced",
+                self.num_free
+            ));
         }
         if self.num_free + self.num_used != self.blocks.len() {
-            return Err(format!("{} free + {} used != {} blocks", self.num_free, self.num_used, self.blocks.len()));
+            return Err(format!(
+                "{} free + {} used != {} blocks",
+                self.num_free,
+                self.num_used,
+                self.blocks.len()
+            ));
         }
         for (&hash, &id) in &self.index {
             match &self.blocks[id as usize].cached {

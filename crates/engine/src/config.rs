@@ -10,6 +10,11 @@ pub enum ConfigError {
          max_model_len is {max_model_len}: lower max_model_len or give the cache more memory"
     )]
     CacheTooSmall { capacity: usize, num_blocks: usize, block_size: usize, max_model_len: usize },
+    #[error(
+        "max_num_batched_tokens ({budget}) must be at least max_num_seqs ({max_num_seqs}), \
+         or some running sequences could not decode in a step"
+    )]
+    BudgetBelowSeqs { budget: usize, max_num_seqs: usize },
     #[error("block ids are u32: {0} blocks is too many")]
     TooManyBlocks(usize),
     #[error("block_size {config} does not match the executor's {executor}")]
@@ -74,7 +79,13 @@ impl EngineConfig {
         if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
             return Err(ConfigError::Zero(name));
         }
-        if self.num_blocks > u32::MAX as usize {
+        if self.max_num_batched_tokens < self.max_num_seqs {
+            return Err(ConfigError::BudgetBelowSeqs {
+                budget: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+            });
+        }
+        if self.num_blocks >= u32::MAX as usize {
             return Err(ConfigError::TooManyBlocks(self.num_blocks));
         }
         // One sequence must always fit on its own, otherwise preemption could never make room
@@ -94,10 +105,16 @@ impl EngineConfig {
     pub fn validate_for(&self, executor: &dyn crate::ModelExecutor) -> Result<(), ConfigError> {
         self.validate()?;
         if self.block_size != executor.block_size() {
-            return Err(ConfigError::BlockSizeMismatch { config: self.block_size, executor: executor.block_size() });
+            return Err(ConfigError::BlockSizeMismatch {
+                config: self.block_size,
+                executor: executor.block_size(),
+            });
         }
         if self.num_blocks > executor.num_blocks() {
-            return Err(ConfigError::NumBlocksMismatch { config: self.num_blocks, executor: executor.num_blocks() });
+            return Err(ConfigError::NumBlocksMismatch {
+                config: self.num_blocks,
+                executor: executor.num_blocks(),
+            });
         }
         Ok(())
     }
@@ -119,6 +136,13 @@ mod tests {
         assert_eq!(c.validate(), Err(ConfigError::Zero("max_num_seqs")));
         let c = EngineConfig::new(0, 128, 2048);
         assert_eq!(c.validate(), Err(ConfigError::Zero("block_size")));
+    }
+
+    #[test]
+    fn budget_must_cover_one_token_per_sequence() {
+        let mut c = EngineConfig::new(16, 128, 2048);
+        c.max_num_batched_tokens = 100;
+        assert_eq!(c.validate(), Err(ConfigError::BudgetBelowSeqs { budget: 100, max_num_seqs: 256 }));
     }
 
     #[test]

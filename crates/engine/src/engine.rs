@@ -5,7 +5,7 @@
 //! No request is lost: every stream ends with a last event (finished, aborted or failed), also
 //! when the executor fails, at shutdown, and — through `Drop` — if the loop itself panics.
 
-use std::sync::mpsc::{self, TryRecvError};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -16,8 +16,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::config::EngineConfig;
 use crate::event::{FinishReason, TokenEvent, Usage};
 use crate::executor::{ExecutorError, ModelExecutor};
-use crate::id_map::IdMap;
 use crate::handle::{Command, EngineError, EngineHandle, HandleInner, Shared, Shutdown};
+use crate::id_map::IdMap;
 use crate::request::RequestId;
 use crate::scheduler::{AddRequestError, Scheduler, StepEvents};
 use crate::stats::{EngineObserver, StepStats};
@@ -110,11 +110,10 @@ impl<E: ModelExecutor> EngineLoop<E> {
                     }
                 }
             }
-            loop {
-                match self.rx.try_recv() {
-                    Ok(cmd) => self.handle(cmd),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
+            // Take whatever else is queued without blocking (a closed channel is handled above,
+            // once nothing is in flight).
+            while let Ok(cmd) = self.rx.try_recv() {
+                self.handle(cmd);
             }
             if self.shutdown.is_triggered() {
                 continue;
@@ -160,7 +159,8 @@ impl<E: ModelExecutor> EngineLoop<E> {
 
     /// Aborts requests whose receiver is gone, so their blocks are free for this step.
     fn reap_closed_streams(&mut self) {
-        let closed: Vec<RequestId> = self.streams.iter().filter(|(_, tx)| tx.is_closed()).map(|(&id, _)| id).collect();
+        let closed: Vec<RequestId> =
+            self.streams.iter().filter(|(_, tx)| tx.is_closed()).map(|(&id, _)| id).collect();
         for id in closed {
             self.streams.remove(&id);
             self.scheduler.abort_request(id, FinishReason::Abort, &mut self.events);

@@ -70,7 +70,9 @@ impl FakeExecutor {
     pub fn logits_for(history: &[u32], vocab_size: usize, out: &mut Vec<f32>) {
         let h = history.iter().fold(combine(0xFA4E, history.len() as u64), |h, &t| combine(h, u64::from(t)));
         out.clear();
-        out.extend((0..vocab_size as u64).map(|i| (mix64(h ^ i) >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0));
+        out.extend(
+            (0..vocab_size as u64).map(|i| (mix64(h ^ i) >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0),
+        );
     }
 
     fn slot(&self, seq: &ScheduledSeq, pos: usize) -> Result<usize, ExecutorError> {
@@ -78,7 +80,10 @@ impl FakeExecutor {
             ExecutorError::InvalidBatch(format!("sequence {}: no block for position {pos}", seq.seq_id))
         })? as usize;
         if block >= self.num_blocks {
-            return Err(ExecutorError::InvalidBatch(format!("sequence {}: block {block} out of range", seq.seq_id)));
+            return Err(ExecutorError::InvalidBatch(format!(
+                "sequence {}: block {block} out of range",
+                seq.seq_id
+            )));
         }
         Ok(block * self.block_size + pos % self.block_size)
     }
@@ -119,8 +124,10 @@ impl ModelExecutor for FakeExecutor {
                 self.history.push(slot.token);
             }
             Self::logits_for(&self.history, self.vocab_size, &mut self.logits);
-            let (token_id, logprobs) =
-                self.sampler.sample(&mut self.logits, req).map_err(|e| ExecutorError::Execution(e.to_string()))?;
+            let (token_id, logprobs) = self
+                .sampler
+                .sample(&mut self.logits, req)
+                .map_err(|e| ExecutorError::Execution(e.to_string()))?;
             sampled.push(SampledToken { seq_id: seq.seq_id, token_id, logprobs });
         }
         Ok(StepOutput { sampled })

@@ -26,13 +26,13 @@ pub use config::{ConfigError, EngineConfig};
 pub use engine::Engine;
 pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{
-    ExecutorError, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq,
-    SeqId, StepOutput, TokenLogprob, TopLogprobs,
+    ExecutorError, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId,
+    StepOutput, TokenLogprob, TopLogprobs,
 };
 pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
+pub use pagoda_text::TokenDecoder;
 pub use request::{Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};
 pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
 pub use sequence::{SeqStatus, Sequence};
 pub use stats::{EngineObserver, EngineStatsSnapshot, NoopObserver, StepStats};
-pub use pagoda_text::TokenDecoder;

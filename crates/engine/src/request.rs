@@ -98,7 +98,11 @@ impl Request {
         let max_tokens = match self.max_tokens {
             Some(0) => return Err(RequestError::ZeroMaxTokens),
             Some(m) if prompt_len.saturating_add(m) > config.max_model_len => {
-                return Err(RequestError::TooLong { prompt_len, max_tokens: m, max_model_len: config.max_model_len })
+                return Err(RequestError::TooLong {
+                    prompt_len,
+                    max_tokens: m,
+                    max_model_len: config.max_model_len,
+                })
             }
             Some(m) => m,
             None => config.max_model_len - prompt_len,
@@ -122,7 +126,9 @@ impl Request {
 pub enum RequestError {
     #[error("the prompt is empty")]
     EmptyPrompt,
-    #[error("the prompt has {prompt_len} tokens; this model's maximum context length is {max_model_len} tokens")]
+    #[error(
+        "the prompt has {prompt_len} tokens; this model's maximum context length is {max_model_len} tokens"
+    )]
     PromptTooLong { prompt_len: usize, max_model_len: usize },
     #[error(
         "this model's maximum context length is {max_model_len} tokens; the request asks for \

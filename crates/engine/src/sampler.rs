@@ -46,7 +46,10 @@ pub fn sample(logits: &mut [f32], req: &SampleRequest) -> (u32, Option<TopLogpro
 }
 
 /// Samples one token from `logits` (modified in place) with a thread-local [`Sampler`].
-pub fn try_sample(logits: &mut [f32], req: &SampleRequest) -> Result<(u32, Option<TopLogprobs>), SampleError> {
+pub fn try_sample(
+    logits: &mut [f32],
+    req: &SampleRequest,
+) -> Result<(u32, Option<TopLogprobs>), SampleError> {
     SAMPLER.with(|s| s.borrow_mut().sample(logits, req))
 }
 
@@ -105,7 +108,13 @@ impl Sampler {
     }
 
     /// Repetition penalty over prompt and output; frequency and presence over the output only.
-    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize, p: &SamplingParams) {
+    fn apply_penalties(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        prompt_len: usize,
+        p: &SamplingParams,
+    ) {
         let vocab = logits.len();
         if p.repetition_penalty != 1.0 {
             self.ids.clear();
@@ -130,7 +139,13 @@ impl Sampler {
     }
 
     /// Temperature, min-p, top-k, top-p, then one seeded draw.
-    fn draw(&mut self, logits: &[f32], p: &SamplingParams, seed: u64, counter: u64) -> Result<u32, SampleError> {
+    fn draw(
+        &mut self,
+        logits: &[f32],
+        p: &SamplingParams,
+        seed: u64,
+        counter: u64,
+    ) -> Result<u32, SampleError> {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if max == f32::NEG_INFINITY {
             return Err(SampleError::NoCandidate);
@@ -205,9 +220,16 @@ impl Sampler {
         };
         let logprob = |l: f32| {
             let l = clean(l);
-            if l == f32::NEG_INFINITY || !lse.is_finite() { f32::NEG_INFINITY } else { (f64::from(l) - lse) as f32 }
+            if l == f32::NEG_INFINITY || !lse.is_finite() {
+                f32::NEG_INFINITY
+            } else {
+                (f64::from(l) - lse) as f32
+            }
         };
-        let sampled = TokenLogprob { token_id: token, logprob: raw.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)) };
+        let sampled = TokenLogprob {
+            token_id: token,
+            logprob: raw.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        };
         let cand = &mut self.candidates;
         cand.clear();
         cand.extend(raw.iter().enumerate().map(|(i, &l)| (clean(l), i as u32)));

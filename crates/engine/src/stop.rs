@@ -60,7 +60,10 @@ impl OutputProcessor {
             let outcome = self.matcher.push(&delta);
             if let Some(i) = outcome.stopped {
                 let which = stop.stop_strings.get(i).cloned().unwrap_or_default();
-                return TokenOutcome { text: outcome.emit, finish: Some(FinishReason::Stop(StopReason::StopString(which))) };
+                return TokenOutcome {
+                    text: outcome.emit,
+                    finish: Some(FinishReason::Stop(StopReason::StopString(which))),
+                };
             }
             outcome.emit
         } else {
@@ -74,7 +77,13 @@ impl OutputProcessor {
 
     /// Ends the sample for `reason`, releasing text still held back; a stop string found in
     /// that tail takes precedence (and is cut off).
-    fn finish(&mut self, decoder: &dyn TokenDecoder, stop: &StopConditions, mut text: String, reason: FinishReason) -> TokenOutcome {
+    fn finish(
+        &mut self,
+        decoder: &dyn TokenDecoder,
+        stop: &StopConditions,
+        mut text: String,
+        reason: FinishReason,
+    ) -> TokenOutcome {
         let tail = self.detok.flush(decoder);
         if self.matcher.is_empty() {
             text.push_str(&tail);
@@ -105,7 +114,11 @@ mod tests {
         }
     }
 
-    fn run(stop: &StopConditions, tokens: &[u32], max_tokens: usize) -> (String, Option<FinishReason>, usize) {
+    fn run(
+        stop: &StopConditions,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> (String, Option<FinishReason>, usize) {
         let mut p = OutputProcessor::new(&[0], true, stop);
         let mut text = String::new();
         for (i, &t) in tokens.iter().enumerate() {
@@ -121,7 +134,10 @@ mod tests {
     #[test]
     fn eos_stops_without_its_text_unless_ignored() {
         let stop = StopConditions { eos_token_ids: vec![2], ..Default::default() };
-        assert_eq!(run(&stop, &[0, 1, 2, 0], 10), ("ab".into(), Some(FinishReason::Stop(StopReason::Eos(2))), 3));
+        assert_eq!(
+            run(&stop, &[0, 1, 2, 0], 10),
+            ("ab".into(), Some(FinishReason::Stop(StopReason::Eos(2))), 3)
+        );
         let ignore = StopConditions { ignore_eos: true, ..stop };
         assert_eq!(run(&ignore, &[0, 2, 1], 10), ("a<eos>b".into(), None, 3));
     }
@@ -148,7 +164,8 @@ mod tests {
 
     #[test]
     fn held_text_is_released_at_length_and_at_eos() {
-        let stop = StopConditions { stop_strings: vec!["ab!".into()], eos_token_ids: vec![2], ..Default::default() };
+        let stop =
+            StopConditions { stop_strings: vec!["ab!".into()], eos_token_ids: vec![2], ..Default::default() };
         // "ab" is held as a possible start of "ab!" until the sample ends.
         assert_eq!(run(&stop, &[0, 1], 2), ("ab".into(), Some(FinishReason::Length), 2));
         assert_eq!(run(&stop, &[0, 1, 2], 5), ("ab".into(), Some(FinishReason::Stop(StopReason::Eos(2))), 3));

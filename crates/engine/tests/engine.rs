@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use common::{reference, Collected, VOCAB};
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
 use pagoda_engine::{
-    Engine, EngineConfig, EngineError, EngineHandle, EngineObserver, ExecutorError, FinishReason, ModelExecutor,
-    Request, RequestError, RequestMetrics, RequestStream, SamplingParams, ScheduledBatch, Shutdown, StepOutput,
-    StepStats,
+    Engine, EngineConfig, EngineError, EngineHandle, EngineObserver, ExecutorError, FinishReason,
+    ModelExecutor, Request, RequestError, RequestMetrics, RequestStream, SamplingParams, ScheduledBatch,
+    Shutdown, StepOutput, StepStats,
 };
 
 const MAX_MODEL_LEN: usize = 256;
@@ -106,7 +106,8 @@ fn start(config: EngineConfig, gated: bool) -> TestEngine {
     let recorder = Arc::new(Recorder::default());
     let shutdown = Shutdown::new();
     let observer: Arc<dyn EngineObserver> = recorder.clone();
-    let (handle, thread) = Engine::spawn(config, exec, Arc::new(FakeDecoder), observer, shutdown.clone()).unwrap();
+    let (handle, thread) =
+        Engine::spawn(config, exec, Arc::new(FakeDecoder), observer, shutdown.clone()).unwrap();
     TestEngine { handle, thread: Some(thread), recorder, faults, shutdown, entered, go }
 }
 
@@ -352,9 +353,14 @@ fn dropping_handles_without_shutdown_ends_the_thread() {
     let faults = Arc::new(Faults::default());
     let exec = TestExecutor { inner: FakeExecutor::new(4, 256, VOCAB), faults, gate: None };
     let shutdown = Shutdown::new();
-    let (handle, thread) =
-        Engine::spawn(config(), exec, Arc::new(FakeDecoder), Arc::new(pagoda_engine::NoopObserver), shutdown.clone())
-            .unwrap();
+    let (handle, thread) = Engine::spawn(
+        config(),
+        exec,
+        Arc::new(FakeDecoder),
+        Arc::new(pagoda_engine::NoopObserver),
+        shutdown.clone(),
+    )
+    .unwrap();
     let mut s = handle.submit(request(71, 6, 3)).unwrap();
     drop(handle);
     // The request in flight still completes, then the idle thread exits.
@@ -371,7 +377,9 @@ fn duplicate_and_invalid_requests_are_refused() {
     let mut dup = e.handle.submit(request(80, 6, 10)).unwrap();
     e.release_all();
     let got = collect(&mut dup);
-    assert!(matches!(&got.samples[0].finish, Some(FinishReason::Error(m)) if m.contains("already in flight")));
+    assert!(
+        matches!(&got.samples[0].finish, Some(FinishReason::Error(m)) if m.contains("already in flight"))
+    );
     let err = e.handle.submit(request(81, MAX_MODEL_LEN, 1)).unwrap_err();
     assert!(matches!(err, EngineError::InvalidRequest(RequestError::PromptTooLong { .. })), "{err}");
     let err = e.handle.submit(request(82, 6, 1).with_n(0)).unwrap_err();
@@ -381,9 +389,15 @@ fn duplicate_and_invalid_requests_are_refused() {
 #[test]
 fn spawn_checks_the_config_against_the_executor() {
     let exec = FakeExecutor::new(8, 64, VOCAB);
-    let err = Engine::spawn(config(), exec, Arc::new(FakeDecoder), Arc::new(pagoda_engine::NoopObserver), Shutdown::new())
-        .err()
-        .unwrap();
+    let err = Engine::spawn(
+        config(),
+        exec,
+        Arc::new(FakeDecoder),
+        Arc::new(pagoda_engine::NoopObserver),
+        Shutdown::new(),
+    )
+    .err()
+    .unwrap();
     assert!(matches!(err, EngineError::Config(_)), "{err}");
 }
 
@@ -392,6 +406,7 @@ fn concurrent_submitters_get_their_solo_outputs() {
     let mut cfg = config();
     cfg.num_blocks = 80; // tight enough to preempt
     cfg.max_num_batched_tokens = 32;
+    cfg.max_num_seqs = 8;
     let e = start(cfg, false);
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
@@ -399,7 +414,8 @@ fn concurrent_submitters_get_their_solo_outputs() {
             std::thread::spawn(move || {
                 for i in 0..6u64 {
                     let id = 100 + t * 10 + i;
-                    let r = request(id, 8 + (id as usize % 30), 20 + (id as usize % 40)).with_n(1 + (id as usize % 2));
+                    let r = request(id, 8 + (id as usize % 30), 20 + (id as usize % 40))
+                        .with_n(1 + (id as usize % 2));
                     let mut s = handle.submit(r.clone()).unwrap();
                     assert_eq!(collect(&mut s).samples, reference(&r, MAX_MODEL_LEN), "request {id}");
                 }
@@ -413,4 +429,13 @@ fn concurrent_submitters_get_their_solo_outputs() {
         let s = e.handle.stats();
         s.num_requests == 0 && s.kv_blocks_used == 0 && s.num_finished_requests == 24
     });
+}
+
+#[test]
+fn handles_and_streams_cross_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    fn assert_send<T: Send>() {}
+    assert_send_sync::<EngineHandle>();
+    assert_send_sync::<Shutdown>();
+    assert_send::<RequestStream>();
 }

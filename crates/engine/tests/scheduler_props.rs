@@ -36,20 +36,26 @@ fn spec() -> impl Strategy<Value = Spec> {
         (any::<bool>(), 1usize..4, prop::option::of(0u32..VOCAB as u32), 0usize..3),
         (prop::option::of("[a-e]{1,3}"), any::<bool>(), 0usize..30, prop::option::weighted(0.2, 0usize..40)),
     )
-        .prop_map(|((base, shared, suffix, max_tokens), (greedy, n, eos, min_tokens), (stop_string, logprobs, arrival, abort_at))| Spec {
-            base,
-            shared,
-            suffix,
-            max_tokens,
-            greedy,
-            n,
-            eos,
-            min_tokens,
-            stop_string,
-            logprobs,
-            arrival,
-            abort_at,
-        })
+        .prop_map(
+            |(
+                (base, shared, suffix, max_tokens),
+                (greedy, n, eos, min_tokens),
+                (stop_string, logprobs, arrival, abort_at),
+            )| Spec {
+                base,
+                shared,
+                suffix,
+                max_tokens,
+                greedy,
+                n,
+                eos,
+                min_tokens,
+                stop_string,
+                logprobs,
+                arrival,
+                abort_at,
+            },
+        )
 }
 
 /// Three base prompts whose prefixes requests share, so the prefix cache gets hits.
@@ -89,14 +95,14 @@ proptest! {
     fn every_request_ends_blocks_return_and_outputs_match_solo_runs(
         block_size in prop::sample::select(vec![1usize, 2, 4, 8]),
         extra_blocks in 0usize..24,
-        budget in 1usize..64,
+        extra_budget in 0usize..64,
         max_num_seqs in 1usize..8,
         prefix_caching in any::<bool>(),
         specs in prop::collection::vec(spec(), 1..10),
     ) {
         let min_blocks = MAX_MODEL_LEN.div_ceil(block_size);
         let mut config = EngineConfig::new(block_size, min_blocks + extra_blocks, MAX_MODEL_LEN);
-        config.max_num_batched_tokens = budget;
+        config.max_num_batched_tokens = max_num_seqs + extra_budget;
         config.max_num_seqs = max_num_seqs;
         config.enable_prefix_caching = prefix_caching;
         let requests: Vec<Request> = specs.iter().enumerate().map(|(i, s)| build(i as u64, s, max_num_seqs)).collect();

@@ -13,7 +13,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(config: &LlamaConfig, num_blocks: usize, block_size: usize, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(
+        config: &LlamaConfig,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         if num_blocks == 0 || block_size == 0 {
             return Err(ModelError::InvalidOption(format!(
                 "the KV cache needs at least one block of at least one token (got {num_blocks} blocks of {block_size})"

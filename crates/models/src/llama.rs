@@ -47,7 +47,12 @@ pub struct Llama {
 }
 
 impl Llama {
-    pub fn load(source: &mut dyn WeightSource, config: LlamaConfig, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn load(
+        source: &mut dyn WeightSource,
+        config: LlamaConfig,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let c = &config;
         let embed_tokens = source.dense("token_embd.weight", &[c.vocab_size, c.hidden_size])?;
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -112,7 +117,8 @@ impl Llama {
                     pagoda_ops::rms_norm(&hidden, &layer.attn_norm, c.rms_norm_eps)?
                 }
                 Some(r) => {
-                    let (normed, sum) = pagoda_ops::add_rms_norm(&hidden, r, &layer.attn_norm, c.rms_norm_eps)?;
+                    let (normed, sum) =
+                        pagoda_ops::add_rms_norm(&hidden, r, &layer.attn_norm, c.rms_norm_eps)?;
                     residual = Some(sum);
                     normed
                 }

@@ -59,7 +59,10 @@ impl ModelRunner {
                 return Err(invalid("no tokens to compute".into()));
             }
             if seq.context_len() > max_len {
-                return Err(invalid(format!("context {} exceeds the model's {max_len} positions", seq.context_len())));
+                return Err(invalid(format!(
+                    "context {} exceeds the model's {max_len} positions",
+                    seq.context_len()
+                )));
             }
             if seq.block_table.len() * block_size < seq.context_len() {
                 return Err(invalid(format!(
@@ -94,8 +97,13 @@ impl ModelRunner {
         let flat = self.flatten(batch)?;
         let dev = &self.device;
         let block_tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_table.as_slice()).collect();
-        let attention =
-            AttentionMetadata::new(flat.slot_mapping, flat.cu_seqlens_q, flat.context_lens, &block_tables, dev)?;
+        let attention = AttentionMetadata::new(
+            flat.slot_mapping,
+            flat.cu_seqlens_q,
+            flat.context_lens,
+            &block_tables,
+            dev,
+        )?;
         let num_tokens = flat.input_ids.len();
         let num_rows = flat.logits_rows.len();
         let input_ids = Tensor::from_vec(flat.input_ids, num_tokens, dev)?;

@@ -18,7 +18,10 @@ fn dequantized_f32_path_matches_reference_logits_and_greedy_continuation() {
             let id = pair[0].as_u64().unwrap() as usize;
             let reference = pair[1].as_f64().unwrap() as f32;
             let ours = logits[id];
-            assert!((ours - reference).abs() <= 1e-3, "{name}: logit of token {id}: ours {ours}, reference {reference}");
+            assert!(
+                (ours - reference).abs() <= 1e-3,
+                "{name}: logit of token {id}: ours {ours}, reference {reference}"
+            );
         }
         assert_eq!(generated, expected, "{name}: greedy continuation differs");
     }
@@ -53,7 +56,11 @@ fn quantized_path_agrees_on_the_first_16_greedy_tokens() {
             assert_eq!(generated, expected[..16], "{name}: quantized greedy continuation differs");
         } else {
             let top2: Vec<u32> = top20[..2].iter().map(|p| p[0].as_u64().unwrap() as u32).collect();
-            assert!(top2.contains(&generated[0]), "{name}: first token {} not in the reference top 2", generated[0]);
+            assert!(
+                top2.contains(&generated[0]),
+                "{name}: first token {} not in the reference top 2",
+                generated[0]
+            );
         }
     }
 }

@@ -14,7 +14,12 @@ use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelRunner};
 /// llama.cpp stores Q/K rows so rotary pairs adjacent dims; Hugging Face pairs i with i + d/2.
 fn unpermute(w: &Tensor, heads: usize) -> Tensor {
     let (rows, cols) = w.dims2().unwrap();
-    w.reshape((heads, rows / heads / 2, 2, cols)).unwrap().transpose(1, 2).unwrap().reshape((rows, cols)).unwrap()
+    w.reshape((heads, rows / heads / 2, 2, cols))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+        .reshape((rows, cols))
+        .unwrap()
 }
 
 fn hf_name(gguf: &str) -> String {

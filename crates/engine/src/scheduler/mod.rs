@@ -230,10 +230,12 @@ impl Scheduler {
             stop,
         });
         let seq_id = self.new_seq_id();
-        let output = OutputProcessor::new(&request.prompt_token_ids, shared.skip_special_tokens, &shared.stop);
+        let output =
+            OutputProcessor::new(&request.prompt_token_ids, shared.skip_special_tokens, &shared.stop);
         let seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
         let fork_into = if shared.n > 1 { shared.n } else { 0 };
-        self.seqs.insert(seq_id, SeqEntry { seq, shared: shared.clone(), output, fork_into, last_scheduled: 0 });
+        self.seqs
+            .insert(seq_id, SeqEntry { seq, shared: shared.clone(), output, fork_into, last_scheduled: 0 });
         self.requests.insert(
             request.id,
             RequestState {
@@ -312,7 +314,8 @@ impl Scheduler {
         if state.timestamps.first_scheduled.is_none() {
             self.num_unstarted -= 1;
         }
-        let unfinished: Vec<usize> = (0..state.finish_reasons.len()).filter(|&i| state.finish_reasons[i].is_none()).collect();
+        let unfinished: Vec<usize> =
+            (0..state.finish_reasons.len()).filter(|&i| state.finish_reasons[i].is_none()).collect();
         for (k, &i) in unfinished.iter().enumerate() {
             state.finish_reasons[i] = Some(reason.clone());
             let mut event = TokenEvent::finish(i, reason.clone());
@@ -326,8 +329,11 @@ impl Scheduler {
 
     /// Fails every request with a sequence in the last scheduled batch (the step failed).
     pub fn fail_scheduled(&mut self, message: &str, out: &mut StepEvents) {
-        let mut ids: Vec<RequestId> =
-            self.scheduled.iter().filter_map(|s| self.seqs.get(&s.seq_id).map(|e| e.seq.request_id)).collect();
+        let mut ids: Vec<RequestId> = self
+            .scheduled
+            .iter()
+            .filter_map(|s| self.seqs.get(&s.seq_id).map(|e| e.seq.request_id))
+            .collect();
         ids.sort_unstable();
         ids.dedup();
         self.scheduled.clear();
@@ -353,7 +359,12 @@ impl Scheduler {
     }
 
     /// Fills in the request's usage and timestamps on its last event and records its metrics.
-    pub(crate) fn finalize(state: &mut RequestState, now: Instant, event: &mut TokenEvent, out: &mut StepEvents) {
+    pub(crate) fn finalize(
+        state: &mut RequestState,
+        now: Instant,
+        event: &mut TokenEvent,
+        out: &mut StepEvents,
+    ) {
         state.timestamps.finished = Some(now);
         let usage = Usage {
             prompt_tokens: state.shared.prompt_len,
@@ -366,7 +377,11 @@ impl Scheduler {
             request_id: state.shared.id,
             usage,
             timestamps: state.timestamps,
-            finish_reasons: state.finish_reasons.iter().map(|r| r.clone().unwrap_or(FinishReason::Abort)).collect(),
+            finish_reasons: state
+                .finish_reasons
+                .iter()
+                .map(|r| r.clone().unwrap_or(FinishReason::Abort))
+                .collect(),
             num_preemptions: state.num_preemptions,
         });
     }
@@ -432,7 +447,10 @@ impl Scheduler {
         }
         for id in &self.waiting {
             let e = self.seqs.get(id).ok_or_else(|| format!("waiting sequence {id} is gone"))?;
-            if !e.seq.block_table.is_empty() || e.seq.num_computed_tokens != 0 || e.seq.status != SeqStatus::Waiting {
+            if !e.seq.block_table.is_empty()
+                || e.seq.num_computed_tokens != 0
+                || e.seq.status != SeqStatus::Waiting
+            {
                 return Err(format!("waiting sequence {id} holds blocks or computed tokens"));
             }
         }

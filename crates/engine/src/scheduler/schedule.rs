@@ -68,7 +68,15 @@ impl Scheduler {
                 continue;
             }
             if self.blocks.max_tokens_fitting(&e.seq, 1) == 1 {
-                Self::push_entry(e, 1, self.step, &mut self.blocks, batch, &mut self.scheduled, &mut self.last_stats);
+                Self::push_entry(
+                    e,
+                    1,
+                    self.step,
+                    &mut self.blocks,
+                    batch,
+                    &mut self.scheduled,
+                    &mut self.last_stats,
+                );
                 *budget -= 1;
                 i += 1;
                 continue;
@@ -145,7 +153,9 @@ impl Scheduler {
             let plan = self.blocks.plan_admission(&mut e.seq, max_cached);
             let remaining = target - plan.num_cached_tokens;
             let q = self.blocks.admission_max_tokens(&plan, remaining.min(*budget));
-            if (q == 0 && remaining > 0) || self.blocks.admission_blocks_needed(&plan, q) > self.blocks.num_free_blocks() {
+            if (q == 0 && remaining > 0)
+                || self.blocks.admission_blocks_needed(&plan, q) > self.blocks.num_free_blocks()
+            {
                 break;
             }
             self.waiting.pop_front();
@@ -180,7 +190,8 @@ impl Scheduler {
                     if *budget == 0 {
                         break;
                     }
-                    let fits = self.seqs.get(&sid).is_some_and(|e| self.blocks.max_tokens_fitting(&e.seq, 1) == 1);
+                    let fits =
+                        self.seqs.get(&sid).is_some_and(|e| self.blocks.max_tokens_fitting(&e.seq, 1) == 1);
                     if fits && self.push_scheduled(sid, 1, batch) {
                         *budget -= 1;
                     }
@@ -277,7 +288,10 @@ impl Scheduler {
             self.blocks.share(&seq.block_table);
             let output = OutputProcessor::new(&seq.token_ids, shared.skip_special_tokens, &shared.stop);
             let last_scheduled = 0;
-            self.seqs.insert(id, SeqEntry { seq, shared: Arc::clone(&shared), output, fork_into: 0, last_scheduled });
+            self.seqs.insert(
+                id,
+                SeqEntry { seq, shared: Arc::clone(&shared), output, fork_into: 0, last_scheduled },
+            );
             self.running.push(id);
             children.push(id);
         }
@@ -290,7 +304,11 @@ impl Scheduler {
 
     /// Cheap checks that every schedule must satisfy (debug builds).
     fn check_invariants(&self, batch: &ScheduledBatch, budget_left: usize) {
-        debug_assert_eq!(batch.num_tokens() + budget_left, self.config.max_num_batched_tokens, "token budget");
+        debug_assert_eq!(
+            batch.num_tokens() + budget_left,
+            self.config.max_num_batched_tokens,
+            "token budget"
+        );
         debug_assert!(batch.num_tokens() <= self.config.max_num_batched_tokens, "token budget exceeded");
         debug_assert!(batch.seqs.len() <= self.config.max_num_seqs, "too many sequences in the batch");
         debug_assert!(self.running_slots <= self.config.max_num_seqs, "too many running sequences");
@@ -300,7 +318,10 @@ impl Scheduler {
             "free + used != total blocks"
         );
         debug_assert!(
-            batch.seqs.iter().all(|s| s.q_len() > 0 && s.block_table.len() * self.blocks.block_size() >= s.context_len()),
+            batch
+                .seqs
+                .iter()
+                .all(|s| s.q_len() > 0 && s.block_table.len() * self.blocks.block_size() >= s.context_len()),
             "a scheduled sequence lacks blocks"
         );
     }
@@ -316,6 +337,10 @@ fn sample_request(e: &SeqEntry) -> SampleRequest {
         output_index,
         history: shared.params.needs_history().then(|| Arc::from(e.seq.token_ids.as_slice())),
         prompt_len: e.seq.prompt_len,
-        banned_token_ids: if output_index < shared.stop.min_tokens { shared.min_tokens_banned.clone() } else { Vec::new() },
+        banned_token_ids: if output_index < shared.stop.min_tokens {
+            shared.min_tokens_banned.clone()
+        } else {
+            Vec::new()
+        },
     }
 }

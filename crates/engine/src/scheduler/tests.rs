@@ -123,6 +123,7 @@ fn one_request_runs_to_max_tokens_and_frees_everything() {
 fn long_prompt_is_chunked_while_others_decode() {
     let mut config = EngineConfig::new(16, 256, 1024);
     config.max_num_batched_tokens = 64;
+    config.max_num_seqs = 8;
     let mut h = Harness::new(config);
     for id in 0..4 {
         h.add(req(id, prompt(8, id as u32), 200));
@@ -134,7 +135,8 @@ fn long_prompt_is_chunked_while_others_decode() {
     while h.sched.contains_request(99) {
         let batch = h.step();
         assert!(batch.num_tokens() <= 64);
-        let long = batch.seqs.iter().find(|s| h.sched.seqs.get(&s.seq_id).is_none_or(|e| e.seq.request_id == 99));
+        let long =
+            batch.seqs.iter().find(|s| h.sched.seqs.get(&s.seq_id).is_none_or(|e| e.seq.request_id == 99));
         let decodes = batch.seqs.iter().filter(|s| s.q_len() == 1 && s.sample.is_some()).count();
         if let Some(long) = long {
             if long.q_len() > 1 {

@@ -29,7 +29,7 @@ impl Scheduler {
 
         let now = Instant::now();
         let mut sampled = output.sampled.into_iter();
-        let mut finished = Vec::new();
+        let mut any_finished = false;
         let scheduled = std::mem::take(&mut self.scheduled);
         for s in &scheduled {
             let token = if s.sample { sampled.next() } else { None };
@@ -50,13 +50,13 @@ impl Scheduler {
             }
             if let Some(reason) = finish {
                 self.finish_seq(s.seq_id, reason, now, &mut event, out);
-                finished.push(s.seq_id);
+                any_finished = true;
             }
             out.events.push((request_id, event));
         }
         self.scheduled = scheduled;
         self.scheduled.clear();
-        if !finished.is_empty() {
+        if any_finished {
             let seqs = &self.seqs;
             self.running.retain(|id| seqs.contains_key(id));
         }
@@ -90,7 +90,14 @@ impl Scheduler {
 
     /// Frees a finished sequence; on the request's last sample, completes the event with usage
     /// and timestamps and drops the request. The caller removes it from `running`.
-    fn finish_seq(&mut self, id: SeqId, reason: FinishReason, now: Instant, event: &mut TokenEvent, out: &mut StepEvents) {
+    fn finish_seq(
+        &mut self,
+        id: SeqId,
+        reason: FinishReason,
+        now: Instant,
+        event: &mut TokenEvent,
+        out: &mut StepEvents,
+    ) {
         let Some(mut e) = self.seqs.remove(&id) else { return };
         self.blocks.free(&mut e.seq);
         e.seq.status = crate::sequence::SeqStatus::Finished;

@@ -41,7 +41,10 @@ impl Collected {
         s.finish = ev.finished.clone();
         if ev.is_last() {
             self.done = true;
-            assert!(self.samples.iter().all(|s| s.finish.is_some()), "last event before every sample finished");
+            assert!(
+                self.samples.iter().all(|s| s.finish.is_some()),
+                "last event before every sample finished"
+            );
         }
     }
 }
@@ -90,6 +93,7 @@ pub fn reference(request: &Request, max_model_len: usize) -> Vec<SampleOutput> {
     let mut config = EngineConfig::new(16, max_model_len.div_ceil(16) * request.n + 1, max_model_len);
     config.enable_prefix_caching = false;
     config.max_num_batched_tokens = max_model_len * request.n;
+    config.max_num_seqs = request.n;
     let mut sched = Scheduler::new(config, Arc::new(FakeDecoder)).unwrap();
     let mut exec = FakeExecutor::new(16, sched.block_manager().num_total_blocks(), VOCAB);
     let (mut out, _) = drive(&mut sched, &mut exec, vec![(0, request.clone())], vec![]);

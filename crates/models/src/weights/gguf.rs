@@ -62,9 +62,10 @@ impl GgufWeights {
         if !self.content.tensor_infos.contains_key(name) {
             return Err(ModelError::MissingTensor { path: self.path.clone(), tensor: name.to_string() });
         }
-        self.content
-            .tensor(&mut self.reader, name, &self.device)
-            .map_err(|e| ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") })
+        self.content.tensor(&mut self.reader, name, &self.device).map_err(|e| ModelError::Gguf {
+            path: self.path.clone(),
+            message: format!("tensor `{name}`: {e}"),
+        })
     }
 }
 

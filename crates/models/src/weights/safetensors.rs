@@ -56,7 +56,10 @@ impl SafetensorsWeights {
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(ModelError::Config { path: dir.to_path_buf(), message: "no *.safetensors files".into() });
+            return Err(ModelError::Config {
+                path: dir.to_path_buf(),
+                message: "no *.safetensors files".into(),
+            });
         }
         // SAFETY: the files are opened read-only; modifying them while the server runs is
         // outside what we support, as with every mmap-based loader.

@@ -36,7 +36,8 @@ pub fn ids(value: &serde_json::Value) -> Vec<u32> {
 pub fn runner(dequantize: bool, num_blocks: usize) -> ModelRunner {
     let options = LoadOptions { dequantize: Some(dequantize), ..LoadOptions::default() };
     let loaded = load_model(&model_path(), &options).expect("the default model loads");
-    let cache = KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+    let cache =
+        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
     ModelRunner::new(loaded.model, cache, Device::Cpu)
 }
 

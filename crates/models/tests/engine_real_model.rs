@@ -1,0 +1,176 @@
+//! The engine over the real SmolLM2 model on the CPU: batching, preemption, prefix caching and
+//! chunked prefill must not change what any request generates.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device};
+use common::*;
+use pagoda_engine::{
+    Engine, EngineConfig, EngineHandle, EngineObserver, Request, SamplingParams, Shutdown, StepStats,
+    StopConditions,
+};
+use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
+use pagoda_text::{ChatMessage, ChatTemplate, Tokenizer};
+
+const MAX_TOKENS: usize = 24;
+
+#[derive(Default)]
+struct StepLog(Mutex<Vec<StepStats>>);
+
+impl EngineObserver for StepLog {
+    fn on_step(&self, stats: &StepStats) {
+        self.0.lock().unwrap().push(*stats);
+    }
+}
+
+fn tokenizer() -> Arc<Tokenizer> {
+    Arc::new(Tokenizer::from_gguf(model_path()).unwrap())
+}
+
+fn chat_ids(tokenizer: &Tokenizer, system: Option<&str>, user: &str) -> Vec<u32> {
+    let template =
+        ChatTemplate::new(tokenizer.chat_template().unwrap(), tokenizer.bos_token(), tokenizer.eos_token())
+            .unwrap();
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(ChatMessage::new("system", s));
+    }
+    messages.push(ChatMessage::new("user", user));
+    tokenizer.encode(&template.render(&messages, true).unwrap(), false).unwrap()
+}
+
+/// Starts an engine over the real model with `tweak` applied to a default config.
+fn engine(num_blocks: usize, tweak: impl FnOnce(&mut EngineConfig)) -> (EngineHandle, Arc<StepLog>) {
+    let loaded = load_model(&model_path(), &LoadOptions::default()).unwrap();
+    let cache =
+        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+    let runner = ModelRunner::new(loaded.model, cache, Device::Cpu);
+    let mut config = EngineConfig::new(BLOCK_SIZE, num_blocks, (num_blocks * BLOCK_SIZE).min(2048));
+    tweak(&mut config);
+    let log = Arc::new(StepLog::default());
+    let (handle, _thread) = Engine::spawn(config, runner, tokenizer(), log.clone(), Shutdown::new()).unwrap();
+    (handle, log)
+}
+
+fn request(handle: &EngineHandle, prompt: Vec<u32>) -> Request {
+    let stop = StopConditions { ignore_eos: true, ..StopConditions::default() };
+    Request::new(handle.next_request_id(), prompt, Arc::new(SamplingParams::default()))
+        .with_max_tokens(MAX_TOKENS)
+        .with_stop(stop)
+}
+
+/// Submits all prompts at once and collects each one's generated ids.
+fn generate_together(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let mut streams: Vec<_> =
+        prompts.iter().map(|p| handle.submit(request(handle, p.clone())).unwrap()).collect();
+    streams
+        .iter_mut()
+        .map(|stream| {
+            let mut ids = Vec::new();
+            while let Some(event) = stream.blocking_recv() {
+                assert!(
+                    !matches!(event.finished, Some(pagoda_engine::FinishReason::Error(_))),
+                    "request failed: {:?}",
+                    event.finished
+                );
+                ids.extend(event.token_ids);
+            }
+            ids
+        })
+        .collect()
+}
+
+fn prompts(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+    [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "List three primary colors.",
+        "How many legs does a spider have?",
+        "Translate 'good morning' into Spanish.",
+        "What is 12 times 12?",
+        "Name a famous painting by Leonardo da Vinci.",
+        "Why is the sky blue? Answer in one sentence.",
+    ]
+    .iter()
+    .map(|q| chat_ids(tokenizer, None, q))
+    .collect()
+}
+
+#[test]
+fn batched_and_preempted_outputs_equal_each_prompt_alone() {
+    let tokenizer = tokenizer();
+    let prompts = prompts(&tokenizer);
+    let (alone_engine, _) = engine(256, |_| {});
+    let alone: Vec<Vec<u32>> =
+        prompts.iter().map(|p| generate_together(&alone_engine, std::slice::from_ref(p)).remove(0)).collect();
+    assert!(alone.iter().all(|ids| ids.len() == MAX_TOKENS));
+
+    let (batched_engine, log) = engine(256, |_| {});
+    let together = generate_together(&batched_engine, &prompts);
+    assert_eq!(together, alone, "batching changed some outputs");
+    let max_batch = log.0.lock().unwrap().iter().map(|s| s.num_seqs).max().unwrap();
+    assert!(max_batch >= 4, "requests were not batched (largest step had {max_batch} sequences)");
+
+    // 8 sequences of ~60 tokens need ~32 blocks; 14 force preemptions.
+    let (small_engine, _) = engine(14, |c| c.max_model_len = 14 * BLOCK_SIZE);
+    let preempted = generate_together(&small_engine, &prompts);
+    assert!(small_engine.stats().num_preemptions > 0, "the tiny cache caused no preemption");
+    assert_eq!(preempted, alone, "preemption changed some outputs");
+    let stats = small_engine.stats();
+    assert_eq!(stats.kv_blocks_used, 0, "blocks leaked after all requests ended");
+}
+
+#[test]
+fn shared_prefix_hits_the_cache_and_keeps_outputs() {
+    let tokenizer = tokenizer();
+    let system = "You are a careful assistant for a museum. ".repeat(12);
+    let first = chat_ids(&tokenizer, Some(&system), "When does the museum open?");
+    let second = chat_ids(&tokenizer, Some(&system), "Is there a cafe inside?");
+
+    let (cached, _) = engine(256, |_| {});
+    generate_together(&cached, std::slice::from_ref(&first));
+    let hits_before = cached.stats().prefix_cache_hits;
+    let with_cache = generate_together(&cached, std::slice::from_ref(&second)).remove(0);
+    let hits = cached.stats().prefix_cache_hits - hits_before;
+    assert!(hits >= 100, "the shared {}-token prefix gave only {hits} cached tokens", first.len());
+
+    let (uncached, _) = engine(256, |c| c.enable_prefix_caching = false);
+    let without_cache = generate_together(&uncached, std::slice::from_ref(&second)).remove(0);
+    assert_eq!(uncached.stats().prefix_cache_hits, 0);
+    assert_eq!(with_cache, without_cache, "the prefix cache changed the output");
+}
+
+#[test]
+fn long_prompt_is_chunked_while_others_keep_decoding() {
+    let tokenizer = tokenizer();
+    let long_text = "The history of the printing press is long and varied. ".repeat(48);
+    let long = tokenizer.encode(&long_text, false).unwrap();
+    assert!(long.len() >= 500, "long prompt has {} tokens", long.len());
+    let short: Vec<Vec<u32>> = prompts(&tokenizer).into_iter().take(3).collect();
+
+    let (alone_engine, _) = engine(256, |_| {});
+    let long_alone = generate_together(&alone_engine, std::slice::from_ref(&long)).remove(0);
+
+    let (handle, log) = engine(256, |c| {
+        c.max_num_batched_tokens = 64;
+        c.max_num_seqs = 16;
+    });
+    // The short requests start first, so they are decoding when the long prompt arrives.
+    let mut all = short.clone();
+    all.push(long.clone());
+    let outputs = generate_together(&handle, &all);
+    assert_eq!(outputs[3], long_alone, "chunked prefill changed the long prompt's output");
+
+    let steps = log.0.lock().unwrap().clone();
+    assert!(steps.iter().all(|s| s.num_prefill_tokens + s.num_decode_tokens <= 64));
+    let mixed = steps.iter().filter(|s| s.num_prefill_tokens > 0 && s.num_decode_tokens > 0).count();
+    let prefill_steps = steps.iter().filter(|s| s.num_prefill_tokens > 0).count();
+    assert!(
+        prefill_steps >= long.len() / 64,
+        "{} prompt tokens in only {prefill_steps} prefill steps",
+        long.len()
+    );
+    assert!(mixed >= 5, "only {mixed} steps mixed prefill chunks with decodes");
+}
