@@ -137,3 +137,38 @@ pub struct RequestMetrics {
     /// How often any of its sequences was preempted.
     pub num_preemptions: usize,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_reasons_map_to_openai_strings() {
+        assert_eq!(FinishReason::Stop(StopReason::Eos(2)).as_str(), "stop");
+        assert_eq!(FinishReason::Stop(StopReason::StopString("x".into())).as_str(), "stop");
+        assert_eq!(FinishReason::Length.as_str(), "length");
+        assert_eq!(FinishReason::Abort.as_str(), "abort");
+        assert_eq!(FinishReason::Error("e".into()).as_str(), "error");
+    }
+
+    #[test]
+    fn durations_are_measured_from_arrival() {
+        let t0 = Instant::now();
+        let mut ts = RequestTimestamps::new(t0);
+        assert_eq!((ts.queue_time(), ts.ttft(), ts.e2e()), (None, None, None));
+        ts.first_scheduled = Some(t0 + Duration::from_millis(5));
+        ts.first_token = Some(t0 + Duration::from_millis(20));
+        ts.finished = Some(t0 + Duration::from_millis(50));
+        assert_eq!(ts.queue_time(), Some(Duration::from_millis(5)));
+        assert_eq!(ts.ttft(), Some(Duration::from_millis(20)));
+        assert_eq!(ts.e2e(), Some(Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn only_the_event_with_usage_is_last() {
+        let mut e = TokenEvent::finish(1, FinishReason::Length);
+        assert!(!e.is_last());
+        e.usage = Some(Usage::default());
+        assert!(e.is_last());
+    }
+}

@@ -172,3 +172,88 @@ impl TokenDecoder for FakeDecoder {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::executor::SampleRequest;
+    use crate::sampling::SamplingParams;
+
+    fn greedy() -> Option<SampleRequest> {
+        Some(SampleRequest {
+            params: Arc::new(SamplingParams::default()),
+            seed: 0,
+            output_index: 0,
+            history: None,
+            prompt_len: 0,
+            banned_token_ids: Vec::new(),
+        })
+    }
+
+    fn seq(id: u64, tokens: &[u32], start: usize, table: Vec<u32>) -> ScheduledSeq {
+        ScheduledSeq {
+            seq_id: id,
+            token_ids: tokens.to_vec(),
+            start_pos: start,
+            block_table: table,
+            sample: greedy(),
+        }
+    }
+
+    fn run(
+        exec: &mut FakeExecutor,
+        seqs: Vec<ScheduledSeq>,
+        copies: Vec<(u32, u32)>,
+    ) -> Result<Vec<u32>, ExecutorError> {
+        let out = exec.execute(&ScheduledBatch { seqs, block_copies: copies })?;
+        Ok(out.sampled.iter().map(|s| s.token_id).collect())
+    }
+
+    #[test]
+    fn output_depends_on_the_history_read_back_through_the_block_table() {
+        let mut a = FakeExecutor::new(2, 8, 16);
+        let one_chunk = run(&mut a, vec![seq(1, &[3, 4, 5], 0, vec![6, 1])], vec![]).unwrap();
+        // The same history computed in two chunks through other blocks gives the same token.
+        let mut b = FakeExecutor::new(2, 8, 16);
+        let mut first = seq(1, &[3, 4], 0, vec![2]);
+        first.sample = None;
+        run(&mut b, vec![first], vec![]).unwrap();
+        assert_eq!(run(&mut b, vec![seq(1, &[5], 2, vec![2, 7])], vec![]).unwrap(), one_chunk);
+        // A block table pointing at blocks that hold other data is caught.
+        let err = run(&mut b, vec![seq(2, &[5], 2, vec![0, 3])], vec![]).unwrap_err();
+        assert!(matches!(err, ExecutorError::InvalidBatch(_)), "{err}");
+    }
+
+    #[test]
+    fn block_copies_apply_before_compute() {
+        let mut e = FakeExecutor::new(2, 8, 16);
+        let mut first = seq(1, &[3], 0, vec![0]);
+        first.sample = None;
+        run(&mut e, vec![first], vec![]).unwrap();
+        // Block 5 receives a copy of block 0 and then the token at position 1.
+        let via_copy = run(&mut e, vec![seq(2, &[4], 1, vec![5])], vec![(0, 5)]).unwrap();
+        let mut fresh = FakeExecutor::new(2, 8, 16);
+        assert_eq!(run(&mut fresh, vec![seq(1, &[3, 4], 0, vec![0])], vec![]).unwrap(), via_copy);
+        let err = run(&mut e, vec![], vec![(0, 8)]).unwrap_err();
+        assert!(matches!(err, ExecutorError::InvalidBatch(_)));
+    }
+
+    #[test]
+    fn logits_are_a_pure_function_of_the_history() {
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        FakeExecutor::logits_for(&[1, 2, 3], 16, &mut x);
+        FakeExecutor::logits_for(&[1, 2, 3], 16, &mut y);
+        assert_eq!(x, y);
+        FakeExecutor::logits_for(&[1, 2, 4], 16, &mut y);
+        assert_ne!(x, y);
+        assert!(x.iter().all(|l| (-4.0..4.0).contains(l)));
+    }
+
+    #[test]
+    fn decoder_pieces_concatenate() {
+        assert_eq!(FakeDecoder.decode(&[0, 1, 27], false), "abbb");
+        assert_eq!(FakeDecoder::piece(27), "bb");
+    }
+}

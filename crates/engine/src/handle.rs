@@ -241,3 +241,39 @@ impl Shutdown {
         self.inner.wakers.lock().unwrap_or_else(PoisonError::into_inner).push(wake);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_wakes_registered_engines_and_ignores_dropped_ones() {
+        let shutdown = Shutdown::new();
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::new(EngineConfig::new(16, 128, 2048)));
+        let inner = Arc::new(HandleInner { tx, shared, shutdown: shutdown.clone() });
+        shutdown.register(Arc::downgrade(&inner));
+        let (gone_tx, _gone_rx) = mpsc::channel();
+        let gone = Arc::new(HandleInner {
+            tx: gone_tx,
+            shared: Arc::new(Shared::new(EngineConfig::new(16, 128, 2048))),
+            shutdown: shutdown.clone(),
+        });
+        shutdown.register(Arc::downgrade(&gone));
+        drop(gone);
+        assert!(!shutdown.is_triggered());
+        shutdown.trigger();
+        assert!(shutdown.is_triggered());
+        assert!(matches!(rx.try_recv(), Ok(Command::Wake)));
+    }
+
+    #[test]
+    fn first_death_reason_wins() {
+        let shared = Shared::new(EngineConfig::new(16, 128, 2048));
+        assert_eq!(shared.death_reason(), "stopped");
+        shared.kill("device lost");
+        shared.kill("later");
+        assert!(!shared.alive.load(Ordering::SeqCst));
+        assert_eq!(shared.death_reason(), "device lost");
+    }
+}

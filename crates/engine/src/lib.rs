@@ -2,7 +2,13 @@
 //! continuous-batching scheduler and the engine loop. Plain Rust: no tensors, no HTTP.
 //!
 //! The model side is reached only through [`ModelExecutor`], which takes one [`ScheduledBatch`]
-//! per step and returns the sampled tokens.
+//! per step and returns the sampled tokens ([`sampler`] is the CPU sampler it can use).
+//!
+//! - [`Engine::spawn`] starts the engine thread and returns an [`EngineHandle`];
+//!   [`EngineHandle::submit`] takes a [`Request`] and returns a [`RequestStream`] of
+//!   [`TokenEvent`]s.
+//! - [`Scheduler`] (`schedule()` / `update()`) and [`block_manager::BlockManager`] never touch
+//!   tensors; [`fake::FakeExecutor`] drives them in tests and benchmarks.
 
 pub mod block_manager;
 pub mod block_pool;

@@ -83,3 +83,21 @@ impl Sequence {
         Self { id, sample_index, seed, ..self.clone() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_split_prompt_and_output() {
+        let mut s = Sequence::new(3, 9, 0, vec![1, 2, 3], 42);
+        assert_eq!((s.len(), s.output_len(), s.num_uncomputed()), (3, 0, 3));
+        s.num_computed_tokens = 3;
+        s.token_ids.push(7);
+        assert_eq!(s.output_token_ids(), &[7]);
+        assert_eq!(s.num_uncomputed(), 1);
+        let child = s.fork(4, 1, 43);
+        assert_eq!((child.id, child.sample_index, child.seed), (4, 1, 43));
+        assert_eq!((child.token_ids.clone(), child.num_computed_tokens), (s.token_ids.clone(), 3));
+    }
+}

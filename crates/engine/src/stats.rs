@@ -1,4 +1,4 @@
-//! Engine metrics: [`StepStats`] and [`RequestMetrics`](crate::RequestMetrics) pushed to an
+//! Engine metrics: [`StepStats`] and [`RequestMetrics`] pushed to an
 //! [`EngineObserver`], and live counters any [`EngineHandle`](crate::EngineHandle) can read as an
 //! [`EngineStatsSnapshot`].
 
@@ -132,5 +132,37 @@ impl LiveStats {
             num_decode_tokens: self.num_decode_tokens.load(Relaxed),
             num_finished_requests: self.num_finished_requests.load(Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_do_not_divide_by_zero() {
+        let s = EngineStatsSnapshot::default();
+        assert_eq!((s.kv_usage(), s.prefix_cache_hit_rate()), (0.0, 0.0));
+        let s = EngineStatsSnapshot {
+            kv_blocks_used: 3,
+            kv_blocks_total: 12,
+            prefix_cache_queries: 8,
+            prefix_cache_hits: 2,
+            ..s
+        };
+        assert_eq!((s.kv_usage(), s.prefix_cache_hit_rate()), (0.25, 0.25));
+    }
+
+    #[test]
+    fn steps_accumulate_token_counts() {
+        let live = LiveStats::default();
+        live.record_step(&StepStats { num_prefill_tokens: 10, num_decode_tokens: 3, ..Default::default() });
+        live.record_step(&StepStats { num_decode_tokens: 4, ..Default::default() });
+        live.record_finished(2);
+        let s = live.snapshot();
+        assert_eq!(
+            (s.num_steps, s.num_prefill_tokens, s.num_decode_tokens, s.num_finished_requests),
+            (2, 10, 7, 2)
+        );
     }
 }

@@ -62,10 +62,59 @@ impl KvCache {
                 )));
             }
             for (k, v) in &self.layers {
-                k.slice_set(&k.narrow(0, src, 1)?.contiguous()?, 0, dst)?;
-                v.slice_set(&v.narrow(0, src, 1)?.contiguous()?, 0, dst)?;
+                // `copy` because a contiguous narrow is a view of the very storage being written.
+                k.slice_set(&k.narrow(0, src, 1)?.copy()?, 0, dst)?;
+                v.slice_set(&v.narrow(0, src, 1)?.copy()?, 0, dst)?;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagoda_ops::RotaryStyle;
+
+    fn config() -> LlamaConfig {
+        LlamaConfig {
+            architecture: "llama".into(),
+            vocab_size: 8,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_layers: 2,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10_000.0,
+            rope_scaling: Default::default(),
+            rope_freq_factors: None,
+            rope_style: RotaryStyle::Halves,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+            attention_bias: false,
+        }
+    }
+
+    #[test]
+    fn copy_blocks_copies_whole_blocks_in_every_layer() {
+        let cache = KvCache::new(&config(), 4, 2, DType::F32, &Device::Cpu).unwrap();
+        for (i, (k, v)) in cache.layers.iter().enumerate() {
+            let fill = Tensor::full(1.0 + i as f32, (1, 2, 1, 4), &Device::Cpu).unwrap();
+            k.slice_set(&fill, 0, 1).unwrap();
+            v.slice_set(&(fill * 10.0).unwrap(), 0, 1).unwrap();
+        }
+        cache.copy_blocks(&[(1, 3)]).unwrap();
+        let block = |t: &Tensor, b: usize| -> Vec<f32> {
+            t.narrow(0, b, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+        };
+        for i in 0..2 {
+            let (k, v) = cache.layer(i);
+            assert!(block(k, 3).iter().all(|&x| x == 1.0 + i as f32));
+            assert!(block(v, 3).iter().all(|&x| x == 10.0 * (1.0 + i as f32)));
+            assert!(block(k, 2).iter().all(|&x| x == 0.0), "other blocks untouched");
+        }
+        assert!(cache.copy_blocks(&[(0, 4)]).is_err());
     }
 }

@@ -129,10 +129,11 @@ impl ModelExecutor for ModelRunner {
             .filter_map(|s| s.sample.as_ref().map(|req| (s.seq_id, req)))
             .zip(rows)
             .map(|((seq_id, req), mut row)| {
-                let (token_id, logprobs) = pagoda_engine::sampler::sample(&mut row, req);
-                SampledToken { seq_id, token_id, logprobs }
+                let (token_id, logprobs) = pagoda_engine::sampler::try_sample(&mut row, req)
+                    .map_err(|e| ExecutorError::Execution(format!("sequence {seq_id}: {e}")))?;
+                Ok(SampledToken { seq_id, token_id, logprobs })
             })
-            .collect();
+            .collect::<std::result::Result<_, ExecutorError>>()?;
         Ok(StepOutput { sampled })
     }
 

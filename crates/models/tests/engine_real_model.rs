@@ -174,3 +174,23 @@ fn long_prompt_is_chunked_while_others_keep_decoding() {
     );
     assert!(mixed >= 5, "only {mixed} steps mixed prefill chunks with decodes");
 }
+
+#[test]
+fn n_samples_share_the_prompt_and_each_match_the_single_greedy_output() {
+    let tokenizer = tokenizer();
+    // 37 tokens: the last prompt block is partial, so the samples copy it on write.
+    let prompt = chat_ids(&tokenizer, None, "What is the capital of France?");
+    assert_ne!(prompt.len() % BLOCK_SIZE, 0);
+    let (handle, _) = engine(64, |_| {});
+    let single = generate_together(&handle, std::slice::from_ref(&prompt)).remove(0);
+
+    let mut stream = handle.submit(request(&handle, prompt).with_n(3)).unwrap();
+    let mut outputs = vec![Vec::new(); 3];
+    while let Some(event) = stream.blocking_recv() {
+        outputs[event.index].extend(event.token_ids);
+    }
+    for (i, out) in outputs.iter().enumerate() {
+        assert_eq!(out, &single, "sample {i} differs from the single greedy output");
+    }
+    assert_eq!(handle.stats().kv_blocks_used, 0, "blocks leaked");
+}

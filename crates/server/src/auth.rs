@@ -44,7 +44,8 @@ impl ApiKey {
     pub fn authorizes(&self, header: Option<&[u8]>) -> bool {
         let token = header.and_then(|h| {
             let scheme_len = "bearer ".len();
-            (h.len() > scheme_len && h[..scheme_len].eq_ignore_ascii_case(b"bearer ")).then(|| &h[scheme_len..])
+            (h.len() > scheme_len && h[..scheme_len].eq_ignore_ascii_case(b"bearer "))
+                .then(|| &h[scheme_len..])
         });
         // Compare even without a token, so a missing header costs the same as a wrong one.
         let ok = self.matches(token.unwrap_or_default());
@@ -53,7 +54,11 @@ impl ApiKey {
 }
 
 /// Middleware: rejects requests without the right key with 401.
-pub async fn require_api_key(State(key): State<ApiKey>, req: Request, next: Next) -> Result<Response, ApiError> {
+pub async fn require_api_key(
+    State(key): State<ApiKey>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
     if key.authorizes(header) {
         Ok(next.run(req).await)

@@ -104,7 +104,8 @@ impl std::str::FromStr for ByteSize {
         let t = s.trim();
         let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let num: f64 = num.parse().map_err(|_| format!("expected a size like 1073741824 or 1GiB, got {s:?}"))?;
+        let num: f64 =
+            num.parse().map_err(|_| format!("expected a size like 1073741824 or 1GiB, got {s:?}"))?;
         let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 1.0,
             "k" | "kb" => 1e3,
@@ -143,7 +144,7 @@ pub struct ServeArgs {
     /// or, with --load-format dummy, a config.json shape file. [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
     #[arg(long, value_name = "PATH")]
     pub model: Option<String>,
-    /// Tokenizer: a tokenizer.json file or a directory holding one. [default: from the model]
+    /// Tokenizer: a GGUF file, or a Hugging Face directory with tokenizer.json. [default: the model]
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<String>,
     /// Name(s) clients use in the `model` field. [default: the --model argument]
@@ -161,7 +162,8 @@ pub struct ServeArgs {
     /// Port to listen on; 0 picks a free one. [default: 8000]
     #[arg(long)]
     pub port: Option<u16>,
-    /// Longest prompt plus completion, in tokens. [default: the model's context length]
+    /// Longest prompt plus completion, in tokens. [default: the model's context length, capped by
+    /// what the KV cache holds]
     #[arg(long)]
     pub max_model_len: Option<usize>,
     /// Most sequences in one engine step. [default: 256]
@@ -176,10 +178,11 @@ pub struct ServeArgs {
     /// Tokens per KV-cache block. [default: 16]
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// KV-cache size, e.g. 2GiB or 536870912. [default: 1GiB on the CPU; on CUDA, from --gpu-memory-utilization]
+    /// KV-cache size, e.g. 2GiB or 536870912. [default: 1GiB]
     #[arg(long, value_name = "BYTES")]
     pub kv_cache_memory: Option<ByteSize>,
-    /// Fraction of GPU memory Pagoda may use (weights, activations and KV cache). [default: 0.9]
+    /// Fraction of GPU memory Pagoda may use, in (0, 1]. Checked, but the KV cache is sized by
+    /// --kv-cache-memory until sizing from free GPU memory lands. [default: 0.9]
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
     /// Use exactly this many KV blocks, ignoring the memory settings.
@@ -271,9 +274,10 @@ impl ServerConfig {
     }
 
     fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source: Box::new(source) })
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        toml::from_str(&text)
+            .map_err(|source| ConfigError::Parse { path: path.to_owned(), source: Box::new(source) })
     }
 
     /// `cli` over `file` over the defaults.
@@ -298,7 +302,10 @@ impl ServerConfig {
             port: cli.port.or(file.port).unwrap_or(8000),
             max_model_len: cli.max_model_len.or(file.max_model_len),
             max_num_seqs: cli.max_num_seqs.or(file.max_num_seqs).unwrap_or(256),
-            max_num_batched_tokens: cli.max_num_batched_tokens.or(file.max_num_batched_tokens).unwrap_or(2048),
+            max_num_batched_tokens: cli
+                .max_num_batched_tokens
+                .or(file.max_num_batched_tokens)
+                .unwrap_or(2048),
             max_waiting_requests: cli.max_waiting_requests.or(file.max_waiting_requests).unwrap_or(1024),
             block_size: cli.block_size.or(file.block_size).unwrap_or(16),
             kv_cache_memory: cli.kv_cache_memory.or(file.kv_cache_memory).map(|b| b.0),
@@ -309,7 +316,10 @@ impl ServerConfig {
             dequantize: cli.dequantize.or(file.dequantize),
             device: cli.device.or(file.device).unwrap_or_default(),
             api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
-            allowed_origins: cli.allowed_origins.or(file.allowed_origins).unwrap_or_else(|| vec!["*".to_owned()]),
+            allowed_origins: cli
+                .allowed_origins
+                .or(file.allowed_origins)
+                .unwrap_or_else(|| vec!["*".to_owned()]),
             metrics_prefix: cli.metrics_prefix.or(file.metrics_prefix).unwrap_or_default(),
             max_logprobs: cli.max_logprobs.or(file.max_logprobs).unwrap_or(20),
             max_request_body_bytes: cli
@@ -317,7 +327,9 @@ impl ServerConfig {
                 .or(file.max_request_body_bytes)
                 .map(|b| b.0 as usize)
                 .unwrap_or(8 << 20),
-            shutdown_timeout: Duration::from_secs_f64(cli.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(30.0).max(0.0)),
+            shutdown_timeout: Duration::from_secs_f64(
+                cli.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(30.0).max(0.0),
+            ),
             model,
         };
         config.check()?;
@@ -353,7 +365,10 @@ impl ServerConfig {
             return Err(invalid("--max-request-body-bytes", "must be at least 1"));
         }
         if self.allowed_origins.iter().any(|o| o != "*" && axum::http::HeaderValue::from_str(o).is_err()) {
-            return Err(invalid("--allowed-origins", "origins must be valid header values such as https://example.com"));
+            return Err(invalid(
+                "--allowed-origins",
+                "origins must be valid header values such as https://example.com",
+            ));
         }
         Ok(())
     }
@@ -472,7 +487,9 @@ mod tests {
         }
         assert!(Cli::try_parse_from(["pagoda", "--device", "tpu"]).is_err());
         assert!(Cli::try_parse_from(["pagoda", "--kv-cache-memory", "lots"]).is_err());
-        assert!(Cli::try_parse_from(["pagoda", "--enable-prefix-caching", "--no-enable-prefix-caching"]).is_err());
+        assert!(
+            Cli::try_parse_from(["pagoda", "--enable-prefix-caching", "--no-enable-prefix-caching"]).is_err()
+        );
     }
 
     #[test]

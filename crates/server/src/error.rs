@@ -48,7 +48,7 @@ pub enum ApiError {
         "This model's maximum context length is {max_model_len} tokens. However, the prompt is \
          {prompt_tokens} tokens long, which leaves no room for a completion."
     )]
-    PromptTooLong { prompt_tokens: usize, max_model_len: usize },
+    PromptTooLong { prompt_tokens: usize, max_model_len: usize, param: &'static str },
     #[error("The model `{0}` does not exist.")]
     ModelNotFound(String),
     #[error("Invalid or missing API key. Pass it as `Authorization: Bearer <key>`.")]
@@ -130,7 +130,7 @@ impl ApiError {
         match self {
             ApiError::InvalidParam(p) => p.param.as_deref(),
             ApiError::ContextLengthExceeded { .. } => Some("max_tokens"),
-            ApiError::PromptTooLong { .. } => Some("messages"),
+            ApiError::PromptTooLong { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
             _ => None,
         }
@@ -167,7 +167,7 @@ impl From<RequestError> for ApiError {
     fn from(e: RequestError) -> Self {
         match e {
             RequestError::PromptTooLong { prompt_len, max_model_len } => {
-                ApiError::PromptTooLong { prompt_tokens: prompt_len, max_model_len }
+                ApiError::PromptTooLong { prompt_tokens: prompt_len, max_model_len, param: "prompt" }
             }
             RequestError::TooLong { prompt_len, max_tokens, max_model_len } => {
                 ApiError::ContextLengthExceeded { prompt_tokens: prompt_len, max_tokens, max_model_len }
@@ -219,7 +219,12 @@ mod tests {
             (ApiError::Unauthorized, 401, "authentication_error", "invalid_api_key"),
             (ApiError::PayloadTooLarge { limit: 10 }, 413, "invalid_request_error", "request_too_large"),
             (ApiError::QueueFull("8 waiting".into()), 429, "rate_limit_error", "queue_full"),
-            (ApiError::EngineUnavailable("dead".into()), 503, "service_unavailable_error", "engine_unavailable"),
+            (
+                ApiError::EngineUnavailable("dead".into()),
+                503,
+                "service_unavailable_error",
+                "engine_unavailable",
+            ),
             (ApiError::ShuttingDown, 503, "service_unavailable_error", "shutting_down"),
             (ApiError::Internal("bug".into()), 500, "server_error", "internal_error"),
         ];
@@ -233,8 +238,14 @@ mod tests {
 
     #[test]
     fn engine_errors_map_to_429_503_and_400() {
-        assert_eq!(ApiError::from(EngineError::Overloaded { max_waiting: 4 }).status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(ApiError::from(EngineError::Dead("boom".into())).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            ApiError::from(EngineError::Overloaded { max_waiting: 4 }).status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            ApiError::from(EngineError::Dead("boom".into())).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         assert_eq!(ApiError::from(EngineError::ShuttingDown).status(), StatusCode::SERVICE_UNAVAILABLE);
         let too_long = RequestError::TooLong { prompt_len: 10, max_tokens: 100, max_model_len: 50 };
         assert_eq!(
@@ -247,9 +258,13 @@ mod tests {
 
     #[test]
     fn context_length_message_names_both_numbers() {
-        let err = ApiError::ContextLengthExceeded { prompt_tokens: 100, max_tokens: 8000, max_model_len: 8092 };
+        let err =
+            ApiError::ContextLengthExceeded { prompt_tokens: 100, max_tokens: 8000, max_model_len: 8092 };
         let msg = err.to_string();
-        assert!(msg.contains("8092") && msg.contains("100") && msg.contains("8000") && msg.contains("8100"), "{msg}");
+        assert!(
+            msg.contains("8092") && msg.contains("100") && msg.contains("8000") && msg.contains("8100"),
+            "{msg}"
+        );
         assert_eq!(err.param(), Some("max_tokens"));
         assert_eq!(err.status(), StatusCode::BAD_REQUEST);
     }

@@ -81,7 +81,10 @@ mod tests {
         assert_eq!(param(r#"{"messages":[],"temperature":"hot"}"#).as_deref(), Some("temperature"));
         assert_eq!(param(r#"{"messages":[],"max_tokens":-1}"#).as_deref(), Some("max_tokens"));
         assert_eq!(param(r#"{"messages":[],"n":1.5}"#).as_deref(), Some("n"));
-        assert_eq!(param(r#"{"messages":[{"role":"user","content":7}]}"#).as_deref(), Some("messages[0].content"));
+        assert_eq!(
+            param(r#"{"messages":[{"role":"user","content":7}]}"#).as_deref(),
+            Some("messages[0].content")
+        );
         assert_eq!(param(r#"{"messages":[{"content":"x"}]}"#).as_deref(), Some("messages[0]"));
         assert_eq!(param(r#"{"messages":"hi"}"#).as_deref(), Some("messages"));
         assert_eq!(param(r#"{"messages":[],"stop":5}"#).as_deref(), Some("stop"));

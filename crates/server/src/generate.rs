@@ -56,10 +56,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let prompt_ids = if args.raw {
         tokenizer.encode(&args.prompt, true)?
     } else {
-        let template = runtime
-            .chat_template
-            .as_ref()
-            .context("the model has no chat template; use --raw")?;
+        let template = runtime.chat_template.as_ref().context("the model has no chat template; use --raw")?;
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(ChatMessage::new("system", system));
@@ -74,7 +71,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         seed: args.seed,
         ..SamplingParams::default()
     };
-    let stop = StopConditions { eos_token_ids: tokenizer.eos_token_ids().to_vec(), ..StopConditions::default() };
+    let stop =
+        StopConditions { eos_token_ids: tokenizer.eos_token_ids().to_vec(), ..StopConditions::default() };
     let request = Request::new(runtime.engine.next_request_id(), prompt_ids, Arc::new(params))
         .with_max_tokens(args.max_tokens)
         .with_stop(stop);

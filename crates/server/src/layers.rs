@@ -48,10 +48,15 @@ pub fn request_id_of<B>(req: &axum::http::Request<B>) -> String {
     req.headers().get(&X_REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned()
 }
 
+/// When the request reached the server (before its body was read); TTFT counts from here.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival(pub Instant);
+
 /// Runs the request inside a span carrying its id, logs one line when the response head is
 /// ready, and counts it by route template, method and status.
-pub async fn observe(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+pub async fn observe(State(metrics): State<Arc<Metrics>>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
+    req.extensions_mut().insert(Arrival(started));
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let route = req

@@ -24,7 +24,8 @@ enum Command {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = ServerConfig::from_args(args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("pagoda-http").build()?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("pagoda-http").build()?;
     runtime.block_on(async {
         let server = Server::build(&config).await?;
         server.run(shutdown_signal()).await

@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 use serde::Deserialize;
 
@@ -34,8 +35,8 @@ impl MetricsPrefix {
 
 /// vLLM's buckets for time to first token.
 pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-    160.0, 640.0, 2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
 ];
 /// vLLM's buckets for inter-token latency and time per output token.
 pub const TPOT_BUCKETS: &[f64] = &[
@@ -43,8 +44,8 @@ pub const TPOT_BUCKETS: &[f64] = &[
 ];
 /// vLLM's buckets for whole-request phases (end-to-end, queue, prefill, decode).
 pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
-    1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
 ];
 /// vLLM's buckets for tokens per engine step.
 pub const ITERATION_TOKEN_BUCKETS: &[f64] =
@@ -175,19 +176,25 @@ impl Metrics {
             &["handler", "method", "status"],
         )?)?;
         Ok(Self {
-            num_requests_running: b.int_gauge("num_requests_running", "Number of requests in model execution batches.")?,
-            num_requests_waiting: b.int_gauge("num_requests_waiting", "Number of requests waiting to be processed.")?,
-            kv_cache_usage_perc: b.gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")?,
+            num_requests_running: b
+                .int_gauge("num_requests_running", "Number of requests in model execution batches.")?,
+            num_requests_waiting: b
+                .int_gauge("num_requests_waiting", "Number of requests waiting to be processed.")?,
+            kv_cache_usage_perc: b
+                .gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")?,
             prompt_tokens: b.counter("prompt_tokens_total", "Number of prefill tokens processed.")?,
-            generation_tokens: b.counter("generation_tokens_total", "Number of generation tokens processed.")?,
+            generation_tokens: b
+                .counter("generation_tokens_total", "Number of generation tokens processed.")?,
             request_success,
             num_preemptions: b.counter("num_preemptions_total", "Cumulative number of preemptions.")?,
             prefix_cache_queries: b.counter(
                 "prefix_cache_queries_total",
                 "Prefix cache queries, in terms of number of queried tokens.",
             )?,
-            prefix_cache_hits: b
-                .counter("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.")?,
+            prefix_cache_hits: b.counter(
+                "prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+            )?,
             time_to_first_token: b.histogram(
                 "time_to_first_token_seconds",
                 "Histogram of time to first token in seconds.",
@@ -421,7 +428,10 @@ mod tests {
         m.observe_http("/v1/models", "GET", 200);
         m.observe_http("/v1/chat/completions", "POST", 400);
         let text = m.render();
-        assert!(text.contains("http_requests_total{handler=\"/v1/models\",method=\"GET\",status=\"200\"} 2"), "{text}");
+        assert!(
+            text.contains("http_requests_total{handler=\"/v1/models\",method=\"GET\",status=\"200\"} 2"),
+            "{text}"
+        );
         assert!(text.contains("status=\"400\"} 1"));
     }
 }

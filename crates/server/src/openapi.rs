@@ -72,7 +72,13 @@ mod tests {
             assert!(paths.contains_key(p), "{p} missing from {:?}", paths.keys());
         }
         let schemas = json["components"]["schemas"].as_object().unwrap();
-        for s in ["ChatCompletionRequest", "CompletionRequest", "ChatCompletionResponse", "ErrorResponse", "Prompt"] {
+        for s in [
+            "ChatCompletionRequest",
+            "CompletionRequest",
+            "ChatCompletionResponse",
+            "ErrorResponse",
+            "Prompt",
+        ] {
             assert!(schemas.contains_key(s), "{s} missing");
         }
         let chat = &schemas["ChatCompletionRequest"];

@@ -87,7 +87,9 @@ impl std::fmt::Debug for PromptBuilder {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))
 }
 
 impl PromptBuilder {
@@ -122,8 +124,9 @@ impl PromptBuilder {
                 ChatTemplateError::Raised(m) => ApiError::invalid("messages", m),
                 other => ApiError::invalid("messages", other.to_string()),
             })?;
-            let token_ids =
-                tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            let token_ids = tokenizer
+                .encode(&text, add_special_tokens)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
             Ok(TokenizedPrompt { text, token_ids })
         })
         .await?
@@ -163,7 +166,10 @@ impl PromptBuilder {
                         }
                     };
                     if prompt.token_ids.is_empty() {
-                        return Err(ApiError::invalid("prompt", "the prompt must contain at least one token"));
+                        return Err(ApiError::invalid(
+                            "prompt",
+                            "the prompt must contain at least one token",
+                        ));
                     }
                     Ok(prompt)
                 })
@@ -175,8 +181,12 @@ impl PromptBuilder {
     /// Token ids of `text`.
     pub async fn encode(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
         let tokenizer = self.tokenizer.clone();
-        blocking(move || tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::invalid("prompt", e.to_string())))
-            .await?
+        blocking(move || {
+            tokenizer
+                .encode(&text, add_special_tokens)
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        })
+        .await?
     }
 
     /// Text of `ids` (special tokens kept).
@@ -188,7 +198,10 @@ impl PromptBuilder {
             ));
         }
         let tokenizer = self.tokenizer.clone();
-        blocking(move || tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))).await?
+        blocking(move || {
+            tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))
+        })
+        .await?
     }
 }
 
@@ -217,7 +230,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             out,
-            vec![ChatMessage::new("system", "be brief"), ChatMessage::new("user", "a\nb"), ChatMessage::new("assistant", "")]
+            vec![
+                ChatMessage::new("system", "be brief"),
+                ChatMessage::new("user", "a\nb"),
+                ChatMessage::new("assistant", "")
+            ]
         );
     }
 
@@ -230,6 +247,9 @@ mod tests {
         let image = ContentPart { r#type: "image_url".into(), text: None };
         assert_eq!(p(vec![msg("user", Some(MessageContent::Parts(vec![image])))]), "messages[0].content[0]");
         let no_text = ContentPart { r#type: "text".into(), text: None };
-        assert_eq!(p(vec![msg("user", Some(MessageContent::Parts(vec![no_text])))]), "messages[0].content[0]");
+        assert_eq!(
+            p(vec![msg("user", Some(MessageContent::Parts(vec![no_text])))]),
+            "messages[0].content[0]"
+        );
     }
 }

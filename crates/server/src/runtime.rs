@@ -144,7 +144,9 @@ impl LoadedRuntime {
         let cache_dtype = loaded.model.dtype();
         let num_blocks = match options.num_blocks {
             Some(n) => n,
-            None => KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, options.kv_cache_bytes),
+            None => {
+                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, options.kv_cache_bytes)
+            }
         };
         // Without an explicit limit, the context is what both the model and the cache allow.
         let max_model_len = options
@@ -179,7 +181,11 @@ impl LoadedRuntime {
     }
 
     /// Starts the engine thread over the loaded model.
-    pub fn start(self, observer: Arc<dyn EngineObserver>, shutdown: Shutdown) -> Result<Runtime, RuntimeError> {
+    pub fn start(
+        self,
+        observer: Arc<dyn EngineObserver>,
+        shutdown: Shutdown,
+    ) -> Result<Runtime, RuntimeError> {
         let decoder: Arc<dyn pagoda_text::TokenDecoder> = self.tokenizer.clone();
         let (engine, engine_thread) =
             Engine::spawn(self.engine_config.clone(), self.runner, decoder, observer, shutdown)?;

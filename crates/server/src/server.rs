@@ -195,7 +195,11 @@ impl Server {
 
         let state = Arc::new(AppState {
             eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
-            prompts: PromptBuilder::new(Arc::clone(&running.tokenizer), running.chat_template.clone(), vocab_size),
+            prompts: PromptBuilder::new(
+                Arc::clone(&running.tokenizer),
+                running.chat_template.clone(),
+                vocab_size,
+            ),
             engine: running.engine,
             metrics,
             model: ModelInfo {
@@ -253,27 +257,27 @@ impl Server {
             shutdown.await;
             notify.notify_one();
         });
-        let serve = async move { server.await };
-        tokio::pin!(serve);
+        let mut serve = Box::pin(async move { server.await });
         let result = tokio::select! {
             result = &mut serve => result,
             () = signalled.notified() => {
                 tracing::info!(
                     grace_seconds = self.grace.as_secs_f64(),
-                    running = self.state.engine.stats().num_requests,
+                    in_flight = self.state.engine.stats().num_requests,
                     "shutting down: no new connections; finishing requests in flight"
                 );
                 match tokio::time::timeout(self.grace, &mut serve).await {
                     Ok(result) => result,
                     Err(_) => {
+                        // Abort what is left: the streams end with finish_reason "abort" and
+                        // their connections close.
                         tracing::warn!("grace period over: aborting the requests still in flight");
-                        Ok(())
+                        self.engine_shutdown.trigger();
+                        tokio::time::timeout(Duration::from_secs(2), &mut serve).await.unwrap_or(Ok(()))
                     }
                 }
             }
         };
-        // Dropping the server (if the grace period ran out) closed its connections; now stop
-        // the engine, which ends whatever is left, and wait for its thread.
         drop(serve);
         self.engine_shutdown.trigger();
         let thread = self.engine_thread;
@@ -307,5 +311,22 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => tracing::info!("SIGINT received"),
         () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServeArgs;
+
+    #[test]
+    fn a_missing_default_model_says_how_to_fetch_it() {
+        let mut config = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+        config.model = "definitely/not/here.gguf".into();
+        let err = runtime_options(&config).unwrap_err();
+        assert!(matches!(err, ServeError::DefaultModelMissing(_)));
+        assert!(err.to_string().contains("make model"), "{err}");
+        config.model_is_default = false;
+        assert!(matches!(runtime_options(&config), Err(ServeError::ModelMissing(_))));
     }
 }

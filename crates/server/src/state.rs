@@ -44,7 +44,10 @@ pub struct AppState {
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").field("model", &self.model).field("limits", &self.limits).finish_non_exhaustive()
+        f.debug_struct("AppState")
+            .field("model", &self.model)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
 }
 

@@ -39,7 +39,12 @@ impl Submission {
     }
 }
 
-fn events_of(prompt: usize, n: usize, stream: RequestStream, tracker: RequestTracker) -> BoxStream<'static, ChoiceEvent> {
+fn events_of(
+    prompt: usize,
+    n: usize,
+    stream: RequestStream,
+    tracker: RequestTracker,
+) -> BoxStream<'static, ChoiceEvent> {
     stream::unfold((stream, tracker), move |(mut stream, mut tracker)| async move {
         let event = stream.recv().await?;
         tracker.observe(&event);
@@ -50,16 +55,18 @@ fn events_of(prompt: usize, n: usize, stream: RequestStream, tracker: RequestTra
 }
 
 /// Submits one engine request per prompt; either all are admitted or none stays in flight.
+/// `prompt_param` names the prompt in errors (`messages` or `prompt`).
 pub fn submit(
     state: &AppState,
     prompts: Vec<TokenizedPrompt>,
     params: &GenerationParams,
     arrival: Instant,
+    prompt_param: &'static str,
 ) -> Result<Submission, ApiError> {
     let max_model_len = state.limits.max_model_len;
     let max_tokens = prompts
         .iter()
-        .map(|p| resolve_max_tokens(p.token_ids.len(), params.max_tokens, max_model_len))
+        .map(|p| resolve_max_tokens(p.token_ids.len(), params.max_tokens, max_model_len, prompt_param))
         .collect::<Result<Vec<_>, _>>()?;
     let sampling = Arc::new(params.sampling.clone());
     let stop = StopConditions {
@@ -79,15 +86,25 @@ pub fn submit(
                 .with_arrival(arrival);
         request.skip_special_tokens = params.skip_special_tokens;
         // On error the streams submitted so far are dropped, which aborts them.
+        let engine_id = request.id;
         let stream = state.engine.submit(request)?;
-        let tracker = RequestTracker::new(Arc::clone(&state.metrics), arrival, prompt.token_ids.len(), params.n);
+        tracing::debug!(
+            engine_id,
+            prompt_tokens = prompt.token_ids.len(),
+            max_tokens,
+            n = params.n,
+            "submitted"
+        );
+        let tracker =
+            RequestTracker::new(Arc::clone(&state.metrics), arrival, prompt.token_ids.len(), params.n);
         streams.push(events_of(i, params.n, stream, tracker));
     }
     Ok(Submission {
         prompts,
         n: params.n,
         wants_logprobs: params.sampling.logprobs.is_some(),
-        events: stream::select_all(streams).boxed() })
+        events: stream::select_all(streams).boxed(),
+    })
 }
 
 /// The error for an engine event that failed a request: 503 if the engine is gone, else 500.
@@ -123,7 +140,8 @@ pub struct Collected {
 impl Submission {
     /// Waits for every event. A failed request fails the whole call.
     pub async fn collect(mut self, state: &AppState) -> Result<(Vec<TokenizedPrompt>, Collected), ApiError> {
-        let mut out = Collected { choices: vec![ChoiceOutput::default(); self.num_choices()], ..Default::default() };
+        let mut out =
+            Collected { choices: vec![ChoiceOutput::default(); self.num_choices()], ..Default::default() };
         while let Some(ChoiceEvent { choice, event }) = self.events.next().await {
             if let Some(pagoda_engine::FinishReason::Error(message)) = &event.finished {
                 return Err(failure(state, message));
@@ -133,7 +151,9 @@ impl Submission {
                 out.completion_tokens += usage.completion_tokens;
             }
             let Some(c) = out.choices.get_mut(choice) else {
-                return Err(ApiError::Internal(format!("the engine sent an event for unknown choice {choice}")));
+                return Err(ApiError::Internal(format!(
+                    "the engine sent an event for unknown choice {choice}"
+                )));
             };
             c.text.push_str(&event.text);
             c.num_tokens += event.token_ids.len();

@@ -62,7 +62,11 @@ impl RequestTracker {
             let previous = self.last_token[event.index].replace(now);
             for i in 0..event.token_ids.len() {
                 // Tokens delivered together arrived together: only the first has a gap.
-                let gap = if i == 0 { previous.map(|p| now.saturating_duration_since(p)) } else { Some(Duration::ZERO) };
+                let gap = if i == 0 {
+                    previous.map(|p| now.saturating_duration_since(p))
+                } else {
+                    Some(Duration::ZERO)
+                };
                 self.metrics.observe_token(gap);
             }
             self.generation_tokens += event.token_ids.len();

@@ -71,7 +71,10 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(k) => {
-            return Err(InvalidParam::new("top_k", format!("top_k must be -1 (disabled) or at least 0, got {k}")))
+            return Err(InvalidParam::new(
+                "top_k",
+                format!("top_k must be -1 (disabled) or at least 0, got {k}"),
+            ))
         }
     };
 
@@ -82,7 +85,10 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
 
     let max_tokens_param = params.max_tokens_param;
     if let Some(0) = params.max_tokens {
-        return Err(InvalidParam::new(max_tokens_param, format!("{max_tokens_param} must be at least 1, got 0")));
+        return Err(InvalidParam::new(
+            max_tokens_param,
+            format!("{max_tokens_param} must be at least 1, got 0"),
+        ));
     }
     let min_tokens = params.min_tokens.unwrap_or(0);
     if let Some(max) = params.max_tokens {
@@ -162,17 +168,21 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
 /// The number of tokens to generate for a prompt of `prompt_tokens`: the requested
 /// `max_tokens` if prompt plus completion fit in `max_model_len`, else an error saying both
 /// numbers; without a request, whatever the context allows.
+/// `prompt_param` names the prompt's parameter (`messages` or `prompt`) in the error.
 pub fn resolve_max_tokens(
     prompt_tokens: usize,
     requested: Option<usize>,
     max_model_len: usize,
+    prompt_param: &'static str,
 ) -> Result<usize, ApiError> {
     match requested {
         Some(max_tokens) if prompt_tokens + max_tokens > max_model_len => {
             Err(ApiError::ContextLengthExceeded { prompt_tokens, max_tokens, max_model_len })
         }
         Some(max_tokens) => Ok(max_tokens),
-        None if prompt_tokens >= max_model_len => Err(ApiError::PromptTooLong { prompt_tokens, max_model_len }),
+        None if prompt_tokens >= max_model_len => {
+            Err(ApiError::PromptTooLong { prompt_tokens, max_model_len, param: prompt_param })
+        }
         None => Ok(max_model_len - prompt_tokens),
     }
 }
@@ -275,10 +285,15 @@ mod tests {
 
     #[test]
     fn max_tokens_resolution() {
-        assert_eq!(resolve_max_tokens(10, None, 100).unwrap(), 90);
-        assert_eq!(resolve_max_tokens(10, Some(90), 100).unwrap(), 90);
-        let err = resolve_max_tokens(10, Some(91), 100).unwrap_err();
-        assert_eq!(err, ApiError::ContextLengthExceeded { prompt_tokens: 10, max_tokens: 91, max_model_len: 100 });
-        assert!(matches!(resolve_max_tokens(100, None, 100), Err(ApiError::PromptTooLong { .. })));
+        assert_eq!(resolve_max_tokens(10, None, 100, "prompt").unwrap(), 90);
+        assert_eq!(resolve_max_tokens(10, Some(90), 100, "prompt").unwrap(), 90);
+        let err = resolve_max_tokens(10, Some(91), 100, "prompt").unwrap_err();
+        assert_eq!(
+            err,
+            ApiError::ContextLengthExceeded { prompt_tokens: 10, max_tokens: 91, max_model_len: 100 }
+        );
+        let err = resolve_max_tokens(100, None, 100, "messages").unwrap_err();
+        assert!(matches!(err, ApiError::PromptTooLong { .. }));
+        assert_eq!(err.param(), Some("messages"));
     }
 }

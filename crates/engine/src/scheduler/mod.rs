@@ -1,5 +1,5 @@
 //! The continuous-batching scheduler: owns every live sequence, the waiting queue, the running
-//! set and the block manager, and turns them into one [`ScheduledBatch`] per step
+//! set and the block manager, and turns them into one [`ScheduledBatch`](crate::ScheduledBatch) per step
 //! ([`schedule`](Scheduler::schedule), in `schedule.rs`) and the step's sampled tokens back into
 //! [`TokenEvent`]s ([`update`](Scheduler::update), in `update.rs`). Never touches tensors.
 //!

@@ -6,17 +6,18 @@ use std::time::Instant;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use pagoda_text::Tokenizer;
 
 use super::{finish_reason, response_id};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::layers::Arrival;
 use crate::logprobs;
 use crate::openai::{
-    unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-    ChatDelta, ErrorResponse, ResponseMessage, Usage,
+    unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ErrorResponse, ResponseMessage, Usage,
 };
 use crate::prompt::chat_messages;
 use crate::sse;
@@ -67,9 +68,10 @@ impl Context {
 )]
 pub async fn chat_completions(
     State(state): State<SharedState>,
+    arrival: Option<Extension<Arrival>>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = Instant::now();
+    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
     if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
@@ -77,7 +79,7 @@ pub async fn chat_completions(
     let params = validate(req.common(), &state.limits)?;
     let messages = chat_messages(&req.messages)?;
     let prompt = state.prompts.chat(messages, true, false).await?;
-    let submission = submit(&state, vec![prompt], &params, arrival)?;
+    let submission = submit(&state, vec![prompt], &params, arrival, "messages")?;
     let ctx = Context {
         id: response_id("chatcmpl"),
         created: unix_now(),
@@ -190,7 +192,12 @@ impl StreamState {
     }
 }
 
-fn stream_response(state: SharedState, ctx: Context, submission: Submission, include_usage: bool) -> Response {
+fn stream_response(
+    state: SharedState,
+    ctx: Context,
+    submission: Submission,
+    include_usage: bool,
+) -> Response {
     // The first chunk of every choice carries the role, before any token is ready.
     let head: Vec<_> = (0..submission.num_choices())
         .map(|index| {

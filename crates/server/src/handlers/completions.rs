@@ -8,13 +8,14 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use pagoda_text::Tokenizer;
 
 use super::{finish_reason, response_id};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::layers::Arrival;
 use crate::logprobs::CompletionLogprobsBuilder;
 use crate::openai::{
     unix_now, CompletionChoice, CompletionRequest, CompletionResponse, ErrorResponse, Usage,
@@ -66,14 +67,18 @@ impl Context {
 )]
 pub async fn completions(
     State(state): State<SharedState>,
+    arrival: Option<Extension<Arrival>>,
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = Instant::now();
+    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
     let n = req.n.unwrap_or(1);
     if let Some(best_of) = req.best_of {
         if best_of != n {
-            return Err(ApiError::invalid("best_of", format!("best_of must equal n ({n}) when given, got {best_of}")));
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("best_of must equal n ({n}) when given, got {best_of}"),
+            ));
         }
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
@@ -81,11 +86,14 @@ pub async fn completions(
     }
     let echo = req.echo.unwrap_or(false);
     if echo && req.logprobs.is_some() {
-        return Err(ApiError::invalid("echo", "echo together with logprobs is not supported (no prompt logprobs)"));
+        return Err(ApiError::invalid(
+            "echo",
+            "echo together with logprobs is not supported (no prompt logprobs)",
+        ));
     }
     let params = validate(req.common(), &state.limits)?;
     let prompts = state.prompts.completion(req.prompt.into_inputs(), true).await?;
-    let submission = submit(&state, prompts, &params, arrival)?;
+    let submission = submit(&state, prompts, &params, arrival, "prompt")?;
     let ctx = Context {
         id: response_id("cmpl"),
         created: unix_now(),
@@ -116,8 +124,8 @@ async fn collect_response(
         .enumerate()
         .map(|(index, c)| {
             let prefix = if echo { prompts[index / n].text.as_str() } else { "" };
-            let logprobs =
-                want_logprobs.then(|| CompletionLogprobsBuilder::new(prefix.len()).push(&ctx.tokenizer, &c.logprobs));
+            let logprobs = want_logprobs
+                .then(|| CompletionLogprobsBuilder::new(prefix.len()).push(&ctx.tokenizer, &c.logprobs));
             let (finish, stop_reason) = match &c.finish {
                 Some(r) => {
                     let (f, s) = finish_reason(r);
@@ -125,7 +133,13 @@ async fn collect_response(
                 }
                 None => (None, None),
             };
-            CompletionChoice { index, text: format!("{prefix}{}", c.text), logprobs, finish_reason: finish, stop_reason }
+            CompletionChoice {
+                index,
+                text: format!("{prefix}{}", c.text),
+                logprobs,
+                finish_reason: finish,
+                stop_reason,
+            }
         })
         .collect();
     Ok(ctx.response(choices, Some(Usage::new(collected.prompt_tokens, collected.completion_tokens))))
@@ -168,7 +182,13 @@ impl StreamState {
             }
             None => (None, None),
         };
-        let choice = CompletionChoice { index: choice, text: event.text, logprobs, finish_reason: finish, stop_reason };
+        let choice = CompletionChoice {
+            index: choice,
+            text: event.text,
+            logprobs,
+            finish_reason: finish,
+            stop_reason,
+        };
         vec![sse::json_event(&self.ctx.response(vec![choice], None))]
     }
 
@@ -198,7 +218,8 @@ fn stream_response(
         (0..num_choices)
             .map(|index| {
                 let text = submission.prompts[index / n].text.clone();
-                let choice = CompletionChoice { index, text, logprobs: None, finish_reason: None, stop_reason: None };
+                let choice =
+                    CompletionChoice { index, text, logprobs: None, finish_reason: None, stop_reason: None };
                 sse::json_event(&ctx.response(vec![choice], None))
             })
             .collect()
@@ -206,7 +227,9 @@ fn stream_response(
         Vec::new()
     };
     let offsets = (0..num_choices)
-        .map(|index| CompletionLogprobsBuilder::new(if echo { submission.prompts[index / n].text.len() } else { 0 }))
+        .map(|index| {
+            CompletionLogprobsBuilder::new(if echo { submission.prompts[index / n].text.len() } else { 0 })
+        })
         .collect();
     let st = StreamState {
         state,

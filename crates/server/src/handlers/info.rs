@@ -50,5 +50,6 @@ pub async fn version() -> Json<VersionResponse> {
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     state.refresh_engine_metrics();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+        .into_response()
 }

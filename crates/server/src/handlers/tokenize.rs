@@ -5,7 +5,9 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::openai::{DetokenizeRequest, DetokenizeResponse, ErrorResponse, TokenizeRequest, TokenizeResponse};
+use crate::openai::{
+    DetokenizeRequest, DetokenizeResponse, ErrorResponse, TokenizeRequest, TokenizeResponse,
+};
 use crate::prompt::chat_messages;
 use crate::state::SharedState;
 
@@ -27,7 +29,9 @@ pub async fn tokenize(
             let add_special_tokens = req.add_special_tokens.unwrap_or(false);
             state.prompts.chat(messages, add_generation_prompt, add_special_tokens).await?.token_ids
         }
-        (Some(_), Some(_)) => return Err(ApiError::invalid("messages", "give either prompt or messages, not both")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("messages", "give either prompt or messages, not both"))
+        }
         (None, None) => return Err(ApiError::invalid("prompt", "give prompt or messages")),
     };
     Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: state.limits.max_model_len, tokens }))

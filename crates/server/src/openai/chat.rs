@@ -99,7 +99,11 @@ impl ChatCompletionRequest {
             repetition_penalty: self.repetition_penalty,
             logit_bias: self.logit_bias.clone(),
             logprobs_param: "top_logprobs",
-            logprobs: if self.logprobs.unwrap_or(false) { Some(self.top_logprobs.unwrap_or(0)) } else { None },
+            logprobs: if self.logprobs.unwrap_or(false) {
+                Some(self.top_logprobs.unwrap_or(0))
+            } else {
+                None
+            },
             ignore_eos: self.ignore_eos.unwrap_or(false),
             min_tokens: self.min_tokens,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
@@ -274,9 +278,10 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_ignored() {
-        let r: ChatCompletionRequest =
-            serde_json::from_str(r#"{"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":true}"#)
-                .unwrap();
+        let r: ChatCompletionRequest = serde_json::from_str(
+            r#"{"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":true}"#,
+        )
+        .unwrap();
         assert_eq!(r.messages.len(), 1);
     }
 

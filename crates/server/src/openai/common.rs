@@ -87,9 +87,6 @@ impl<'de> Deserialize<'de> for StopSpec {
     }
 }
 
-/// The `object` of a list response.
-pub const LIST_OBJECT: &str = "list";
-
 /// Seconds since the Unix epoch, for `created` fields.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

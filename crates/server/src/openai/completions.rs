@@ -257,7 +257,9 @@ mod tests {
 
     #[test]
     fn bad_prompt_shapes_are_errors() {
-        for bad in ["5", "null", "{}", r#"["a",1]"#, "[1,-1]", "[1.5]", "[[1],\"a\"]", "[true]", "[4294967296]"] {
+        for bad in
+            ["5", "null", "{}", r#"["a",1]"#, "[1,-1]", "[1.5]", "[[1],\"a\"]", "[true]", "[4294967296]"]
+        {
             assert!(prompt(bad).is_err(), "{bad} should be rejected");
         }
         assert!(prompt("[1,-1]").unwrap_err().contains("token ids"));

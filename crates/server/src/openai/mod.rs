@@ -9,8 +9,9 @@ pub mod sampling;
 pub mod tokenize;
 
 pub use chat::{
-    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
-    ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ContentPart, MessageContent, ResponseMessage,
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+    ChatDelta, ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ContentPart, MessageContent,
+    ResponseMessage,
 };
 pub use common::{unix_now, ErrorDetail, ErrorResponse, StopSpec, StreamOptions, Usage};
 pub use completions::{

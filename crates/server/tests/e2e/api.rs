@@ -139,7 +139,8 @@ async fn chat_streaming_equals_non_streaming_at_temperature_zero() -> Result<()>
 
 #[tokio::test]
 async fn completions_streaming_equals_non_streaming_and_echo() -> Result<()> {
-    let body = json!({"model": "smol", "prompt": "The capital of France is", "temperature": 0, "max_tokens": 10});
+    let body =
+        json!({"model": "smol", "prompt": "The capital of France is", "temperature": 0, "max_tokens": 10});
     let full = complete(&body).await?;
     assert_eq!(full["object"], "text_completion");
     let text = full["choices"][0]["text"].as_str().unwrap().to_owned();
@@ -161,13 +162,16 @@ async fn completions_streaming_equals_non_streaming_and_echo() -> Result<()> {
 
     // Token-id prompts and several prompts at once.
     let (status, tok) =
-        post_json(&client(), &shared().url("/tokenize"), &json!({"prompt": "The capital of France is"})).await?;
+        post_json(&client(), &shared().url("/tokenize"), &json!({"prompt": "The capital of France is"}))
+            .await?;
     assert_eq!(status, 200);
     let ids = tok["tokens"].clone();
     let by_ids = complete(&json!({"prompt": ids, "temperature": 0, "max_tokens": 10})).await?;
     assert_eq!(by_ids["choices"][0]["text"].as_str().unwrap(), text);
-    let two = complete(&json!({"prompt": ["The capital of France is", "One, two,"], "temperature": 0, "max_tokens": 10}))
-        .await?;
+    let two = complete(
+        &json!({"prompt": ["The capital of France is", "One, two,"], "temperature": 0, "max_tokens": 10}),
+    )
+    .await?;
     let choices = two["choices"].as_array().unwrap();
     assert_eq!(choices.len(), 2);
     assert_eq!(choices[0]["index"], 0);
@@ -178,7 +182,10 @@ async fn completions_streaming_equals_non_streaming_and_echo() -> Result<()> {
 
 #[tokio::test]
 async fn seeds_reproduce_samples() -> Result<()> {
-    let body = chat_body("Write a word.", json!({"temperature": 1.0, "top_p": 0.95, "seed": 1234, "max_tokens": 12}));
+    let body = chat_body(
+        "Write a word.",
+        json!({"temperature": 1.0, "top_p": 0.95, "seed": 1234, "max_tokens": 12}),
+    );
     let a = chat(&body).await?;
     let b = chat(&body).await?;
     assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
@@ -237,14 +244,16 @@ async fn stop_strings_end_the_text_before_them() -> Result<()> {
     // The same through a stream.
     sbody["stream"] = json!(true);
     let events = stream("/v1/completions", &sbody).await?;
-    let streamed: String = events.iter().map(|e| e["choices"][0]["text"].as_str().unwrap_or("").to_owned()).collect();
+    let streamed: String =
+        events.iter().map(|e| e["choices"][0]["text"].as_str().unwrap_or("").to_owned()).collect();
     assert_eq!(streamed, expected);
     Ok(())
 }
 
 #[tokio::test]
 async fn logprobs_chat_and_completions() -> Result<()> {
-    let body = chat_body("Hi!", json!({"temperature": 0, "max_tokens": 5, "logprobs": true, "top_logprobs": 3}));
+    let body =
+        chat_body("Hi!", json!({"temperature": 0, "max_tokens": 5, "logprobs": true, "top_logprobs": 3}));
     let r = chat(&body).await?;
     let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(content.len() as u64, r["usage"]["completion_tokens"].as_u64().unwrap());
@@ -295,8 +304,9 @@ async fn metrics_move_with_traffic() -> Result<()> {
     let prompt0 = metric(&before, "pagoda:prompt_tokens_total", "").unwrap();
     let gen0 = metric(&before, "pagoda:generation_tokens_total", "").unwrap();
     let ttft0 = metric(&before, "pagoda:time_to_first_token_seconds_count", "").unwrap();
-    let ok0 = metric(&before, "http_requests_total", "handler=\"/v1/completions\",method=\"POST\",status=\"200\"")
-        .unwrap_or(0.0);
+    let ok0 =
+        metric(&before, "http_requests_total", "handler=\"/v1/completions\",method=\"POST\",status=\"200\"")
+            .unwrap_or(0.0);
     complete(&json!({"prompt": "Metrics are", "temperature": 0, "max_tokens": 4})).await?;
     let after = metrics_text(&c, s).await?;
     assert!(metric(&after, "pagoda:prompt_tokens_total", "").unwrap() > prompt0);
@@ -305,8 +315,9 @@ async fn metrics_move_with_traffic() -> Result<()> {
     assert!(metric(&after, "pagoda:request_success_total", "finished_reason=\"length\"").unwrap() >= 1.0);
     assert!(metric(&after, "pagoda:iteration_tokens_total_count", "").unwrap() >= 1.0);
     assert!(metric(&after, "pagoda:e2e_request_latency_seconds_count", "").unwrap() >= 1.0);
-    let ok1 = metric(&after, "http_requests_total", "handler=\"/v1/completions\",method=\"POST\",status=\"200\"")
-        .unwrap();
+    let ok1 =
+        metric(&after, "http_requests_total", "handler=\"/v1/completions\",method=\"POST\",status=\"200\"")
+            .unwrap();
     assert!(ok1 > ok0);
     // The TTFT histogram has vLLM's buckets.
     assert!(after.contains("pagoda:time_to_first_token_seconds_bucket{model_name=\"smol\",le=\"2560\"}"));

@@ -43,8 +43,13 @@ async fn wrong_types_are_400_naming_the_parameter() -> Result<()> {
     expect_error(chat, &json!({"messages": msgs(), "n": "two"}), 400, Some("n")).await?;
     expect_error(chat, &json!({"messages": msgs(), "stop": 3}), 400, Some("stop")).await?;
     expect_error(chat, &json!({"messages": "hi"}), 400, Some("messages")).await?;
-    expect_error(chat, &json!({"messages": [{"role": "user", "content": 5}]}), 400, Some("messages[0].content"))
-        .await?;
+    expect_error(
+        chat,
+        &json!({"messages": [{"role": "user", "content": 5}]}),
+        400,
+        Some("messages[0].content"),
+    )
+    .await?;
     expect_error(chat, &json!({"model": "smol"}), 400, None).await?;
     expect_error("/v1/completions", &json!({"prompt": {"a": 1}}), 400, Some("prompt")).await?;
     expect_error("/v1/completions", &json!({"prompt": [1, -2]}), 400, Some("prompt")).await?;
@@ -77,8 +82,13 @@ async fn out_of_range_values_are_400_naming_the_parameter() -> Result<()> {
         expect_error(chat, &body, 400, Some(param)).await?;
     }
     expect_error(chat, &json!({"messages": []}), 400, Some("messages")).await?;
-    expect_error(chat, &json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, Some("messages[0].role"))
-        .await?;
+    expect_error(
+        chat,
+        &json!({"messages": [{"role": "wizard", "content": "x"}]}),
+        400,
+        Some("messages[0].role"),
+    )
+    .await?;
     let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
     expect_error(chat, &json!({"messages": image}), 400, Some("messages[0].content[0]")).await?;
     let comp = "/v1/completions";
@@ -94,7 +104,7 @@ async fn out_of_range_values_are_400_naming_the_parameter() -> Result<()> {
 async fn context_length_exceeded_says_both_numbers() -> Result<()> {
     let json = expect_error(
         "/v1/completions",
-        &json!({"prompt": "Hello there", "max_tokens": 1020}),
+        &json!({"prompt": "Hello there", "max_tokens": 1024}),
         400,
         Some("max_tokens"),
     )
@@ -102,7 +112,9 @@ async fn context_length_exceeded_says_both_numbers() -> Result<()> {
     let error = &json["error"];
     assert_eq!(error["code"], "context_length_exceeded");
     let message = error["message"].as_str().unwrap();
-    assert!(message.contains("1024") && message.contains("1020"), "{message}");
+    // Both numbers: the context length and prompt + max_tokens.
+    assert!(message.contains("maximum context length is 1024 tokens"), "{message}");
+    assert!(message.contains("in the prompt, 1024 in the completion"), "{message}");
     // A prompt longer than the context, without max_tokens.
     let long = "word ".repeat(1100);
     let json = expect_error("/v1/completions", &json!({"prompt": long}), 400, None).await?;
@@ -112,8 +124,13 @@ async fn context_length_exceeded_says_both_numbers() -> Result<()> {
 
 #[tokio::test]
 async fn unknown_model_is_404() -> Result<()> {
-    let json = expect_error("/v1/chat/completions", &json!({"model": "gpt-4", "messages": msgs()}), 404, Some("model"))
-        .await?;
+    let json = expect_error(
+        "/v1/chat/completions",
+        &json!({"model": "gpt-4", "messages": msgs()}),
+        404,
+        Some("model"),
+    )
+    .await?;
     assert_eq!(json["error"]["code"], "model_not_found");
     expect_error("/v1/completions", &json!({"model": "gpt-4", "prompt": "x"}), 404, Some("model")).await?;
     Ok(())
@@ -136,11 +153,8 @@ async fn missing_or_wrong_api_key_is_401() -> Result<()> {
     }
     assert_eq!(bare.get(s.url("/v1/models")).send().await?.status(), 401);
     assert_eq!(bare.post(s.url("/tokenize")).json(&json!({"prompt": "x"})).send().await?.status(), 401);
-    let ok = bare
-        .get(s.url("/v1/models"))
-        .header("authorization", format!("Bearer {API_KEY}"))
-        .send()
-        .await?;
+    let ok =
+        bare.get(s.url("/v1/models")).header("authorization", format!("Bearer {API_KEY}")).send().await?;
     assert_eq!(ok.status(), 200);
     Ok(())
 }

@@ -111,7 +111,14 @@ impl TestServer {
 pub fn shared() -> &'static TestServer {
     static SERVER: OnceLock<TestServer> = OnceLock::new();
     SERVER.get_or_init(|| {
-        TestServer::start(&["--api-key", API_KEY, "--max-request-body-bytes", "64KiB", "--max-num-seqs", "64"])
+        TestServer::start(&[
+            "--api-key",
+            API_KEY,
+            "--max-request-body-bytes",
+            "64KiB",
+            "--max-num-seqs",
+            "64",
+        ])
     })
 }
 
@@ -133,7 +140,8 @@ pub async fn post_json(client: &reqwest::Client, url: &str, body: &Value) -> Res
 
 /// Asserts the OpenAI error shape and returns the error object.
 pub fn assert_error_shape(body: &Value) -> &serde_json::Map<String, Value> {
-    let error = body.get("error").and_then(Value::as_object).unwrap_or_else(|| panic!("no error object: {body}"));
+    let error =
+        body.get("error").and_then(Value::as_object).unwrap_or_else(|| panic!("no error object: {body}"));
     for key in ["message", "type", "param", "code"] {
         assert!(error.contains_key(key), "error lacks {key}: {body}");
     }
@@ -194,7 +202,8 @@ pub fn metric(text: &str, metric: &str, labels: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find(|l| {
-            l.split_once(['{', ' ']).is_some_and(|(name, _)| name == metric) && (labels.is_empty() || l.contains(labels))
+            l.split_once(['{', ' ']).is_some_and(|(name, _)| name == metric)
+                && (labels.is_empty() || l.contains(labels))
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::harness::{assert_error_shape, client, metric, metrics_text, read_sse, shared, SseReader, TestServer};
+use crate::harness::{
+    assert_error_shape, client, metric, metrics_text, read_sse, shared, SseReader, TestServer,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_concurrent_streams() -> Result<()> {
@@ -35,11 +37,27 @@ async fn thirty_two_concurrent_streams() -> Result<()> {
     Ok(())
 }
 
-async fn wait_for_metric(c: &reqwest::Client, s: &TestServer, name: &str, ok: impl Fn(f64) -> bool) -> Result<f64> {
+async fn wait_for_metric(
+    c: &reqwest::Client,
+    s: &TestServer,
+    name: &str,
+    ok: impl Fn(f64) -> bool,
+) -> Result<f64> {
+    wait_for_labelled(c, s, name, "", ok).await
+}
+
+/// Polls /metrics until the sample of `name` with `labels` satisfies `ok` (30 s at most).
+async fn wait_for_labelled(
+    c: &reqwest::Client,
+    s: &TestServer,
+    name: &str,
+    labels: &str,
+    ok: impl Fn(f64) -> bool,
+) -> Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = metrics_text(c, s).await?;
-        let v = metric(&text, name, "").unwrap_or(f64::NAN);
+        let v = metric(&text, name, labels).unwrap_or(f64::NAN);
         if ok(v) {
             return Ok(v);
         }
@@ -90,11 +108,18 @@ async fn full_queue_is_429_and_disconnects_free_blocks() -> Result<()> {
     wait_for_metric(&c, &server, "pagoda:kv_cache_usage_perc", |v| v == 0.0).await?;
     wait_for_metric(&c, &server, "pagoda:num_requests_running", |v| v == 0.0).await?;
     wait_for_metric(&c, &server, "pagoda:num_requests_waiting", |v| v == 0.0).await?;
+
+    // A non-streaming client that gives up is aborted too.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(700)).build()?;
+    assert!(impatient.post(&url).json(&plain).send().await.is_err(), "should have timed out");
+    let abort = "finished_reason=\"abort\"";
+    wait_for_labelled(&c, &server, "pagoda:request_success_total", abort, |v| v >= 3.0).await?;
+    wait_for_metric(&c, &server, "pagoda:kv_cache_usage_perc", |v| v == 0.0).await?;
     let text = metrics_text(&c, &server).await?;
     let aborted = metric(&text, "pagoda:request_success_total", "finished_reason=\"abort\"").unwrap_or(0.0);
-    assert!(aborted >= 2.0, "aborted {aborted}\n{text}");
+    assert!(aborted >= 3.0, "aborted {aborted}\n{text}");
     let generated = metric(&text, "pagoda:generation_tokens_total", "").unwrap();
-    assert!(generated < 900.0, "the aborted request kept generating: {generated}");
+    assert!(generated < 900.0, "the aborted requests kept generating: {generated}");
 
     // The server still serves.
     let ok = c.post(&url).json(&json!({"prompt": "Hi", "max_tokens": 2})).send().await?;

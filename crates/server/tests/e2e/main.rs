@@ -4,6 +4,7 @@
 
 mod api;
 mod errors;
+mod failure;
 mod harness;
 mod load;
 mod shutdown;

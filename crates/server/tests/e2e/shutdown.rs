@@ -12,14 +12,17 @@ use serde_json::{json, Value};
 use crate::harness::{model_path, SseReader, TestServer};
 
 /// Reads the server's log until the "ready on http://..." line and returns the address.
-fn wait_ready(stderr: impl std::io::Read + Send + 'static) -> Result<(String, std::thread::JoinHandle<Vec<String>>)> {
+fn wait_ready(
+    stderr: impl std::io::Read + Send + 'static,
+) -> Result<(String, std::thread::JoinHandle<Vec<String>>)> {
     let mut lines = BufReader::new(stderr).lines();
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         let Some(line) = lines.next() else { bail!("the server exited before it was ready") };
         let line = line?;
         if let Some(rest) = line.split("ready on http://").nth(1) {
-            let addr: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+            let addr: String =
+                rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
             // Keep draining the log so the server never blocks on a full pipe.
             let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect());
             return Ok((addr, rest));
@@ -33,7 +36,16 @@ async fn sigterm_finishes_in_flight_requests_and_exits_0() -> Result<()> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
         .args(["serve", "--model"])
         .arg(model_path())
-        .args(["--port", "0", "--kv-cache-memory", "64MiB", "--max-model-len", "512", "--shutdown-timeout", "60"])
+        .args([
+            "--port",
+            "0",
+            "--kv-cache-memory",
+            "64MiB",
+            "--max-model-len",
+            "512",
+            "--shutdown-timeout",
+            "60",
+        ])
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -63,7 +75,10 @@ async fn sigterm_finishes_in_flight_requests_and_exits_0() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     // No new connections are accepted...
     let fresh = reqwest::Client::new();
-    assert!(fresh.get(format!("http://{addr}/health")).send().await.is_err(), "still accepting after SIGTERM");
+    assert!(
+        fresh.get(format!("http://{addr}/health")).send().await.is_err(),
+        "still accepting after SIGTERM"
+    );
     // ...but the request in flight runs to its end.
     let mut finish = None;
     let mut done = false;
