@@ -137,7 +137,10 @@ impl DatasetSpec {
         ensure!(self.output_len != Some(0), "--output-len must be at least 1");
         let fixed_prompts = matches!(self.kind, DatasetKind::SharegptLike | DatasetKind::File(_));
         if fixed_prompts && self.input_len.is_some() {
-            bail!("--input-len does not apply to the {} dataset (its prompts have their own lengths)", self.kind);
+            bail!(
+                "--input-len does not apply to the {} dataset (its prompts have their own lengths)",
+                self.kind
+            );
         }
         if fixed_prompts && self.prefix_len.is_some() {
             bail!("--prefix-len does not apply to the {} dataset", self.kind);
@@ -395,7 +398,8 @@ mod tests {
     #[test]
     fn jsonl_dataset_repeats_the_file_and_fills_output_len() {
         let path = std::env::temp_dir().join(format!("pagoda-bench-{}.jsonl", std::process::id()));
-        std::fs::write(&path, "{\"prompt\": \"one two three\", \"output_len\": 5}\n{\"prompt\": \"four\"}\n").unwrap();
+        std::fs::write(&path, "{\"prompt\": \"one two three\", \"output_len\": 5}\n{\"prompt\": \"four\"}\n")
+            .unwrap();
         let s = DatasetSpec { output_len: Some(9), ..spec(DatasetKind::File(path.clone()), 3) };
         let d = generate(&s, &TextSynth::approximate()).unwrap();
         std::fs::remove_file(&path).unwrap();

@@ -1,1 +1,19 @@
-//! `pagoda-bench`: load generator and benchmarks for Pagoda.
+//! `pagoda-bench`: Pagoda's load generator and benchmarks.
+//!
+//! - `pagoda-bench serve` ([`serve`]) streams a dataset's requests to any OpenAI-compatible
+//!   server on a Poisson or all-at-once schedule and reports throughput and the TTFT, TPOT, ITL
+//!   and end-to-end latency distributions ([`metrics`], [`report`]).
+//! - `pagoda-bench offline` ([`offline`]) runs the engine in-process, without HTTP.
+//! - Datasets ([`dataset`], [`words`]): random, sharegpt-like, prefix-repetition, or a JSONL file.
+//! - `benches/scheduler.rs` is a criterion bench of the scheduler.
+
+pub mod cli;
+pub mod client;
+pub mod dataset;
+pub mod metrics;
+pub mod offline;
+pub mod report;
+pub mod run;
+pub mod serve;
+pub mod sse;
+pub mod words;

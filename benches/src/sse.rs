@@ -146,8 +146,10 @@ pub fn interpret(event: &SseEvent) -> StreamItem {
     let usage = &value["usage"];
     if usage.is_object() {
         let count = |k: &str| usage[k].as_u64().map(|n| n as usize);
-        chunk.usage =
-            Some(ChunkUsage { prompt_tokens: count("prompt_tokens"), completion_tokens: count("completion_tokens") });
+        chunk.usage = Some(ChunkUsage {
+            prompt_tokens: count("prompt_tokens"),
+            completion_tokens: count("completion_tokens"),
+        });
     }
     StreamItem::Chunk(chunk)
 }
@@ -294,7 +296,8 @@ mod tests {
 
     #[test]
     fn null_usage_and_null_error_are_ignored() {
-        let e = SseEvent { event: None, data: r#"{"error":null,"usage":null,"choices":[{"text":"x"}]}"#.into() };
+        let e =
+            SseEvent { event: None, data: r#"{"error":null,"usage":null,"choices":[{"text":"x"}]}"#.into() };
         assert_eq!(interpret(&e), chunk("x", None, None));
     }
 

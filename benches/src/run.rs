@@ -1,0 +1,222 @@
+//! The two commands from parsed arguments to the printed table and the saved JSON.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device};
+use pagoda_server::config::DeviceArg;
+use pagoda_server::runtime::RuntimeOptions;
+use pagoda_text::Tokenizer;
+use serde_json::Value;
+
+use crate::cli::{OfflineArgs, OutputArgs, ServeArgs};
+use crate::client::{first_model, Client, ClientConfig, Endpoint};
+use crate::dataset::{generate, Dataset};
+use crate::metrics::{summarize, RequestResult, Summary};
+use crate::report::{save, table, SavedResult, TableInfo};
+use crate::serve::ServeOptions;
+use crate::words::TextSynth;
+
+/// What a command produced (also printed and, if asked, saved).
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub summary: Summary,
+    pub results: Vec<RequestResult>,
+    pub table: String,
+}
+
+/// A tokenizer from a GGUF file, a `tokenizer.json` file, or a directory holding one.
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
+    let tokenizer = if path.is_dir() {
+        Tokenizer::from_dir(path)
+    } else if path.file_name().is_some_and(|n| n == "tokenizer.json") {
+        Tokenizer::from_dir(path.parent().unwrap_or(Path::new(".")))
+    } else {
+        Tokenizer::from_gguf(path)
+    };
+    tokenizer.with_context(|| format!("loading the tokenizer {}", path.display()))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn length_notes(dataset: &Dataset) -> Vec<String> {
+    if dataset.exact_lengths {
+        return Vec::new();
+    }
+    vec![format!(
+        "prompts were sized without a tokenizer (about one token per word, {} words in all); pass \
+         --tokenizer for exact lengths",
+        dataset.total_prompt_tokens()
+    )]
+}
+
+/// Prints the table, saves the JSON if asked, and fails when no request succeeded.
+fn finish(
+    mode: &'static str,
+    info: TableInfo,
+    output: &OutputArgs,
+    config: Value,
+    summary: Summary,
+    results: Vec<RequestResult>,
+) -> anyhow::Result<Report> {
+    let table = table(&summary, &info);
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(table.as_bytes())?;
+    stdout.flush()?;
+    if let Some(path) = &output.save_result {
+        let saved = SavedResult {
+            pagoda_bench_version: env!("CARGO_PKG_VERSION"),
+            mode,
+            date_unix_s: unix_now(),
+            config,
+            summary: &summary,
+            requests: &results,
+        };
+        save(path, &saved)?;
+        eprintln!("results saved to {}", path.display());
+    }
+    if summary.completed == 0 {
+        bail!("every request failed");
+    }
+    Ok(Report { summary, results, table })
+}
+
+/// `pagoda-bench serve`.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => first_model(&args.base_url, args.api_key.as_deref()).await?,
+    };
+    let synth = match &args.tokenizer {
+        Some(path) => TextSynth::exact(Arc::new(load_tokenizer(path)?)),
+        None => TextSynth::approximate(),
+    };
+    let spec = args.dataset.spec();
+    let dataset = tokio::task::spawn_blocking(move || generate(&spec, &synth)).await??;
+    let client = Arc::new(Client::new(ClientConfig {
+        base_url: args.base_url.clone(),
+        model: model.clone(),
+        endpoint: args.endpoint,
+        api_key: args.api_key.clone(),
+        ignore_eos: args.ignore_eos,
+        temperature: args.temperature,
+        extra_body: args.extra_body.clone().unwrap_or_default(),
+        timeout: Some(args.request_timeout),
+    })?);
+    let rate =
+        if args.request_rate.is_finite() { format!("{} req/s", args.request_rate) } else { "inf".into() };
+    eprintln!(
+        "pagoda-bench serve: {} requests ({}, {} prompt / {} output tokens) to {} (model {model}), rate {rate}, \
+         max concurrency {}",
+        dataset.prompts.len(),
+        args.dataset.dataset,
+        dataset.total_prompt_tokens(),
+        dataset.total_output_tokens(),
+        client.url(),
+        args.max_concurrency.map_or("unlimited".to_owned(), |c| c.to_string()),
+    );
+    let options = ServeOptions {
+        request_rate: args.request_rate,
+        max_concurrency: args.max_concurrency,
+        seed: args.dataset.seed,
+        progress: !args.output.no_progress,
+        test_request: !args.skip_test_request,
+    };
+    let run = crate::serve::run(client, &dataset, &options).await?;
+    let summary = summarize(&run.results, run.duration, &args.output.percentiles.0);
+
+    let mut notes = length_notes(&dataset);
+    if args.endpoint == Endpoint::Chat {
+        notes.push("chat endpoint: the server's chat template adds tokens to every prompt".into());
+    }
+    let info = TableInfo {
+        title: "Serving Benchmark Result".into(),
+        max_concurrency: args.max_concurrency,
+        request_rate: args.request_rate.is_finite().then_some(args.request_rate),
+        notes,
+    };
+    let mut config = args.dataset.to_json();
+    config.insert("base_url".into(), args.base_url.clone().into());
+    config.insert("model".into(), model.into());
+    config.insert("endpoint".into(), serde_json::to_value(args.endpoint)?);
+    config.insert("tokenizer".into(), args.tokenizer.as_ref().map(|p| p.display().to_string()).into());
+    config.insert("exact_prompt_lengths".into(), dataset.exact_lengths.into());
+    config.insert(
+        "request_rate".into(),
+        if args.request_rate.is_finite() { args.request_rate.into() } else { "inf".into() },
+    );
+    config.insert("max_concurrency".into(), args.max_concurrency.into());
+    config.insert("ignore_eos".into(), args.ignore_eos.into());
+    config.insert("temperature".into(), args.temperature.into());
+    config.insert("extra_body".into(), args.extra_body.clone().map(Value::Object).unwrap_or(Value::Null));
+    finish("serve", info, &args.output, Value::Object(config), summary, run.results)
+}
+
+/// The runtime options `args` asks for (the server's defaults otherwise).
+pub fn runtime_options(args: &OfflineArgs) -> anyhow::Result<RuntimeOptions> {
+    if !args.model.exists() {
+        bail!(
+            "--model {}: no such file or directory (run `make model` for the default model)",
+            args.model.display()
+        );
+    }
+    let mut o = RuntimeOptions::new(&args.model);
+    o.tokenizer = args.tokenizer.clone();
+    o.dequantize = args.dequantize;
+    (o.device, o.dtype) = match args.device {
+        DeviceArg::Cpu => (Device::Cpu, DType::F32),
+        DeviceArg::Cuda(n) => {
+            (Device::new_cuda(n).with_context(|| format!("--device {}", args.device))?, DType::BF16)
+        }
+    };
+    o.block_size = args.block_size;
+    o.kv_cache_bytes = args.kv_cache_memory.0;
+    o.max_model_len = args.max_model_len;
+    o.max_num_seqs = args.max_num_seqs;
+    o.max_num_batched_tokens = args.max_num_batched_tokens;
+    // Everything is submitted at once: let it all wait.
+    o.max_waiting_requests = o.max_waiting_requests.max(args.dataset.num_prompts);
+    o.enable_prefix_caching = !args.no_enable_prefix_caching;
+    Ok(o)
+}
+
+/// `pagoda-bench offline`.
+pub fn offline(args: OfflineArgs) -> anyhow::Result<Report> {
+    let options = runtime_options(&args)?;
+    eprintln!("pagoda-bench offline: loading {}", args.model.display());
+    let run = crate::offline::run(&options, &args.dataset.spec(), !args.output.no_progress)?;
+    eprintln!(
+        "model loaded and engine started in {:.2}s; ran {} requests ({}, {} prompt / {} output tokens)",
+        run.startup.as_secs_f64(),
+        run.dataset.prompts.len(),
+        args.dataset.dataset,
+        run.dataset.total_prompt_tokens(),
+        run.dataset.total_output_tokens(),
+    );
+    let summary = summarize(&run.results, run.duration, &args.output.percentiles.0);
+    let info = TableInfo {
+        title: "Offline Throughput Result".into(),
+        notes: vec![format!(
+            "in-process engine, all requests submitted at once with ignore_eos; start-up ({:.2}s) not counted",
+            run.startup.as_secs_f64()
+        )],
+        ..TableInfo::default()
+    };
+    let mut config = args.dataset.to_json();
+    config.insert("model".into(), args.model.display().to_string().into());
+    config.insert("max_num_seqs".into(), args.max_num_seqs.into());
+    config.insert("max_num_batched_tokens".into(), args.max_num_batched_tokens.into());
+    config.insert("max_model_len".into(), options.max_model_len.into());
+    config.insert("kv_cache_bytes".into(), options.kv_cache_bytes.into());
+    config.insert("block_size".into(), args.block_size.into());
+    config.insert("enable_prefix_caching".into(), options.enable_prefix_caching.into());
+    config.insert("dequantize".into(), args.dequantize.into());
+    config.insert("device".into(), args.device.to_string().into());
+    config.insert("startup_s".into(), run.startup.as_secs_f64().into());
+    finish("offline", info, &args.output, Value::Object(config), summary, run.results)
+}
