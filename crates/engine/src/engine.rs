@@ -234,6 +234,8 @@ impl<E: ModelExecutor> EngineLoop<E> {
         };
         self.shared.stats.record_step(&stats);
         self.observer.on_step(&stats);
+        // Publish before sending: a caller that sees its last event also sees its blocks freed.
+        self.publish();
         self.dispatch();
         Flow::Continue
     }
