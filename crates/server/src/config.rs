@@ -144,6 +144,9 @@ pub struct ServeArgs {
     /// or, with --load-format dummy, a config.json shape file. [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
     #[arg(long, value_name = "PATH")]
     pub model: Option<String>,
+    /// Hugging Face cache for `--model ORG/NAME` or `ORG/NAME/FILE.gguf`. [default: $HF_HOME]
+    #[arg(long, value_name = "DIR")]
+    pub download_dir: Option<PathBuf>,
     /// Tokenizer: a GGUF file, or a Hugging Face directory with tokenizer.json. [default: the model]
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<String>,
@@ -234,6 +237,7 @@ pub struct ServerConfig {
     pub model: String,
     /// Whether `model` is the built-in default (for the "run `make model`" hint).
     pub model_is_default: bool,
+    pub download_dir: Option<PathBuf>,
     pub tokenizer: Option<String>,
     pub served_model_names: Vec<String>,
     pub load_format: LoadFormatArg,
@@ -294,6 +298,7 @@ impl ServerConfig {
             cli.served_model_name.or(file.served_model_name).unwrap_or_else(|| vec![model.clone()]);
         let config = Self {
             model_is_default,
+            download_dir: cli.download_dir.or(file.download_dir),
             tokenizer: cli.tokenizer.or(file.tokenizer),
             served_model_names,
             load_format: cli.load_format.or(file.load_format).unwrap_or_default(),
@@ -444,6 +449,23 @@ mod tests {
         assert!(!c.model_is_default);
         let c = ServerConfig::merge(cli(&["--enable-prefix-caching"]), ServeArgs::default()).unwrap();
         assert!(c.enable_prefix_caching);
+    }
+
+    #[test]
+    fn shipped_example_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let path = path.display().to_string();
+                let c = ServerConfig::from_args(cli(&["--config", &path]))
+                    .unwrap_or_else(|e| panic!("{path}: {e}"));
+                assert!(!c.model.is_empty());
+                checked += 1;
+            }
+        }
+        assert!(checked > 0, "no example config in {}", dir.display());
     }
 
     #[test]

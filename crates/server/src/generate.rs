@@ -13,7 +13,7 @@ use crate::runtime::{LoadedRuntime, RuntimeOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// GGUF file or Hugging Face directory.
+    /// GGUF file, Hugging Face directory, or hub id (ORG/NAME or ORG/NAME/FILE.gguf).
     #[arg(long, default_value = crate::config::DEFAULT_MODEL)]
     pub model: PathBuf,
     /// Tokenizer source when it is not the model itself.
@@ -44,7 +44,13 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let mut options = RuntimeOptions::new(&args.model);
+    let model = match args.model.to_str() {
+        Some(id) if !args.model.exists() && crate::hub::is_hub_id(id) => {
+            crate::hub::resolve(id, None, crate::hub::offline_from_env())?
+        }
+        _ => args.model.clone(),
+    };
+    let mut options = RuntimeOptions::new(model);
     options.tokenizer = args.tokenizer.clone();
     options.load_format = LoadFormat::Auto;
     options.dequantize = args.dequantize;

@@ -13,6 +13,7 @@ pub mod error;
 pub mod extract;
 pub mod generate;
 pub mod handlers;
+pub mod hub;
 pub mod layers;
 pub mod logprobs;
 pub mod metrics;

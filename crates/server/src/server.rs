@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 
 use crate::app::{router, HttpOptions};
 use crate::config::{DeviceArg, DtypeArg, LoadFormatArg, ServerConfig, DEFAULT_CPU_KV_CACHE_BYTES};
+use crate::hub;
 use crate::metrics::Metrics;
 use crate::prompt::PromptBuilder;
 use crate::runtime::{LoadedRuntime, RuntimeError, RuntimeOptions};
@@ -31,7 +32,7 @@ pub enum ServeError {
     #[error("the default model {0} is missing: run `make model` to fetch it, or pass --model PATH")]
     DefaultModelMissing(String),
     #[error(
-        "--model {0}: no such file or directory (pass a GGUF file, a Hugging Face model directory, or with \
+        "--model {0}: no such file or directory (pass a GGUF file, a Hugging Face model directory, a hub id ORG/NAME or ORG/NAME/FILE.gguf, or with \
          --load-format dummy a config.json)"
     )]
     ModelMissing(String),
@@ -39,6 +40,8 @@ pub enum ServeError {
     Device { device: DeviceArg, message: String },
     #[error("--chat-template {path}: {message}")]
     ChatTemplate { path: PathBuf, message: String },
+    #[error(transparent)]
+    Hub(#[from] hub::HubError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error("setting up metrics failed: {0}")]
@@ -72,15 +75,17 @@ fn dtype(arg: DtypeArg, device: &Device) -> DType {
 
 /// The runtime options `config` asks for.
 pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeError> {
-    if !Path::new(&config.model).exists() {
-        return Err(if config.model_is_default {
-            ServeError::DefaultModelMissing(config.model.clone())
-        } else {
-            ServeError::ModelMissing(config.model.clone())
-        });
-    }
+    let model = if Path::new(&config.model).exists() {
+        PathBuf::from(&config.model)
+    } else if config.model_is_default {
+        return Err(ServeError::DefaultModelMissing(config.model.clone()));
+    } else if hub::is_hub_id(&config.model) {
+        hub::resolve(&config.model, config.download_dir.as_deref(), hub::offline_from_env())?
+    } else {
+        return Err(ServeError::ModelMissing(config.model.clone()));
+    };
     let device = device(config.device)?;
-    let mut options = RuntimeOptions::new(&config.model);
+    let mut options = RuntimeOptions::new(model);
     options.tokenizer = config.tokenizer.as_ref().map(PathBuf::from);
     options.load_format = match config.load_format {
         LoadFormatArg::Auto => LoadFormat::Auto,

@@ -39,11 +39,15 @@ pub struct TestServer {
 impl TestServer {
     /// Starts `pagoda serve` in-process with the real model and `extra` flags.
     pub fn start(extra: &[&str]) -> TestServer {
-        let model = model_path();
+        Self::start_with_model(&model_path().display().to_string(), extra)
+    }
+
+    /// Starts `pagoda serve` in-process with `--model model` and `extra` flags.
+    pub fn start_with_model(model: &str, extra: &[&str]) -> TestServer {
         let mut argv = vec![
             "pagoda".to_owned(),
             "--model".to_owned(),
-            model.display().to_string(),
+            model.to_owned(),
             "--served-model-name".to_owned(),
             "smol".to_owned(),
             "--port".to_owned(),

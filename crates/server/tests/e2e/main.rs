@@ -6,5 +6,6 @@ mod api;
 mod errors;
 mod failure;
 mod harness;
+mod hub;
 mod load;
 mod shutdown;
