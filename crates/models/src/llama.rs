@@ -8,7 +8,7 @@ use pagoda_ops::AttentionMetadata;
 use crate::config::LlamaConfig;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
-use crate::linear::Linear;
+use crate::linear::{Linear, LinearWeight};
 use crate::weights::WeightSource;
 
 struct Layer {
@@ -77,9 +77,12 @@ impl Llama {
         let final_norm = source.dense("output_norm.weight", &[c.hidden_size])?;
         let lm_head = if !c.tie_word_embeddings && source.contains("output.weight") {
             source.linear("output.weight", c.vocab_size, c.hidden_size, None)?
-        } else {
-            // Tied: reuse the embedding table (kept quantized when the source allows it).
+        } else if source.keeps_quantized("token_embd.weight") {
+            // Tied, quantized: the lm head multiplies the quantized table directly.
             source.linear("token_embd.weight", c.vocab_size, c.hidden_size, None)?
+        } else {
+            // Tied, dense: share the embedding tensor rather than load a second copy.
+            Linear::new(LinearWeight::Dense(embed_tokens.clone()), None)
         };
         let (cos, sin) = rotary_tables(c, device)?;
         Ok(Self {

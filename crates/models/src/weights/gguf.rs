@@ -83,6 +83,11 @@ impl WeightSource for GgufWeights {
         self.content.tensor_infos.contains_key(name)
     }
 
+    fn keeps_quantized(&self, name: &str) -> bool {
+        !self.dequantize
+            && self.content.tensor_infos.get(name).is_some_and(|i| matmul_supported(i.ggml_dtype))
+    }
+
     fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let q = self.qtensor(name)?;
         check_shape(&self.path, name, shape, q.shape().dims())?;
@@ -92,7 +97,7 @@ impl WeightSource for GgufWeights {
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear> {
         let q = self.qtensor(name)?;
         check_shape(&self.path, name, &[out_dim, in_dim], q.shape().dims())?;
-        let weight = if self.dequantize || !matmul_supported(q.dtype()) {
+        let weight = if !self.keeps_quantized(name) {
             LinearWeight::Dense(q.dequantize(&self.device)?.to_dtype(self.dtype)?)
         } else {
             LinearWeight::Quantized(QMatMul::from_arc(Arc::new(q))?)

@@ -24,6 +24,10 @@ pub trait WeightSource {
     fn contains(&self, name: &str) -> bool;
     /// A dense tensor of the given shape, in the model's compute dtype (dequantized if needed).
     fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor>;
+    /// Whether [`WeightSource::linear`] would keep `name` quantized rather than dense.
+    fn keeps_quantized(&self, _name: &str) -> bool {
+        false
+    }
     /// A `[out, in]` projection, kept quantized when the source and options allow it.
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear>;
 }
