@@ -9,9 +9,9 @@ use hf_hub::{Cache, Repo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
-    #[error("--model {id}: `{file}` is not in the Hugging Face cache at {cache} and HF_HUB_OFFLINE is set")]
+    #[error("--model {id}: no such local path, and `{file}` is not in the Hugging Face cache at {cache} (HF_HUB_OFFLINE is set)")]
     NotCached { id: String, file: String, cache: PathBuf },
-    #[error("--model {id}: downloading `{file}` failed: {message}")]
+    #[error("--model {id}: no such local path, and downloading `{file}` from the Hugging Face hub failed: {message}")]
     Download { id: String, file: String, message: String },
     #[error("--model {id}: {file}: {message}")]
     BadIndex { id: String, file: String, message: String },

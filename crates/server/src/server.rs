@@ -332,6 +332,8 @@ mod tests {
         assert!(matches!(err, ServeError::DefaultModelMissing(_)));
         assert!(err.to_string().contains("make model"), "{err}");
         config.model_is_default = false;
+        // An absolute path cannot be a hub id, so no download is tried.
+        config.model = "/definitely/not/here.gguf".into();
         assert!(matches!(runtime_options(&config), Err(ServeError::ModelMissing(_))));
     }
 }
