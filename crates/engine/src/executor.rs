@@ -57,6 +57,21 @@ pub struct SampleRequest {
     pub banned_token_ids: Vec<u32>,
 }
 
+impl SampleRequest {
+    /// Plain greedy sampling with no history, bans or logprobs (tests and tools that drive an
+    /// executor by hand).
+    pub fn greedy() -> Self {
+        Self {
+            params: Arc::new(SamplingParams::default()),
+            seed: 0,
+            output_index: 0,
+            history: None,
+            prompt_len: 0,
+            banned_token_ids: Vec::new(),
+        }
+    }
+}
+
 /// One engine step: a mixed batch of prefill chunks and decodes.
 #[derive(Debug, Clone, Default)]
 pub struct ScheduledBatch {

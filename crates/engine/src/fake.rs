@@ -175,21 +175,12 @@ impl TokenDecoder for FakeDecoder {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
     use crate::executor::SampleRequest;
-    use crate::sampling::SamplingParams;
 
     fn greedy() -> Option<SampleRequest> {
-        Some(SampleRequest {
-            params: Arc::new(SamplingParams::default()),
-            seed: 0,
-            output_index: 0,
-            history: None,
-            prompt_len: 0,
-            banned_token_ids: Vec::new(),
-        })
+        Some(SampleRequest::greedy())
     }
 
     fn seq(id: u64, tokens: &[u32], start: usize, table: Vec<u32>) -> ScheduledSeq {

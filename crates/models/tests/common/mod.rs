@@ -4,10 +4,9 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use candle_core::{DType, Device};
-use pagoda_engine::{SampleRequest, SamplingParams, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
 
 pub const BLOCK_SIZE: usize = 16;
@@ -41,17 +40,6 @@ pub fn runner(dequantize: bool, num_blocks: usize) -> ModelRunner {
     ModelRunner::new(loaded.model, cache, Device::Cpu)
 }
 
-pub fn greedy_request() -> SampleRequest {
-    SampleRequest {
-        params: Arc::new(SamplingParams::default()),
-        seed: 0,
-        output_index: 0,
-        history: None,
-        prompt_len: 0,
-        banned_token_ids: Vec::new(),
-    }
-}
-
 /// A sequence whose blocks are the contiguous range starting at `first_block`.
 pub struct TestSeq {
     pub id: u64,
@@ -74,7 +62,7 @@ impl TestSeq {
             token_ids: self.tokens[self.computed..end].to_vec(),
             start_pos: self.computed,
             block_table: (self.first_block..self.first_block + blocks).collect(),
-            sample: Some(greedy_request()),
+            sample: Some(SampleRequest::greedy()),
         }
     }
 }
