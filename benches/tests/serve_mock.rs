@@ -124,7 +124,7 @@ async fn handle(mut socket: TcpStream, script: &Script, c: &Counters) -> std::io
 }
 
 async fn respond(socket: &mut TcpStream, script: &Script, n: usize, body: &Value) -> std::io::Result<()> {
-    if script.fail_every.is_some_and(|k| n % k == 0) {
+    if script.fail_every.is_some_and(|k| n.is_multiple_of(k)) {
         let payload =
             json!({"error": {"message": "mock overload", "type": "server_error", "code": 500}}).to_string();
         let response = format!(
@@ -163,7 +163,7 @@ async fn respond(socket: &mut TcpStream, script: &Script, n: usize, body: &Value
         };
         socket.write_all(format!("data: {}\n\n", chunk(choice)).as_bytes()).await?;
         socket.flush().await?;
-        if i == 0 && script.error_event_every.is_some_and(|k| n % k == 0) {
+        if i == 0 && script.error_event_every.is_some_and(|k| n.is_multiple_of(k)) {
             let err = json!({"error": {"message": "mock engine failure", "code": 500}});
             return socket.write_all(format!("data: {err}\n\n").as_bytes()).await;
         }

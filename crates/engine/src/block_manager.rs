@@ -32,7 +32,7 @@ pub struct AdmissionPlan {
 impl AdmissionPlan {
     /// Whether the first token to compute lands in a cached block, which must be copied first.
     fn cow(&self, block_size: usize) -> bool {
-        self.num_cached_tokens % block_size != 0
+        !self.num_cached_tokens.is_multiple_of(block_size)
     }
 }
 

@@ -137,7 +137,10 @@ impl LlamaConfig {
         let architecture = raw.model_type.clone().unwrap_or_else(|| "llama".to_string());
         check_architecture(path, &architecture)?;
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if raw.num_attention_heads == 0 || num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+        if raw.num_attention_heads == 0
+            || num_kv_heads == 0
+            || !raw.num_attention_heads.is_multiple_of(num_kv_heads)
+        {
             return Err(err(format!(
                 "{} heads cannot be grouped over {num_kv_heads} KV heads",
                 raw.num_attention_heads
@@ -183,7 +186,7 @@ impl LlamaConfig {
             Some("the model has no layers".to_string())
         } else if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {
             Some("vocab, hidden and intermediate sizes must be positive".to_string())
-        } else if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        } else if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             Some(format!("head_dim {} must be even and positive", self.head_dim))
         } else {
             None

@@ -8,18 +8,17 @@ use pagoda_ops::AttentionMetadata;
 use crate::config::LlamaConfig;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
-use crate::linear::{Linear, LinearWeight};
-use crate::weights::WeightSource;
+use crate::linear::{Linear, LinearWeight, StackedLinear};
+use crate::weights::{load_linear, load_stacked, WeightSource};
 
 struct Layer {
     attn_norm: Tensor,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// Q, K and V projections.
+    qkv_proj: StackedLinear,
     o_proj: Linear,
     ffn_norm: Tensor,
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// Gate and up projections.
+    gate_up_proj: StackedLinear,
     down_proj: Linear,
 }
 
@@ -54,35 +53,54 @@ impl Llama {
         device: &Device,
     ) -> Result<Self> {
         let c = &config;
-        let embed_tokens = source.dense("token_embd.weight", &[c.vocab_size, c.hidden_size])?;
+        let (h, q, kv, ffn) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let tied = c.tie_word_embeddings || !source.contains("output.weight");
+        // A tied table in a format the block matmul reads serves as embedding (dense) and lm
+        // head (blocks for small steps, the same dense tensor for large ones).
+        let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
+            source
+                .blocks("token_embd.weight", c.vocab_size, h)?
+                .map(|b| Linear::packed(b, device))
+                .transpose()?
+        } else {
+            None
+        };
+        let embed_tokens = match tied_head.as_ref().and_then(Linear::dense_weight) {
+            Some(dense) => dense.clone(),
+            None => source.dense("token_embd.weight", &[c.vocab_size, h])?,
+        };
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let name = |part: &str| format!("blk.{i}.{part}.weight");
             let bias = |part: &str| c.attention_bias.then(|| format!("blk.{i}.{part}.bias"));
-            let q_bias = bias("attn_q");
-            let k_bias = bias("attn_k");
-            let v_bias = bias("attn_v");
+            let (q_name, k_name, v_name) = (name("attn_q"), name("attn_k"), name("attn_v"));
+            let (q_bias, k_bias, v_bias) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
+            let qkv = [
+                (q_name.as_str(), q, q_bias.as_deref()),
+                (k_name.as_str(), kv, k_bias.as_deref()),
+                (v_name.as_str(), kv, v_bias.as_deref()),
+            ];
+            let (gate_name, up_name) = (name("ffn_gate"), name("ffn_up"));
+            let gate_up = [(gate_name.as_str(), ffn, None), (up_name.as_str(), ffn, None)];
             layers.push(Layer {
-                attn_norm: source.dense(&name("attn_norm"), &[c.hidden_size])?,
-                q_proj: source.linear(&name("attn_q"), c.q_size(), c.hidden_size, q_bias.as_deref())?,
-                k_proj: source.linear(&name("attn_k"), c.kv_size(), c.hidden_size, k_bias.as_deref())?,
-                v_proj: source.linear(&name("attn_v"), c.kv_size(), c.hidden_size, v_bias.as_deref())?,
-                o_proj: source.linear(&name("attn_output"), c.hidden_size, c.q_size(), None)?,
-                ffn_norm: source.dense(&name("ffn_norm"), &[c.hidden_size])?,
-                gate_proj: source.linear(&name("ffn_gate"), c.intermediate_size, c.hidden_size, None)?,
-                up_proj: source.linear(&name("ffn_up"), c.intermediate_size, c.hidden_size, None)?,
-                down_proj: source.linear(&name("ffn_down"), c.hidden_size, c.intermediate_size, None)?,
+                attn_norm: source.dense(&name("attn_norm"), &[h])?,
+                qkv_proj: load_stacked(source, &qkv, h)?,
+                o_proj: load_linear(source, &name("attn_output"), h, q, None)?,
+                ffn_norm: source.dense(&name("ffn_norm"), &[h])?,
+                gate_up_proj: load_stacked(source, &gate_up, h)?,
+                down_proj: load_linear(source, &name("ffn_down"), h, ffn, None)?,
             });
         }
-        let final_norm = source.dense("output_norm.weight", &[c.hidden_size])?;
-        let lm_head = if !c.tie_word_embeddings && source.contains("output.weight") {
-            source.linear("output.weight", c.vocab_size, c.hidden_size, None)?
-        } else if source.keeps_quantized("token_embd.weight") {
+        let final_norm = source.dense("output_norm.weight", &[h])?;
+        let lm_head = match tied_head {
+            Some(head) => head,
+            None if !tied => load_linear(source, "output.weight", c.vocab_size, h, None)?,
             // Tied, quantized: the lm head multiplies the quantized table directly.
-            source.linear("token_embd.weight", c.vocab_size, c.hidden_size, None)?
-        } else {
+            None if source.keeps_quantized("token_embd.weight") => {
+                source.linear("token_embd.weight", c.vocab_size, h, None)?
+            }
             // Tied, dense: share the embedding tensor rather than load a second copy.
-            Linear::new(LinearWeight::Dense(embed_tokens.clone()), None)
+            None => Linear::new(LinearWeight::Dense(embed_tokens.clone()), None),
         };
         let (cos, sin) = rotary_tables(c, device)?;
         Ok(Self {
@@ -126,9 +144,12 @@ impl Llama {
                     normed
                 }
             };
-            let q = layer.q_proj.forward(&normed)?.reshape((num_tokens, c.num_heads, c.head_dim))?;
-            let k = layer.k_proj.forward(&normed)?.reshape((num_tokens, c.num_kv_heads, c.head_dim))?;
-            let v = layer.v_proj.forward(&normed)?.reshape((num_tokens, c.num_kv_heads, c.head_dim))?;
+            let heads = [c.num_heads, c.num_kv_heads, c.num_kv_heads];
+            let [q, k, v]: [Tensor; 3] = layer
+                .qkv_proj
+                .forward_heads(&normed, &heads, c.head_dim)?
+                .try_into()
+                .expect("three projections");
             let (q, k) =
                 pagoda_ops::rotary_embedding(&q, &k, input.positions, &self.cos, &self.sin, c.rope_style)?;
             let (k_cache, v_cache) = cache.layer(i);
@@ -140,8 +161,8 @@ impl Llama {
             let r = residual.as_ref().expect("set by the first layer");
             let (normed, sum) = pagoda_ops::add_rms_norm(&hidden, r, &layer.ffn_norm, c.rms_norm_eps)?;
             residual = Some(sum);
-            let gate = layer.gate_proj.forward(&normed)?;
-            let up = layer.up_proj.forward(&normed)?;
+            let [gate, up]: [Tensor; 2] =
+                layer.gate_up_proj.forward(&normed)?.try_into().expect("two projections");
             hidden = layer.down_proj.forward(&pagoda_ops::silu_and_mul(&gate, &up)?)?;
         }
         let r = residual.as_ref().expect("models have at least one layer");
@@ -152,7 +173,7 @@ impl Llama {
 
     /// Whether the projections run as quantized matmuls.
     pub fn is_quantized(&self) -> bool {
-        self.layers.first().is_some_and(|l| l.q_proj.is_quantized())
+        self.layers.first().is_some_and(|l| l.qkv_proj.is_quantized())
     }
 }
 

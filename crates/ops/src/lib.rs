@@ -1,5 +1,6 @@
 //! `pagoda-ops`: the custom tensor ops of the model's forward pass (paged attention, KV-cache
-//! write, rotary embedding, RMSNorm, SiLU-and-mul), as candle custom ops.
+//! write, rotary embedding, RMSNorm, SiLU-and-mul, and a matmul over GGUF-quantized weights with
+//! f32 activations), as candle custom ops.
 //!
 //! Each op is a candle `CustomOp*` / `InplaceOp*` with a multi-threaded CPU implementation in
 //! Rust (the reference, used by tests and the CPU backend). Math is always f32; tensors may be
@@ -16,6 +17,10 @@ mod kv_cache;
 mod metadata;
 mod paged_attention;
 mod paged_attention_cpu;
+mod quant_matmul;
+#[cfg(target_arch = "x86_64")]
+mod quant_matmul_x86;
+mod quant_weight;
 mod rms_norm;
 mod rotary;
 mod rotary_tables;
@@ -25,6 +30,8 @@ mod simd;
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata};
 pub use paged_attention::paged_attention;
+pub use quant_matmul::quant_matmul;
+pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};
 pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};

@@ -33,7 +33,23 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Serves allocations of 1 MiB and more straight from mmap. glibc otherwise raises its mmap
+/// threshold after the first large free (model loading frees many), then serves the KV cache's
+/// zeroed allocations from the heap and writes every byte of them: 1.7 s for 1 GiB at start-up,
+/// where fresh mmap pages are zero for free.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn use_mmap_for_large_allocations() {
+    // SAFETY: mallopt only changes allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn use_mmap_for_large_allocations() {}
+
 fn main() {
+    use_mmap_for_large_allocations();
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Serve(_) => "info",

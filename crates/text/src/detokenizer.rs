@@ -259,10 +259,10 @@ mod tests {
                 state ^= state >> 17;
                 state ^= state << 5;
                 out.extend(bytes_of(c.encode_utf8(&mut [0; 4])));
-                if state % 7 == 0 {
+                if state.is_multiple_of(7) {
                     out.push(256);
                 }
-                if state % 11 == 0 {
+                if state.is_multiple_of(11) {
                     out.extend_from_slice(&[258, 259]);
                 }
             }

@@ -31,6 +31,10 @@ impl WeightSource for DummyWeights {
         &self.config_path
     }
 
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
     fn contains(&self, name: &str) -> bool {
         // Untied lm head, no biases, no rope frequency table.
         !name.ends_with(".bias") && name != "rope_freqs.weight"

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
+use pagoda_ops::{QuantFormat, QuantizedWeight};
 
 use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
@@ -58,6 +59,19 @@ impl GgufWeights {
         &self.content.metadata
     }
 
+    /// The block format of `name` for [`pagoda_ops::quant_matmul`], when this source dequantizes
+    /// to f32 on the CPU (the op's only case) and the tensor is in a format the op reads.
+    fn packed_format(&self, name: &str) -> Option<QuantFormat> {
+        if !self.dequantize || !self.device.is_cpu() || self.dtype != DType::F32 {
+            return None;
+        }
+        match self.content.tensor_infos.get(name)?.ggml_dtype {
+            GgmlDType::Q4_1 => Some(QuantFormat::Q4_1),
+            GgmlDType::Q8_0 => Some(QuantFormat::Q8_0),
+            _ => None,
+        }
+    }
+
     fn qtensor(&mut self, name: &str) -> Result<QTensor> {
         if !self.content.tensor_infos.contains_key(name) {
             return Err(ModelError::MissingTensor { path: self.path.clone(), tensor: name.to_string() });
@@ -79,6 +93,10 @@ impl WeightSource for GgufWeights {
         &self.path
     }
 
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
     fn contains(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
@@ -92,6 +110,16 @@ impl WeightSource for GgufWeights {
         let q = self.qtensor(name)?;
         check_shape(&self.path, name, shape, q.shape().dims())?;
         Ok(q.dequantize(&self.device)?.to_dtype(self.dtype)?)
+    }
+
+    fn blocks(&mut self, name: &str, rows: usize, cols: usize) -> Result<Option<QuantizedWeight>> {
+        let Some(format) = self.packed_format(name) else { return Ok(None) };
+        let q = self.qtensor(name)?;
+        check_shape(&self.path, name, &[rows, cols], q.shape().dims())?;
+        let blocks = QuantizedWeight::from_gguf(format, rows, cols, &q.data()?).map_err(|e| {
+            ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
+        })?;
+        Ok(Some(blocks))
     }
 
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear> {

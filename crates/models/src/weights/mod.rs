@@ -8,19 +8,22 @@ mod safetensors;
 
 use std::path::Path;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
+use pagoda_ops::QuantizedWeight;
 
 pub use dummy::DummyWeights;
 pub use gguf::GgufWeights;
 pub use safetensors::SafetensorsWeights;
 
 use crate::error::Result;
-use crate::linear::Linear;
+use crate::linear::{Linear, StackedLinear};
 
 /// A store of named weights that the model builder reads from.
 pub trait WeightSource {
     /// File or directory the weights come from, for error messages.
     fn path(&self) -> &Path;
+    /// Where the weights are loaded to.
+    fn device(&self) -> &Device;
     fn contains(&self, name: &str) -> bool;
     /// A dense tensor of the given shape, in the model's compute dtype (dequantized if needed).
     fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor>;
@@ -28,8 +31,52 @@ pub trait WeightSource {
     fn keeps_quantized(&self, _name: &str) -> bool {
         false
     }
+    /// The `[rows, cols]` weight `name` as GGUF blocks for [`pagoda_ops::quant_matmul`], when the
+    /// source is dequantizing to f32 on the CPU and the tensor is in a format that op reads. Decides
+    /// from the tensor index before reading any data.
+    fn blocks(&mut self, _name: &str, _rows: usize, _cols: usize) -> Result<Option<QuantizedWeight>> {
+        Ok(None)
+    }
     /// A `[out, in]` projection, kept quantized when the source and options allow it.
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear>;
+}
+
+/// One projection of the model: `[out_dim, in_dim]` with an optional bias. Block-quantized
+/// weights that [`pagoda_ops::quant_matmul`] reads are kept as blocks plus a dense copy.
+pub fn load_linear(
+    source: &mut dyn WeightSource,
+    name: &str,
+    out_dim: usize,
+    in_dim: usize,
+    bias: Option<&str>,
+) -> Result<Linear> {
+    Ok(load_stacked(source, &[(name, out_dim, bias)], in_dim)?.into_single())
+}
+
+/// Projections of one input, `(name, out_dim, bias)` each, stacked into one matmul when
+/// their weights allow it. Block-quantized parts are stacked as blocks and dequantized once.
+pub fn load_stacked(
+    source: &mut dyn WeightSource,
+    parts: &[(&str, usize, Option<&str>)],
+    in_dim: usize,
+) -> Result<StackedLinear> {
+    if parts.iter().all(|(_, _, bias)| bias.is_none()) {
+        let mut blocks = Vec::with_capacity(parts.len());
+        for &(name, out_dim, _) in parts {
+            match source.blocks(name, out_dim, in_dim)? {
+                Some(b) => blocks.push(b),
+                None => break,
+            }
+        }
+        if blocks.len() == parts.len() {
+            return StackedLinear::from_blocks(blocks, source.device());
+        }
+    }
+    let linears = parts
+        .iter()
+        .map(|&(name, out_dim, bias)| source.linear(name, out_dim, in_dim, bias))
+        .collect::<Result<Vec<_>>>()?;
+    StackedLinear::new(linears)
 }
 
 /// Fails with a clear error when a tensor's shape differs from what the config implies.

@@ -93,6 +93,10 @@ impl WeightSource for SafetensorsWeights {
         &self.dir
     }
 
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
     fn contains(&self, name: &str) -> bool {
         self.tensors.get(&hf_name(name)).is_ok()
     }

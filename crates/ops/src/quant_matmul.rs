@@ -1,0 +1,185 @@
+//! `quant_matmul`: `y = x W^T` with `W` in GGUF block format (Q4_1, Q8_0) and `x` in f32.
+//!
+//! Unlike llama.cpp (and candle's `QMatMul`), `x` is not rounded to 8 bits: each block's codes
+//! are widened to f32 and multiplied with the exact activations, so the result equals the
+//! dequantized f32 matmul up to summation order. This is the matmul for the few-token steps of
+//! decoding, where the time is spent streaming weights: a Q4_1 matrix is 6.4x smaller than its
+//! f32 form. For larger batches a dense GEMM over the dequantized weights does fewer operations
+//! per weight, so the model keeps both and chooses per step.
+//!
+//! Work is split over rayon by weight rows; each task walks its rows once for every group of up
+//! to [`GROUP`] activation rows, so a block is unpacked once per group. x86 kernels (AVX-512 or
+//! AVX2 with FMA, chosen at run time) live in `quant_matmul_x86`; the portable kernel here is
+//! the fallback and the tests' reference.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use crate::check::{self, invalid};
+use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
+
+const OP: &str = "quant_matmul";
+
+/// Activation rows computed together per pass over the weights.
+pub(crate) const GROUP: usize = 8;
+
+/// Weight rows per rayon task at least: below this, splitting costs more than it saves.
+const MIN_ROWS_PER_TASK: usize = 32;
+
+/// Up to `GROUP` activation rows and, for Q4_1, their per-block sums.
+pub(crate) struct XGroup<'a> {
+    pub rows: &'a [&'a [f32]],
+    pub block_sums: &'a [&'a [f32]],
+}
+
+/// Writes `out[g * rows.len() + i] = x_g . W[rows.start + i]` for every activation row `g` of the
+/// group. Implementations may assume `x.rows.len()` is in `1..=GROUP` and every row holds
+/// `w.cols()` values.
+pub(crate) type RowsKernel = fn(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]);
+
+/// `x @ w^T`: `x` is f32 `[tokens, cols]` on the CPU (rows contiguous); returns f32
+/// `[tokens, w.rows()]`.
+pub fn quant_matmul(x: &Tensor, w: &Arc<QuantizedWeight>) -> Result<Tensor> {
+    let [_, cols] = check::dims::<2>(x)?;
+    if cols != w.cols() {
+        return Err(invalid(OP, format!("x has {cols} columns but the weight has {}", w.cols())));
+    }
+    check::dtype_is(x, DType::F32, OP)?;
+    if !x.device().is_cpu() {
+        return Err(invalid(OP, "quantized weights live on the CPU; x is on another device"));
+    }
+    x.apply_op1_no_bwd(&QuantMatmul(w.clone()))
+}
+
+struct QuantMatmul(Arc<QuantizedWeight>);
+
+impl CustomOp1 for QuantMatmul {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, x_l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let w = &*self.0;
+        let rows = check::rows(x_l, 1, OP)?;
+        let xs = x.as_slice::<f32>()?;
+        if rows.end() > xs.len() {
+            return Err(invalid(OP, "x's view does not match its storage"));
+        }
+        let x_rows: Vec<&[f32]> = (0..rows.rows).map(|i| &xs[rows.range(i)]).collect();
+        let out = matmul(w, &x_rows, kernel(w.format()));
+        Ok((CpuStorage::F32(out), Shape::from_dims(&[rows.rows, w.rows()])))
+    }
+}
+
+/// Raw output pointer shared by the tasks; each writes a disjoint set of elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint (row, column range) elements and the buffer outlives the scope.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `[x_rows.len(), w.rows()]` row-major.
+pub(crate) fn matmul(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel) -> Vec<f32> {
+    let (m, n) = (x_rows.len(), w.rows());
+    let mut out = vec![0f32; m * n];
+    if m == 0 || n == 0 {
+        return out;
+    }
+    let sums: Vec<Vec<f32>> = match w.format() {
+        QuantFormat::Q4_1 => x_rows.iter().map(|r| block_sums(r)).collect(),
+        QuantFormat::Q8_0 => Vec::new(),
+    };
+    let sum_refs: Vec<&[f32]> = sums.iter().map(Vec::as_slice).collect();
+    let threads = rayon::current_num_threads().max(1);
+    // A few tasks per thread balance uneven progress; never tasks thinner than the minimum.
+    let tasks = (n / MIN_ROWS_PER_TASK).clamp(1, threads * 4);
+    let per_task = n.div_ceil(tasks);
+    let ptr = OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
+        let rows = t * per_task..((t + 1) * per_task).min(n);
+        let mut buf = vec![0f32; GROUP * rows.len()];
+        for g0 in (0..m).step_by(GROUP) {
+            let g1 = (g0 + GROUP).min(m);
+            let group = XGroup {
+                rows: &x_rows[g0..g1],
+                block_sums: if sum_refs.is_empty() { &[] } else { &sum_refs[g0..g1] },
+            };
+            let buf = &mut buf[..(g1 - g0) * rows.len()];
+            kernel(w, rows.clone(), &group, buf);
+            for (g, vals) in buf.chunks_exact(rows.len()).enumerate() {
+                let start = (g0 + g) * n + rows.start;
+                let p = ptr;
+                // SAFETY: `start..start + rows.len()` is inside `out` and belongs to this task only.
+                unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), p.0.add(start), vals.len()) };
+            }
+        }
+    });
+    out
+}
+
+/// Sum of each 32-element block of `x` (Q4_1's minimum multiplies it).
+fn block_sums(x: &[f32]) -> Vec<f32> {
+    x.chunks_exact(QUANT_BLOCK).map(|b| b.iter().sum()).collect()
+}
+
+/// The fastest kernel this CPU runs for `format`.
+pub(crate) fn kernel(format: QuantFormat) -> RowsKernel {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = crate::quant_matmul_x86::kernel(format) {
+        return k;
+    }
+    portable_kernel(format)
+}
+
+pub(crate) fn portable_kernel(format: QuantFormat) -> RowsKernel {
+    match format {
+        QuantFormat::Q4_1 => q4_1_portable,
+        QuantFormat::Q8_0 => q8_0_portable,
+    }
+}
+
+fn q4_1_portable(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
+    let bpr = w.blocks_per_row();
+    let len = rows.len();
+    for (i, r) in rows.enumerate() {
+        for (g, xr) in x.rows.iter().enumerate() {
+            let mut acc = 0f32;
+            for b in 0..bpr {
+                let block = r * bpr + b;
+                let codes = &w.codes()[block * 16..block * 16 + 16];
+                let xb = &xr[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK];
+                let mut s = 0f32;
+                for (j, &c) in codes.iter().enumerate() {
+                    s += f32::from(c & 0x0F) * xb[j] + f32::from(c >> 4) * xb[j + 16];
+                }
+                acc += w.scales()[block] * s + w.mins()[block] * x.block_sums[g][b];
+            }
+            out[g * len + i] = acc;
+        }
+    }
+}
+
+fn q8_0_portable(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
+    let bpr = w.blocks_per_row();
+    let len = rows.len();
+    for (i, r) in rows.enumerate() {
+        for (g, xr) in x.rows.iter().enumerate() {
+            let mut acc = 0f32;
+            for b in 0..bpr {
+                let block = r * bpr + b;
+                let codes = &w.codes()[block * 32..block * 32 + 32];
+                let xb = &xr[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK];
+                let s: f32 = codes.iter().zip(xb).map(|(&c, &v)| f32::from(c as i8) * v).sum();
+                acc += w.scales()[block] * s;
+            }
+            out[g * len + i] = acc;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "quant_matmul_tests.rs"]
+mod tests;

@@ -1,0 +1,297 @@
+//! x86-64 kernels of [`crate::quant_matmul`]: AVX-512 and AVX2+FMA versions for Q4_1 and
+//! Q8_0, chosen once at run time from what the CPU reports (a binary built for a generic x86-64
+//! still uses them).
+//!
+//! Per 32-element block the codes are widened to f32 lanes once, multiplied with each
+//! activation row of the group, summed in-lane and scaled by the block's `d`; lanes are added
+//! up once per weight row. Q4_1's minimums contribute `m * sum(x_block)`, a short dot product
+//! with the block sums the caller precomputed.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use crate::quant_matmul::{RowsKernel, XGroup, GROUP};
+use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
+use crate::simd::{dot, Fused};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Level {
+    Avx512,
+    Avx2,
+    None,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            Level::Avx512
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            Level::Avx2
+        } else {
+            Level::None
+        }
+    })
+}
+
+/// The best kernel for `format` on this CPU, if it has AVX2 and FMA at least.
+pub(crate) fn kernel(format: QuantFormat) -> Option<RowsKernel> {
+    Some(match (level(), format) {
+        (Level::Avx512, QuantFormat::Q4_1) => q4_1_avx512,
+        (Level::Avx512, QuantFormat::Q8_0) => q8_0_avx512,
+        (Level::Avx2, QuantFormat::Q4_1) => q4_1_avx2,
+        (Level::Avx2, QuantFormat::Q8_0) => q8_0_avx2,
+        (Level::None, _) => return None,
+    })
+}
+
+/// Both AVX2 kernels (for tests on AVX-512 machines, which otherwise never run them).
+#[cfg(test)]
+pub(crate) fn avx2_kernel(format: QuantFormat) -> Option<RowsKernel> {
+    (level() != Level::None).then_some(match format {
+        QuantFormat::Q4_1 => q4_1_avx2 as RowsKernel,
+        QuantFormat::Q8_0 => q8_0_avx2,
+    })
+}
+
+/// The bounds the unchecked loads rely on; a violation is a bug in the caller.
+fn check_args(w: &QuantizedWeight, rows: &Range<usize>, x: &XGroup<'_>, out: &[f32]) {
+    let g = x.rows.len();
+    assert!((1..=GROUP).contains(&g), "group of {g} rows");
+    assert!(rows.end <= w.rows() && out.len() >= g * rows.len());
+    assert!(x.rows.iter().all(|r| r.len() >= w.cols()));
+    if w.format() == QuantFormat::Q4_1 {
+        assert!(x.block_sums.len() == g && x.block_sums.iter().all(|s| s.len() >= w.blocks_per_row()));
+    }
+}
+
+/// Safe entry points: check the arguments, then run the kernel instantiated for the group size.
+/// AVX2 kernels take at most 4 rows at once (16 ymm registers), so larger groups are split.
+macro_rules! dispatch {
+    ($name:ident, $inner:ident, Avx2) => {
+        fn $name(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
+            check_args(w, &rows, x, out);
+            assert!(level() != Level::None);
+            let len = rows.len();
+            let mut g0 = 0;
+            while g0 < x.rows.len() {
+                let g1 = (g0 + 4).min(x.rows.len());
+                let sums = if x.block_sums.is_empty() { &[][..] } else { &x.block_sums[g0..g1] };
+                let sub = XGroup { rows: &x.rows[g0..g1], block_sums: sums };
+                let out = &mut out[g0 * len..g1 * len];
+                // SAFETY: the CPU has AVX2 and FMA (checked above) and `check_args` holds.
+                unsafe {
+                    match g1 - g0 {
+                        1 => $inner::<1>(w, rows.clone(), &sub, out),
+                        2 => $inner::<2>(w, rows.clone(), &sub, out),
+                        3 => $inner::<3>(w, rows.clone(), &sub, out),
+                        _ => $inner::<4>(w, rows.clone(), &sub, out),
+                    }
+                }
+                g0 = g1;
+            }
+        }
+    };
+    ($name:ident, $inner:ident, Avx512) => {
+        fn $name(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
+            check_args(w, &rows, x, out);
+            assert!(level() == Level::Avx512);
+            // SAFETY: the CPU has AVX-512 and FMA (checked above) and `check_args` holds.
+            unsafe {
+                match x.rows.len() {
+                    1 => $inner::<1>(w, rows, x, out),
+                    2 => $inner::<2>(w, rows, x, out),
+                    3 => $inner::<3>(w, rows, x, out),
+                    4 => $inner::<4>(w, rows, x, out),
+                    5 => $inner::<5>(w, rows, x, out),
+                    6 => $inner::<6>(w, rows, x, out),
+                    7 => $inner::<7>(w, rows, x, out),
+                    _ => $inner::<8>(w, rows, x, out),
+                }
+            }
+        }
+    };
+}
+
+dispatch!(q4_1_avx2, q4_1_avx2_rows, Avx2);
+dispatch!(q8_0_avx2, q8_0_avx2_rows, Avx2);
+dispatch!(q4_1_avx512, q4_1_avx512_rows, Avx512);
+dispatch!(q8_0_avx512, q8_0_avx512_rows, Avx512);
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// Widens 8 bytes (the low half of `v`) to 8 f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn u8x8_to_f32(v: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q4_1_avx2_rows<const G: usize>(
+    w: &QuantizedWeight,
+    rows: Range<usize>,
+    x: &XGroup<'_>,
+    out: &mut [f32],
+) {
+    let (bpr, len) = (w.blocks_per_row(), rows.len());
+    let mask = _mm_set1_epi8(0x0F);
+    let xp: [*const f32; G] = std::array::from_fn(|g| x.rows[g].as_ptr());
+    for (i, r) in rows.enumerate() {
+        let codes = w.codes()[r * bpr * 16..].as_ptr();
+        let scales = &w.scales()[r * bpr..(r + 1) * bpr];
+        let mut acc = [_mm256_setzero_ps(); G];
+        for (b, &d) in scales.iter().enumerate() {
+            // SAFETY (loads): block `b` of row `r` and columns `32b..32b+32` of each x row are
+            // in bounds (`check_args`).
+            let raw = unsafe { _mm_loadu_si128(codes.add(b * 16).cast()) };
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+            let w0 = u8x8_to_f32(lo);
+            let w1 = u8x8_to_f32(_mm_unpackhi_epi64(lo, lo));
+            let w2 = u8x8_to_f32(hi);
+            let w3 = u8x8_to_f32(_mm_unpackhi_epi64(hi, hi));
+            let d = _mm256_set1_ps(d);
+            for g in 0..G {
+                let p = unsafe { xp[g].add(b * QUANT_BLOCK) };
+                let mut t = _mm256_mul_ps(w0, unsafe { _mm256_loadu_ps(p) });
+                t = _mm256_fmadd_ps(w1, unsafe { _mm256_loadu_ps(p.add(8)) }, t);
+                t = _mm256_fmadd_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) }, t);
+                t = _mm256_fmadd_ps(w3, unsafe { _mm256_loadu_ps(p.add(24)) }, t);
+                acc[g] = _mm256_fmadd_ps(t, d, acc[g]);
+            }
+        }
+        let mins = &w.mins()[r * bpr..(r + 1) * bpr];
+        for g in 0..G {
+            out[g * len + i] = hsum256(acc[g]) + dot::<Fused>(mins, x.block_sums[g]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_0_avx2_rows<const G: usize>(
+    w: &QuantizedWeight,
+    rows: Range<usize>,
+    x: &XGroup<'_>,
+    out: &mut [f32],
+) {
+    let (bpr, len) = (w.blocks_per_row(), rows.len());
+    let xp: [*const f32; G] = std::array::from_fn(|g| x.rows[g].as_ptr());
+    let widen = |p: *const u8| {
+        // SAFETY: 8 bytes inside the block (see below).
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(p.cast()) }))
+    };
+    for (i, r) in rows.enumerate() {
+        let codes = w.codes()[r * bpr * 32..].as_ptr();
+        let scales = &w.scales()[r * bpr..(r + 1) * bpr];
+        let mut acc = [_mm256_setzero_ps(); G];
+        for (b, &d) in scales.iter().enumerate() {
+            // SAFETY (loads): as in the Q4_1 kernel.
+            let c = unsafe { codes.add(b * 32) };
+            let (w0, w1) = (widen(c), widen(unsafe { c.add(8) }));
+            let (w2, w3) = (widen(unsafe { c.add(16) }), widen(unsafe { c.add(24) }));
+            let d = _mm256_set1_ps(d);
+            for g in 0..G {
+                let p = unsafe { xp[g].add(b * QUANT_BLOCK) };
+                let mut t = _mm256_mul_ps(w0, unsafe { _mm256_loadu_ps(p) });
+                t = _mm256_fmadd_ps(w1, unsafe { _mm256_loadu_ps(p.add(8)) }, t);
+                t = _mm256_fmadd_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) }, t);
+                t = _mm256_fmadd_ps(w3, unsafe { _mm256_loadu_ps(p.add(24)) }, t);
+                acc[g] = _mm256_fmadd_ps(t, d, acc[g]);
+            }
+        }
+        for g in 0..G {
+            out[g * len + i] = hsum256(acc[g]);
+        }
+    }
+}
+
+/// Block `block` (counted over the whole matrix) dequantized to f32: elements 0..16 and 16..32.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn q4_1_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m512) {
+    let mask = _mm_set1_epi8(0x0F);
+    // SAFETY: `block` is a block of the matrix (the callers iterate over checked rows).
+    let raw = unsafe { _mm_loadu_si128(w.codes().as_ptr().add(block * 16).cast()) };
+    let (d, m) = (_mm512_set1_ps(w.scales()[block]), _mm512_set1_ps(w.mins()[block]));
+    let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));
+    let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask)));
+    (_mm512_fmadd_ps(lo, d, m), _mm512_fmadd_ps(hi, d, m))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn q8_0_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m512) {
+    // SAFETY: as above.
+    let c = unsafe { w.codes().as_ptr().add(block * 32) };
+    let d = _mm512_set1_ps(w.scales()[block]);
+    let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(c.cast()) }));
+    let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(c.add(16).cast()) }));
+    (_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d))
+}
+
+/// AVX-512 tile: two weight rows at a time, each block dequantized in registers once and
+/// multiplied with all `G` activation rows (4G independent multiply-adds per block). Small
+/// groups keep separate accumulators for the two block halves so that the multiply-add chains
+/// stay short; large ones share one per (row, activation) to fit in the 32 registers.
+macro_rules! avx512_tile {
+    ($name:ident, $block:ident) => {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn $name<const G: usize>(
+            w: &QuantizedWeight,
+            rows: Range<usize>,
+            x: &XGroup<'_>,
+            out: &mut [f32],
+        ) {
+            let (bpr, start, len) = (w.blocks_per_row(), rows.start, rows.len());
+            let split = G <= 4;
+            let xp: [*const f32; G] = std::array::from_fn(|g| x.rows[g].as_ptr());
+            let mut r = rows.start;
+            while r < rows.end {
+                // An odd last row is computed twice and stored once.
+                let r1 = (r + 1).min(rows.end - 1);
+                let mut acc = [[_mm512_setzero_ps(); G]; 4];
+                for b in 0..bpr {
+                    // SAFETY: rows `r`, `r1` and block `b` are in the matrix (`check_args`).
+                    let (lo0, hi0) = unsafe { $block(w, r * bpr + b) };
+                    let (lo1, hi1) = unsafe { $block(w, r1 * bpr + b) };
+                    for g in 0..G {
+                        // SAFETY: columns `32b..32b+32` of each x row exist (`check_args`).
+                        let p = unsafe { xp[g].add(b * QUANT_BLOCK) };
+                        let (xl, xh) = unsafe { (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))) };
+                        acc[0][g] = _mm512_fmadd_ps(lo0, xl, acc[0][g]);
+                        acc[1][g] = _mm512_fmadd_ps(lo1, xl, acc[1][g]);
+                        if split {
+                            acc[2][g] = _mm512_fmadd_ps(hi0, xh, acc[2][g]);
+                            acc[3][g] = _mm512_fmadd_ps(hi1, xh, acc[3][g]);
+                        } else {
+                            acc[0][g] = _mm512_fmadd_ps(hi0, xh, acc[0][g]);
+                            acc[1][g] = _mm512_fmadd_ps(hi1, xh, acc[1][g]);
+                        }
+                    }
+                }
+                for g in 0..G {
+                    let (a0, a1) = if split {
+                        (_mm512_add_ps(acc[0][g], acc[2][g]), _mm512_add_ps(acc[1][g], acc[3][g]))
+                    } else {
+                        (acc[0][g], acc[1][g])
+                    };
+                    out[g * len + r - start] = _mm512_reduce_add_ps(a0);
+                    out[g * len + r1 - start] = _mm512_reduce_add_ps(a1);
+                }
+                r += 2;
+            }
+        }
+    };
+}
+
+avx512_tile!(q4_1_avx512_rows, q4_1_block_avx512);
+avx512_tile!(q8_0_avx512_rows, q8_0_block_avx512);
