@@ -19,6 +19,8 @@ die() {
 
 # --- Debian packages -------------------------------------------------------------------------
 missing_debs=()
+# pip's virtual environments: Debian's own python3 needs python3-venv for them.
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing_debs+=(python3-venv)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing_debs+=(nginx)
 command -v prometheus >/dev/null 2>&1 || missing_debs+=(prometheus)
 command -v promtool >/dev/null 2>&1 || missing_debs+=(prometheus)
@@ -37,7 +39,7 @@ if [ "${#missing_debs[@]}" -gt 0 ]; then
     echo "installing Debian packages: ${unique[*]}" >&2
     "${as_root[@]}" apt-get update -qq || die "apt-get update failed"
     # No recommends: prometheus would pull in node-exporter, which the checks do not use.
-    DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends \
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${unique[@]}" >/dev/null || die "apt-get install ${unique[*]} failed"
 fi
 for tool in prometheus promtool; do
@@ -53,7 +55,7 @@ if [ -f "$stamp" ] && cmp -s "$stamp" "$REQUIREMENTS" \
     exit 0
 fi
 echo "installing hadolint, docker compose and check-jsonschema into $TOOLS_DIR" >&2
-python3 -m venv "$TOOLS_DIR" || die "python3 -m venv $TOOLS_DIR failed (Debian: apt-get install python3-venv)"
+python3 -m venv --clear "$TOOLS_DIR" || die "python3 -m venv $TOOLS_DIR failed"
 "$TOOLS_DIR/bin/python" -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
     -r "$REQUIREMENTS" || die "pip install -r $REQUIREMENTS failed"
 for tool in hadolint docker-compose check-jsonschema; do
