@@ -1,0 +1,13 @@
+//! The deployment stack run locally, from the repository's own deployment files: nginx with
+//! docker/nginx/pagoda.conf.template (rendered by docker/nginx/render-conf.sh, as the compose
+//! load balancer renders it) in front of two `pagoda serve` processes on 127.0.0.1 with
+//! configs/serve-cpu.toml, and Prometheus with configs/prometheus.yml scraping both; plus the
+//! Grafana dashboard, loaded and checked against the server's real metrics.
+//!
+//! nginx and Prometheus are the Debian packages (`make deploy-tools` installs them) and the
+//! model is the default one (`make model`); the tests fail, never skip, without them.
+
+mod dashboard;
+mod load_balancer;
+mod processes;
+mod stack;
