@@ -142,27 +142,33 @@ pub(crate) fn portable_kernel(format: QuantFormat) -> RowsKernel {
 }
 
 fn q4_1_portable(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
-    let bpr = w.blocks_per_row();
-    let len = rows.len();
-    for (i, r) in rows.enumerate() {
-        for (g, xr) in x.rows.iter().enumerate() {
-            let mut acc = 0f32;
-            for b in 0..bpr {
-                let block = r * bpr + b;
-                let codes = &w.codes()[block * 16..block * 16 + 16];
-                let xb = &xr[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK];
-                let mut s = 0f32;
-                for (j, &c) in codes.iter().enumerate() {
-                    s += f32::from(c & 0x0F) * xb[j] + f32::from(c >> 4) * xb[j + 16];
-                }
-                acc += w.scales()[block] * s + w.mins()[block] * x.block_sums[g][b];
-            }
-            out[g * len + i] = acc;
-        }
-    }
+    portable_rows(w, rows, x, out, |block, xb| {
+        let codes = &w.codes()[block * 16..block * 16 + 16];
+        let s: f32 = codes
+            .iter()
+            .enumerate()
+            .map(|(j, &c)| f32::from(c & 0x0F) * xb[j] + f32::from(c >> 4) * xb[j + 16])
+            .sum();
+        w.scales()[block] * s
+    });
 }
 
 fn q8_0_portable(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
+    portable_rows(w, rows, x, out, |block, xb| {
+        let codes = &w.codes()[block * 32..block * 32 + 32];
+        w.scales()[block] * codes.iter().zip(xb).map(|(&c, &v)| f32::from(c as i8) * v).sum::<f32>()
+    });
+}
+
+/// The portable row loop: `block_dot(block, x_block)` is one block's scaled dot product; Q4_1's
+/// minimums add `m * sum(x_block)`.
+fn portable_rows(
+    w: &QuantizedWeight,
+    rows: Range<usize>,
+    x: &XGroup<'_>,
+    out: &mut [f32],
+    block_dot: impl Fn(usize, &[f32]) -> f32,
+) {
     let bpr = w.blocks_per_row();
     let len = rows.len();
     for (i, r) in rows.enumerate() {
@@ -170,10 +176,10 @@ fn q8_0_portable(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &
             let mut acc = 0f32;
             for b in 0..bpr {
                 let block = r * bpr + b;
-                let codes = &w.codes()[block * 32..block * 32 + 32];
-                let xb = &xr[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK];
-                let s: f32 = codes.iter().zip(xb).map(|(&c, &v)| f32::from(c as i8) * v).sum();
-                acc += w.scales()[block] * s;
+                acc += block_dot(block, &xr[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK]);
+                if w.format() == QuantFormat::Q4_1 {
+                    acc += w.mins()[block] * x.block_sums[g][b];
+                }
             }
             out[g * len + i] = acc;
         }

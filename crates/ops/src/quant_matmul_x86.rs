@@ -135,84 +135,77 @@ fn u8x8_to_f32(v: __m128i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
 }
 
+/// The codes of block `block` (counted over the whole matrix) as f32, unscaled: elements
+/// 0..8, 8..16, 16..24, 24..32.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q4_1_avx2_rows<const G: usize>(
-    w: &QuantizedWeight,
-    rows: Range<usize>,
-    x: &XGroup<'_>,
-    out: &mut [f32],
-) {
-    let (bpr, len) = (w.blocks_per_row(), rows.len());
+unsafe fn q4_1_codes_avx2(w: &QuantizedWeight, block: usize) -> [__m256; 4] {
     let mask = _mm_set1_epi8(0x0F);
-    let xp: [*const f32; G] = std::array::from_fn(|g| x.rows[g].as_ptr());
-    for (i, r) in rows.enumerate() {
-        let codes = w.codes()[r * bpr * 16..].as_ptr();
-        let scales = &w.scales()[r * bpr..(r + 1) * bpr];
-        let mut acc = [_mm256_setzero_ps(); G];
-        for (b, &d) in scales.iter().enumerate() {
-            // SAFETY (loads): block `b` of row `r` and columns `32b..32b+32` of each x row are
-            // in bounds (`check_args`).
-            let raw = unsafe { _mm_loadu_si128(codes.add(b * 16).cast()) };
-            let lo = _mm_and_si128(raw, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
-            let w0 = u8x8_to_f32(lo);
-            let w1 = u8x8_to_f32(_mm_unpackhi_epi64(lo, lo));
-            let w2 = u8x8_to_f32(hi);
-            let w3 = u8x8_to_f32(_mm_unpackhi_epi64(hi, hi));
-            let d = _mm256_set1_ps(d);
-            for g in 0..G {
-                let p = unsafe { xp[g].add(b * QUANT_BLOCK) };
-                let mut t = _mm256_mul_ps(w0, unsafe { _mm256_loadu_ps(p) });
-                t = _mm256_fmadd_ps(w1, unsafe { _mm256_loadu_ps(p.add(8)) }, t);
-                t = _mm256_fmadd_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) }, t);
-                t = _mm256_fmadd_ps(w3, unsafe { _mm256_loadu_ps(p.add(24)) }, t);
-                acc[g] = _mm256_fmadd_ps(t, d, acc[g]);
-            }
-        }
-        let mins = &w.mins()[r * bpr..(r + 1) * bpr];
-        for g in 0..G {
-            out[g * len + i] = hsum256(acc[g]) + dot::<Fused>(mins, x.block_sums[g]);
-        }
-    }
+    // SAFETY: `block` is a block of the matrix (the callers iterate over checked rows).
+    let raw = unsafe { _mm_loadu_si128(w.codes().as_ptr().add(block * 16).cast()) };
+    let lo = _mm_and_si128(raw, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+    [
+        u8x8_to_f32(lo),
+        u8x8_to_f32(_mm_unpackhi_epi64(lo, lo)),
+        u8x8_to_f32(hi),
+        u8x8_to_f32(_mm_unpackhi_epi64(hi, hi)),
+    ]
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q8_0_avx2_rows<const G: usize>(
-    w: &QuantizedWeight,
-    rows: Range<usize>,
-    x: &XGroup<'_>,
-    out: &mut [f32],
-) {
-    let (bpr, len) = (w.blocks_per_row(), rows.len());
-    let xp: [*const f32; G] = std::array::from_fn(|g| x.rows[g].as_ptr());
-    let widen = |p: *const u8| {
-        // SAFETY: 8 bytes inside the block (see below).
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(p.cast()) }))
-    };
-    for (i, r) in rows.enumerate() {
-        let codes = w.codes()[r * bpr * 32..].as_ptr();
-        let scales = &w.scales()[r * bpr..(r + 1) * bpr];
-        let mut acc = [_mm256_setzero_ps(); G];
-        for (b, &d) in scales.iter().enumerate() {
-            // SAFETY (loads): as in the Q4_1 kernel.
-            let c = unsafe { codes.add(b * 32) };
-            let (w0, w1) = (widen(c), widen(unsafe { c.add(8) }));
-            let (w2, w3) = (widen(unsafe { c.add(16) }), widen(unsafe { c.add(24) }));
-            let d = _mm256_set1_ps(d);
-            for g in 0..G {
-                let p = unsafe { xp[g].add(b * QUANT_BLOCK) };
-                let mut t = _mm256_mul_ps(w0, unsafe { _mm256_loadu_ps(p) });
-                t = _mm256_fmadd_ps(w1, unsafe { _mm256_loadu_ps(p.add(8)) }, t);
-                t = _mm256_fmadd_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) }, t);
-                t = _mm256_fmadd_ps(w3, unsafe { _mm256_loadu_ps(p.add(24)) }, t);
-                acc[g] = _mm256_fmadd_ps(t, d, acc[g]);
+unsafe fn q8_0_codes_avx2(w: &QuantizedWeight, block: usize) -> [__m256; 4] {
+    // SAFETY: as above; each load reads 8 of the block's 32 bytes.
+    let c = unsafe { w.codes().as_ptr().add(block * 32) };
+    let widen =
+        |o: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(c.add(o).cast()) }));
+    [widen(0), widen(8), widen(16), widen(24)]
+}
+
+/// AVX2 rows: per block, the codes widened once, dotted with each of the `G` activation rows,
+/// and the sum scaled by the block's `d`; Q4_1 adds `sum(m * block_sum)` per row at the end.
+macro_rules! avx2_rows {
+    ($name:ident, $codes:ident) => {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $name<const G: usize>(
+            w: &QuantizedWeight,
+            rows: Range<usize>,
+            x: &XGroup<'_>,
+            out: &mut [f32],
+        ) {
+            let (bpr, len) = (w.blocks_per_row(), rows.len());
+            let xp: [*const f32; G] = std::array::from_fn(|g| x.rows[g].as_ptr());
+            for (i, r) in rows.enumerate() {
+                let mut acc = [_mm256_setzero_ps(); G];
+                for b in 0..bpr {
+                    // SAFETY: row `r` and block `b` are in the matrix (`check_args`).
+                    let [w0, w1, w2, w3] = unsafe { $codes(w, r * bpr + b) };
+                    let d = _mm256_set1_ps(w.scales()[r * bpr + b]);
+                    for g in 0..G {
+                        // SAFETY: columns `32b..32b+32` of each x row exist (`check_args`).
+                        let p = unsafe { xp[g].add(b * QUANT_BLOCK) };
+                        let mut t = _mm256_mul_ps(w0, unsafe { _mm256_loadu_ps(p) });
+                        t = _mm256_fmadd_ps(w1, unsafe { _mm256_loadu_ps(p.add(8)) }, t);
+                        t = _mm256_fmadd_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) }, t);
+                        t = _mm256_fmadd_ps(w3, unsafe { _mm256_loadu_ps(p.add(24)) }, t);
+                        acc[g] = _mm256_fmadd_ps(t, d, acc[g]);
+                    }
+                }
+                for g in 0..G {
+                    let mut v = hsum256(acc[g]);
+                    if w.format() == QuantFormat::Q4_1 {
+                        v += dot::<Fused>(&w.mins()[r * bpr..(r + 1) * bpr], x.block_sums[g]);
+                    }
+                    out[g * len + i] = v;
+                }
             }
         }
-        for g in 0..G {
-            out[g * len + i] = hsum256(acc[g]);
-        }
-    }
+    };
 }
+
+avx2_rows!(q4_1_avx2_rows, q4_1_codes_avx2);
+avx2_rows!(q8_0_avx2_rows, q8_0_codes_avx2);
 
 /// Block `block` (counted over the whole matrix) dequantized to f32: elements 0..16 and 16..32.
 #[inline]
