@@ -38,7 +38,10 @@ fn upload(dev: &CudaDevice, items: &[WorkItem]) -> Result<Option<CudaSlice<u32>>
 /// The uploaded plan of one step's metadata, shared by every layer (and by clones of the
 /// metadata). Rebuilt if a call asks for different head counts or another device.
 #[derive(Clone, Default)]
-pub struct PlanCache(Arc<Mutex<Option<(PlanParams, candle_core::cuda_backend::DeviceId, Arc<DevicePlan>)>>>);
+pub struct PlanCache(Arc<Mutex<Option<CachedPlan>>>);
+
+/// A plan with what it was made for.
+type CachedPlan = (PlanParams, candle_core::cuda_backend::DeviceId, Arc<DevicePlan>);
 
 impl std::fmt::Debug for PlanCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
