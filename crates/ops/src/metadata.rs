@@ -157,6 +157,9 @@ pub struct AttentionMetadata {
     pub max_q_len: usize,
     pub max_context_len: usize,
     host: HostAttentionMetadata,
+    /// The CUDA attention plan of this step, made by the first layer and reused by the rest.
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda_plans: crate::cuda::attention::PlanCache,
 }
 
 impl AttentionMetadata {
@@ -239,7 +242,17 @@ impl AttentionMetadata {
     ) -> Self {
         let max_q_len = (0..host.num_seqs()).map(|s| host.query_range(s).len()).max().unwrap_or(0);
         let max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
-        Self { slot_mapping, cu_seqlens_q, context_lens, block_tables, max_q_len, max_context_len, host }
+        Self {
+            slot_mapping,
+            cu_seqlens_q,
+            context_lens,
+            block_tables,
+            max_q_len,
+            max_context_len,
+            host,
+            #[cfg(feature = "cuda")]
+            cuda_plans: Default::default(),
+        }
     }
 
     /// The host copy of the metadata (what the CPU kernels read).

@@ -2,15 +2,15 @@
 //! reading K/V from the paged caches through each sequence's block table.
 //!
 //! This file holds the public function, the argument checks and the candle op; the CPU kernel
-//! is in `paged_attention_cpu`. A CUDA kernel will plug in as the op's `cuda_fwd`, reading the
-//! metadata tensors of [`AttentionMetadata`] instead of the host copies.
+//! is in `paged_attention_cpu`, the CUDA one (the op's `cuda_fwd`, reading the metadata
+//! tensors of [`AttentionMetadata`] instead of the host copies) in `cuda::attention`.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 use crate::check::{self, invalid};
 use crate::dtype::{check_float, f32_to_storage, storage_to_f32, with_float, Float};
-use crate::metadata::{AttentionMetadata, HostAttentionMetadata};
+use crate::metadata::AttentionMetadata;
 use crate::paged_attention_cpu::{self as cpu, CacheView, Queries};
 
 const OP: &str = "paged_attention";
@@ -62,13 +62,13 @@ pub fn paged_attention(
     check::contiguous(k_cache, OP)?;
     check::contiguous(v_cache, OP)?;
     meta.host().validate_for_cache(num_blocks, block_size, OP)?;
-    let op = PagedAttention { meta: meta.host(), softmax_scale };
+    let op = PagedAttention { meta, softmax_scale };
     q.apply_op3_no_bwd(k_cache, v_cache, &op)
 }
 
 /// The candle op: inputs (q, k_cache, v_cache); metadata and scale travel in the op.
 struct PagedAttention<'a> {
-    meta: &'a HostAttentionMetadata,
+    meta: &'a AttentionMetadata,
     softmax_scale: f32,
 }
 
@@ -124,9 +124,22 @@ impl CustomOp3 for PagedAttention<'_> {
                 kv_heads,
                 head_dim,
             };
-            Ok(cpu::paged_attention(&queries, &view, self.meta))
+            Ok(cpu::paged_attention(&queries, &view, self.meta.host()))
         })?;
         let storage = f32_to_storage(out, q.dtype(), OP)?;
         Ok((storage, Shape::from((num_tokens, q_heads, head_dim))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        q_l: &Layout,
+        k: &candle_core::CudaStorage,
+        k_l: &Layout,
+        v: &candle_core::CudaStorage,
+        v_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::attention::paged_attention(self.meta, self.softmax_scale, q, q_l, k, k_l, v, v_l)
     }
 }

@@ -117,6 +117,17 @@ impl CustomOp2 for RmsNorm {
         let out = with_float!(x.dtype(), OP, T => self.run::<T>(x, x_l, &weight))?;
         Ok((out, x_l.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        x_l: &Layout,
+        w: &candle_core::CudaStorage,
+        w_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::norm::rms_norm(self.eps, x, x_l, w, w_l)
+    }
 }
 
 /// Output is `[2, ...x.shape]`: `normed` then `new_residual`.
@@ -192,5 +203,18 @@ impl CustomOp3 for AddRmsNorm {
         let mut dims = vec![2];
         dims.extend_from_slice(x_l.dims());
         Ok((out, Shape::from(dims)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        x_l: &Layout,
+        r: &candle_core::CudaStorage,
+        r_l: &Layout,
+        w: &candle_core::CudaStorage,
+        w_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::norm::add_rms_norm(self.eps, x, x_l, r, r_l, w, w_l)
     }
 }

@@ -162,4 +162,17 @@ impl CustomOp3 for Rotary<'_> {
         let out = with_float!(x.dtype(), OP, T => self.apply::<T>(x, x_l, cos, sin, positions))?;
         Ok((out, x_l.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        x_l: &Layout,
+        cos: &candle_core::CudaStorage,
+        cos_l: &Layout,
+        sin: &candle_core::CudaStorage,
+        sin_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::rotary::rotary(self.positions, self.style, x, x_l, cos, cos_l, sin, sin_l)
+    }
 }

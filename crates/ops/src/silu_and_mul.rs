@@ -80,4 +80,15 @@ impl CustomOp2 for SiluAndMul {
         let out = with_float!(gate.dtype(), OP, T => Self::run::<T>(gate, g_l, up, u_l))?;
         Ok((out, g_l.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gate: &candle_core::CudaStorage,
+        g_l: &Layout,
+        up: &candle_core::CudaStorage,
+        u_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::activation::silu_and_mul(gate, g_l, up, u_l)
+    }
 }

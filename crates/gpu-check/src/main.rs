@@ -1,0 +1,140 @@
+//! `pagoda-gpu-check`: runs every GPU check in one go and writes a results table.
+//!
+//! Sections, each recorded even if another fails: `ops` (every CUDA op against its CPU op on
+//! fresh random inputs), `model` (the default model on CUDA against the CPU, greedy), `server`
+//! (the release server on CUDA answering chat requests), `timings` (paged decode attention
+//! bandwidth against a device-to-device copy, prefill attention TFLOP/s). Results go to
+//! `OUT/results.md` and `OUT/results.json`, logs beside them. Exit status 0 only when every
+//! check passed.
+
+mod bench;
+mod model_check;
+mod ops_check;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use candle_core::Device;
+use clap::Parser;
+use pagoda_gpu_check::report::Report;
+use pagoda_gpu_check::server::{chat, ServerProcess};
+
+#[derive(Parser)]
+#[command(name = "pagoda-gpu-check", about = "Checks Pagoda's CUDA backend on this GPU")]
+struct Args {
+    /// The default model (SmolLM2-135M-Instruct.Q4_1.gguf).
+    #[arg(long)]
+    model: PathBuf,
+    /// The release `pagoda` binary built with the cuda feature.
+    #[arg(long)]
+    server_binary: Option<PathBuf>,
+    /// Folder for results.md, results.json and the logs.
+    #[arg(long)]
+    out: PathBuf,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Sections to run (comma-separated): ops, model, server, timings.
+    #[arg(long, value_delimiter = ',', default_value = "ops,model,server,timings")]
+    sections: Vec<String>,
+}
+
+fn device_description(ordinal: usize) -> String {
+    use candle_core::cuda_backend::cudarc::driver::CudaContext;
+    match CudaContext::new(ordinal) {
+        Ok(ctx) => {
+            let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+            let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
+            let mem = ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64;
+            format!("{name} (sm_{major}{minor}, {mem:.0} GiB)")
+        }
+        Err(e) => format!("CUDA device {ordinal} unavailable: {e}"),
+    }
+}
+
+fn server_section(args: &Args, report: &mut Report) -> Result<()> {
+    const SECTION: &str = "server";
+    let binary = match &args.server_binary {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?.with_file_name("pagoda"),
+    };
+    let log = args.out.join("server.log");
+    let serve_args: Vec<String> = [
+        "--model",
+        &args.model.display().to_string(),
+        "--served-model-name",
+        "smol",
+        "--device",
+        &format!("cuda:{}", args.device),
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory",
+        "1GiB",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // The first start on a machine JIT-compiles every PTX module for the GPU.
+    let server = match ServerProcess::start(&binary, &serve_args, &log, Duration::from_secs(300)) {
+        Ok(s) => s,
+        Err(e) => {
+            report.error(SECTION, "starts with --device cuda", format!("{e:#}"));
+            return Ok(());
+        }
+    };
+    report.info(SECTION, "start-up (load, cache, bind)", format!("{:.1} s", server.startup_seconds));
+    for (prompt, expect) in
+        [("What is the capital of France?", Some("Paris")), ("Write a haiku about the sea.", None)]
+    {
+        match chat(server.addr, "smol", prompt, 48) {
+            Ok(reply) => {
+                let answered = !reply.content.trim().is_empty()
+                    && reply.completion_tokens > 0
+                    && expect.is_none_or(|word| reply.content.contains(word));
+                let shown: String = reply.content.chars().take(60).collect::<String>().replace('\n', " ");
+                report.expect(
+                    SECTION,
+                    &format!("chat: {prompt}"),
+                    answered,
+                    format!(
+                        "{shown:?} ({} tokens, {}, {:.2} s)",
+                        reply.completion_tokens, reply.finish_reason, reply.seconds
+                    ),
+                );
+            }
+            Err(e) => report.error(SECTION, &format!("chat: {prompt}"), format!("{e:#}")),
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut report = Report::new(device_description(args.device));
+    println!("GPU check on {}", report.device);
+    let device = Device::new_cuda(args.device).context("opening the CUDA device")?;
+    let started = Instant::now();
+    for section in &args.sections {
+        let t = Instant::now();
+        let result = match section.as_str() {
+            "ops" => ops_check::run(&device, &mut report),
+            "model" => model_check::run(&args.model, &device, &mut report),
+            "server" => server_section(&args, &mut report),
+            "timings" => bench::run(&device, &mut report),
+            other => Err(anyhow::anyhow!("unknown section {other:?}")),
+        };
+        if let Err(e) = result {
+            report.error(section, "section", format!("{e:#}"));
+        }
+        println!("section {section}: {:.1} s", t.elapsed().as_secs_f64());
+        report.write(&args.out).context("writing the results")?;
+    }
+    println!("\n{}", report.markdown());
+    println!("total {:.1} s; results in {}", started.elapsed().as_secs_f64(), args.out.display());
+    if report.failures() > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! Kernel launches as plain data: which PTX module and entry point, the grid, block and
+//! dynamic shared memory, and the arguments in the kernel's order (device pointers as
+//! integers). The CUDA path turns a [`KernelLaunch`] into a cudarc launch on candle's stream;
+//! the kernel simulator tests run the same launches on the CPU. Each builder here is the one
+//! place that knows its kernel's signature in kernels/*.cu.
+
+use candle_core::{DType, Result};
+
+use super::plan::SIMT_SMALL_ROWS;
+
+/// The `kernels/*.cu` file (one PTX module each) an entry point lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum KernelModule {
+    ReshapeAndCache,
+    RmsNorm,
+    Rotary,
+    SiluAndMul,
+    AttentionSimt,
+    AttentionMma,
+    AttentionCombine,
+}
+
+impl KernelModule {
+    #[cfg(test)]
+    pub const ALL: [KernelModule; 7] = [
+        KernelModule::ReshapeAndCache,
+        KernelModule::RmsNorm,
+        KernelModule::Rotary,
+        KernelModule::SiluAndMul,
+        KernelModule::AttentionSimt,
+        KernelModule::AttentionMma,
+        KernelModule::AttentionCombine,
+    ];
+
+    /// The source file's stem: `kernels/{stem}.cu`.
+    pub fn stem(self) -> &'static str {
+        match self {
+            KernelModule::ReshapeAndCache => "reshape_and_cache",
+            KernelModule::RmsNorm => "rms_norm",
+            KernelModule::Rotary => "rotary",
+            KernelModule::SiluAndMul => "silu_and_mul",
+            KernelModule::AttentionSimt => "paged_attention_simt",
+            KernelModule::AttentionMma => "paged_attention_mma",
+            KernelModule::AttentionCombine => "paged_attention_combine",
+        }
+    }
+}
+
+/// One kernel argument, by value. `Ptr` is a device address (already offset to the first
+/// element the kernel reads).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Arg {
+    Ptr(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KernelLaunch {
+    pub module: KernelModule,
+    pub function: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub args: Vec<Arg>,
+}
+
+/// Head dims the attention kernels are instantiated for.
+pub(crate) const ATTENTION_HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
+
+/// Dynamic shared memory of the tensor-core attention kernel for `head_dim` (Q plus two
+/// stages of K and V, 64 rows each, rows padded by 8 elements); kernels/paged_attention_mma.cu.
+pub(crate) fn mma_shared_bytes(head_dim: usize) -> u32 {
+    (5 * 64 * (head_dim + 8) * 2) as u32
+}
+
+/// The kernel name suffix of a storage dtype.
+pub(crate) fn dtype_suffix(dtype: DType, op: &'static str) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
+        DType::BF16 => Ok("bf16"),
+        other => Err(candle_core::Error::UnsupportedDTypeForOp(other, op)),
+    }
+}
+
+fn to_i32(v: usize, what: &str, op: &'static str) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| candle_core::Error::Msg(format!("{op}: {what} {v} exceeds the kernel's 32-bit range")))
+}
+
+fn to_grid(v: usize, what: &str, op: &'static str) -> Result<u32> {
+    // gridDim.x allows 2^31 - 1; .y and .z 65535.
+    u32::try_from(v)
+        .ok()
+        .filter(|&g| g <= i32::MAX as u32)
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: {v} {what} exceed one launch")))
+}
+
+/// Threads for a one-block-per-row kernel over rows of `width` elements: about 8 elements
+/// per thread, a whole number of warps, 32..=1024.
+pub(crate) fn row_threads(width: usize) -> u32 {
+    (width.div_ceil(8).next_power_of_two().clamp(32, 1024)) as u32
+}
+
+/// `reshape_and_cache` for one cache: row `t` of `src` (rows `src_row_stride_bytes` apart) to
+/// slot `slots[t]` of `cache`. `None` when there are no tokens.
+pub(crate) fn reshape_and_cache(
+    src: u64,
+    src_row_stride_bytes: usize,
+    cache: u64,
+    slots: u64,
+    num_tokens: usize,
+    row_bytes: usize,
+    num_slots: usize,
+) -> Result<Option<KernelLaunch>> {
+    const OP: &str = "reshape_and_cache";
+    if num_tokens == 0 || row_bytes == 0 {
+        return Ok(None);
+    }
+    Ok(Some(KernelLaunch {
+        module: KernelModule::ReshapeAndCache,
+        function: "pagoda_reshape_and_cache".into(),
+        grid: [to_grid(num_tokens, "tokens", OP)?, 1, 1],
+        block: [128, 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(src),
+            Arg::I64(src_row_stride_bytes as i64),
+            Arg::Ptr(cache),
+            Arg::Ptr(slots),
+            Arg::I32(to_i32(row_bytes, "row bytes", OP)?),
+            Arg::I64(num_slots as i64),
+        ],
+    }))
+}
+
+/// Rows of `x` (f32/f16/bf16, `x_row_stride` elements apart) and a `hidden`-long weight.
+pub(crate) struct NormArgs {
+    pub x_dtype: DType,
+    pub w_dtype: DType,
+    pub x: u64,
+    pub x_row_stride: usize,
+    pub weight: u64,
+    pub out: u64,
+    pub rows: usize,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+/// `rms_norm`; `None` for an empty input.
+pub(crate) fn rms_norm(a: &NormArgs) -> Result<Option<KernelLaunch>> {
+    const OP: &str = "rms_norm";
+    if a.rows == 0 || a.hidden == 0 {
+        return Ok(None);
+    }
+    let name = format!("pagoda_rms_norm_{}_{}", dtype_suffix(a.x_dtype, OP)?, dtype_suffix(a.w_dtype, OP)?);
+    Ok(Some(KernelLaunch {
+        module: KernelModule::RmsNorm,
+        function: name,
+        grid: [to_grid(a.rows, "rows", OP)?, 1, 1],
+        block: [row_threads(a.hidden), 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(a.x),
+            Arg::I64(a.x_row_stride as i64),
+            Arg::Ptr(a.weight),
+            Arg::Ptr(a.out),
+            Arg::I32(to_i32(a.hidden, "hidden size", OP)?),
+            Arg::F32(a.eps),
+        ],
+    }))
+}
+
+/// `add_rms_norm`: `out` holds `2 * rows * hidden` elements (normed, then the sum).
+pub(crate) fn add_rms_norm(a: &NormArgs, residual: u64, r_row_stride: usize) -> Result<Option<KernelLaunch>> {
+    const OP: &str = "add_rms_norm";
+    if a.rows == 0 || a.hidden == 0 {
+        return Ok(None);
+    }
+    let name =
+        format!("pagoda_add_rms_norm_{}_{}", dtype_suffix(a.x_dtype, OP)?, dtype_suffix(a.w_dtype, OP)?);
+    Ok(Some(KernelLaunch {
+        module: KernelModule::RmsNorm,
+        function: name,
+        grid: [to_grid(a.rows, "rows", OP)?, 1, 1],
+        block: [row_threads(a.hidden), 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(a.x),
+            Arg::I64(a.x_row_stride as i64),
+            Arg::Ptr(residual),
+            Arg::I64(r_row_stride as i64),
+            Arg::Ptr(a.weight),
+            Arg::Ptr(a.out),
+            Arg::I64(a.rows as i64),
+            Arg::I32(to_i32(a.hidden, "hidden size", OP)?),
+            Arg::F32(a.eps),
+        ],
+    }))
+}
+
+pub(crate) struct RotaryArgs {
+    pub dtype: DType,
+    pub x: u64,
+    pub x_row_stride: usize,
+    pub positions: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub max_positions: usize,
+    pub out: u64,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub interleaved: bool,
+}
+
+pub(crate) fn rotary(a: &RotaryArgs) -> Result<Option<KernelLaunch>> {
+    const OP: &str = "rotary_embedding";
+    if a.num_tokens == 0 || a.num_heads == 0 || a.head_dim == 0 {
+        return Ok(None);
+    }
+    Ok(Some(KernelLaunch {
+        module: KernelModule::Rotary,
+        function: format!("pagoda_rotary_{}", dtype_suffix(a.dtype, OP)?),
+        grid: [to_grid(a.num_tokens, "tokens", OP)?, 1, 1],
+        block: [128, 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(a.x),
+            Arg::I64(a.x_row_stride as i64),
+            Arg::Ptr(a.positions),
+            Arg::Ptr(a.cos),
+            Arg::Ptr(a.sin),
+            Arg::I32(to_i32(a.max_positions, "max positions", OP)?),
+            Arg::Ptr(a.out),
+            Arg::I32(to_i32(a.num_heads, "heads", OP)?),
+            Arg::I32(to_i32(a.head_dim, "head dim", OP)?),
+            Arg::I32(a.interleaved as i32),
+        ],
+    }))
+}
+
+pub(crate) struct SiluArgs {
+    pub dtype: DType,
+    pub gate: u64,
+    pub gate_row_stride: usize,
+    pub up: u64,
+    pub up_row_stride: usize,
+    pub out: u64,
+    pub rows: usize,
+    pub width: usize,
+}
+
+pub(crate) fn silu_and_mul(a: &SiluArgs) -> Result<Option<KernelLaunch>> {
+    const OP: &str = "silu_and_mul";
+    let n = a.rows * a.width;
+    if n == 0 {
+        return Ok(None);
+    }
+    // Grid-stride loop: enough blocks to fill any GPU, no more.
+    let blocks = n.div_ceil(256).min(1 << 16);
+    Ok(Some(KernelLaunch {
+        module: KernelModule::SiluAndMul,
+        function: format!("pagoda_silu_and_mul_{}", dtype_suffix(a.dtype, OP)?),
+        grid: [blocks as u32, 1, 1],
+        block: [256, 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(a.gate),
+            Arg::I64(a.gate_row_stride as i64),
+            Arg::Ptr(a.up),
+            Arg::I64(a.up_row_stride as i64),
+            Arg::Ptr(a.out),
+            Arg::I64(a.rows as i64),
+            Arg::I32(to_i32(a.width, "width", OP)?),
+        ],
+    }))
+}
+
+/// What every attention kernel of one call shares.
+pub(crate) struct AttentionArgs {
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub q: u64,
+    pub q_row_stride: usize,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub block_tables: u64,
+    pub max_blocks_per_seq: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub group: usize,
+    pub softmax_scale: f32,
+    pub out: u64,
+    /// f32 `[partial_rows, head_dim]` and `[partial_rows]`; 0 when nothing is split.
+    pub part_o: u64,
+    pub part_lse: u64,
+}
+
+/// Which attention kernel a list of work items goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttentionKernel {
+    /// CUDA cores, items of at most `rows` (4 or 8) rows.
+    Simt { rows: usize },
+    /// Tensor cores (f16/bf16).
+    Mma,
+}
+
+const OP_ATTN: &str = "paged_attention";
+
+fn attention_common(a: &AttentionArgs) -> Result<Vec<Arg>> {
+    Ok(vec![
+        Arg::Ptr(a.q),
+        Arg::I64(a.q_row_stride as i64),
+        Arg::Ptr(a.k_cache),
+        Arg::Ptr(a.v_cache),
+        Arg::Ptr(a.block_tables),
+        Arg::I32(to_i32(a.max_blocks_per_seq, "blocks per sequence", OP_ATTN)?),
+        Arg::I32(to_i32(a.block_size, "block size", OP_ATTN)?),
+        Arg::I32(to_i32(a.num_kv_heads, "kv heads", OP_ATTN)?),
+        Arg::I32(to_i32(a.group, "group size", OP_ATTN)?),
+        Arg::F32(a.softmax_scale * std::f32::consts::LOG2_E),
+        Arg::Ptr(a.out),
+    ])
+}
+
+/// One launch over `num_items` work items at `items` (u32 words) for `kernel`.
+pub(crate) fn attention(
+    a: &AttentionArgs,
+    kernel: AttentionKernel,
+    items: u64,
+    num_items: usize,
+) -> Result<Option<KernelLaunch>> {
+    if num_items == 0 || a.num_kv_heads == 0 {
+        return Ok(None);
+    }
+    if !ATTENTION_HEAD_DIMS.contains(&a.head_dim) {
+        return Err(candle_core::Error::Msg(format!(
+            "{OP_ATTN}: head_dim {} has no CUDA kernel (supported: {ATTENTION_HEAD_DIMS:?})",
+            a.head_dim
+        )));
+    }
+    let kv_heads = u32::try_from(a.num_kv_heads).ok().filter(|&h| h <= 65535).ok_or_else(|| {
+        candle_core::Error::Msg(format!("{OP_ATTN}: {} kv heads exceed one launch", a.num_kv_heads))
+    })?;
+    let dt = dtype_suffix(a.dtype, OP_ATTN)?;
+    let mut args = vec![Arg::Ptr(items)];
+    args.extend(attention_common(a)?);
+    let (module, function, shared_mem_bytes) = match kernel {
+        AttentionKernel::Simt { rows } => {
+            let r = if rows <= SIMT_SMALL_ROWS { 4 } else { 8 };
+            args.push(Arg::Ptr(a.part_o));
+            args.push(Arg::Ptr(a.part_lse));
+            (KernelModule::AttentionSimt, format!("pagoda_paged_attention_simt_{dt}_d{}_r{r}", a.head_dim), 0)
+        }
+        AttentionKernel::Mma => {
+            if a.dtype == DType::F32 {
+                return Err(candle_core::Error::UnsupportedDTypeForOp(
+                    a.dtype,
+                    "paged_attention (tensor cores)",
+                ));
+            }
+            (
+                KernelModule::AttentionMma,
+                format!("pagoda_paged_attention_mma_{dt}_d{}", a.head_dim),
+                mma_shared_bytes(a.head_dim),
+            )
+        }
+    };
+    Ok(Some(KernelLaunch {
+        module,
+        function,
+        grid: [to_grid(num_items, "work items", OP_ATTN)?, kv_heads, 1],
+        block: [128, 1, 1],
+        shared_mem_bytes,
+        args,
+    }))
+}
+
+/// The combine launch over `num_groups` split groups (their split-0 items at `groups`).
+pub(crate) fn attention_combine(
+    a: &AttentionArgs,
+    groups: u64,
+    num_groups: usize,
+) -> Result<Option<KernelLaunch>> {
+    if num_groups == 0 || a.num_kv_heads == 0 {
+        return Ok(None);
+    }
+    let dt = dtype_suffix(a.dtype, OP_ATTN)?;
+    Ok(Some(KernelLaunch {
+        module: KernelModule::AttentionCombine,
+        function: format!("pagoda_attention_combine_{dt}"),
+        grid: [to_grid(num_groups, "split groups", OP_ATTN)?, a.num_kv_heads as u32, 1],
+        block: [128, 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(groups),
+            Arg::Ptr(a.part_o),
+            Arg::Ptr(a.part_lse),
+            Arg::Ptr(a.out),
+            Arg::I32(to_i32(a.num_kv_heads, "kv heads", OP_ATTN)?),
+            Arg::I32(to_i32(a.group, "group size", OP_ATTN)?),
+            Arg::I32(to_i32(a.head_dim, "head dim", OP_ATTN)?),
+        ],
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_threads_cover_the_row_in_whole_warps() {
+        assert_eq!(row_threads(1), 32);
+        assert_eq!(row_threads(576), 128);
+        assert_eq!(row_threads(4096), 512);
+        assert_eq!(row_threads(1 << 20), 1024);
+    }
+
+    #[test]
+    fn names_follow_the_kernel_entry_points() {
+        let a = NormArgs {
+            x_dtype: DType::BF16,
+            w_dtype: DType::F32,
+            x: 1,
+            x_row_stride: 8,
+            weight: 2,
+            out: 3,
+            rows: 5,
+            hidden: 8,
+            eps: 1e-5,
+        };
+        let l = rms_norm(&a).unwrap().unwrap();
+        assert_eq!(l.function, "pagoda_rms_norm_bf16_f32");
+        assert_eq!(l.grid, [5, 1, 1]);
+        assert_eq!(add_rms_norm(&a, 4, 8).unwrap().unwrap().function, "pagoda_add_rms_norm_bf16_f32");
+        assert!(rms_norm(&NormArgs { rows: 0, ..a }).unwrap().is_none());
+        assert!(rms_norm(&NormArgs { x_dtype: DType::U8, ..a }).is_err());
+    }
+
+    fn attention_args(dtype: DType, head_dim: usize) -> AttentionArgs {
+        AttentionArgs {
+            dtype,
+            head_dim,
+            q: 1,
+            q_row_stride: 32 * head_dim,
+            k_cache: 2,
+            v_cache: 3,
+            block_tables: 4,
+            max_blocks_per_seq: 10,
+            block_size: 16,
+            num_kv_heads: 8,
+            group: 4,
+            softmax_scale: 0.125,
+            out: 5,
+            part_o: 6,
+            part_lse: 7,
+        }
+    }
+
+    #[test]
+    fn attention_launches_pick_the_instantiated_kernel() {
+        let a = attention_args(DType::BF16, 128);
+        let simt = attention(&a, AttentionKernel::Simt { rows: 4 }, 9, 64).unwrap().unwrap();
+        assert_eq!(simt.function, "pagoda_paged_attention_simt_bf16_d128_r4");
+        assert_eq!((simt.grid, simt.block, simt.shared_mem_bytes), ([64, 8, 1], [128, 1, 1], 0));
+        assert_eq!(simt.args.len(), 14);
+        assert_eq!(simt.args[10], Arg::F32(0.125 * std::f32::consts::LOG2_E));
+        let mma = attention(&a, AttentionKernel::Mma, 9, 3).unwrap().unwrap();
+        assert_eq!(mma.function, "pagoda_paged_attention_mma_bf16_d128");
+        assert_eq!(mma.shared_mem_bytes, 87_040);
+        assert_eq!(mma.args.len(), 12);
+        let r8 = attention(&attention_args(DType::F32, 80), AttentionKernel::Simt { rows: 6 }, 9, 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r8.function, "pagoda_paged_attention_simt_f32_d80_r8");
+        assert!(attention(&attention_args(DType::F32, 80), AttentionKernel::Mma, 9, 1).is_err());
+        assert!(attention(&attention_args(DType::F16, 72), AttentionKernel::Mma, 9, 1).is_err());
+        assert!(attention(&a, AttentionKernel::Mma, 9, 0).unwrap().is_none());
+        let c = attention_combine(&a, 9, 2).unwrap().unwrap();
+        assert_eq!((c.function.as_str(), c.grid), ("pagoda_attention_combine_bf16", [2, 8, 1]));
+    }
+
+    #[test]
+    fn mma_shared_memory_fits_an_sm() {
+        // 227 KiB is the most one block may opt into on sm_90 (163 KiB on sm_80).
+        for d in ATTENTION_HEAD_DIMS {
+            assert!(mma_shared_bytes(d) <= 163 * 1024);
+        }
+    }
+}

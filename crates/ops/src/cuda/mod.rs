@@ -1,0 +1,33 @@
+//! The CUDA side of the ops: each op's `cuda_fwd` launches a kernel from `kernels/*.cu`
+//! (compiled to PTX by build.rs, embedded, loaded through candle's CUDA device) on candle's
+//! stream. The kernel contracts, launch shapes and cache layout are in kernels/README.md.
+//!
+//! `plan` (attention work planning) and `launch` (kernel launches as plain data) are pure
+//! Rust and always compiled, so their tests run without a GPU and the kernel simulator tests
+//! (`sim_tests`, feature `kernel-sim`) drive the kernels through exactly the launches the
+//! CUDA path makes. The rest needs the `cuda` feature.
+
+#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
+pub(crate) mod launch;
+pub(crate) mod plan;
+
+#[cfg(feature = "cuda")]
+pub(crate) mod activation;
+#[cfg(feature = "cuda")]
+pub(crate) mod attention;
+#[cfg(feature = "cuda")]
+pub(crate) mod device;
+#[cfg(feature = "cuda")]
+pub(crate) mod kv_cache;
+#[cfg(feature = "cuda")]
+pub(crate) mod norm;
+#[cfg(feature = "cuda")]
+mod ptx;
+#[cfg(feature = "cuda")]
+pub(crate) mod rotary;
+
+#[cfg(all(test, feature = "kernel-sim"))]
+mod sim;
+#[cfg(all(test, feature = "kernel-sim"))]
+mod sim_tests;

@@ -1,0 +1,62 @@
+// Pieces shared by the paged-attention kernels: the work item the host plans, and the
+// asynchronous load of one tile of keys and values through a sequence's block table.
+#pragma once
+#include "common.cuh"
+
+namespace pagoda {
+
+// One unit of attention work: some query tokens of one sequence, some q heads of each kv
+// head's group (the kv head is blockIdx.y), and a range of key positions. Built on the host
+// by crates/ops/src/cuda/plan.rs (`WorkItem`, same field order, 12 x u32).
+//
+// Rows of an item are (token, head) pairs, token-major: row r is query token tok0 + r / head_cnt
+// at position pos0 + r / head_cnt, q head kv_head * group + head_lo + r % head_cnt.
+struct WorkItem {
+    uint32_t seq;           // sequence: row of the block table
+    uint32_t tok0;          // first query token: row of q and out
+    uint32_t ntok;          // query tokens
+    uint32_t pos0;          // position of tok0 in its sequence
+    uint32_t head_lo;       // first q head within the group
+    uint32_t head_cnt;      // q heads of the group covered
+    uint32_t kv_lo;         // key positions [kv_lo, kv_hi) read by this item
+    uint32_t kv_hi;
+    uint32_t split;         // which split of the key range this is
+    uint32_t num_splits;    // 1: the item writes `out`; > 1: partial rows for the combine kernel
+    uint32_t scratch_base;  // first partial row of the split group
+    uint32_t reserved;
+};
+
+// Partial results of split items: row (split, kv_head, r) of a group lives at
+// scratch_base + (split * kv_heads + kv_head) * rows + r in part_o ([.., head_dim] f32,
+// normalised by its own softmax sum) and part_lse (log2 of that sum plus the running max, in
+// the base-2 units the kernels work in; -inf when no key was visible).
+__device__ __forceinline__ long long partial_row(const WorkItem &it, int kv_heads, int kv_head, int r) {
+    const long long rows = (long long)it.ntok * it.head_cnt;
+    return (long long)it.scratch_base + ((long long)it.split * kv_heads + kv_head) * rows + r;
+}
+
+// Starts the asynchronous copy of keys tile_start .. tile_start + KT of one kv head into
+// k_dst / v_dst (rows of `dst_stride` elements). Positions >= kv_hi are zero-filled: their
+// scores are masked, and zeros keep 0 * V finite.
+template <typename T, int D, int KT, int NT>
+__device__ __forceinline__ void load_kv_tile(T *k_dst, T *v_dst, int dst_stride, const T *__restrict__ k_cache,
+                                             const T *__restrict__ v_cache, const uint32_t *__restrict__ table,
+                                             int block_size, int kv_heads, int kv_head, int tile_start, int kv_hi) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    constexpr int CH = D / VEC;
+    for (int c = threadIdx.x; c < KT * CH; c += NT) {
+        const int key = c / CH, part = c % CH;
+        const int pos = tile_start + key;
+        const bool valid = pos < kv_hi;
+        long long offset = 0;
+        if (valid) {
+            const long long block = table[pos / block_size];
+            const long long slot = block * block_size + pos % block_size;
+            offset = (slot * kv_heads + kv_head) * D + part * VEC;
+        }
+        cp_async_16(k_dst + key * dst_stride + part * VEC, k_cache + offset, valid);
+        cp_async_16(v_dst + key * dst_stride + part * VEC, v_cache + offset, valid);
+    }
+}
+
+}  // namespace pagoda
