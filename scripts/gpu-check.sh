@@ -114,7 +114,8 @@ run() {
     local here out="" model="" stage
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
     local pack="$here"
-    [ -d "$pack/bin" ] || pack="$(cd "$here/.." && pwd)/gpu-check"
+    # Run from the repo's scripts/, the pack is ./gpu-check; a copy of the pack holds this script.
+    [ -d "$pack/bin" ] || [ -d "$pack/model" ] || pack="$(cd "$here/.." && pwd)/gpu-check"
     local check_args=()
     while [ $# -gt 0 ]; do
         case "$1" in
@@ -180,7 +181,7 @@ run() {
     log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     local missing
     missing="$(ldd "$stage/bin/pagoda-gpu-check" | awk '/not found/ {print $1}' | paste -sd' ')"
-    [ -z "$missing" ] || die "libraries not found: $missing (install PyTorch cu130 or the nvidia-*-cu13 wheels, or set CUDA_HOME)"
+    [ -z "$missing" ] || die "libraries not found: $missing (libcuda.so.1 comes with the NVIDIA driver; the others with PyTorch cu130, the nvidia-*-cu13 wheels or a CUDA 13 toolkit in CUDA_HOME)"
     nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 
     set +e

@@ -393,7 +393,8 @@ fn attention_cuda_core_path_matches_cpu() {
         assert!(err <= tolerance(DType::F32), "f32 {q_heads}/{kv_heads} d{head_dim} bs{block_size}: {err}");
         assert_eq!(counts[1], 0);
     }
-    // Half precision decodes stay on CUDA cores.
+    // Half precision decodes (4-row items) and two-token chunks (8-row items) stay on CUDA
+    // cores.
     for dtype in [DType::F16, DType::BF16] {
         let c = Case {
             dtype,
@@ -401,12 +402,12 @@ fn attention_cuda_core_path_matches_cpu() {
             kv_heads: 2,
             head_dim: 128,
             block_size: 16,
-            seqs: vec![(1, 100), (1, 17)],
+            seqs: vec![(1, 100), (1, 17), (2, 50)],
             num_sms: 1,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} decode: {err}");
-        assert_eq!(counts, [2, 0, 0]);
+        assert_eq!(counts, [3, 0, 0]);
     }
 }
 
