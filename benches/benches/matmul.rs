@@ -1,20 +1,22 @@
-//! Matmuls of one SmolLM2-135M layer (fused QKV, attention output, fused gate-up, down) and its
-//! lm head, at the token counts of decode and prefill steps: `quant_matmul` over the Q4_1/Q8_0
-//! blocks against candle's dense f32 GEMM over the dequantized weights. The crossover decides
-//! the model's `PACKED_MAX_TOKENS`.
+//! The matmuls of SmolLM2-135M's 30 layers (fused QKV, attention output, fused gate-up, down,
+//! each layer with its own weights) and its lm head, at the token counts of decode and prefill
+//! steps: `quant_matmul` over the Q4_1/Q8_0 blocks, `panel_matmul` over the dequantized weights
+//! packed in panels, and candle's general f32 GEMM over the same values row-major. The
+//! crossover between the first two decides the model's `PACKED_MAX_TOKENS`.
 
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use half::f16;
-use pagoda_ops::{quant_matmul, QuantFormat, QuantizedWeight, QUANT_BLOCK};
+use pagoda_ops::{panel_matmul, quant_matmul, PanelWeight, QuantFormat, QuantizedWeight, QUANT_BLOCK};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const HIDDEN: usize = 576;
 const FFN: usize = 1536;
 const VOCAB: usize = 49152;
+const LAYERS: usize = 30;
 
 fn random_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> QuantizedWeight {
     let mut bytes = Vec::with_capacity(rows * cols / QUANT_BLOCK * format.gguf_block_bytes());
@@ -32,39 +34,54 @@ fn random_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize
 struct Weights {
     packed: Arc<QuantizedWeight>,
     dense: Tensor,
+    panels: Arc<PanelWeight>,
 }
 
 fn weights(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> Weights {
     let packed = random_weight(rng, format, rows, cols);
     let dense = Tensor::from_vec(packed.dequantize(), (rows, cols), &Device::Cpu).expect("shape");
-    Weights { packed: Arc::new(packed), dense }
+    let panels = Arc::new(PanelWeight::from_quantized(&packed));
+    Weights { packed: Arc::new(packed), dense, panels }
 }
 
 fn bench(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(1);
-    let layer = [
-        weights(&mut rng, QuantFormat::Q4_1, HIDDEN + 2 * 192, HIDDEN),
-        weights(&mut rng, QuantFormat::Q4_1, HIDDEN, HIDDEN),
-        weights(&mut rng, QuantFormat::Q4_1, 2 * FFN, HIDDEN),
-        weights(&mut rng, QuantFormat::Q4_1, HIDDEN, FFN),
-    ];
+    // Every layer's own weights, as in the model: one layer alone would sit in the L3 cache and
+    // flatter the memory-bound small steps.
+    let layers: Vec<Weights> = (0..LAYERS)
+        .flat_map(|_| {
+            [
+                weights(&mut rng, QuantFormat::Q4_1, HIDDEN + 2 * 192, HIDDEN),
+                weights(&mut rng, QuantFormat::Q4_1, HIDDEN, HIDDEN),
+                weights(&mut rng, QuantFormat::Q4_1, 2 * FFN, HIDDEN),
+                weights(&mut rng, QuantFormat::Q4_1, HIDDEN, FFN),
+            ]
+        })
+        .collect();
     let head = weights(&mut rng, QuantFormat::Q8_0, VOCAB, HIDDEN);
     let input = |m: usize, k: usize| Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).expect("randn");
 
-    let mut group = c.benchmark_group("layer_matmuls");
-    for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
-        let xs: Vec<Tensor> = layer.iter().map(|w| input(m, w.packed.cols())).collect();
+    let mut group = c.benchmark_group("model_matmuls");
+    for m in [1usize, 4, 8, 12, 16, 24, 32, 64, 128] {
+        let xs: Vec<Tensor> = layers.iter().map(|w| input(m, w.packed.cols())).collect();
         group.bench_with_input(BenchmarkId::new("quant", m), &m, |b, _| {
             b.iter(|| {
-                for (w, x) in layer.iter().zip(&xs) {
+                for (w, x) in layers.iter().zip(&xs) {
                     quant_matmul(x, &w.packed).expect("matmul");
                 }
             })
         });
         group.bench_with_input(BenchmarkId::new("dense_f32", m), &m, |b, _| {
             b.iter(|| {
-                for (w, x) in layer.iter().zip(&xs) {
+                for (w, x) in layers.iter().zip(&xs) {
                     x.matmul(&w.dense.t().expect("t")).expect("matmul");
+                }
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("panel_f32", m), &m, |b, _| {
+            b.iter(|| {
+                for (w, x) in layers.iter().zip(&xs) {
+                    panel_matmul(x, &w.panels).expect("matmul");
                 }
             })
         });

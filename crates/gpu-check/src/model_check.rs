@@ -32,7 +32,7 @@ fn runner(model: &Path, device: &Device, dtype: DType, max_tokens: usize) -> Res
     let loaded = load_model(model, &options).with_context(|| format!("loading {}", model.display()))?;
     let blocks = PROMPTS.len() * max_tokens.div_ceil(BLOCK_SIZE);
     let cache = KvCache::new(loaded.model.config(), blocks, BLOCK_SIZE, dtype, device)?;
-    Ok(ModelRunner::new(loaded.model, cache, device.clone()))
+    Ok(ModelRunner::new(loaded.model, cache, device.clone())?)
 }
 
 fn argmax(row: &[f32]) -> u32 {

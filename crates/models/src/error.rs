@@ -24,6 +24,8 @@ pub enum ModelError {
     Config { path: PathBuf, message: String },
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    #[error("cannot start the CPU thread pool: {0}")]
+    ThreadPool(#[from] rayon::ThreadPoolBuildError),
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
 }

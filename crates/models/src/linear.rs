@@ -5,16 +5,16 @@ use std::sync::Arc;
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
-use pagoda_ops::QuantizedWeight;
+use pagoda_ops::{PanelWeight, QuantizedWeight};
 use rayon::prelude::*;
 
 use crate::error::Result;
 
 /// Steps of at most this many tokens multiply [`LinearWeight::Packed`] blocks directly; larger
 /// ones use the dense copy. From `cargo bench -p pagoda-bench --bench matmul` on a 2-core
-/// AVX-512 machine, per SmolLM2 layer: the block kernel takes 0.37 / 1.8 / 3.2 / 6.7 ms at
-/// 1 / 16 / 32 / 64 tokens against 0.63 / 3.8 / 4.3 / 5.4 ms for the dense f32 GEMM.
-pub const PACKED_MAX_TOKENS: usize = 32;
+/// AVX-512 machine, SmolLM2's 30 layers: the block kernel takes 5.7 / 12.2 / 24.9 / 37.4 ms at
+/// 1 / 8 / 16 / 24 tokens against 12.3 / 14.0 / 30.3 / 29.1 ms for the panel GEMM.
+pub const PACKED_MAX_TOKENS: usize = 16;
 
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
@@ -24,7 +24,16 @@ pub enum LinearWeight {
     Dense(Tensor),
     /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense f32
     /// form (the same values) for large ones. CPU only.
-    Packed { blocks: Arc<QuantizedWeight>, dense: Tensor },
+    Packed { blocks: Arc<QuantizedWeight>, dense: DenseCopy },
+}
+
+/// The dense f32 form kept next to a weight's blocks.
+#[derive(Debug, Clone)]
+pub enum DenseCopy {
+    /// Packed for [`pagoda_ops::panel_matmul`]: the projections.
+    Panels(Arc<PanelWeight>),
+    /// Row-major `[out, in]`: a tied embedding table, which the embedding lookup reads by rows.
+    Rows(Tensor),
 }
 
 #[derive(Debug, Clone)]
@@ -44,10 +53,11 @@ impl Linear {
             LinearWeight::Quantized(q) => q.forward(x)?,
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::Packed { blocks, dense } => {
-                if x.dim(0)? <= PACKED_MAX_TOKENS && x.dtype() == DType::F32 {
-                    pagoda_ops::quant_matmul(x, blocks)?
-                } else {
-                    x.matmul(&dense.t()?)?
+                let x = &x.to_dtype(DType::F32)?;
+                match dense {
+                    _ if x.dim(0)? <= PACKED_MAX_TOKENS => pagoda_ops::quant_matmul(x, blocks)?,
+                    DenseCopy::Panels(panels) => pagoda_ops::panel_matmul(x, panels)?,
+                    DenseCopy::Rows(rows) => x.matmul(&rows.t()?)?,
                 }
             }
         };
@@ -57,23 +67,29 @@ impl Linear {
         })
     }
 
-    /// Blocks for the few-token steps plus their dense f32 form for larger ones, dequantized
-    /// here (rows in parallel).
-    pub fn packed(blocks: QuantizedWeight, device: &Device) -> Result<Self> {
+    /// Blocks for the few-token steps plus their dense f32 form, packed in panels, for larger
+    /// ones (dequantized here, in parallel).
+    pub fn packed(blocks: QuantizedWeight) -> Self {
+        let panels = Arc::new(PanelWeight::from_quantized(&blocks));
+        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), dense: DenseCopy::Panels(panels) }, None)
+    }
+
+    /// Blocks plus their dense f32 form row-major: for a table that is also the embedding.
+    pub fn packed_with_rows(blocks: QuantizedWeight, device: &Device) -> Result<Self> {
         let (rows, cols) = (blocks.rows(), blocks.cols());
         let mut values = vec![0f32; rows * cols];
         if cols > 0 {
             values.par_chunks_mut(cols).enumerate().for_each(|(r, row)| blocks.dequantize_row(r, row));
         }
-        let dense = Tensor::from_vec(values, (rows, cols), device)?;
+        let dense = DenseCopy::Rows(Tensor::from_vec(values, (rows, cols), device)?);
         Ok(Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), dense }, None))
     }
 
-    /// The dense `[out, in]` weight, when there is one.
+    /// The dense row-major `[out, in]` weight, when there is one.
     pub fn dense_weight(&self) -> Option<&Tensor> {
         match &self.weight {
-            LinearWeight::Dense(d) | LinearWeight::Packed { dense: d, .. } => Some(d),
-            LinearWeight::Quantized(_) => None,
+            LinearWeight::Dense(d) | LinearWeight::Packed { dense: DenseCopy::Rows(d), .. } => Some(d),
+            LinearWeight::Packed { dense: DenseCopy::Panels(_), .. } | LinearWeight::Quantized(_) => None,
         }
     }
 
@@ -102,15 +118,6 @@ impl Linear {
             }
             _ => return Ok(None),
         };
-        let denses: Option<Vec<&Tensor>> = parts
-            .iter()
-            .map(|p| match &p.weight {
-                LinearWeight::Dense(d) | LinearWeight::Packed { dense: d, .. } => Some(d),
-                LinearWeight::Quantized(_) => None,
-            })
-            .collect();
-        let Some(denses) = denses else { return Ok(None) };
-        let dense = Tensor::cat(&denses, 0)?;
         let blocks: Option<Vec<&QuantizedWeight>> = parts
             .iter()
             .map(|p| match &p.weight {
@@ -118,13 +125,19 @@ impl Linear {
                 _ => None,
             })
             .collect();
-        let weight = match blocks {
-            Some(blocks) if blocks.iter().all(|b| b.format() == blocks[0].format()) => {
-                LinearWeight::Packed { blocks: Arc::new(QuantizedWeight::concat_rows(&blocks)?), dense }
-            }
-            _ => LinearWeight::Dense(dense),
-        };
-        Ok(Some(Linear::new(weight, bias)))
+        if let Some(blocks) = blocks.filter(|bs| bs.iter().all(|b| b.format() == bs[0].format())) {
+            let stacked = Linear::packed(QuantizedWeight::concat_rows(&blocks)?);
+            return Ok(Some(Linear::new(stacked.weight, bias)));
+        }
+        let denses: Option<Vec<&Tensor>> = parts
+            .iter()
+            .map(|p| match &p.weight {
+                LinearWeight::Dense(d) => Some(d),
+                LinearWeight::Packed { .. } | LinearWeight::Quantized(_) => None,
+            })
+            .collect();
+        let Some(denses) = denses else { return Ok(None) };
+        Ok(Some(Linear::new(LinearWeight::Dense(Tensor::cat(&denses, 0)?), bias)))
     }
 }
 
@@ -149,13 +162,13 @@ impl StackedLinear {
     }
 
     /// Block-quantized parts stacked into one weight, dequantized once.
-    pub fn from_blocks(parts: Vec<QuantizedWeight>, device: &Device) -> Result<Self> {
+    pub fn from_blocks(parts: Vec<QuantizedWeight>) -> Result<Self> {
         let widths: Vec<usize> = parts.iter().map(QuantizedWeight::rows).collect();
         let blocks = match parts.len() {
             1 => parts.into_iter().next().expect("one part"),
             _ => QuantizedWeight::concat_rows(&parts.iter().collect::<Vec<_>>())?,
         };
-        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks, device)?, widths })
+        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks), widths })
     }
 
     /// The projection of a one-part stack.
@@ -239,9 +252,7 @@ mod tests {
             bytes.extend(f16::from_f32(-0.05 * (v % 3) as f32).to_le_bytes());
             bytes.extend((0..16).map(|j| ((v + j * 13) % 251) as u8));
         }
-        let blocks = QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap();
-        let dense = Tensor::from_vec(blocks.dequantize(), (rows, cols), &Device::Cpu).unwrap();
-        Linear::new(LinearWeight::Packed { blocks: Arc::new(blocks), dense }, None)
+        Linear::packed(QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap())
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
@@ -251,14 +262,19 @@ mod tests {
     #[test]
     fn packed_block_and_dense_paths_agree() {
         let l = packed(48, 64, 1);
-        let LinearWeight::Packed { dense, .. } = &l.weight else { unreachable!() };
-        // One row below the cutoff takes the block kernel, the whole batch the dense GEMM.
+        let LinearWeight::Packed { blocks, .. } = &l.weight else { unreachable!() };
+        let dense = Tensor::from_vec(blocks.dequantize(), (48, 64), &Device::Cpu).unwrap();
+        let with_rows = Linear::packed_with_rows((**blocks).clone(), &Device::Cpu).unwrap();
+        assert_eq!(max_diff(with_rows.dense_weight().unwrap(), &dense), 0.0);
+        // Rows up to the cutoff take the block kernel, the whole batch the panel GEMM (or, with
+        // a row-major copy, candle's GEMM).
         let x = Tensor::randn(0f32, 1.0, (PACKED_MAX_TOKENS + 1, 64), &Device::Cpu).unwrap();
         let dense_y = x.matmul(&dense.t().unwrap()).unwrap();
         let small = l.forward(&x.narrow(0, 0, PACKED_MAX_TOKENS).unwrap()).unwrap();
-        let large = l.forward(&x).unwrap();
         assert!(max_diff(&small, &dense_y.narrow(0, 0, PACKED_MAX_TOKENS).unwrap()) < 1e-4);
-        assert!(max_diff(&large, &dense_y) < 1e-6);
+        for large in [l.forward(&x).unwrap(), with_rows.forward(&x).unwrap()] {
+            assert!(max_diff(&large, &dense_y) < 1e-5);
+        }
     }
 
     #[test]

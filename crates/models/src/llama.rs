@@ -60,7 +60,7 @@ impl Llama {
         let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
             source
                 .blocks("token_embd.weight", c.vocab_size, h)?
-                .map(|b| Linear::packed(b, device))
+                .map(|b| Linear::packed_with_rows(b, device))
                 .transpose()?
         } else {
             None

@@ -2,6 +2,8 @@
 //! mapping, query starts, context lengths, block tables), runs the model over the whole mixed
 //! batch at once, and samples one token per sequence that asked for one.
 
+use std::sync::Arc;
+
 use candle_core::{Device, Tensor};
 use pagoda_engine::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, StepOutput};
 use pagoda_ops::AttentionMetadata;
@@ -14,6 +16,10 @@ pub struct ModelRunner {
     model: Llama,
     cache: KvCache,
     device: Device,
+    /// Runs each whole step, so that the CPU ops' parallel loops start on a pool thread. Called
+    /// from the engine thread instead, every op would hand its work to the pool and sleep until
+    /// it is done: two thread wake-ups per op, hundreds per step (a fifth of a decode step).
+    pool: Arc<rayon::ThreadPool>,
 }
 
 /// Host-side flattening of one batch.
@@ -27,8 +33,9 @@ struct FlatBatch {
 }
 
 impl ModelRunner {
-    pub fn new(model: Llama, cache: KvCache, device: Device) -> Self {
-        Self { model, cache, device }
+    pub fn new(model: Llama, cache: KvCache, device: Device) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("pagoda-cpu-{i}")).build()?;
+        Ok(Self { model, cache, device, pool: Arc::new(pool) })
     }
 
     pub fn model(&self) -> &Llama {
@@ -121,6 +128,24 @@ impl ModelRunner {
 
 impl ModelExecutor for ModelRunner {
     fn execute(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
+        if std::env::var_os("PAGODA_NO_POOL").is_some() {
+            return self.execute_in_pool(batch);
+        }
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.execute_in_pool(batch))
+    }
+
+    fn block_size(&self) -> usize {
+        self.cache.block_size()
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.cache.num_blocks()
+    }
+}
+
+impl ModelRunner {
+    fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let logits = self.logits(batch).map_err(|e| ExecutorError::Execution(e.to_string()))?;
         let rows = logits.to_vec2::<f32>().map_err(|e| ExecutorError::Execution(e.to_string()))?;
         let sampled = batch
@@ -135,13 +160,5 @@ impl ModelExecutor for ModelRunner {
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;
         Ok(StepOutput { sampled })
-    }
-
-    fn block_size(&self) -> usize {
-        self.cache.block_size()
-    }
-
-    fn num_blocks(&self) -> usize {
-        self.cache.num_blocks()
     }
 }

@@ -46,7 +46,7 @@ fn engine(num_blocks: usize, tweak: impl FnOnce(&mut EngineConfig)) -> (EngineHa
     let loaded = load_model(&model_path(), &LoadOptions::default()).unwrap();
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
-    let runner = ModelRunner::new(loaded.model, cache, Device::Cpu);
+    let runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
     let mut config = EngineConfig::new(BLOCK_SIZE, num_blocks, (num_blocks * BLOCK_SIZE).min(2048));
     tweak(&mut config);
     let log = Arc::new(StepLog::default());

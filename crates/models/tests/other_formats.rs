@@ -79,7 +79,7 @@ fn safetensors_directory_matches_the_gguf() {
     let loaded = load_model(dir.path(), &LoadOptions::default()).unwrap();
     assert_eq!(loaded.format, LoadFormat::Safetensors);
     let cache = KvCache::new(loaded.model.config(), 16, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
-    let mut hf = ModelRunner::new(loaded.model, cache, Device::Cpu);
+    let mut hf = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
 
     // Same f32 weights, other rotary pairing: only rounding may differ.
     let mut gguf = runner(true, 16);
@@ -98,7 +98,7 @@ fn dummy_weights_follow_the_shape_config() {
     let loaded = load_model(&config, &options).unwrap();
     assert_eq!(loaded.model.config().num_layers, 30);
     let cache = KvCache::new(loaded.model.config(), 4, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
-    let mut runner = ModelRunner::new(loaded.model, cache, Device::Cpu);
+    let mut runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
     let logits = prompt_logits(&mut runner, &[1, 2, 3, 4, 5]);
     assert_eq!(logits.len(), 49152);
     assert!(logits.iter().all(|v| v.is_finite()));

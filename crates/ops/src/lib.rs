@@ -18,6 +18,9 @@ mod kv_cache;
 mod metadata;
 mod paged_attention;
 mod paged_attention_cpu;
+mod panel_matmul;
+#[cfg(target_arch = "x86_64")]
+mod panel_matmul_x86;
 mod quant_matmul;
 #[cfg(target_arch = "x86_64")]
 mod quant_matmul_x86;
@@ -31,6 +34,7 @@ mod simd;
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata};
 pub use paged_attention::paged_attention;
+pub use panel_matmul::{panel_matmul, PanelWeight, PANEL};
 pub use quant_matmul::quant_matmul;
 pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 pub use rms_norm::{add_rms_norm, rms_norm};

@@ -171,7 +171,7 @@ impl LoadedRuntime {
         engine_config.validate().map_err(EngineError::from)?;
 
         Ok(Self {
-            runner: ModelRunner::new(loaded.model, cache, options.device.clone()),
+            runner: ModelRunner::new(loaded.model, cache, options.device.clone())?,
             tokenizer: Arc::new(tokenizer),
             chat_template,
             engine_config,

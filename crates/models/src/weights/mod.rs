@@ -69,7 +69,7 @@ pub fn load_stacked(
             }
         }
         if blocks.len() == parts.len() {
-            return StackedLinear::from_blocks(blocks, source.device());
+            return StackedLinear::from_blocks(blocks);
         }
     }
     let linears = parts

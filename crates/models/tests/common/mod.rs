@@ -37,7 +37,7 @@ pub fn runner(dequantize: bool, num_blocks: usize) -> ModelRunner {
     let loaded = load_model(&model_path(), &options).expect("the default model loads");
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
-    ModelRunner::new(loaded.model, cache, Device::Cpu)
+    ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap()
 }
 
 /// A sequence whose blocks are the contiguous range starting at `first_block`.
