@@ -3,6 +3,7 @@
 //! batch per engine step and samples from its logits.
 
 pub mod config;
+pub mod embedding;
 pub mod error;
 pub mod kv_cache;
 pub mod linear;

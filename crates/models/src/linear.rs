@@ -4,9 +4,8 @@
 use std::sync::Arc;
 
 use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Module, Tensor};
 use pagoda_ops::{PanelWeight, QuantizedWeight};
-use rayon::prelude::*;
 
 use crate::error::Result;
 
@@ -23,17 +22,8 @@ pub enum LinearWeight {
     /// A dense `[out, in]` matrix.
     Dense(Tensor),
     /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense f32
-    /// form (the same values) for large ones. CPU only.
-    Packed { blocks: Arc<QuantizedWeight>, dense: DenseCopy },
-}
-
-/// The dense f32 form kept next to a weight's blocks.
-#[derive(Debug, Clone)]
-pub enum DenseCopy {
-    /// Packed for [`pagoda_ops::panel_matmul`]: the projections.
-    Panels(Arc<PanelWeight>),
-    /// Row-major `[out, in]`: a tied embedding table, which the embedding lookup reads by rows.
-    Rows(Tensor),
+    /// form (the same values) packed in panels for large ones. CPU only.
+    Packed { blocks: Arc<QuantizedWeight>, panels: Arc<PanelWeight> },
 }
 
 #[derive(Debug, Clone)]
@@ -52,12 +42,12 @@ impl Linear {
         let y = match &self.weight {
             LinearWeight::Quantized(q) => q.forward(x)?,
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
-            LinearWeight::Packed { blocks, dense } => {
+            LinearWeight::Packed { blocks, panels } => {
                 let x = &x.to_dtype(DType::F32)?;
-                match dense {
-                    _ if x.dim(0)? <= PACKED_MAX_TOKENS => pagoda_ops::quant_matmul(x, blocks)?,
-                    DenseCopy::Panels(panels) => pagoda_ops::panel_matmul(x, panels)?,
-                    DenseCopy::Rows(rows) => x.matmul(&rows.t()?)?,
+                if x.dim(0)? <= PACKED_MAX_TOKENS {
+                    pagoda_ops::quant_matmul(x, blocks)?
+                } else {
+                    pagoda_ops::panel_matmul(x, panels)?
                 }
             }
         };
@@ -71,25 +61,14 @@ impl Linear {
     /// ones (dequantized here, in parallel).
     pub fn packed(blocks: QuantizedWeight) -> Self {
         let panels = Arc::new(PanelWeight::from_quantized(&blocks));
-        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), dense: DenseCopy::Panels(panels) }, None)
+        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels }, None)
     }
 
-    /// Blocks plus their dense f32 form row-major: for a table that is also the embedding.
-    pub fn packed_with_rows(blocks: QuantizedWeight, device: &Device) -> Result<Self> {
-        let (rows, cols) = (blocks.rows(), blocks.cols());
-        let mut values = vec![0f32; rows * cols];
-        if cols > 0 {
-            values.par_chunks_mut(cols).enumerate().for_each(|(r, row)| blocks.dequantize_row(r, row));
-        }
-        let dense = DenseCopy::Rows(Tensor::from_vec(values, (rows, cols), device)?);
-        Ok(Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), dense }, None))
-    }
-
-    /// The dense row-major `[out, in]` weight, when there is one.
-    pub fn dense_weight(&self) -> Option<&Tensor> {
+    /// The GGUF blocks of a packed weight.
+    pub fn blocks(&self) -> Option<&Arc<QuantizedWeight>> {
         match &self.weight {
-            LinearWeight::Dense(d) | LinearWeight::Packed { dense: DenseCopy::Rows(d), .. } => Some(d),
-            LinearWeight::Packed { dense: DenseCopy::Panels(_), .. } | LinearWeight::Quantized(_) => None,
+            LinearWeight::Packed { blocks, .. } => Some(blocks),
+            LinearWeight::Dense(_) | LinearWeight::Quantized(_) => None,
         }
     }
 
@@ -264,17 +243,12 @@ mod tests {
         let l = packed(48, 64, 1);
         let LinearWeight::Packed { blocks, .. } = &l.weight else { unreachable!() };
         let dense = Tensor::from_vec(blocks.dequantize(), (48, 64), &Device::Cpu).unwrap();
-        let with_rows = Linear::packed_with_rows((**blocks).clone(), &Device::Cpu).unwrap();
-        assert_eq!(max_diff(with_rows.dense_weight().unwrap(), &dense), 0.0);
-        // Rows up to the cutoff take the block kernel, the whole batch the panel GEMM (or, with
-        // a row-major copy, candle's GEMM).
+        // Rows up to the cutoff take the block kernel, the whole batch the panel GEMM.
         let x = Tensor::randn(0f32, 1.0, (PACKED_MAX_TOKENS + 1, 64), &Device::Cpu).unwrap();
         let dense_y = x.matmul(&dense.t().unwrap()).unwrap();
         let small = l.forward(&x.narrow(0, 0, PACKED_MAX_TOKENS).unwrap()).unwrap();
         assert!(max_diff(&small, &dense_y.narrow(0, 0, PACKED_MAX_TOKENS).unwrap()) < 1e-4);
-        for large in [l.forward(&x).unwrap(), with_rows.forward(&x).unwrap()] {
-            assert!(max_diff(&large, &dense_y) < 1e-5);
-        }
+        assert!(max_diff(&l.forward(&x).unwrap(), &dense_y) < 1e-5);
     }
 
     #[test]

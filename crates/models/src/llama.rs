@@ -2,10 +2,13 @@
 //! batch and a paged KV cache. Attention goes through `pagoda-ops`, so the same code runs the CPU
 //! reference ops and, on a GPU, our CUDA kernels.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 use pagoda_ops::AttentionMetadata;
 
 use crate::config::LlamaConfig;
+use crate::embedding::Embedding;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, LinearWeight, StackedLinear};
@@ -35,7 +38,7 @@ pub struct ForwardInput<'a> {
 
 pub struct Llama {
     config: LlamaConfig,
-    embed_tokens: Tensor,
+    embed_tokens: Embedding,
     layers: Vec<Layer>,
     final_norm: Tensor,
     lm_head: Linear,
@@ -55,19 +58,16 @@ impl Llama {
         let c = &config;
         let (h, q, kv, ffn) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
         let tied = c.tie_word_embeddings || !source.contains("output.weight");
-        // A tied table in a format the block matmul reads serves as embedding (dense) and lm
-        // head (blocks for small steps, the same dense tensor for large ones).
+        // A tied table in a format the block matmul reads serves as lm head (blocks for small
+        // steps, panels for large ones) and as embedding (rows dequantized from the blocks).
         let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
-            source
-                .blocks("token_embd.weight", c.vocab_size, h)?
-                .map(|b| Linear::packed_with_rows(b, device))
-                .transpose()?
+            source.blocks("token_embd.weight", c.vocab_size, h)?.map(Linear::packed)
         } else {
             None
         };
-        let embed_tokens = match tied_head.as_ref().and_then(Linear::dense_weight) {
-            Some(dense) => dense.clone(),
-            None => source.dense("token_embd.weight", &[c.vocab_size, h])?,
+        let embed_tokens = match tied_head.as_ref().and_then(Linear::blocks) {
+            Some(blocks) => Embedding::Blocks(Arc::clone(blocks)),
+            None => Embedding::Dense(source.dense("token_embd.weight", &[c.vocab_size, h])?),
         };
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
@@ -100,7 +100,10 @@ impl Llama {
                 source.linear("token_embd.weight", c.vocab_size, h, None)?
             }
             // Tied, dense: share the embedding tensor rather than load a second copy.
-            None => Linear::new(LinearWeight::Dense(embed_tokens.clone()), None),
+            None => match &embed_tokens {
+                Embedding::Dense(table) => Linear::new(LinearWeight::Dense(table.clone()), None),
+                Embedding::Blocks(blocks) => Linear::packed((**blocks).clone()),
+            },
         };
         let (cos, sin) = rotary_tables(c, device)?;
         Ok(Self {
@@ -129,7 +132,7 @@ impl Llama {
     pub fn forward(&self, input: &ForwardInput<'_>, cache: &KvCache) -> Result<Tensor> {
         let c = &self.config;
         let num_tokens = input.input_ids.dim(0)?;
-        let mut hidden = self.embed_tokens.index_select(input.input_ids, 0)?;
+        let mut hidden = self.embed_tokens.forward(input.input_ids)?;
         let mut residual: Option<Tensor> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let normed = match &residual {

@@ -15,6 +15,9 @@ pub(crate) trait Float: WithDType {
     /// Converts `src` into `dst` (same length).
     fn to_f32_slice(src: &[Self], dst: &mut [f32]);
 
+    /// `src` itself when this type is f32, so readers can skip the conversion copy.
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+
     /// Converts `src` into `dst` (same length), rounding to nearest.
     fn from_f32_slice(src: &[f32], dst: &mut [Self]);
 
@@ -34,6 +37,10 @@ impl Float for f32 {
     #[inline(always)]
     fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+    #[inline(always)]
+    fn as_f32(src: &[Self]) -> Option<&[f32]> {
+        Some(src)
     }
     fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
         dst.copy_from_slice(src);
@@ -63,6 +70,10 @@ impl Float for bf16 {
             *d = f32::from_bits((s.to_bits() as u32) << 16);
         }
     }
+    #[inline(always)]
+    fn as_f32(_src: &[Self]) -> Option<&[f32]> {
+        None
+    }
     fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
         dst.convert_from_f32_slice(src);
     }
@@ -86,6 +97,10 @@ impl Float for f16 {
     // half uses F16C / NEON conversion instructions when the CPU has them.
     fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
+    }
+    #[inline(always)]
+    fn as_f32(_src: &[Self]) -> Option<&[f32]> {
+        None
     }
     fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
         dst.convert_from_f32_slice(src);

@@ -62,7 +62,8 @@ struct Scratch {
     sum: Vec<f32>,
     /// Element offset of each key position of the current chunk in the cache.
     offsets: Vec<usize>,
-    /// The current chunk's K (then V) rows of one kv head, as contiguous f32.
+    /// The current chunk's K (then V) rows of one kv head converted to f32, for caches that
+    /// store f16 or bf16.
     kv: Vec<f32>,
 }
 
@@ -224,22 +225,16 @@ fn attend_impl<T: Float, M: MulAdd>(
         }
         // Keys of this chunk visible to tile token `ti` (a prefix of the chunk).
         let visible = |ti: usize| (first + ti + 1).saturating_sub(c0).min(n);
-        let gather = |src: &[T], kv: usize, dst: &mut [f32]| {
-            for (off, row) in offsets[..n].iter().zip(dst.chunks_exact_mut(hd)) {
-                let at = off + kv * hd;
-                T::to_f32_slice(&src[at..at + hd], row);
-            }
-        };
 
         // Scores S = Q K^T for visible (row, key) pairs, one kv head at a time.
         for kv in 0..kv_count {
-            gather(cache.k, kv, &mut kv_buf[..n * hd]);
+            let keys = chunk_rows(cache.k, &offsets[..n], kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let vis = visible(ti);
                 for r in ti * heads + kv * group..ti * heads + (kv + 1) * group {
                     let q_row = &q[r * hd..(r + 1) * hd];
                     let s = &mut scores[r * KEY_CHUNK..r * KEY_CHUNK + vis];
-                    for (s, k) in s.iter_mut().zip(kv_buf.chunks_exact(hd)) {
+                    for (s, k) in s.iter_mut().zip(&keys) {
                         *s = dot::<M>(q_row, k);
                     }
                 }
@@ -271,12 +266,12 @@ fn attend_impl<T: Float, M: MulAdd>(
 
         // Accumulate P V, one kv head at a time.
         for kv in 0..kv_count {
-            gather(cache.v, kv, &mut kv_buf[..n * hd]);
+            let values = chunk_rows(cache.v, &offsets[..n], kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let vis = visible(ti);
                 for r in ti * heads + kv * group..ti * heads + (kv + 1) * group {
                     let p = &scores[r * KEY_CHUNK..r * KEY_CHUNK + vis];
-                    add_weighted_rows::<M>(&mut out[r * hd..(r + 1) * hd], p, &kv_buf[..vis * hd]);
+                    add_weighted_rows::<M>(&mut out[r * hd..(r + 1) * hd], p, &values[..vis]);
                 }
             }
         }
@@ -286,6 +281,35 @@ fn attend_impl<T: Float, M: MulAdd>(
         // Every row sees at least its own position, so the sum is positive.
         scale(&mut out[r * hd..(r + 1) * hd], 1.0 / sum[r]);
     }
+}
+
+/// The `head_dim`-wide rows at `offsets[j] + head_offset` of one cache (K or V) as f32: slices
+/// of the cache itself when it stores f32 (no copy), else converted into `buf`.
+#[inline(always)]
+fn chunk_rows<'a, T: Float>(
+    src: &'a [T],
+    offsets: &[usize],
+    head_offset: usize,
+    head_dim: usize,
+    buf: &'a mut [f32],
+) -> [&'a [f32]; KEY_CHUNK] {
+    let mut rows: [&[f32]; KEY_CHUNK] = [&[]; KEY_CHUNK];
+    match T::as_f32(src) {
+        Some(src) => {
+            for (row, off) in rows.iter_mut().zip(offsets) {
+                let at = off + head_offset;
+                *row = &src[at..at + head_dim];
+            }
+        }
+        None => {
+            for ((row, off), dst) in rows.iter_mut().zip(offsets).zip(buf.chunks_exact_mut(head_dim)) {
+                let at = off + head_offset;
+                T::to_f32_slice(&src[at..at + head_dim], dst);
+                *row = dst;
+            }
+        }
+    }
+    rows
 }
 
 #[cfg(test)]

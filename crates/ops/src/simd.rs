@@ -61,13 +61,13 @@ pub(crate) fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
 /// Width of the output segment [`add_weighted_rows`] keeps in registers.
 const SEGMENT: usize = 32;
 
-/// `out += sum_j weights[j] * rows[j]`, where `rows` holds `weights.len()` rows of
-/// `out.len()` elements back to back.
+/// `out += sum_j weights[j] * rows[j]`, each row holding at least `out.len()` elements (only
+/// those are read).
 ///
 /// Each `SEGMENT`-wide slice of `out` is accumulated in registers over all rows and written
 /// once, instead of loading and storing `out` for every row.
 #[inline(always)]
-pub(crate) fn add_weighted_rows<M: MulAdd>(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+pub(crate) fn add_weighted_rows<M: MulAdd>(out: &mut [f32], weights: &[f32], rows: &[&[f32]]) {
     let width = out.len();
     if width == 0 {
         return;
@@ -75,7 +75,7 @@ pub(crate) fn add_weighted_rows<M: MulAdd>(out: &mut [f32], weights: &[f32], row
     let mut d0 = 0;
     while d0 + SEGMENT <= width {
         let mut acc = [0f32; SEGMENT];
-        for (&w, row) in weights.iter().zip(rows.chunks_exact(width)) {
+        for (&w, row) in weights.iter().zip(rows) {
             let v = &row[d0..d0 + SEGMENT];
             for i in 0..SEGMENT {
                 acc[i] = M::mul_add(w, v[i], acc[i]);
@@ -87,8 +87,8 @@ pub(crate) fn add_weighted_rows<M: MulAdd>(out: &mut [f32], weights: &[f32], row
         d0 += SEGMENT;
     }
     if d0 < width {
-        for (&w, row) in weights.iter().zip(rows.chunks_exact(width)) {
-            for (o, v) in out[d0..].iter_mut().zip(&row[d0..]) {
+        for (&w, row) in weights.iter().zip(rows) {
+            for (o, v) in out[d0..].iter_mut().zip(&row[d0..width]) {
                 *o = M::mul_add(w, *v, *o);
             }
         }
@@ -161,7 +161,8 @@ mod tests {
                     expected[d] += w * rows[j * width + d];
                 }
             }
-            add_weighted_rows::<Separate>(&mut out, &weights, &rows);
+            let refs: Vec<&[f32]> = rows.chunks_exact(width).collect();
+            add_weighted_rows::<Separate>(&mut out, &weights, &refs);
             for (o, e) in out.iter().zip(&expected) {
                 assert!((o - e).abs() < 1e-4, "width {width}: {o} vs {e}");
             }
