@@ -156,6 +156,12 @@ impl Llama {
             let (q, k) =
                 pagoda_ops::rotary_embedding(&q, &k, input.positions, &self.cos, &self.sin, c.rope_style)?;
             let (k_cache, v_cache) = cache.layer(i);
+            // A cache stored narrower than the activations (f16 for an f32 model) takes the new
+            // rows rounded; attention reads any cache dtype.
+            let (k, v) = match k_cache.dtype() {
+                dt if dt == k.dtype() => (k, v),
+                dt => (k.to_dtype(dt)?, v.to_dtype(dt)?),
+            };
             pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &input.attention.slot_mapping)?;
             let attn =
                 pagoda_ops::paged_attention(&q, k_cache, v_cache, input.attention, self.softmax_scale)?;

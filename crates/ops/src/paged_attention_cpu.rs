@@ -17,7 +17,7 @@ use crate::dtype::Float;
 use crate::metadata::HostAttentionMetadata;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::Fused;
-use crate::simd::{add_weighted_rows, dot, exp_nonpositive, scale, MulAdd, Separate};
+use crate::simd::{add_weighted_rows, exp_nonpositive, scale, MulAdd, Separate};
 
 /// Key positions per chunk: scores for a chunk stay in L1 alongside the query tile.
 const KEY_CHUNK: usize = 64;
@@ -223,6 +223,15 @@ fn attend_impl<T: Float, M: MulAdd>(
             let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
             *off = slot * row_stride + item.kv0 * hd;
         }
+        // Block tables scatter a sequence's rows over the cache, beyond what the hardware
+        // prefetcher follows: request the next chunk's K/V rows while this one is computed.
+        let next = c0 + KEY_CHUNK..(c0 + 2 * KEY_CHUNK).min(num_keys);
+        for p in next {
+            let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
+            let at = slot * row_stride + item.kv0 * hd;
+            prefetch(&cache.k[at..at + kv_count * hd]);
+            prefetch(&cache.v[at..at + kv_count * hd]);
+        }
         // Keys of this chunk visible to tile token `ti` (a prefix of the chunk).
         let visible = |ti: usize| (first + ti + 1).saturating_sub(c0).min(n);
 
@@ -233,10 +242,7 @@ fn attend_impl<T: Float, M: MulAdd>(
                 let vis = visible(ti);
                 for r in ti * heads + kv * group..ti * heads + (kv + 1) * group {
                     let q_row = &q[r * hd..(r + 1) * hd];
-                    let s = &mut scores[r * KEY_CHUNK..r * KEY_CHUNK + vis];
-                    for (s, k) in s.iter_mut().zip(&keys) {
-                        *s = dot::<M>(q_row, k);
-                    }
+                    M::dot_rows(q_row, &keys[..vis], &mut scores[r * KEY_CHUNK..r * KEY_CHUNK + vis]);
                 }
             }
         }
@@ -281,6 +287,23 @@ fn attend_impl<T: Float, M: MulAdd>(
         // Every row sees at least its own position, so the sum is positive.
         scale(&mut out[r * hd..(r + 1) * hd], 1.0 / sum[r]);
     }
+}
+
+/// Asks the CPU to start loading `data` into cache (a hint; no effect on results).
+#[inline(always)]
+fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(data);
+        let start = data.as_ptr().cast::<i8>();
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: the address lies inside `data`; prefetching never faults or writes.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(line)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// The `head_dim`-wide rows at `offsets[j] + head_offset` of one cache (K or V) as f32: slices

@@ -201,6 +201,10 @@ pub struct ServeArgs {
     /// Compute dtype.
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
+    /// KV-cache storage dtype; auto: float16 when computing in float32 (as llama.cpp), else
+    /// the compute dtype. [default: auto]
+    #[arg(long, value_enum)]
+    pub kv_cache_dtype: Option<DtypeArg>,
     /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub dequantize: Option<bool>,
@@ -254,6 +258,7 @@ pub struct ServerConfig {
     pub num_gpu_blocks_override: Option<usize>,
     pub enable_prefix_caching: bool,
     pub dtype: DtypeArg,
+    pub kv_cache_dtype: DtypeArg,
     pub dequantize: Option<bool>,
     pub device: DeviceArg,
     pub api_key: Option<String>,
@@ -318,6 +323,7 @@ impl ServerConfig {
             num_gpu_blocks_override: cli.num_gpu_blocks_override.or(file.num_gpu_blocks_override),
             enable_prefix_caching,
             dtype: cli.dtype.or(file.dtype).unwrap_or_default(),
+            kv_cache_dtype: cli.kv_cache_dtype.or(file.kv_cache_dtype).unwrap_or_default(),
             dequantize: cli.dequantize.or(file.dequantize),
             device: cli.device.or(file.device).unwrap_or_default(),
             api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
@@ -433,6 +439,8 @@ mod tests {
             "cuda:1",
             "--dtype",
             "bf16",
+            "--kv-cache-dtype",
+            "f32",
             "--metrics-prefix",
             "vllm",
             "--allowed-origins",
@@ -445,6 +453,7 @@ mod tests {
         assert_eq!(c.kv_cache_memory, Some(512 << 20));
         assert_eq!(c.device, DeviceArg::Cuda(1));
         assert_eq!(c.dtype, DtypeArg::Bfloat16);
+        assert_eq!(c.kv_cache_dtype, DtypeArg::Float32);
         assert_eq!(c.metrics_prefix, MetricsPrefix::Vllm);
         assert!(!c.model_is_default);
         let c = ServerConfig::merge(cli(&["--enable-prefix-caching"]), ServeArgs::default()).unwrap();

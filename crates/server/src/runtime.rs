@@ -41,6 +41,8 @@ pub struct RuntimeOptions {
     pub dequantize: Option<bool>,
     pub device: Device,
     pub dtype: DType,
+    /// Storage dtype of the KV cache (attention computes in f32 whatever it is).
+    pub kv_cache_dtype: DType,
     pub block_size: usize,
     /// Bytes of KV cache; ignored when `num_blocks` is set.
     pub kv_cache_bytes: u64,
@@ -62,6 +64,7 @@ impl RuntimeOptions {
             dequantize: None,
             device: Device::Cpu,
             dtype: DType::F32,
+            kv_cache_dtype: DType::F16,
             block_size: 16,
             kv_cache_bytes: 1 << 30,
             num_blocks: None,
@@ -89,6 +92,7 @@ pub struct LoadedRuntime {
     pub chat_template: Option<Arc<ChatTemplate>>,
     pub engine_config: EngineConfig,
     pub kv_cache_bytes: u64,
+    pub kv_cache_dtype: DType,
     pub times: StartupTimes,
 }
 
@@ -141,7 +145,7 @@ impl LoadedRuntime {
 
         let started = Instant::now();
         let config = loaded.model.config().clone();
-        let cache_dtype = loaded.model.dtype();
+        let cache_dtype = options.kv_cache_dtype;
         let num_blocks = match options.num_blocks {
             Some(n) => n,
             None => {
@@ -176,6 +180,7 @@ impl LoadedRuntime {
             chat_template,
             engine_config,
             kv_cache_bytes,
+            kv_cache_dtype: cache_dtype,
             times,
         })
     }

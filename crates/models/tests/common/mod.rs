@@ -33,10 +33,15 @@ pub fn ids(value: &serde_json::Value) -> Vec<u32> {
 }
 
 pub fn runner(dequantize: bool, num_blocks: usize) -> ModelRunner {
+    runner_with_cache(dequantize, num_blocks, DType::F32)
+}
+
+/// The f32 model over a KV cache stored as `cache_dtype`.
+pub fn runner_with_cache(dequantize: bool, num_blocks: usize, cache_dtype: DType) -> ModelRunner {
     let options = LoadOptions { dequantize: Some(dequantize), ..LoadOptions::default() };
     let loaded = load_model(&model_path(), &options).expect("the default model loads");
     let cache =
-        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, cache_dtype, &Device::Cpu).unwrap();
     ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap()
 }
 
