@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use pagoda_engine::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, StepOutput};
 use pagoda_ops::AttentionMetadata;
+use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -148,10 +149,11 @@ impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let logits = self.logits(batch).map_err(|e| ExecutorError::Execution(e.to_string()))?;
         let rows = logits.to_vec2::<f32>().map_err(|e| ExecutorError::Execution(e.to_string()))?;
-        let sampled = batch
-            .seqs
-            .iter()
-            .filter_map(|s| s.sample.as_ref().map(|req| (s.seq_id, req)))
+        let wanted: Vec<_> =
+            batch.seqs.iter().filter_map(|s| s.sample.as_ref().map(|req| (s.seq_id, req))).collect();
+        // Rows are sampled in parallel: a softmax over the vocabulary each.
+        let sampled = wanted
+            .into_par_iter()
             .zip(rows)
             .map(|((seq_id, req), mut row)| {
                 let (token_id, logprobs) = pagoda_engine::sampler::try_sample(&mut row, req)

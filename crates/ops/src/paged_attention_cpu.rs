@@ -17,7 +17,7 @@ use crate::dtype::Float;
 use crate::metadata::HostAttentionMetadata;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::Fused;
-use crate::simd::{add_weighted_rows, exp_nonpositive, scale, MulAdd, Separate};
+use crate::simd::{add_weighted_rows, exp_nonpositive, prefetch, scale, MulAdd, Separate};
 
 /// Key positions per chunk: scores for a chunk stay in L1 alongside the query tile.
 const KEY_CHUNK: usize = 64;
@@ -287,23 +287,6 @@ fn attend_impl<T: Float, M: MulAdd>(
         // Every row sees at least its own position, so the sum is positive.
         scale(&mut out[r * hd..(r + 1) * hd], 1.0 / sum[r]);
     }
-}
-
-/// Asks the CPU to start loading `data` into cache (a hint; no effect on results).
-#[inline(always)]
-fn prefetch<T>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let bytes = std::mem::size_of_val(data);
-        let start = data.as_ptr().cast::<i8>();
-        for line in (0..bytes).step_by(64) {
-            // SAFETY: the address lies inside `data`; prefetching never faults or writes.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(line)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
 }
 
 /// The `head_dim`-wide rows at `offsets[j] + head_offset` of one cache (K or V) as f32: slices

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use crate::quant_matmul::{RowsKernel, XGroup, GROUP};
 use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
-use crate::simd::{dot, Fused};
+use crate::simd::{dot, prefetch, Fused};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Level {
@@ -231,6 +231,17 @@ unsafe fn q8_0_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m51
     (_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d))
 }
 
+/// Starts loading weight row `row`'s codes, scales and minimums into cache.
+#[inline(always)]
+fn prefetch_row(w: &QuantizedWeight, row: usize) {
+    let (bpr, cb) = (w.blocks_per_row(), w.format().code_bytes());
+    prefetch(&w.codes()[row * bpr * cb..(row + 1) * bpr * cb]);
+    prefetch(&w.scales()[row * bpr..(row + 1) * bpr]);
+    if w.format() == QuantFormat::Q4_1 {
+        prefetch(&w.mins()[row * bpr..(row + 1) * bpr]);
+    }
+}
+
 /// AVX-512 tile: two weight rows at a time, each block dequantized in registers once and
 /// multiplied with all `G` activation rows (4G independent multiply-adds per block). Small
 /// groups keep separate accumulators for the two block halves so that the multiply-add chains
@@ -251,6 +262,10 @@ macro_rules! avx512_tile {
             while r < rows.end {
                 // An odd last row is computed twice and stored once.
                 let r1 = (r + 1).min(rows.end - 1);
+                // Few-token steps wait on memory: start loading the next pair of rows.
+                for next in (r + 2..r + 4).filter(|&n| n < rows.end) {
+                    prefetch_row(w, next);
+                }
                 let mut acc = [[_mm512_setzero_ps(); G]; 4];
                 for b in 0..bpr {
                     // SAFETY: rows `r`, `r1` and block `b` are in the matrix (`check_args`).
