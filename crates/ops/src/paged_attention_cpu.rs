@@ -150,6 +150,11 @@ fn attend<T: Float>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (AVX-512F implies AVX2).
+            unsafe { attend_avx512(queries, cache, meta, item, scratch, out) };
+            return;
+        }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above), which is all
             // `attend_avx2` requires beyond the baseline target.
@@ -163,6 +168,20 @@ fn attend<T: Float>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2<T: Float>(
+    queries: &Queries<'_>,
+    cache: &CacheView<'_, T>,
+    meta: &HostAttentionMetadata,
+    item: Item,
+    scratch: &mut Scratch,
+    out: &mut [f32],
+) {
+    attend_impl::<T, Fused>(queries, cache, meta, item, scratch, out);
+}
+
+/// The same loops with 512-bit vectors available (value accumulation and conversions use them).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn attend_avx512<T: Float>(
     queries: &Queries<'_>,
     cache: &CacheView<'_, T>,
     meta: &HostAttentionMetadata,
@@ -424,5 +443,87 @@ mod tests {
                 assert!((x - y).abs() < 1e-5, "{item:?}: {x} vs {y}");
             }
         }
+    }
+
+    /// One work item's kernel, as the x86 builds and the portable loops are called.
+    #[cfg(target_arch = "x86_64")]
+    type ItemKernel<T> =
+        unsafe fn(&Queries<'_>, &CacheView<'_, T>, &HostAttentionMetadata, Item, &mut Scratch, &mut [f32]);
+
+    /// Every x86 build of the item kernel (the dispatcher runs only the widest one) gives the
+    /// portable loops' results, for f32 and f16 caches, decode and prefill items.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn x86_item_kernels_match_the_portable_one() {
+        let (kv_heads, q_heads, hd, block) = (2, 6, 64, 4);
+        let (num_blocks, contexts, q_lens) = (12, [9u32, 20], [1u32, 7]);
+        let value = |i: usize| ((i * 2654435761) % 1000) as f32 / 500.0 - 1.0;
+        let cache_len = num_blocks * block * kv_heads * hd;
+        let k32: Vec<f32> = (0..cache_len).map(value).collect();
+        let v32: Vec<f32> = (0..cache_len).map(|i| value(i + 7)).collect();
+        let mut m = meta(&q_lens, &contexts);
+        m.max_blocks_per_seq = 6;
+        // Sequence 0 in blocks 11, 3, 7; sequence 1 in blocks 0, 5, 2, 9, 1 (padding after).
+        m.block_tables = vec![11, 3, 7, 0, 0, 0, 0, 5, 2, 9, 1, 0];
+        let tokens = q_lens.iter().sum::<u32>() as usize;
+        let q: Vec<f32> = (0..tokens * q_heads * hd).map(|i| value(i + 3)).collect();
+        let queries = Queries { q: &q, q_heads, softmax_scale: 0.125 };
+        fn run<T: Float>(
+            kernel: ItemKernel<T>,
+            q: &Queries<'_>,
+            c: &CacheView<'_, T>,
+            m: &HostAttentionMetadata,
+        ) -> Vec<Vec<f32>> {
+            let group = q.q_heads / c.kv_heads;
+            plan(m, c.kv_heads, 4)
+                .into_iter()
+                .map(|item| {
+                    let rows = (item.t1 - item.t0) * (item.kv1 - item.kv0) * group;
+                    let mut scratch = Scratch {
+                        q: vec![0.0; rows * c.head_dim],
+                        scores: vec![0.0; rows * KEY_CHUNK],
+                        max: vec![0.0; rows],
+                        sum: vec![0.0; rows],
+                        offsets: vec![0; KEY_CHUNK],
+                        kv: vec![0.0; KEY_CHUNK * c.head_dim],
+                    };
+                    let mut out = vec![0f32; rows * c.head_dim];
+                    // SAFETY: only called with kernels this CPU supports (checked by the caller).
+                    unsafe { kernel(q, c, m, item, &mut scratch, &mut out) };
+                    out
+                })
+                .collect()
+        }
+        fn portable<T: Float>(
+            q: &Queries<'_>,
+            c: &CacheView<'_, T>,
+            m: &HostAttentionMetadata,
+            item: Item,
+            s: &mut Scratch,
+            out: &mut [f32],
+        ) {
+            attend_impl::<T, Separate>(q, c, m, item, s, out);
+        }
+        fn check<T: Float>(k: &[T], v: &[T], q: &Queries<'_>, m: &HostAttentionMetadata, hd: usize) {
+            let c = CacheView { k, v, block_size: 4, kv_heads: 2, head_dim: hd };
+            let want = run(portable::<T>, q, &c, m);
+            let mut kernels: Vec<(&str, ItemKernel<T>)> = Vec::new();
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                kernels.push(("avx2", attend_avx2::<T>));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+                kernels.push(("avx512", attend_avx512::<T>));
+            }
+            for (name, kernel) in kernels {
+                let got = run(kernel, q, &c, m);
+                for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
+                    assert!((g - w).abs() <= 1e-5, "{name}: {g} vs {w}");
+                }
+            }
+        }
+        check(&k32, &v32, &queries, &m, hd);
+        let k16: Vec<half::f16> = k32.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let v16: Vec<half::f16> = v32.iter().map(|&x| half::f16::from_f32(x)).collect();
+        check(&k16, &v16, &queries, &m, hd);
     }
 }
