@@ -27,7 +27,7 @@ impl KvCache {
         }
         let shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim);
         let layers = (0..config.num_layers)
-            .map(|_| Ok((Tensor::zeros(shape, dtype, device)?, Tensor::zeros(shape, dtype, device)?)))
+            .map(|_| Ok((zeros(shape, dtype, device)?, zeros(shape, dtype, device)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { layers, block_size, num_blocks })
     }
@@ -69,6 +69,33 @@ impl KvCache {
         }
         Ok(())
     }
+}
+
+/// A zeroed cache tensor. On the CPU, 16-bit floats come from a zeroed `u16` allocation:
+/// candle fills an f16/bf16 tensor element by element, which for a 1 GiB cache costs most of a
+/// second at start-up, while `calloc`'s fresh pages are zero until first written.
+fn zeros(shape: (usize, usize, usize, usize), dtype: DType, device: &Device) -> Result<Tensor> {
+    let len = shape.0 * shape.1 * shape.2 * shape.3;
+    Ok(match (dtype, device) {
+        (DType::F16, Device::Cpu) => Tensor::from_vec(zeroed_16bit::<half::f16>(len), shape, device)?,
+        (DType::BF16, Device::Cpu) => Tensor::from_vec(zeroed_16bit::<half::bf16>(len), shape, device)?,
+        _ => Tensor::zeros(shape, dtype, device)?,
+    })
+}
+
+/// Marks the half-precision types as plain 16-bit words whose all-zero pattern is +0.0.
+trait ZeroIsU16: Sized {}
+impl ZeroIsU16 for half::f16 {}
+impl ZeroIsU16 for half::bf16 {}
+
+fn zeroed_16bit<T: ZeroIsU16>(len: usize) -> Vec<T> {
+    const { assert!(std::mem::size_of::<T>() == 2 && std::mem::align_of::<T>() == 2) };
+    let mut words = std::mem::ManuallyDrop::new(vec![0u16; len]);
+    let (ptr, len, cap) = (words.as_mut_ptr(), words.len(), words.capacity());
+    // SAFETY: `T` is f16 or bf16, `repr(transparent)` over u16 (same size and alignment,
+    // asserted above), for which every bit pattern (here zero) is a valid value; the buffer came
+    // from the global allocator with this layout and is owned by the new vector alone.
+    unsafe { Vec::from_raw_parts(ptr.cast::<T>(), len, cap) }
 }
 
 #[cfg(test)]
@@ -116,5 +143,16 @@ mod tests {
             assert!(block(k, 2).iter().all(|&x| x == 0.0), "other blocks untouched");
         }
         assert!(cache.copy_blocks(&[(0, 4)]).is_err());
+    }
+
+    #[test]
+    fn half_precision_caches_start_at_zero() {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            let t = zeros((3, 4, 2, 8), dtype, &Device::Cpu).unwrap();
+            assert_eq!(t.dtype(), dtype);
+            assert_eq!(t.dims(), [3, 4, 2, 8]);
+            let values = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert!(values.iter().all(|&v| v.to_bits() == 0));
+        }
     }
 }
