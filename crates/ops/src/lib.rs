@@ -12,6 +12,7 @@
 //! positions, and inconsistent metadata are reported, never panicked on.
 
 mod check;
+mod cpu_matmul;
 mod cuda;
 mod dtype;
 mod kv_cache;

@@ -15,13 +15,12 @@
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-use crate::check::{self, invalid};
+use crate::cpu_matmul::{self, CpuWeight, OutPtr};
 use crate::quant_weight::QuantizedWeight;
-
-const OP: &str = "panel_matmul";
+use crate::simd::{MulAdd, Separate};
 
 /// Output columns per panel: two AVX-512 vectors (four AVX2 ones).
 pub const PANEL: usize = 32;
@@ -104,43 +103,24 @@ pub(crate) type TileKernel = fn(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut
 /// `x @ w^T`: `x` is f32 `[tokens, cols]` on the CPU (rows contiguous, any row stride); returns
 /// f32 `[tokens, w.rows()]`.
 pub fn panel_matmul(x: &Tensor, w: &Arc<PanelWeight>) -> Result<Tensor> {
-    let [_, cols] = check::dims::<2>(x)?;
-    if cols != w.cols() {
-        return Err(invalid(OP, format!("x has {cols} columns but the weight has {}", w.cols())));
-    }
-    check::dtype_is(x, DType::F32, OP)?;
-    if !x.device().is_cpu() {
-        return Err(invalid(OP, "panel weights live on the CPU; x is on another device"));
-    }
-    x.apply_op1_no_bwd(&PanelMatmul(w.clone()))
+    cpu_matmul::apply(x, w)
 }
 
-struct PanelMatmul(Arc<PanelWeight>);
+impl CpuWeight for PanelWeight {
+    const OP: &'static str = "panel_matmul";
 
-impl CustomOp1 for PanelMatmul {
-    fn name(&self) -> &'static str {
-        OP
+    fn rows(&self) -> usize {
+        PanelWeight::rows(self)
     }
 
-    fn cpu_fwd(&self, x: &CpuStorage, x_l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let w = &*self.0;
-        let rows = check::rows(x_l, 1, OP)?;
-        let xs = x.as_slice::<f32>()?;
-        if rows.end() > xs.len() {
-            return Err(invalid(OP, "x's view does not match its storage"));
-        }
-        let x_rows: Vec<&[f32]> = (0..rows.rows).map(|i| &xs[rows.range(i)]).collect();
-        let out = matmul(w, &x_rows, kernel());
-        Ok((CpuStorage::F32(out), Shape::from_dims(&[rows.rows, w.rows()])))
+    fn cols(&self) -> usize {
+        PanelWeight::cols(self)
+    }
+
+    fn matmul(&self, x_rows: &[&[f32]]) -> Vec<f32> {
+        matmul(self, x_rows, kernel())
     }
 }
-
-/// Raw output pointer shared by the tasks; each writes a disjoint set of columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint column ranges of the output and the buffer outlives the scope.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 /// `[x_rows.len(), w.rows()]` row-major.
 pub(crate) fn matmul(w: &PanelWeight, x_rows: &[&[f32]], kernel: TileKernel) -> Vec<f32> {
@@ -187,17 +167,31 @@ pub(crate) fn kernel() -> TileKernel {
 
 /// Plain Rust: a `TILE_ROWS x PANEL` accumulator walked over the shared dimension.
 pub(crate) fn portable_kernel(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], width: usize) {
-    let mut acc = [[0f32; PANEL]; TILE_ROWS];
-    for (k, wk) in panel.chunks_exact(PANEL).enumerate() {
-        for (acc_row, x) in acc.iter_mut().zip(x_rows) {
-            let xv = x[k];
-            for (a, &wv) in acc_row.iter_mut().zip(wk) {
-                *a += xv * wv;
+    tile_rows::<Separate, TILE_ROWS>(x_rows, panel, out_rows, width);
+}
+
+/// The tile loop for up to `ROWS` activation rows at a time, written so LLVM vectorises it for
+/// whatever target features its caller enables (see `panel_matmul_x86`'s AVX2 kernel).
+#[inline(always)]
+pub(crate) fn tile_rows<M: MulAdd, const ROWS: usize>(
+    x_rows: &[&[f32]],
+    panel: &[f32],
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    for (xs, outs) in x_rows.chunks(ROWS).zip(out_rows.chunks_mut(ROWS)) {
+        let mut acc = [[0f32; PANEL]; ROWS];
+        for (k, wk) in panel.chunks_exact(PANEL).enumerate() {
+            for (acc_row, x) in acc.iter_mut().zip(xs) {
+                let xv = x[k];
+                for (a, &wv) in acc_row.iter_mut().zip(wk) {
+                    *a = M::mul_add(xv, wv, *a);
+                }
             }
         }
-    }
-    for (out, acc_row) in out_rows.iter_mut().zip(&acc) {
-        out[..width].copy_from_slice(&acc_row[..width]);
+        for (out, acc_row) in outs.iter_mut().zip(&acc) {
+            out[..width].copy_from_slice(&acc_row[..width]);
+        }
     }
 }
 

@@ -3,29 +3,9 @@
 //! from what the CPU reports, so a generic x86-64 build still uses them.
 
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
-use crate::panel_matmul::{TileKernel, PANEL, TILE_ROWS};
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Level {
-    Avx512,
-    Avx2,
-    None,
-}
-
-fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-            Level::Avx512
-        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            Level::Avx2
-        } else {
-            Level::None
-        }
-    })
-}
+use crate::panel_matmul::{tile_rows, TileKernel, PANEL, TILE_ROWS};
+use crate::simd::{level, Fused, Level};
 
 /// The best kernel on this CPU, if it has AVX2 and FMA at least.
 pub(crate) fn kernel() -> Option<TileKernel> {
@@ -119,19 +99,5 @@ fn tile_avx2(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], widt
 /// keep the 6 x 4 accumulators in AVX2's 16 registers.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2_inner(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], width: usize) {
-    const ROWS: usize = 6;
-    for (xs, outs) in x_rows.chunks(ROWS).zip(out_rows.chunks_mut(ROWS)) {
-        let mut acc = [[0f32; PANEL]; ROWS];
-        for (k, wk) in panel.chunks_exact(PANEL).enumerate() {
-            for (acc_row, x) in acc.iter_mut().zip(xs) {
-                let xv = x[k];
-                for (a, &wv) in acc_row.iter_mut().zip(wk) {
-                    *a = xv.mul_add(wv, *a);
-                }
-            }
-        }
-        for (out, acc_row) in outs.iter_mut().zip(&acc) {
-            out[..width].copy_from_slice(&acc_row[..width]);
-        }
-    }
+    tile_rows::<Fused, 6>(x_rows, panel, out_rows, width);
 }

@@ -15,13 +15,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-use crate::check::{self, invalid};
+use crate::cpu_matmul::{self, CpuWeight, OutPtr};
 use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
-
-const OP: &str = "quant_matmul";
 
 /// Activation rows computed together per pass over the weights.
 pub(crate) const GROUP: usize = 8;
@@ -43,43 +41,24 @@ pub(crate) type RowsKernel = fn(w: &QuantizedWeight, rows: Range<usize>, x: &XGr
 /// `x @ w^T`: `x` is f32 `[tokens, cols]` on the CPU (rows contiguous); returns f32
 /// `[tokens, w.rows()]`.
 pub fn quant_matmul(x: &Tensor, w: &Arc<QuantizedWeight>) -> Result<Tensor> {
-    let [_, cols] = check::dims::<2>(x)?;
-    if cols != w.cols() {
-        return Err(invalid(OP, format!("x has {cols} columns but the weight has {}", w.cols())));
-    }
-    check::dtype_is(x, DType::F32, OP)?;
-    if !x.device().is_cpu() {
-        return Err(invalid(OP, "quantized weights live on the CPU; x is on another device"));
-    }
-    x.apply_op1_no_bwd(&QuantMatmul(w.clone()))
+    cpu_matmul::apply(x, w)
 }
 
-struct QuantMatmul(Arc<QuantizedWeight>);
+impl CpuWeight for QuantizedWeight {
+    const OP: &'static str = "quant_matmul";
 
-impl CustomOp1 for QuantMatmul {
-    fn name(&self) -> &'static str {
-        OP
+    fn rows(&self) -> usize {
+        QuantizedWeight::rows(self)
     }
 
-    fn cpu_fwd(&self, x: &CpuStorage, x_l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let w = &*self.0;
-        let rows = check::rows(x_l, 1, OP)?;
-        let xs = x.as_slice::<f32>()?;
-        if rows.end() > xs.len() {
-            return Err(invalid(OP, "x's view does not match its storage"));
-        }
-        let x_rows: Vec<&[f32]> = (0..rows.rows).map(|i| &xs[rows.range(i)]).collect();
-        let out = matmul(w, &x_rows, kernel(w.format()));
-        Ok((CpuStorage::F32(out), Shape::from_dims(&[rows.rows, w.rows()])))
+    fn cols(&self) -> usize {
+        QuantizedWeight::cols(self)
+    }
+
+    fn matmul(&self, x_rows: &[&[f32]]) -> Vec<f32> {
+        matmul(self, x_rows, kernel(self.format()))
     }
 }
-
-/// Raw output pointer shared by the tasks; each writes a disjoint set of elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint (row, column range) elements and the buffer outlives the scope.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 /// `[x_rows.len(), w.rows()]` row-major.
 pub(crate) fn matmul(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel) -> Vec<f32> {

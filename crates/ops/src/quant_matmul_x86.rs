@@ -9,31 +9,10 @@
 
 use std::arch::x86_64::*;
 use std::ops::Range;
-use std::sync::OnceLock;
 
 use crate::quant_matmul::{RowsKernel, XGroup, GROUP};
 use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
-use crate::simd::{dot, prefetch, Fused};
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Level {
-    Avx512,
-    Avx2,
-    None,
-}
-
-fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-            Level::Avx512
-        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            Level::Avx2
-        } else {
-            Level::None
-        }
-    })
-}
+use crate::simd::{dot, level, prefetch, Fused, Level};
 
 /// The best kernel for `format` on this CPU, if it has AVX2 and FMA at least.
 pub(crate) fn kernel(format: QuantFormat) -> Option<RowsKernel> {

@@ -250,6 +250,31 @@ pub(crate) fn prefetch<T>(data: &[T]) {
     let _ = data;
 }
 
+/// The widest x86 vector level the kernels use on this CPU (checked once).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Level {
+    /// AVX-512F with FMA.
+    Avx512,
+    /// AVX2 with FMA.
+    Avx2,
+    None,
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn level() -> Level {
+    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            Level::Avx512
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            Level::Avx2
+        } else {
+            Level::None
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
