@@ -129,9 +129,6 @@ impl ModelRunner {
 
 impl ModelExecutor for ModelRunner {
     fn execute(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
-        if std::env::var_os("PAGODA_NO_POOL").is_some() {
-            return self.execute_in_pool(batch);
-        }
         let pool = Arc::clone(&self.pool);
         pool.install(|| self.execute_in_pool(batch))
     }

@@ -126,10 +126,7 @@ impl CpuWeight for PanelWeight {
 pub(crate) fn matmul(w: &PanelWeight, x_rows: &[&[f32]], kernel: TileKernel) -> Vec<f32> {
     let (m, n) = (x_rows.len(), w.rows());
     let mut out = vec![0f32; m * n];
-    if m == 0 || n == 0 {
-        return out;
-    }
-    if w.cols() == 0 {
+    if m == 0 || n == 0 || w.cols() == 0 {
         return out;
     }
     let panels = w.num_panels();
