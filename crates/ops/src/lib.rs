@@ -1,6 +1,6 @@
 //! `pagoda-ops`: the custom tensor ops of the model's forward pass (paged attention, KV-cache
-//! write, rotary embedding, RMSNorm, SiLU-and-mul, and a matmul over GGUF-quantized weights with
-//! f32 activations), as candle custom ops.
+//! write, rotary embedding, RMSNorm, SiLU-and-mul, a matmul over GGUF-quantized weights with
+//! f32 activations, and an f32 GEMM over weights packed once into panels), as candle custom ops.
 //!
 //! Each op is a candle `CustomOp*` / `InplaceOp*` with a multi-threaded CPU implementation in
 //! Rust (the reference, used by tests and the CPU backend). Math is always f32; tensors may be
