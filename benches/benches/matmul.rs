@@ -89,13 +89,16 @@ fn bench(c: &mut Criterion) {
     group.finish();
 
     let mut group = c.benchmark_group("lm_head");
-    for m in [1usize, 4, 16, 32] {
+    for m in [1usize, 4, 16, 17, 32] {
         let x = input(m, HIDDEN);
         group.bench_with_input(BenchmarkId::new("quant", m), &m, |b, _| {
             b.iter(|| quant_matmul(&x, &head.packed).expect("matmul"))
         });
         group.bench_with_input(BenchmarkId::new("dense_f32", m), &m, |b, _| {
             b.iter(|| x.matmul(&head.dense.t().expect("t")).expect("matmul"))
+        });
+        group.bench_with_input(BenchmarkId::new("panel_f32", m), &m, |b, _| {
+            b.iter(|| panel_matmul(&x, &head.panels).expect("matmul"))
         });
     }
     group.finish();
