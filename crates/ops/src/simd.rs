@@ -124,7 +124,7 @@ pub(crate) fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Rows [`dot_rows`] scores together: one accumulator chain each, so the multiply-adds of
+/// Rows [`dot_rows_portable`] scores together: one accumulator chain each, so the multiply-adds of
 /// different rows overlap instead of waiting on one chain's latency.
 const DOT_ROWS: usize = 8;
 
