@@ -1,7 +1,7 @@
 //! The matmuls of SmolLM2-135M's 30 layers (fused QKV, attention output, fused gate-up, down,
 //! each layer with its own weights) and its lm head, at the token counts of decode and prefill
 //! steps: `quant_matmul` over the Q4_1/Q8_0 blocks, `panel_matmul` over the dequantized weights
-//! packed in panels, and candle's general f32 GEMM over the same values row-major. The
+//! packed in panels (f32, and rounded to bfloat16), and candle's general f32 GEMM over the same values row-major. The
 //! crossover between the first two decides the model's `PACKED_MAX_TOKENS`.
 
 use std::sync::Arc;
@@ -9,7 +9,9 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use half::f16;
-use pagoda_ops::{panel_matmul, quant_matmul, PanelWeight, QuantFormat, QuantizedWeight, QUANT_BLOCK};
+use pagoda_ops::{
+    panel_matmul, quant_matmul, PanelPrecision, PanelWeight, QuantFormat, QuantizedWeight, QUANT_BLOCK,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -35,13 +37,15 @@ struct Weights {
     packed: Arc<QuantizedWeight>,
     dense: Tensor,
     panels: Arc<PanelWeight>,
+    bf16_panels: Arc<PanelWeight>,
 }
 
 fn weights(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> Weights {
     let packed = random_weight(rng, format, rows, cols);
     let dense = Tensor::from_vec(packed.dequantize(), (rows, cols), &Device::Cpu).expect("shape");
-    let panels = Arc::new(PanelWeight::from_quantized(&packed));
-    Weights { packed: Arc::new(packed), dense, panels }
+    let panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::F32));
+    let bf16_panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::Bf16));
+    Weights { packed: Arc::new(packed), dense, panels, bf16_panels }
 }
 
 fn bench(c: &mut Criterion) {
@@ -82,6 +86,13 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 for (w, x) in layers.iter().zip(&xs) {
                     panel_matmul(x, &w.panels).expect("matmul");
+                }
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("panel_bf16", m), &m, |b, _| {
+            b.iter(|| {
+                for (w, x) in layers.iter().zip(&xs) {
+                    panel_matmul(x, &w.bf16_panels).expect("matmul");
                 }
             })
         });

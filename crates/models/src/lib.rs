@@ -17,4 +17,5 @@ pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use llama::{ForwardInput, Llama};
 pub use loader::{load_model, LoadFormat, LoadOptions, LoadedModel, AUTO_DEQUANTIZE_MAX_BYTES};
+pub use pagoda_ops::PanelPrecision;
 pub use runner::ModelRunner;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
-use pagoda_ops::{PanelWeight, QuantizedWeight};
+use pagoda_ops::{PanelPrecision, PanelWeight, QuantizedWeight};
 
 use crate::error::Result;
 
@@ -21,8 +21,9 @@ pub enum LinearWeight {
     Quantized(QMatMul),
     /// A dense `[out, in]` matrix.
     Dense(Tensor),
-    /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense f32
-    /// form (the same values) packed in panels for large ones. CPU only.
+    /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense form
+    /// (the same values in f32, or rounded to bfloat16) packed in panels for large ones. CPU
+    /// only.
     Packed { blocks: Arc<QuantizedWeight>, panels: Arc<PanelWeight> },
 }
 
@@ -57,10 +58,10 @@ impl Linear {
         })
     }
 
-    /// Blocks for the few-token steps plus their dense f32 form, packed in panels, for larger
-    /// ones (dequantized here, in parallel).
-    pub fn packed(blocks: QuantizedWeight) -> Self {
-        let panels = Arc::new(PanelWeight::from_quantized(&blocks));
+    /// Blocks for the few-token steps plus their dense form, packed in panels of `precision`,
+    /// for larger ones (dequantized here, in parallel).
+    pub fn packed(blocks: QuantizedWeight, precision: PanelPrecision) -> Self {
+        let panels = Arc::new(PanelWeight::from_quantized(&blocks, precision));
         Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels }, None)
     }
 
@@ -97,15 +98,18 @@ impl Linear {
             }
             _ => return Ok(None),
         };
-        let blocks: Option<Vec<&QuantizedWeight>> = parts
+        let packed: Option<Vec<(&QuantizedWeight, PanelPrecision)>> = parts
             .iter()
             .map(|p| match &p.weight {
-                LinearWeight::Packed { blocks, .. } => Some(&**blocks),
+                LinearWeight::Packed { blocks, panels } => Some((&**blocks, panels.precision())),
                 _ => None,
             })
             .collect();
-        if let Some(blocks) = blocks.filter(|bs| bs.iter().all(|b| b.format() == bs[0].format())) {
-            let stacked = Linear::packed(QuantizedWeight::concat_rows(&blocks)?);
+        if let Some(packed) =
+            packed.filter(|ps| ps.iter().all(|(b, p)| (b.format(), *p) == (ps[0].0.format(), ps[0].1)))
+        {
+            let blocks: Vec<&QuantizedWeight> = packed.iter().map(|(b, _)| *b).collect();
+            let stacked = Linear::packed(QuantizedWeight::concat_rows(&blocks)?, packed[0].1);
             return Ok(Some(Linear::new(stacked.weight, bias)));
         }
         let denses: Option<Vec<&Tensor>> = parts
@@ -141,13 +145,13 @@ impl StackedLinear {
     }
 
     /// Block-quantized parts stacked into one weight, dequantized once.
-    pub fn from_blocks(parts: Vec<QuantizedWeight>) -> Result<Self> {
+    pub fn from_blocks(parts: Vec<QuantizedWeight>, precision: PanelPrecision) -> Result<Self> {
         let widths: Vec<usize> = parts.iter().map(QuantizedWeight::rows).collect();
         let blocks = match parts.len() {
             1 => parts.into_iter().next().expect("one part"),
             _ => QuantizedWeight::concat_rows(&parts.iter().collect::<Vec<_>>())?,
         };
-        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks), widths })
+        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks, precision), widths })
     }
 
     /// The projection of a one-part stack.
@@ -231,7 +235,10 @@ mod tests {
             bytes.extend(f16::from_f32(-0.05 * (v % 3) as f32).to_le_bytes());
             bytes.extend((0..16).map(|j| ((v + j * 13) % 251) as u8));
         }
-        Linear::packed(QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap())
+        Linear::packed(
+            QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap(),
+            PanelPrecision::F32,
+        )
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -61,7 +61,8 @@ impl Llama {
         // A tied table in a format the block matmul reads serves as lm head (blocks for small
         // steps, panels for large ones) and as embedding (rows dequantized from the blocks).
         let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
-            source.blocks("token_embd.weight", c.vocab_size, h)?.map(Linear::packed)
+            let precision = source.panel_precision();
+            source.blocks("token_embd.weight", c.vocab_size, h)?.map(|b| Linear::packed(b, precision))
         } else {
             None
         };
@@ -102,7 +103,7 @@ impl Llama {
             // Tied, dense: share the embedding tensor rather than load a second copy.
             None => match &embed_tokens {
                 Embedding::Dense(table) => Linear::new(LinearWeight::Dense(table.clone()), None),
-                Embedding::Blocks(blocks) => Linear::packed((**blocks).clone()),
+                Embedding::Blocks(blocks) => Linear::packed((**blocks).clone(), source.panel_precision()),
             },
         };
         let (cos, sin) = rotary_tables(c, device)?;

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
+use pagoda_ops::PanelPrecision;
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
@@ -36,11 +37,20 @@ pub struct LoadOptions {
     /// candle's quantized matmul rounds activations to 8 bits.
     pub dequantize: Option<bool>,
     pub format: LoadFormat,
+    /// What the dense copies of block-quantized CPU weights (the many-token GEMM's operand) are
+    /// stored and multiplied in.
+    pub panel_precision: PanelPrecision,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { device: Device::Cpu, dtype: DType::F32, dequantize: None, format: LoadFormat::Auto }
+        Self {
+            device: Device::Cpu,
+            dtype: DType::F32,
+            dequantize: None,
+            format: LoadFormat::Auto,
+            panel_precision: PanelPrecision::F32,
+        }
     }
 }
 
@@ -73,6 +83,7 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
                 weights.num_elements() * dtype.size_in_bytes() as u64 <= AUTO_DEQUANTIZE_MAX_BYTES
             });
             weights.set_dequantize(dequantize);
+            weights.set_panel_precision(options.panel_precision);
             let has_output = weights.contains("output.weight");
             let has_bias = weights.contains("blk.0.attn_q.bias");
             let mut config = LlamaConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;

@@ -11,6 +11,7 @@
 //! Errors are `candle_core::Error` values: bad shapes, dtypes, devices, out-of-range slots or
 //! positions, and inconsistent metadata are reported, never panicked on.
 
+mod attention_group;
 mod check;
 mod cpu_matmul;
 mod cuda;
@@ -35,7 +36,7 @@ mod simd;
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata};
 pub use paged_attention::paged_attention;
-pub use panel_matmul::{panel_matmul, PanelWeight, PANEL};
+pub use panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use quant_matmul::quant_matmul;
 pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 pub use rms_norm::{add_rms_norm, rms_norm};

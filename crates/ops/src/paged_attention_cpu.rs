@@ -8,16 +8,17 @@
 //! threads busy (decode batches): a position's K/V for all heads is then one contiguous read.
 //! Keys are visited in chunks of `KEY_CHUNK` positions (independent of the block size, so tiny
 //! blocks cost no extra rescaling); within a chunk it computes the scores, folds them into the
-//! running max/sum of each row and accumulates `P V`. Items run in parallel with rayon and
-//! their output rows are scattered into the result afterwards.
+//! running max/sum of each row and accumulates `P V`, a token's query heads of one kv head at a
+//! time (`attention_group`: each K and V row is loaded once for the group). Items run in
+//! parallel with rayon and their output rows are scattered into the result afterwards.
 
 use rayon::prelude::*;
 
 use crate::dtype::Float;
 use crate::metadata::HostAttentionMetadata;
+use crate::simd::{exp_nonpositive, max_lanes, prefetch, scale, sum_lanes, MulAdd, Separate};
 #[cfg(target_arch = "x86_64")]
-use crate::simd::Fused;
-use crate::simd::{add_weighted_rows, exp_nonpositive, prefetch, scale, MulAdd, Separate};
+use crate::simd::{Fused, Wide};
 
 /// Key positions per chunk: scores for a chunk stay in L1 alongside the query tile.
 const KEY_CHUNK: usize = 64;
@@ -189,7 +190,7 @@ unsafe fn attend_avx512<T: Float>(
     scratch: &mut Scratch,
     out: &mut [f32],
 ) {
-    attend_impl::<T, Fused>(queries, cache, meta, item, scratch, out);
+    attend_impl::<T, Wide>(queries, cache, meta, item, scratch, out);
 }
 
 #[inline(always)]
@@ -254,15 +255,19 @@ fn attend_impl<T: Float, M: MulAdd>(
         // Keys of this chunk visible to tile token `ti` (a prefix of the chunk).
         let visible = |ti: usize| (first + ti + 1).saturating_sub(c0).min(n);
 
-        // Scores S = Q K^T for visible (row, key) pairs, one kv head at a time.
+        // Scores S = Q K^T for visible (row, key) pairs, one kv head at a time; a token's rows
+        // of one kv head are adjacent, so they are scored as one group.
         for kv in 0..kv_count {
             let keys = chunk_rows(cache.k, &offsets[..n], kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let vis = visible(ti);
-                for r in ti * heads + kv * group..ti * heads + (kv + 1) * group {
-                    let q_row = &q[r * hd..(r + 1) * hd];
-                    M::dot_rows(q_row, &keys[..vis], &mut scores[r * KEY_CHUNK..r * KEY_CHUNK + vis]);
+                if vis == 0 {
+                    continue;
                 }
+                let r0 = ti * heads + kv * group;
+                let group_q = &q[r0 * hd..(r0 + group) * hd];
+                let group_scores = &mut scores[r0 * KEY_CHUNK..(r0 + group) * KEY_CHUNK];
+                M::group_scores(group_q, hd, &keys[..vis], group_scores, KEY_CHUNK);
             }
         }
 
@@ -274,7 +279,7 @@ fn attend_impl<T: Float, M: MulAdd>(
                 continue;
             }
             let s = &mut scores[r * KEY_CHUNK..r * KEY_CHUNK + vis];
-            let chunk_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let chunk_max = max_lanes(s);
             let new_max = max[r].max(chunk_max);
             if new_max > max[r] {
                 let correction = (max[r] - new_max).exp();
@@ -286,18 +291,20 @@ fn attend_impl<T: Float, M: MulAdd>(
                 *x -= new_max;
             }
             exp_nonpositive(s);
-            sum[r] += s.iter().sum::<f32>();
+            sum[r] += sum_lanes(s);
         }
 
-        // Accumulate P V, one kv head at a time.
+        // Accumulate P V, one kv head and one token's group of rows at a time.
         for kv in 0..kv_count {
             let values = chunk_rows(cache.v, &offsets[..n], kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let vis = visible(ti);
-                for r in ti * heads + kv * group..ti * heads + (kv + 1) * group {
-                    let p = &scores[r * KEY_CHUNK..r * KEY_CHUNK + vis];
-                    add_weighted_rows::<M>(&mut out[r * hd..(r + 1) * hd], p, &values[..vis]);
+                if vis == 0 {
+                    continue;
                 }
+                let r0 = ti * heads + kv * group;
+                let p = &scores[r0 * KEY_CHUNK..(r0 + group) * KEY_CHUNK];
+                M::group_accumulate(&mut out[r0 * hd..(r0 + group) * hd], hd, p, KEY_CHUNK, &values[..vis]);
             }
         }
     }

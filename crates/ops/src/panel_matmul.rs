@@ -1,5 +1,5 @@
-//! `panel_matmul`: `y = x W^T` over a dense f32 weight packed once, at load time, into column
-//! panels ([`PanelWeight`]), for the many-token steps (prefill chunks, large decode batches).
+//! `panel_matmul`: `y = x W^T` over a dense weight packed once, at load time, into column panels
+//! ([`PanelWeight`]), for the many-token steps (prefill chunks, large decode batches).
 //!
 //! A general GEMM (candle's, through the `gemm` crate) repacks the right-hand matrix on every
 //! call; for a model whose weights are read once per step that copy costs as much as the
@@ -8,10 +8,16 @@
 //! element. The kernel keeps a tile of up to [`TILE_ROWS`] activation rows x `PANEL` outputs in
 //! registers and walks the shared dimension once, so each weight value is loaded once per tile.
 //!
+//! Panels hold f32 values (exact) or bfloat16 pairs ([`PanelPrecision`]). On a CPU that
+//! multiplies bfloat16 natively the second does twice the work per instruction and reads half
+//! the bytes; on 2 cores of f32 FMAs the exact GEMM is compute-bound, so this is what large
+//! batches gain most from.
+//!
 //! Work is split over rayon by panels; each task runs every activation row against its panels
-//! (a panel stays in L1/L2 while the activations stream past it). x86 kernels (AVX-512, AVX2
-//! with FMA, chosen at run time) live in `panel_matmul_x86`; the portable kernel here is the
-//! fallback and the tests' reference. The sums run in f32 in the order of the shared dimension.
+//! (a panel stays in L1/L2 while the activations stream past it). x86 kernels (AVX-512,
+//! AVX512-BF16, AVX2 with FMA, chosen at run time) live in `panel_matmul_x86`; the portable
+//! kernels here are the fallback and the tests' reference. The sums run in f32 in the order of
+//! the shared dimension.
 
 use std::sync::Arc;
 
@@ -29,44 +35,99 @@ pub const PANEL: usize = 32;
 /// AVX-512's 32 registers.
 pub(crate) const TILE_ROWS: usize = 12;
 
-/// A dense `[rows (outputs), cols (inputs)]` f32 matrix stored as `ceil(rows / PANEL)` panels of
-/// `[cols, PANEL]`, zero-padded past the last row.
+/// What a [`PanelWeight`] stores and multiplies in. Sums are f32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PanelPrecision {
+    /// The weight's f32 values times exact f32 activations.
+    #[default]
+    F32,
+    /// Weights and activations rounded to bfloat16 (8 significant bits), products summed in
+    /// f32: half the memory of `F32`, and twice the multiply rate on CPUs with AVX512-BF16,
+    /// whose `vdpbf16ps` multiplies pairs of bfloat16 values into f32 sums.
+    Bf16,
+}
+
+impl PanelPrecision {
+    /// Whether this CPU multiplies bfloat16 pairs natively (else `Bf16` runs portable loops,
+    /// slower than `F32`).
+    pub fn cpu_has_native_bf16() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if crate::panel_matmul_x86::bf16_kernel().is_some() {
+            return true;
+        }
+        false
+    }
+}
+
+/// Panels' values: f32, or bfloat16 pairs `(k even, k odd)` in the low and high half of a u32.
+#[derive(Debug, Clone)]
+enum PanelData {
+    F32(Vec<f32>),
+    Bf16(Vec<u32>),
+}
+
+/// A dense `[rows (outputs), cols (inputs)]` matrix stored as `ceil(rows / PANEL)` panels, zero
+/// padded past the last row. An f32 panel is `[cols, PANEL]`; a bfloat16 one is
+/// `[ceil(cols / 2), PANEL]` pairs, so that one 512-bit load holds two inputs of 16 outputs.
 #[derive(Debug, Clone)]
 pub struct PanelWeight {
     rows: usize,
     cols: usize,
-    data: Vec<f32>,
+    data: PanelData,
 }
 
 impl PanelWeight {
     /// Packs a matrix given row by row: `fill_row(r, out)` writes row `r` (`cols` values).
-    pub fn from_row_fn(rows: usize, cols: usize, fill_row: impl Fn(usize, &mut [f32]) + Sync) -> Self {
+    pub fn from_row_fn(
+        rows: usize,
+        cols: usize,
+        precision: PanelPrecision,
+        fill_row: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Self {
         let panels = rows.div_ceil(PANEL);
-        let mut data = vec![0f32; panels * cols * PANEL];
-        if cols > 0 {
-            data.par_chunks_mut(cols * PANEL).enumerate().for_each(|(p, panel)| {
-                let mut row = vec![0f32; cols];
-                for j in 0..PANEL.min(rows - p * PANEL) {
-                    fill_row(p * PANEL + j, &mut row);
+        let data = match precision {
+            PanelPrecision::F32 => PanelData::F32(pack(
+                rows,
+                cols,
+                panels * cols * PANEL,
+                |panel, j, row| {
                     for (k, &v) in row.iter().enumerate() {
                         panel[k * PANEL + j] = v;
                     }
-                }
-            });
-        }
+                },
+                &fill_row,
+            )),
+            PanelPrecision::Bf16 => {
+                let pairs = cols.div_ceil(2);
+                PanelData::Bf16(pack(
+                    rows,
+                    cols,
+                    panels * pairs * PANEL,
+                    |panel, j, row| {
+                        for (kp, two) in row.chunks(2).enumerate() {
+                            let high = two.get(1).map_or(0, |&v| bf16_bits(v));
+                            panel[kp * PANEL + j] = u32::from(bf16_bits(two[0])) | u32::from(high) << 16;
+                        }
+                    },
+                    &fill_row,
+                ))
+            }
+        };
         Self { rows, cols, data }
     }
 
     /// The dequantized form of a block-quantized weight (the same values as
-    /// [`QuantizedWeight::dequantize`]).
-    pub fn from_quantized(w: &QuantizedWeight) -> Self {
-        Self::from_row_fn(w.rows(), w.cols(), |r, out| w.dequantize_row(r, out))
+    /// [`QuantizedWeight::dequantize`], rounded to bfloat16 for `Bf16`).
+    pub fn from_quantized(w: &QuantizedWeight, precision: PanelPrecision) -> Self {
+        Self::from_row_fn(w.rows(), w.cols(), precision, |r, out| w.dequantize_row(r, out))
     }
 
     /// From a row-major `[rows, cols]` slice.
-    pub fn from_rows(rows: usize, cols: usize, values: &[f32]) -> Self {
+    pub fn from_rows(rows: usize, cols: usize, values: &[f32], precision: PanelPrecision) -> Self {
         assert_eq!(values.len(), rows * cols, "{rows}x{cols} matrix");
-        Self::from_row_fn(rows, cols, |r, out| out.copy_from_slice(&values[r * cols..(r + 1) * cols]))
+        Self::from_row_fn(rows, cols, precision, |r, out| {
+            out.copy_from_slice(&values[r * cols..(r + 1) * cols])
+        })
     }
 
     /// Outputs of the matmul.
@@ -79,19 +140,76 @@ impl PanelWeight {
         self.cols
     }
 
+    pub fn precision(&self) -> PanelPrecision {
+        match self.data {
+            PanelData::F32(_) => PanelPrecision::F32,
+            PanelData::Bf16(_) => PanelPrecision::Bf16,
+        }
+    }
+
     pub(crate) fn num_panels(&self) -> usize {
         self.rows.div_ceil(PANEL)
     }
 
-    /// Panel `p`: `cols` rows of `PANEL` values.
+    /// Panel `p` of an f32 weight: `cols` rows of `PANEL` values.
     pub(crate) fn panel(&self, p: usize) -> &[f32] {
-        &self.data[p * self.cols * PANEL..(p + 1) * self.cols * PANEL]
+        match &self.data {
+            PanelData::F32(d) => &d[p * self.cols * PANEL..(p + 1) * self.cols * PANEL],
+            PanelData::Bf16(_) => panic!("panel() of a bfloat16 weight"),
+        }
+    }
+
+    /// Panel `p` of a bfloat16 weight: `ceil(cols / 2)` rows of `PANEL` pairs.
+    pub(crate) fn bf16_panel(&self, p: usize) -> &[u32] {
+        let len = self.cols.div_ceil(2) * PANEL;
+        match &self.data {
+            PanelData::Bf16(d) => &d[p * len..(p + 1) * len],
+            PanelData::F32(_) => panic!("bf16_panel() of an f32 weight"),
+        }
     }
 
     /// Bytes of packed values.
     pub fn size_in_bytes(&self) -> usize {
-        self.data.len() * std::mem::size_of::<f32>()
+        match &self.data {
+            PanelData::F32(d) => std::mem::size_of_val(d.as_slice()),
+            PanelData::Bf16(d) => std::mem::size_of_val(d.as_slice()),
+        }
     }
+}
+
+/// Fills `len` packed values panel by panel in parallel: `put(panel, j, row)` stores row `j`
+/// of the panel, given as f32 by `fill_row`.
+fn pack<E: Copy + Default + Send>(
+    rows: usize,
+    cols: usize,
+    len: usize,
+    put: impl Fn(&mut [E], usize, &[f32]) + Sync,
+    fill_row: &(impl Fn(usize, &mut [f32]) + Sync),
+) -> Vec<E> {
+    let mut data = vec![E::default(); len];
+    let panels = rows.div_ceil(PANEL);
+    if panels > 0 && cols > 0 {
+        data.par_chunks_mut(len / panels).enumerate().for_each(|(p, panel)| {
+            let mut row = vec![0f32; cols];
+            for j in 0..PANEL.min(rows - p * PANEL) {
+                fill_row(p * PANEL + j, &mut row);
+                put(panel, j, &row);
+            }
+        });
+    }
+    data
+}
+
+/// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN).
+#[inline]
+pub(crate) fn bf16_bits(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+/// The f32 value of a bfloat16.
+#[inline(always)]
+fn bf16_value(bits: u32) -> f32 {
+    f32::from_bits(bits << 16)
 }
 
 /// Computes one tile: `out_rows[i][c] = x_rows[i] . W[panel column c]` for `c < width`, where
@@ -99,6 +217,10 @@ impl PanelWeight {
 /// `x_rows.len()` is in `1..=TILE_ROWS`, `width` in `1..=PANEL`, every x row holds
 /// `panel.len() / PANEL` values and every out row `width`.
 pub(crate) type TileKernel = fn(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], width: usize);
+
+/// The same for a bfloat16 weight: x rows hold `panel.len() / PANEL` bfloat16 pairs.
+pub(crate) type Bf16TileKernel =
+    fn(x_rows: &[&[u32]], panel: &[u32], out_rows: &mut [&mut [f32]], width: usize);
 
 /// `x @ w^T`: `x` is f32 `[tokens, cols]` on the CPU (rows contiguous, any row stride); returns
 /// f32 `[tokens, w.rows()]`.
@@ -118,12 +240,56 @@ impl CpuWeight for PanelWeight {
     }
 
     fn matmul(&self, x_rows: &[&[f32]]) -> Vec<f32> {
-        matmul(self, x_rows, kernel())
+        match self.data {
+            PanelData::F32(_) => matmul(self, x_rows, kernel()),
+            PanelData::Bf16(_) => matmul_bf16(self, x_rows, bf16_kernel()),
+        }
     }
 }
 
-/// `[x_rows.len(), w.rows()]` row-major.
+/// `[x_rows.len(), w.rows()]` row-major, for an f32 weight.
 pub(crate) fn matmul(w: &PanelWeight, x_rows: &[&[f32]], kernel: TileKernel) -> Vec<f32> {
+    run_tiles(w, x_rows, |p| w.panel(p), kernel)
+}
+
+/// `[x_rows.len(), w.rows()]` row-major, for a bfloat16 weight: the activations are rounded to
+/// bfloat16 pairs once, then multiplied tile by tile.
+pub(crate) fn matmul_bf16(w: &PanelWeight, x_rows: &[&[f32]], kernel: Bf16TileKernel) -> Vec<f32> {
+    let pairs = w.cols().div_ceil(2);
+    let mut x = vec![0u32; x_rows.len() * pairs];
+    if pairs > 0 {
+        x.par_chunks_mut(pairs).zip(x_rows.par_iter()).for_each(|(dst, src)| to_bf16_pairs(src, dst));
+    }
+    let rows: Vec<&[u32]> = x.chunks(pairs.max(1)).collect();
+    run_tiles(w, &rows, |p| w.bf16_panel(p), kernel)
+}
+
+/// Rounds `src` to bfloat16 pairs (a zero pads an odd length).
+fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::panel_matmul_x86::to_bf16_pairs(src, dst) {
+        return;
+    }
+    to_bf16_pairs_portable(src, dst);
+}
+
+pub(crate) fn to_bf16_pairs_portable(src: &[f32], dst: &mut [u32]) {
+    for (d, two) in dst.iter_mut().zip(src.chunks(2)) {
+        let high = two.get(1).map_or(0, |&v| bf16_bits(v));
+        *d = u32::from(bf16_bits(two[0])) | u32::from(high) << 16;
+    }
+}
+
+/// A tile kernel over activations of `X` and panel values of `W`.
+type GenericTileKernel<X, W> = fn(&[&[X]], &[W], &mut [&mut [f32]], usize);
+
+/// Runs `kernel` over every (panel, tile of rows): work is split over rayon by panels.
+fn run_tiles<'w, X: Sync, W: Sync + 'w>(
+    w: &'w PanelWeight,
+    x_rows: &[&[X]],
+    panel: impl Fn(usize) -> &'w [W] + Sync,
+    kernel: GenericTileKernel<X, W>,
+) -> Vec<f32> {
     let (m, n) = (x_rows.len(), w.rows());
     let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 || w.cols() == 0 {
@@ -136,8 +302,8 @@ pub(crate) fn matmul(w: &PanelWeight, x_rows: &[&[f32]], kernel: TileKernel) -> 
     let ptr = OutPtr(out.as_mut_ptr());
     (0..panels.div_ceil(per_task)).into_par_iter().for_each(|t| {
         let p = ptr;
-        for panel in t * per_task..((t + 1) * per_task).min(panels) {
-            let col0 = panel * PANEL;
+        for pi in t * per_task..((t + 1) * per_task).min(panels) {
+            let col0 = pi * PANEL;
             let width = PANEL.min(n - col0);
             for r0 in (0..m).step_by(TILE_ROWS) {
                 let r1 = (r0 + TILE_ROWS).min(m);
@@ -146,7 +312,7 @@ pub(crate) fn matmul(w: &PanelWeight, x_rows: &[&[f32]], kernel: TileKernel) -> 
                 let mut out_rows: Vec<&mut [f32]> = (r0..r1)
                     .map(|r| unsafe { std::slice::from_raw_parts_mut(p.0.add(r * n + col0), width) })
                     .collect();
-                kernel(&x_rows[r0..r1], w.panel(panel), &mut out_rows, width);
+                kernel(&x_rows[r0..r1], panel(pi), &mut out_rows, width);
             }
         }
     });
@@ -160,6 +326,15 @@ pub(crate) fn kernel() -> TileKernel {
         return k;
     }
     portable_kernel
+}
+
+/// The fastest bfloat16 kernel this CPU runs.
+pub(crate) fn bf16_kernel() -> Bf16TileKernel {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = crate::panel_matmul_x86::bf16_kernel() {
+        return k;
+    }
+    portable_bf16_kernel
 }
 
 /// Plain Rust: a `TILE_ROWS x PANEL` accumulator walked over the shared dimension.
@@ -183,6 +358,31 @@ pub(crate) fn tile_rows<M: MulAdd, const ROWS: usize>(
                 let xv = x[k];
                 for (a, &wv) in acc_row.iter_mut().zip(wk) {
                     *a = M::mul_add(xv, wv, *a);
+                }
+            }
+        }
+        for (out, acc_row) in outs.iter_mut().zip(&acc) {
+            out[..width].copy_from_slice(&acc_row[..width]);
+        }
+    }
+}
+
+/// Plain Rust bfloat16 tile: each pair adds its odd product, then its even one, as `vdpbf16ps`
+/// does. Products of two bfloat16 values are exact in f32.
+pub(crate) fn portable_bf16_kernel(
+    x_rows: &[&[u32]],
+    panel: &[u32],
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    for (xs, outs) in x_rows.chunks(TILE_ROWS).zip(out_rows.chunks_mut(TILE_ROWS)) {
+        let mut acc = [[0f32; PANEL]; TILE_ROWS];
+        for (kp, wk) in panel.chunks_exact(PANEL).enumerate() {
+            for (acc_row, x) in acc.iter_mut().zip(xs) {
+                let (x_even, x_odd) = (bf16_value(x[kp] & 0xFFFF), bf16_value(x[kp] >> 16));
+                for (a, &wv) in acc_row.iter_mut().zip(wk) {
+                    *a += x_odd * bf16_value(wv >> 16);
+                    *a += x_even * bf16_value(wv & 0xFFFF);
                 }
             }
         }

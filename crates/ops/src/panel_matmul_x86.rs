@@ -1,10 +1,11 @@
 //! x86-64 kernels of [`crate::panel_matmul`]: AVX-512 (two 16-lane accumulators per activation
-//! row) and AVX2+FMA (the portable loop compiled for 256-bit vectors), chosen once at run time
-//! from what the CPU reports, so a generic x86-64 build still uses them.
+//! row), AVX2+FMA (the portable loop compiled for 256-bit vectors) and, for bfloat16 panels,
+//! AVX512-BF16 (the AVX-512 tile with `vdpbf16ps`), chosen once at run time from what the CPU
+//! reports, so a generic x86-64 build still uses them.
 
 use std::arch::x86_64::*;
 
-use crate::panel_matmul::{tile_rows, TileKernel, PANEL, TILE_ROWS};
+use crate::panel_matmul::{tile_rows, Bf16TileKernel, TileKernel, PANEL, TILE_ROWS};
 use crate::simd::{level, Fused, Level};
 
 /// The best kernel on this CPU, if it has AVX2 and FMA at least.
@@ -23,7 +24,7 @@ pub(crate) fn avx2_kernel() -> Option<TileKernel> {
 }
 
 /// The bounds the unchecked loads and stores rely on; a violation is a bug in the caller.
-fn check_args(x_rows: &[&[f32]], panel: &[f32], out_rows: &[&mut [f32]], width: usize) {
+fn check_args<X, W>(x_rows: &[&[X]], panel: &[W], out_rows: &[&mut [f32]], width: usize) {
     let k = panel.len() / PANEL;
     assert!((1..=TILE_ROWS).contains(&x_rows.len()) && out_rows.len() == x_rows.len());
     assert!((1..=PANEL).contains(&width) && panel.len() == k * PANEL);
@@ -100,4 +101,102 @@ fn tile_avx2(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], widt
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2_inner(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], width: usize) {
     tile_rows::<Fused, 6>(x_rows, panel, out_rows, width);
+}
+
+/// The AVX512-BF16 kernel, if this CPU has it.
+pub(crate) fn bf16_kernel() -> Option<Bf16TileKernel> {
+    (level() == Level::Avx512 && has_avx512_bf16()).then_some(tile_bf16 as Bf16TileKernel)
+}
+
+fn has_avx512_bf16() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| is_x86_feature_detected!("avx512bf16"))
+}
+
+fn tile_bf16(x_rows: &[&[u32]], panel: &[u32], out_rows: &mut [&mut [f32]], width: usize) {
+    check_args(x_rows, panel, out_rows, width);
+    assert!(level() == Level::Avx512 && has_avx512_bf16());
+    // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked above) and `check_args` holds.
+    unsafe {
+        match x_rows.len() {
+            1 => tile_bf16_rows::<1>(x_rows, panel, out_rows, width),
+            2 => tile_bf16_rows::<2>(x_rows, panel, out_rows, width),
+            3 => tile_bf16_rows::<3>(x_rows, panel, out_rows, width),
+            4 => tile_bf16_rows::<4>(x_rows, panel, out_rows, width),
+            5 => tile_bf16_rows::<5>(x_rows, panel, out_rows, width),
+            6 => tile_bf16_rows::<6>(x_rows, panel, out_rows, width),
+            7 => tile_bf16_rows::<7>(x_rows, panel, out_rows, width),
+            8 => tile_bf16_rows::<8>(x_rows, panel, out_rows, width),
+            9 => tile_bf16_rows::<9>(x_rows, panel, out_rows, width),
+            10 => tile_bf16_rows::<10>(x_rows, panel, out_rows, width),
+            11 => tile_bf16_rows::<11>(x_rows, panel, out_rows, width),
+            _ => tile_bf16_rows::<12>(x_rows, panel, out_rows, width),
+        }
+    }
+}
+
+/// `R` rows x 32 columns over bfloat16 pairs: per pair of inputs, two weight loads, `R`
+/// broadcasts and `2R` `vdpbf16ps` (each two multiply-adds on 16 lanes).
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn tile_bf16_rows<const R: usize>(
+    x_rows: &[&[u32]],
+    panel: &[u32],
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    let pairs = panel.len() / PANEL;
+    let xs: [*const u32; R] = std::array::from_fn(|i| x_rows[i].as_ptr());
+    let w = panel.as_ptr();
+    // SAFETY: `check_args` bounds every load (pair < panel rows, pair < x row length) and store
+    // (masks cover `width` lanes of each out row). `__m512bh` and `__m512i` are both 64 bytes
+    // of plain lanes, so the transmutes only relabel them.
+    unsafe {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for kp in 0..pairs {
+            let w_lo: __m512bh = std::mem::transmute(_mm512_loadu_si512(w.add(kp * PANEL).cast()));
+            let w_hi: __m512bh = std::mem::transmute(_mm512_loadu_si512(w.add(kp * PANEL + 16).cast()));
+            for i in 0..R {
+                let xv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*xs[i].add(kp) as i32));
+                lo[i] = _mm512_dpbf16_ps(lo[i], xv, w_lo);
+                hi[i] = _mm512_dpbf16_ps(hi[i], xv, w_hi);
+            }
+        }
+        let mask_lo: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
+        let mask_hi: __mmask16 =
+            if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
+        for i in 0..R {
+            let out = out_rows[i].as_mut_ptr();
+            _mm512_mask_storeu_ps(out, mask_lo, lo[i]);
+            _mm512_mask_storeu_ps(out.add(16), mask_hi, hi[i]);
+        }
+    }
+}
+
+/// Rounds `src` to bfloat16 pairs with `vcvtne2ps2bf16` when the CPU has it; `false` (nothing
+/// written) when it does not.
+pub(crate) fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) -> bool {
+    if !(level() == Level::Avx512 && has_avx512_bf16()) {
+        return false;
+    }
+    assert!(dst.len() >= src.len().div_ceil(2));
+    // SAFETY: the CPU has AVX-512F and AVX512-BF16; `dst` holds a pair for every two values.
+    unsafe { to_bf16_pairs_avx512(src, dst) };
+    true
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn to_bf16_pairs_avx512(src: &[f32], dst: &mut [u32]) {
+    let whole = src.len() / 32 * 32;
+    for (s, d) in src[..whole].chunks_exact(32).zip(dst.chunks_exact_mut(16)) {
+        // SAFETY: `s` holds 32 values and `d` 16 pairs; the result's low half rounds the
+        // second argument (inputs 0..16), its high half the first (16..32).
+        unsafe {
+            let low = _mm512_loadu_ps(s.as_ptr());
+            let high = _mm512_loadu_ps(s.as_ptr().add(16));
+            let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(high, low));
+            _mm512_storeu_si512(d.as_mut_ptr().cast(), packed);
+        }
+    }
+    crate::panel_matmul::to_bf16_pairs_portable(&src[whole..], &mut dst[whole / 2..]);
 }

@@ -17,6 +17,18 @@ pub(crate) trait MulAdd: Sized {
     fn dot_rows(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
         dot_rows_portable::<Self>(q, rows, out);
     }
+
+    /// Scores of a group of query rows sharing `keys` (see [`crate::attention_group`]).
+    #[inline(always)]
+    fn group_scores(q: &[f32], head_dim: usize, keys: &[&[f32]], scores: &mut [f32], stride: usize) {
+        crate::attention_group::scores_portable::<Self>(q, head_dim, keys, scores, stride);
+    }
+
+    /// `P V` of a group of rows sharing `values` (see [`crate::attention_group`]).
+    #[inline(always)]
+    fn group_accumulate(out: &mut [f32], head_dim: usize, p: &[f32], stride: usize, values: &[&[f32]]) {
+        crate::attention_group::accumulate_portable::<Self>(out, head_dim, p, stride, values);
+    }
 }
 
 /// Multiply then add: vectorises on every target.
@@ -51,6 +63,48 @@ impl MulAdd for Fused {
         }
         #[cfg(not(target_arch = "x86_64"))]
         dot_rows_portable::<Self>(q, rows, out);
+    }
+
+    #[inline(always)]
+    fn group_scores(q: &[f32], head_dim: usize, keys: &[&[f32]], scores: &mut [f32], stride: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(level() != Level::None);
+            // SAFETY: the CPU has AVX2 and FMA (asserted; the check is cached).
+            unsafe { crate::attention_group::scores_avx2(q, head_dim, keys, scores, stride) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        crate::attention_group::scores_portable::<Self>(q, head_dim, keys, scores, stride);
+    }
+}
+
+/// [`Fused`] in code compiled with AVX-512F as well: the attention's group loops use 512-bit
+/// vectors where that pays.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Wide;
+
+#[cfg(target_arch = "x86_64")]
+impl MulAdd for Wide {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+
+    #[inline(always)]
+    fn dot_rows(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+        Fused::dot_rows(q, rows, out);
+    }
+
+    #[inline(always)]
+    fn group_scores(q: &[f32], head_dim: usize, keys: &[&[f32]], scores: &mut [f32], stride: usize) {
+        Fused::group_scores(q, head_dim, keys, scores, stride);
+    }
+
+    #[inline(always)]
+    fn group_accumulate(out: &mut [f32], head_dim: usize, p: &[f32], stride: usize, values: &[&[f32]]) {
+        assert!(level() == Level::Avx512);
+        // SAFETY: the CPU has AVX-512F and FMA (asserted; the check is cached).
+        unsafe { crate::attention_group::accumulate_avx512(out, head_dim, p, stride, values) }
     }
 }
 
@@ -193,6 +247,37 @@ pub(crate) fn add_weighted_rows<M: MulAdd>(out: &mut [f32], weights: &[f32], row
             }
         }
     }
+}
+
+/// The largest element (`-inf` for none), in lanes that vectorise.
+#[inline(always)]
+pub(crate) fn max_lanes(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        let c: &[f32; LANES] = c.try_into().expect("LANES-long chunk");
+        for i in 0..LANES {
+            // A compare rather than `f32::max`, which LLVM will not vectorise.
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    }
+    acc.iter().copied().fold(tail, f32::max)
+}
+
+/// The sum of the elements, in `LANES` partial sums (a fixed order, not left to right).
+#[inline(always)]
+pub(crate) fn sum_lanes(xs: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        let c: &[f32; LANES] = c.try_into().expect("LANES-long chunk");
+        for i in 0..LANES {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// `y[i] *= alpha`.

@@ -10,7 +10,7 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
-use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelError, ModelRunner};
+use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelError, ModelRunner, PanelPrecision};
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
 /// Why the model or the engine could not be started.
@@ -43,6 +43,8 @@ pub struct RuntimeOptions {
     pub dtype: DType,
     /// Storage dtype of the KV cache (attention computes in f32 whatever it is).
     pub kv_cache_dtype: DType,
+    /// What block-quantized weights' dense copies (the CPU's many-token GEMM) are stored in.
+    pub panel_precision: PanelPrecision,
     pub block_size: usize,
     /// Bytes of KV cache; ignored when `num_blocks` is set.
     pub kv_cache_bytes: u64,
@@ -65,6 +67,7 @@ impl RuntimeOptions {
             device: Device::Cpu,
             dtype: DType::F32,
             kv_cache_dtype: DType::F16,
+            panel_precision: PanelPrecision::F32,
             block_size: 16,
             kv_cache_bytes: 1 << 30,
             num_blocks: None,
@@ -127,6 +130,7 @@ impl LoadedRuntime {
             dtype: options.dtype,
             dequantize: options.dequantize,
             format: options.load_format,
+            panel_precision: options.panel_precision,
         };
         let loaded = load_model(&options.model, &load)?;
         let mut times = StartupTimes { model_seconds: loaded.load_seconds, ..Default::default() };

@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use candle_core::{DType, Device};
 use pagoda_engine::{EngineObserver, Shutdown};
-use pagoda_models::LoadFormat;
+use pagoda_models::{LoadFormat, PanelPrecision};
 use pagoda_text::ChatTemplate;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::app::{router, HttpOptions};
-use crate::config::{DeviceArg, DtypeArg, LoadFormatArg, ServerConfig, DEFAULT_CPU_KV_CACHE_BYTES};
+use crate::config::{
+    DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, ServerConfig, DEFAULT_CPU_KV_CACHE_BYTES,
+};
 use crate::hub;
 use crate::metrics::Metrics;
 use crate::prompt::PromptBuilder;
@@ -83,6 +85,16 @@ fn kv_cache_dtype(arg: DtypeArg, compute: DType) -> DType {
     }
 }
 
+/// `auto` multiplies in bfloat16 only where the CPU does so natively: elsewhere the portable
+/// bfloat16 loops are slower than the exact f32 kernels.
+fn panel_precision(arg: GemmDtypeArg) -> PanelPrecision {
+    match arg {
+        GemmDtypeArg::Auto if PanelPrecision::cpu_has_native_bf16() => PanelPrecision::Bf16,
+        GemmDtypeArg::Auto | GemmDtypeArg::Float32 => PanelPrecision::F32,
+        GemmDtypeArg::Bfloat16 => PanelPrecision::Bf16,
+    }
+}
+
 /// The runtime options `config` asks for.
 pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeError> {
     let model = if Path::new(&config.model).exists() {
@@ -106,6 +118,7 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.dequantize = config.dequantize;
     options.dtype = dtype(config.dtype, &device);
     options.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, options.dtype);
+    options.panel_precision = panel_precision(config.cpu_gemm_dtype);
     options.device = device;
     options.block_size = config.block_size;
     options.kv_cache_bytes = config.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES);

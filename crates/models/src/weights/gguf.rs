@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
-use pagoda_ops::{QuantFormat, QuantizedWeight};
+use pagoda_ops::{PanelPrecision, QuantFormat, QuantizedWeight};
 
 use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
@@ -21,6 +21,8 @@ pub struct GgufWeights {
     dtype: DType,
     /// Dequantize every projection to `dtype` instead of keeping quantized blocks.
     dequantize: bool,
+    /// What packed weights' dense copies are stored in.
+    panel_precision: PanelPrecision,
 }
 
 impl GgufWeights {
@@ -43,7 +45,15 @@ impl GgufWeights {
                 )));
             }
         }
-        Ok(Self { path: path.to_path_buf(), reader, content, device: device.clone(), dtype, dequantize })
+        Ok(Self {
+            path: path.to_path_buf(),
+            reader,
+            content,
+            device: device.clone(),
+            dtype,
+            dequantize,
+            panel_precision: PanelPrecision::F32,
+        })
     }
 
     /// Elements in all tensors (what dequantizing would cost, per byte of dtype).
@@ -53,6 +63,10 @@ impl GgufWeights {
 
     pub fn set_dequantize(&mut self, dequantize: bool) {
         self.dequantize = dequantize;
+    }
+
+    pub fn set_panel_precision(&mut self, precision: PanelPrecision) {
+        self.panel_precision = precision;
     }
 
     pub fn metadata(&self) -> &std::collections::HashMap<String, gguf_file::Value> {
@@ -99,6 +113,10 @@ impl WeightSource for GgufWeights {
 
     fn contains(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
+    }
+
+    fn panel_precision(&self) -> PanelPrecision {
+        self.panel_precision
     }
 
     fn keeps_quantized(&self, name: &str) -> bool {

@@ -9,7 +9,7 @@ mod safetensors;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use pagoda_ops::QuantizedWeight;
+use pagoda_ops::{PanelPrecision, QuantizedWeight};
 
 pub use dummy::DummyWeights;
 pub use gguf::GgufWeights;
@@ -36,6 +36,10 @@ pub trait WeightSource {
     /// from the tensor index before reading any data.
     fn blocks(&mut self, _name: &str, _rows: usize, _cols: usize) -> Result<Option<QuantizedWeight>> {
         Ok(None)
+    }
+    /// What the dense copy of [`WeightSource::blocks`] weights is packed in.
+    fn panel_precision(&self) -> PanelPrecision {
+        PanelPrecision::F32
     }
     /// A `[out, in]` projection, kept quantized when the source and options allow it.
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear>;
@@ -69,7 +73,7 @@ pub fn load_stacked(
             }
         }
         if blocks.len() == parts.len() {
-            return StackedLinear::from_blocks(blocks);
+            return StackedLinear::from_blocks(blocks, source.panel_precision());
         }
     }
     let linears = parts

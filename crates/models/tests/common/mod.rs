@@ -7,12 +7,16 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device};
 use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
+use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision};
 
 pub const BLOCK_SIZE: usize = 16;
 
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    // Cargo's run-time value: a test binary reused from a build in another checkout still
+    // carries that checkout's compile-time path.
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("../..")
 }
 
 pub fn model_path() -> PathBuf {
@@ -38,7 +42,18 @@ pub fn runner(dequantize: bool, num_blocks: usize) -> ModelRunner {
 
 /// The f32 model over a KV cache stored as `cache_dtype`.
 pub fn runner_with_cache(dequantize: bool, num_blocks: usize, cache_dtype: DType) -> ModelRunner {
-    let options = LoadOptions { dequantize: Some(dequantize), ..LoadOptions::default() };
+    runner_with_panels(dequantize, num_blocks, cache_dtype, PanelPrecision::F32)
+}
+
+/// The f32 model with its many-token GEMM in `panels`, over a KV cache stored as `cache_dtype`.
+pub fn runner_with_panels(
+    dequantize: bool,
+    num_blocks: usize,
+    cache_dtype: DType,
+    panels: PanelPrecision,
+) -> ModelRunner {
+    let options =
+        LoadOptions { dequantize: Some(dequantize), panel_precision: panels, ..LoadOptions::default() };
     let loaded = load_model(&model_path(), &options).expect("the default model loads");
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, cache_dtype, &Device::Cpu).unwrap();

@@ -13,7 +13,11 @@ use anyhow::{bail, Context, Result};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("the repository root exists")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from)
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root exists")
 }
 
 /// `name` from PATH or the sbin directories (nginx lives in /usr/sbin, outside a user's PATH).
