@@ -37,6 +37,17 @@ fn assert_close(got: &[f32], want: &[f64], k: usize, what: &str) {
     }
 }
 
+/// A Q4_1 matrix with random codes, scales and minimums.
+fn random_q4_1(rng: &mut StdRng, rows: usize, cols: usize) -> QuantizedWeight {
+    let mut bytes = Vec::new();
+    for _ in 0..rows * cols / QUANT_BLOCK {
+        bytes.extend(f16::from_f32(rng.random_range(0.001..0.02)).to_le_bytes());
+        bytes.extend(f16::from_f32(rng.random_range(-0.15..0.0)).to_le_bytes());
+        bytes.extend((0..16).map(|_| rng.random::<u8>()));
+    }
+    QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap()
+}
+
 fn kernels() -> Vec<(&'static str, TileKernel)> {
     let mut ks = vec![("portable", portable_kernel as TileKernel), ("best", kernel())];
     #[cfg(target_arch = "x86_64")]
@@ -113,13 +124,7 @@ fn op_reads_strided_views_and_checks_its_inputs() {
 fn packing_blocks_gives_their_dequantized_values() {
     let mut rng = StdRng::seed_from_u64(9);
     let (rows, cols) = (40, 64);
-    let mut bytes = Vec::new();
-    for _ in 0..rows * cols / QUANT_BLOCK {
-        bytes.extend(f16::from_f32(rng.random_range(0.001..0.02)).to_le_bytes());
-        bytes.extend(f16::from_f32(rng.random_range(-0.15..0.0)).to_le_bytes());
-        bytes.extend((0..16).map(|_| rng.random::<u8>()));
-    }
-    let q = QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap();
+    let q = random_q4_1(&mut rng, rows, cols);
     let dense = q.dequantize();
     let w = PanelWeight::from_quantized(&q, PanelPrecision::F32);
     for r in 0..rows {
@@ -202,13 +207,7 @@ fn activations_round_to_bf16_pairs_the_same_on_every_path() {
 fn bf16_packing_of_blocks_rounds_their_dequantized_values() {
     let mut rng = StdRng::seed_from_u64(17);
     let (rows, cols) = (40, 64);
-    let mut bytes = Vec::new();
-    for _ in 0..rows * cols / QUANT_BLOCK {
-        bytes.extend(f16::from_f32(rng.random_range(0.001..0.02)).to_le_bytes());
-        bytes.extend(f16::from_f32(rng.random_range(-0.15..0.0)).to_le_bytes());
-        bytes.extend((0..16).map(|_| rng.random::<u8>()));
-    }
-    let q = QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap();
+    let q = random_q4_1(&mut rng, rows, cols);
     let dense = q.dequantize();
     let w = PanelWeight::from_quantized(&q, PanelPrecision::Bf16);
     for r in 0..rows {

@@ -31,26 +31,32 @@ fn check_args<X, W>(x_rows: &[&[X]], panel: &[W], out_rows: &[&mut [f32]], width
     assert!(x_rows.iter().all(|r| r.len() >= k) && out_rows.iter().all(|r| r.len() >= width));
 }
 
+/// Calls `kernel::<R>(args)` with `R` = the tile's row count (1 to `TILE_ROWS`), so every row
+/// count gets a build with its accumulators in registers.
+macro_rules! by_rows {
+    ($kernel:ident($x_rows:expr, $($arg:expr),*)) => {
+        match $x_rows.len() {
+            1 => $kernel::<1>($x_rows, $($arg),*),
+            2 => $kernel::<2>($x_rows, $($arg),*),
+            3 => $kernel::<3>($x_rows, $($arg),*),
+            4 => $kernel::<4>($x_rows, $($arg),*),
+            5 => $kernel::<5>($x_rows, $($arg),*),
+            6 => $kernel::<6>($x_rows, $($arg),*),
+            7 => $kernel::<7>($x_rows, $($arg),*),
+            8 => $kernel::<8>($x_rows, $($arg),*),
+            9 => $kernel::<9>($x_rows, $($arg),*),
+            10 => $kernel::<10>($x_rows, $($arg),*),
+            11 => $kernel::<11>($x_rows, $($arg),*),
+            _ => $kernel::<12>($x_rows, $($arg),*),
+        }
+    };
+}
+
 fn tile_avx512(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], width: usize) {
     check_args(x_rows, panel, out_rows, width);
     assert!(level() == Level::Avx512);
     // SAFETY: the CPU has AVX-512F and FMA (checked above) and `check_args` holds.
-    unsafe {
-        match x_rows.len() {
-            1 => tile_avx512_rows::<1>(x_rows, panel, out_rows, width),
-            2 => tile_avx512_rows::<2>(x_rows, panel, out_rows, width),
-            3 => tile_avx512_rows::<3>(x_rows, panel, out_rows, width),
-            4 => tile_avx512_rows::<4>(x_rows, panel, out_rows, width),
-            5 => tile_avx512_rows::<5>(x_rows, panel, out_rows, width),
-            6 => tile_avx512_rows::<6>(x_rows, panel, out_rows, width),
-            7 => tile_avx512_rows::<7>(x_rows, panel, out_rows, width),
-            8 => tile_avx512_rows::<8>(x_rows, panel, out_rows, width),
-            9 => tile_avx512_rows::<9>(x_rows, panel, out_rows, width),
-            10 => tile_avx512_rows::<10>(x_rows, panel, out_rows, width),
-            11 => tile_avx512_rows::<11>(x_rows, panel, out_rows, width),
-            _ => tile_avx512_rows::<12>(x_rows, panel, out_rows, width),
-        }
-    }
+    unsafe { by_rows!(tile_avx512_rows(x_rows, panel, out_rows, width)) }
 }
 
 /// `R` rows x 32 columns: 2R accumulators, two weight loads and R broadcasts per input element.
@@ -78,11 +84,28 @@ unsafe fn tile_avx512_rows<const R: usize>(
                 hi[i] = _mm512_fmadd_ps(xv, w_hi, hi[i]);
             }
         }
-        let mask_lo: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
-        let mask_hi: __mmask16 =
-            if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
-        for i in 0..R {
-            let out = out_rows[i].as_mut_ptr();
+        store_tile(&lo, &hi, out_rows, width);
+    }
+}
+
+/// Writes the first `width` columns of an `R x 32` tile held as low and high 16-column halves.
+///
+/// # Safety
+/// The CPU has AVX-512F and every out row holds `width` values.
+#[inline(always)]
+unsafe fn store_tile<const R: usize>(
+    lo: &[__m512; R],
+    hi: &[__m512; R],
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    let mask_lo: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
+    let mask_hi: __mmask16 =
+        if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
+    for i in 0..R {
+        let out = out_rows[i].as_mut_ptr();
+        // SAFETY: the masks cover `width` lanes, which the caller guarantees each row holds.
+        unsafe {
             _mm512_mask_storeu_ps(out, mask_lo, lo[i]);
             _mm512_mask_storeu_ps(out.add(16), mask_hi, hi[i]);
         }
@@ -117,22 +140,7 @@ fn tile_bf16(x_rows: &[&[u32]], panel: &[u32], out_rows: &mut [&mut [f32]], widt
     check_args(x_rows, panel, out_rows, width);
     assert!(level() == Level::Avx512 && has_avx512_bf16());
     // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked above) and `check_args` holds.
-    unsafe {
-        match x_rows.len() {
-            1 => tile_bf16_rows::<1>(x_rows, panel, out_rows, width),
-            2 => tile_bf16_rows::<2>(x_rows, panel, out_rows, width),
-            3 => tile_bf16_rows::<3>(x_rows, panel, out_rows, width),
-            4 => tile_bf16_rows::<4>(x_rows, panel, out_rows, width),
-            5 => tile_bf16_rows::<5>(x_rows, panel, out_rows, width),
-            6 => tile_bf16_rows::<6>(x_rows, panel, out_rows, width),
-            7 => tile_bf16_rows::<7>(x_rows, panel, out_rows, width),
-            8 => tile_bf16_rows::<8>(x_rows, panel, out_rows, width),
-            9 => tile_bf16_rows::<9>(x_rows, panel, out_rows, width),
-            10 => tile_bf16_rows::<10>(x_rows, panel, out_rows, width),
-            11 => tile_bf16_rows::<11>(x_rows, panel, out_rows, width),
-            _ => tile_bf16_rows::<12>(x_rows, panel, out_rows, width),
-        }
-    }
+    unsafe { by_rows!(tile_bf16_rows(x_rows, panel, out_rows, width)) }
 }
 
 /// `R` rows x 32 columns over bfloat16 pairs: per pair of inputs, two weight loads, `R`
@@ -162,14 +170,7 @@ unsafe fn tile_bf16_rows<const R: usize>(
                 hi[i] = _mm512_dpbf16_ps(hi[i], xv, w_hi);
             }
         }
-        let mask_lo: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
-        let mask_hi: __mmask16 =
-            if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
-        for i in 0..R {
-            let out = out_rows[i].as_mut_ptr();
-            _mm512_mask_storeu_ps(out, mask_lo, lo[i]);
-            _mm512_mask_storeu_ps(out.add(16), mask_hi, hi[i]);
-        }
+        store_tile(&lo, &hi, out_rows, width);
     }
 }
 

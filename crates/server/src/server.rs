@@ -363,6 +363,15 @@ mod tests {
     }
 
     #[test]
+    fn cpu_gemm_dtype_auto_uses_bf16_only_where_the_cpu_multiplies_it() {
+        assert_eq!(panel_precision(GemmDtypeArg::Float32), PanelPrecision::F32);
+        assert_eq!(panel_precision(GemmDtypeArg::Bfloat16), PanelPrecision::Bf16);
+        let native =
+            if PanelPrecision::cpu_has_native_bf16() { PanelPrecision::Bf16 } else { PanelPrecision::F32 };
+        assert_eq!(panel_precision(GemmDtypeArg::Auto), native);
+    }
+
+    #[test]
     fn kv_cache_dtype_auto_stores_f32_models_as_f16_and_follows_other_dtypes() {
         assert_eq!(kv_cache_dtype(DtypeArg::Auto, DType::F32), DType::F16);
         assert_eq!(kv_cache_dtype(DtypeArg::Auto, DType::BF16), DType::BF16);
