@@ -7,7 +7,7 @@
 //! [`MulAdd`]; x86 has AVX2 scores (four keys per horizontal-add tree) and AVX-512 value
 //! accumulation, which [`MulAdd::group_scores`] and [`MulAdd::group_accumulate`] dispatch to.
 
-use crate::simd::{add_weighted_rows, MulAdd};
+use crate::simd::{add_weighted_rows, dot_rows_portable, MulAdd};
 
 /// `scores[g * stride + j] = q_g . keys[j]` for every query row `g` of the group.
 #[inline(always)]
@@ -19,7 +19,7 @@ pub(crate) fn scores_portable<M: MulAdd>(
     stride: usize,
 ) {
     for (g, q_row) in q.chunks_exact(head_dim).enumerate() {
-        M::dot_rows(q_row, keys, &mut scores[g * stride..g * stride + keys.len()]);
+        dot_rows_portable::<M>(q_row, keys, &mut scores[g * stride..g * stride + keys.len()]);
     }
 }
 
@@ -104,7 +104,8 @@ unsafe fn scores_rows_avx2<const G: usize>(
                 }
             }
             for (g, acc_g) in acc.iter().enumerate() {
-                // Lane i of the 128-bit result is key i's total (see `dot_rows_avx2`).
+                // Pairwise sums within 128-bit halves, then the halves added: lane i of the
+                // 128-bit result is key i's total.
                 let t0 = _mm256_hadd_ps(acc_g[0], acc_g[1]);
                 let t1 = _mm256_hadd_ps(acc_g[2], acc_g[3]);
                 let u = _mm256_hadd_ps(t0, t1);

@@ -12,12 +12,6 @@ const LANES: usize = 8;
 pub(crate) trait MulAdd: Sized {
     fn mul_add(a: f32, b: f32, c: f32) -> f32;
 
-    /// `out[j] = dot(q, rows[j])` for every row (each at least `q.len()` long).
-    #[inline(always)]
-    fn dot_rows(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
-        dot_rows_portable::<Self>(q, rows, out);
-    }
-
     /// Scores of a group of query rows sharing `keys` (see [`crate::attention_group`]).
     #[inline(always)]
     fn group_scores(q: &[f32], head_dim: usize, keys: &[&[f32]], scores: &mut [f32], stride: usize) {
@@ -52,20 +46,6 @@ impl MulAdd for Fused {
     }
 
     #[inline(always)]
-    fn dot_rows(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            assert!(
-                std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-            );
-            // SAFETY: the CPU has AVX2 and FMA (asserted; the check is cached by std).
-            unsafe { dot_rows_avx2(q, rows, out) }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        dot_rows_portable::<Self>(q, rows, out);
-    }
-
-    #[inline(always)]
     fn group_scores(q: &[f32], head_dim: usize, keys: &[&[f32]], scores: &mut [f32], stride: usize) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -91,11 +71,6 @@ impl MulAdd for Wide {
     }
 
     #[inline(always)]
-    fn dot_rows(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
-        Fused::dot_rows(q, rows, out);
-    }
-
-    #[inline(always)]
     fn group_scores(q: &[f32], head_dim: usize, keys: &[&[f32]], scores: &mut [f32], stride: usize) {
         Fused::group_scores(q, head_dim, keys, scores, stride);
     }
@@ -105,52 +80,6 @@ impl MulAdd for Wide {
         assert!(level() == Level::Avx512);
         // SAFETY: the CPU has AVX-512F and FMA (asserted; the check is cached).
         unsafe { crate::attention_group::accumulate_avx512(out, head_dim, p, stride, values) }
-    }
-}
-
-/// [`dot_rows_portable`] with AVX2 intrinsics: eight rows' sums are reduced together by a tree
-/// of horizontal adds (one vector of eight results) instead of one scalar chain per row.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_rows_avx2(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = q.len();
-    let full = n / 8 * 8;
-    let count = rows.len().min(out.len());
-    let mut r = 0;
-    while r + 8 <= count {
-        let ks: [&[f32]; 8] = std::array::from_fn(|j| &rows[r + j][..n]);
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for d in (0..full).step_by(8) {
-            // SAFETY: `d + 8 <= full <= n`, and `q` and every `k` hold `n` elements.
-            unsafe {
-                let qv = _mm256_loadu_ps(q.as_ptr().add(d));
-                for (a, k) in acc.iter_mut().zip(&ks) {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.as_ptr().add(d)), *a);
-                }
-            }
-        }
-        // Pairwise sums within 128-bit halves, then across the halves: lane j ends up holding
-        // row j's total.
-        let t0 = _mm256_hadd_ps(acc[0], acc[1]);
-        let t1 = _mm256_hadd_ps(acc[2], acc[3]);
-        let t2 = _mm256_hadd_ps(acc[4], acc[5]);
-        let t3 = _mm256_hadd_ps(acc[6], acc[7]);
-        let u0 = _mm256_hadd_ps(t0, t1);
-        let u1 = _mm256_hadd_ps(t2, t3);
-        let sums =
-            _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1));
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
-        for (j, (o, k)) in out[r..r + 8].iter_mut().zip(&ks).enumerate() {
-            let tail: f32 = q[full..].iter().zip(&k[full..]).map(|(x, y)| x * y).sum();
-            *o = lanes[j] + tail;
-        }
-        r += 8;
-    }
-    for (o, row) in out[r..count].iter_mut().zip(&rows[r..count]) {
-        *o = dot::<Fused>(q, row);
     }
 }
 
@@ -183,7 +112,7 @@ pub(crate) fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
 const DOT_ROWS: usize = 8;
 
 /// `out[j] = dot(q, rows[j])` for every row (each at least `q.len()` long), [`DOT_ROWS`] rows
-/// at a time; through [`MulAdd::dot_rows`], which x86 replaces with [`dot_rows_avx2`].
+/// at a time (the portable attention scores; x86 uses `attention_group::scores_avx2`).
 #[inline(always)]
 pub(crate) fn dot_rows_portable<M: MulAdd>(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
     let n = q.len();
@@ -386,14 +315,6 @@ mod tests {
                 let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
                 let mut out = vec![f32::NAN; count];
                 dot_rows_portable::<Separate>(&q, &refs, &mut out);
-                let mut fused = vec![f32::NAN; count];
-                #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                    Fused::dot_rows(&q, &refs, &mut fused);
-                    for (a, b) in fused.iter().zip(&out) {
-                        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "n {n}: avx2 {a} vs {b}");
-                    }
-                }
                 for (j, o) in out.iter().enumerate() {
                     let want = dot::<Separate>(&q, &rows[j]);
                     assert!((o - want).abs() <= 1e-5 * (1.0 + want.abs()), "n {n} row {j}: {o} vs {want}");
