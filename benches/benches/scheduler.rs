@@ -28,7 +28,7 @@ fn decoding_state(stop_strings: bool) -> (Scheduler, FakeExecutor, StepEvents) {
         let prompt = (0..PROMPT as u32).map(|t| (t * 13 + id as u32) % VOCAB as u32).collect();
         let mut r = Request::new(id, prompt, params.clone()).with_max_tokens(max_model_len - PROMPT);
         if stop_strings {
-            r.stop.stop_strings = vec!["zzzzzz".into(), "never".into()];
+            r.stop.stop_strings = vec!["zzzzzz".into(), "never".into()].into();
         }
         sched.add_request(r).expect("valid request");
     }

@@ -37,7 +37,8 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// Longest sequence (prompt plus output) the model accepts.
     pub max_model_len: usize,
-    /// Requests accepted but not yet started beyond which `submit` answers `Overloaded`.
+    /// Samples (a request counts its `n`) accepted but not yet started beyond which `submit`
+    /// answers `Overloaded`.
     pub max_waiting_requests: usize,
     /// Reuse KV blocks of identical prompt prefixes across requests.
     pub enable_prefix_caching: bool,

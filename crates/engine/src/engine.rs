@@ -15,7 +15,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::EngineConfig;
 use crate::event::{FinishReason, TokenEvent, Usage};
-use crate::executor::{ExecutorError, ModelExecutor};
+use crate::executor::{ExecutorError, ModelExecutor, ScheduledBatch, StepOutput};
 use crate::handle::{Command, EngineError, EngineHandle, HandleInner, Shared, Shutdown};
 use crate::id_map::IdMap;
 use crate::request::RequestId;
@@ -81,7 +81,7 @@ struct EngineLoop<E: ModelExecutor> {
     shutdown: Shutdown,
     streams: IdMap<RequestId, UnboundedSender<TokenEvent>>,
     events: StepEvents,
-    /// `scheduler.num_unstarted_requests()` as last accounted in `shared.pending`.
+    /// `scheduler.num_unstarted_seqs()` as last accounted in `shared.pending`.
     last_unstarted: usize,
     failures: usize,
     empty_steps: usize,
@@ -132,19 +132,20 @@ impl<E: ModelExecutor> EngineLoop<E> {
         match cmd {
             Command::Add(request, tx) => {
                 let id = request.id;
+                let n = request.n;
                 if self.streams.contains_key(&id) {
-                    self.release_pending(1);
+                    self.release_pending(n);
                     let err = AddRequestError::DuplicateId(id);
                     let _ = tx.send(error_event(err.to_string()));
                     return;
                 }
                 match self.scheduler.add_request(*request) {
                     Ok(()) => {
-                        self.last_unstarted += 1;
+                        self.last_unstarted += n;
                         self.streams.insert(id, tx);
                     }
                     Err(err) => {
-                        self.release_pending(1);
+                        self.release_pending(n);
                         let _ = tx.send(error_event(err.to_string()));
                     }
                 }
@@ -186,20 +187,22 @@ impl<E: ModelExecutor> EngineLoop<E> {
         }
         self.empty_steps = 0;
         let exec_start = Instant::now();
-        let result = self.executor.execute(&batch);
+        let result = self.execute_isolating_rejects(batch);
         let execute_duration = exec_start.elapsed();
         let failure = match result {
-            Ok(output) => match self.scheduler.update(output, &mut self.events) {
+            // Every sequence of the step was rejected, each failing its own request.
+            None => None,
+            Some(Ok(output)) => match self.scheduler.update(output, &mut self.events) {
                 Ok(()) => None,
                 Err(e) => Some(format!("the executor's output does not match the batch: {e}")),
             },
-            Err(ExecutorError::Fatal(msg)) => {
+            Some(Err(ExecutorError::Fatal(msg))) => {
                 let reason = format!("model executor failed permanently: {msg}");
                 self.scheduler.fail_scheduled(&reason, &mut self.events);
                 self.stop(FinishReason::Error(reason.clone()), &reason);
                 return Flow::Stop;
             }
-            Err(e) => Some(e.to_string()),
+            Some(Err(e)) => Some(e.to_string()),
         };
         match failure {
             None => self.failures = 0,
@@ -240,6 +243,32 @@ impl<E: ModelExecutor> EngineLoop<E> {
         Flow::Continue
     }
 
+    /// Runs the step; a sequence the executor rejects fails its own request only, and the rest
+    /// of the step runs again without it. `None` when no sequence is left to run.
+    fn execute_isolating_rejects(
+        &mut self,
+        mut batch: ScheduledBatch,
+    ) -> Option<Result<StepOutput, ExecutorError>> {
+        loop {
+            match self.executor.execute(&batch) {
+                Err(ExecutorError::InvalidSequence { seq_id, message }) => {
+                    if !self.scheduler.reject_scheduled_seq(seq_id, &message, &mut self.events) {
+                        // Not a sequence of this batch: the executor is confused, fail the step.
+                        let err =
+                            format!("the executor rejected sequence {seq_id}, which is not in the batch");
+                        return Some(Err(ExecutorError::InvalidBatch(err)));
+                    }
+                    let scheduler = &self.scheduler;
+                    batch.seqs.retain(|s| scheduler.is_scheduled(s.seq_id));
+                    if batch.is_empty() {
+                        return None;
+                    }
+                }
+                other => return Some(other),
+            }
+        }
+    }
+
     /// Sends pending events; a request's stream is dropped after its last event.
     fn dispatch(&mut self) {
         for (id, event) in self.events.events.drain(..) {
@@ -259,9 +288,10 @@ impl<E: ModelExecutor> EngineLoop<E> {
         self.sync_pending();
     }
 
-    /// Requests that were scheduled for the first time (or ended before) leave `pending`.
+    /// Samples of requests that were scheduled for the first time (or ended before) leave
+    /// `pending`.
     fn sync_pending(&mut self) {
-        let now = self.scheduler.num_unstarted_requests();
+        let now = self.scheduler.num_unstarted_seqs();
         if now < self.last_unstarted {
             self.release_pending(self.last_unstarted - now);
         }
@@ -280,8 +310,8 @@ impl<E: ModelExecutor> EngineLoop<E> {
     fn stop(&mut self, reason: FinishReason, why: &str) {
         self.shared.kill(why);
         while let Ok(cmd) = self.rx.try_recv() {
-            if let Command::Add(_, tx) = cmd {
-                self.release_pending(1);
+            if let Command::Add(request, tx) = cmd {
+                self.release_pending(request.n);
                 let _ = tx.send(error_event(format!("the engine stopped: {why}")));
             }
         }

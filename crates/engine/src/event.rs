@@ -25,8 +25,11 @@ pub enum FinishReason {
     Length,
     /// The caller aborted the request (or went away) or the engine shut down.
     Abort,
-    /// The engine could not finish the request.
+    /// The engine could not finish the request (a fault of the server, not of the request).
     Error(String),
+    /// The model cannot run this request as given (the executor rejected its input); the
+    /// message is meant for the client. Other requests are not affected.
+    Rejected(String),
 }
 
 impl FinishReason {
@@ -36,8 +39,13 @@ impl FinishReason {
             FinishReason::Stop(_) => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
-            FinishReason::Error(_) => "error",
+            FinishReason::Error(_) | FinishReason::Rejected(_) => "error",
         }
+    }
+
+    /// Whether the request failed rather than finished (an error or a rejection).
+    pub fn is_failure(&self) -> bool {
+        matches!(self, FinishReason::Error(_) | FinishReason::Rejected(_))
     }
 }
 

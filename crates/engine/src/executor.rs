@@ -127,6 +127,11 @@ pub enum ExecutorError {
     Execution(String),
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// One sequence of the batch cannot run (its input is beyond what the model accepts); the
+    /// rest of the batch can. The engine fails that sequence's request only and retries the
+    /// step without it. `message` is meant for the client (no internal ids).
+    #[error("sequence {seq_id} cannot run: {message}")]
+    InvalidSequence { seq_id: SeqId, message: String },
     /// The executor cannot run any further step (device lost, corrupted state): the engine fails
     /// every request in flight and stops.
     #[error("model executor failed permanently: {0}")]

@@ -16,9 +16,13 @@ use crate::stats::{EngineStatsSnapshot, LiveStats};
 /// Why the engine refused or could not serve a request.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
-    /// Too many requests are waiting; try again later (HTTP 429/503).
-    #[error("the server is overloaded: {max_waiting} requests are already waiting")]
+    /// Too many sequences are waiting; try again later (HTTP 429/503).
+    #[error("the server is overloaded: its queue of {max_waiting} waiting sequences is full")]
     Overloaded { max_waiting: usize },
+    /// The requests ask for more sequences than the waiting queue can ever hold: retrying
+    /// cannot help (HTTP 400).
+    #[error("the request asks for {requested} sequences; at most {max_waiting} can wait at once")]
+    NeverFits { requested: usize, max_waiting: usize },
     #[error(transparent)]
     InvalidRequest(#[from] RequestError),
     #[error("invalid engine configuration: {0}")]
@@ -95,24 +99,47 @@ impl EngineHandle {
     /// Queues a request and returns the stream of its events. Validation errors, a full waiting
     /// queue and a stopped engine are reported here; anything later arrives as an event.
     pub fn submit(&self, request: Request) -> Result<RequestStream, EngineError> {
+        let mut streams = self.submit_all(vec![request])?;
+        Ok(streams.remove(0))
+    }
+
+    /// Queues several requests (the prompts of one call) all or none: each is validated and
+    /// their samples are reserved in the waiting queue together, so the call is never admitted
+    /// in part.
+    pub fn submit_all(&self, requests: Vec<Request>) -> Result<Vec<RequestStream>, EngineError> {
         let shared = &self.inner.shared;
         if self.inner.shutdown.is_triggered() {
             return Err(EngineError::ShuttingDown);
         }
         self.health()?;
-        request.validate(&shared.config)?;
+        for request in &requests {
+            request.validate(&shared.config)?;
+        }
+        let samples: usize = requests.iter().map(|r| r.n).sum();
         let max_waiting = shared.config.max_waiting_requests;
-        if shared.pending.fetch_add(1, Ordering::SeqCst) >= max_waiting {
-            shared.pending.fetch_sub(1, Ordering::SeqCst);
+        if samples > max_waiting {
+            return Err(EngineError::NeverFits { requested: samples, max_waiting });
+        }
+        let reserved = shared.pending.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |pending| {
+            (pending + samples <= max_waiting).then_some(pending + samples)
+        });
+        if reserved.is_err() {
             return Err(EngineError::Overloaded { max_waiting });
         }
-        let id = request.id;
-        let (tx, rx) = unbounded_channel();
-        if self.inner.tx.send(Command::Add(Box::new(request), tx)).is_err() {
-            shared.pending.fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::Dead(shared.death_reason()));
+        let mut streams = Vec::with_capacity(requests.len());
+        let mut unsent = samples;
+        for request in requests {
+            let (id, n) = (request.id, request.n);
+            let (tx, rx) = unbounded_channel();
+            if self.inner.tx.send(Command::Add(Box::new(request), tx)).is_err() {
+                shared.pending.fetch_sub(unsent, Ordering::SeqCst);
+                // The streams made so far end with an error when the engine's `Drop` runs.
+                return Err(EngineError::Dead(shared.death_reason()));
+            }
+            unsent -= n;
+            streams.push(RequestStream { id, rx });
         }
-        Ok(RequestStream { id, rx })
+        Ok(streams)
     }
 
     /// Aborts a request; its stream ends with `FinishReason::Abort`. Unknown ids are ignored.

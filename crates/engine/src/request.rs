@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use pagoda_text::StopStrings;
+
 use crate::config::EngineConfig;
 use crate::sampling::{SamplingParams, SamplingParamsError};
 
@@ -20,7 +22,8 @@ pub struct StopConditions {
     /// Extra ids that end the sequence; the id is kept in the token ids, its text is not emitted.
     pub stop_token_ids: Vec<u32>,
     /// Texts that end the sequence; the matched stop string is not part of the output text.
-    pub stop_strings: Vec<String>,
+    /// Compiled once and shared by the request's samples (and by the prompts of one call).
+    pub stop_strings: StopStrings,
     /// No eos, stop id or stop string can end the sequence before this many tokens.
     pub min_tokens: usize,
 }
@@ -42,6 +45,9 @@ pub struct Request {
     pub n: usize,
     /// Leave special tokens out of the generated text.
     pub skip_special_tokens: bool,
+    /// Requests submitted together (the prompts of one API call) share a group; admission shares
+    /// sequence slots between groups. Defaults to the request's own id.
+    pub group: u64,
 }
 
 impl Request {
@@ -57,7 +63,13 @@ impl Request {
             priority: 0,
             n: 1,
             skip_special_tokens: true,
+            group: id,
         }
+    }
+
+    pub fn with_group(mut self, group: u64) -> Self {
+        self.group = group;
+        self
     }
 
     pub fn with_max_tokens(mut self, max_tokens: usize) -> Self {

@@ -59,7 +59,7 @@ impl OutputProcessor {
         let text = if may_stop && !self.matcher.is_empty() {
             let outcome = self.matcher.push(&delta);
             if let Some(i) = outcome.stopped {
-                let which = stop.stop_strings.get(i).cloned().unwrap_or_default();
+                let which = stop.stop_strings.get(i).unwrap_or_default().to_owned();
                 return TokenOutcome {
                     text: outcome.emit,
                     finish: Some(FinishReason::Stop(StopReason::StopString(which))),
@@ -92,7 +92,7 @@ impl OutputProcessor {
         let outcome = self.matcher.push(&tail);
         text.push_str(&outcome.emit);
         if let Some(i) = outcome.stopped {
-            let which = stop.stop_strings.get(i).cloned().unwrap_or_default();
+            let which = stop.stop_strings.get(i).unwrap_or_default().to_owned();
             return TokenOutcome { text, finish: Some(FinishReason::Stop(StopReason::StopString(which))) };
         }
         text.push_str(&self.matcher.flush());
@@ -103,6 +103,7 @@ impl OutputProcessor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pagoda_text::StopStrings;
 
     /// Token `i` decodes to `TABLE[i]`; ids past the table decode to nothing.
     struct Table;
@@ -154,7 +155,8 @@ mod tests {
 
     #[test]
     fn stop_string_across_tokens_is_cut() {
-        let stop = StopConditions { stop_strings: vec!["TOP".into()], ..Default::default() };
+        let stop =
+            StopConditions { stop_strings: StopStrings::from(vec!["TOP".into()]), ..Default::default() };
         // "S" + "T" | "OP": "TOP" spans two tokens; text before it is released, the rest not.
         assert_eq!(
             run(&stop, &[0, 3, 4, 0], 10),
@@ -164,8 +166,11 @@ mod tests {
 
     #[test]
     fn held_text_is_released_at_length_and_at_eos() {
-        let stop =
-            StopConditions { stop_strings: vec!["ab!".into()], eos_token_ids: vec![2], ..Default::default() };
+        let stop = StopConditions {
+            stop_strings: StopStrings::from(vec!["ab!".into()]),
+            eos_token_ids: vec![2],
+            ..Default::default()
+        };
         // "ab" is held as a possible start of "ab!" until the sample ends.
         assert_eq!(run(&stop, &[0, 1], 2), ("ab".into(), Some(FinishReason::Length), 2));
         assert_eq!(run(&stop, &[0, 1, 2], 5), ("ab".into(), Some(FinishReason::Stop(StopReason::Eos(2))), 3));
@@ -173,7 +178,11 @@ mod tests {
 
     #[test]
     fn stop_strings_inside_min_tokens_do_not_stop() {
-        let stop = StopConditions { stop_strings: vec!["a".into()], min_tokens: 1, ..Default::default() };
+        let stop = StopConditions {
+            stop_strings: StopStrings::from(vec!["a".into()]),
+            min_tokens: 1,
+            ..Default::default()
+        };
         assert_eq!(
             run(&stop, &[0, 1, 0], 10),
             ("ab".into(), Some(FinishReason::Stop(StopReason::StopString("a".into()))), 3)

@@ -39,6 +39,8 @@ impl EngineObserver for Recorder {
 struct Faults {
     fail_next: AtomicUsize,
     fatal_next: AtomicBool,
+    /// A prompt starting with this token is rejected as a sequence the model cannot run.
+    reject_prompt_token: Option<u32>,
 }
 
 /// The fake executor, plus injected failures and an optional gate that holds each step until
@@ -57,6 +59,13 @@ impl ModelExecutor for TestExecutor {
         }
         if self.faults.fatal_next.swap(false, Ordering::SeqCst) {
             return Err(ExecutorError::Fatal("device lost".into()));
+        }
+        if let Some(poison) = self.faults.reject_prompt_token {
+            let bad = batch.seqs.iter().find(|s| s.start_pos == 0 && s.token_ids.first() == Some(&poison));
+            if let Some(seq) = bad {
+                let message = "the prompt is beyond what the model accepts".to_string();
+                return Err(ExecutorError::InvalidSequence { seq_id: seq.seq_id, message });
+            }
         }
         let fail = self.faults.fail_next.load(Ordering::SeqCst);
         if fail > 0 {
@@ -89,7 +98,11 @@ fn config() -> EngineConfig {
 }
 
 fn start(config: EngineConfig, gated: bool) -> TestEngine {
-    let faults = Arc::new(Faults::default());
+    start_with(config, gated, Faults::default())
+}
+
+fn start_with(config: EngineConfig, gated: bool, faults: Faults) -> TestEngine {
+    let faults = Arc::new(faults);
     let (gate, entered, go) = if gated {
         let (entered_tx, entered_rx) = channel();
         // Rendezvous: each send lets exactly one step run.
@@ -268,6 +281,34 @@ fn full_waiting_queue_rejects_with_overloaded() {
 }
 
 #[test]
+fn the_waiting_queue_counts_samples_and_takes_a_call_whole_or_not_at_all() {
+    let mut cfg = config();
+    cfg.max_waiting_requests = 6;
+    let e = start(cfg, true);
+    let mut first = e.handle.submit(request(70, 4, 2)).unwrap();
+    e.wait_step();
+    // Seven samples can never wait at once: 400, not a 429 to retry forever.
+    let too_many = vec![request(71, 4, 2).with_n(4), request(72, 4, 2).with_n(3)];
+    assert_eq!(
+        e.handle.submit_all(too_many).unwrap_err(),
+        EngineError::NeverFits { requested: 7, max_waiting: 6 }
+    );
+    let mut call =
+        e.handle.submit_all(vec![request(73, 4, 2).with_n(2), request(74, 4, 2).with_n(2)]).unwrap();
+    assert_eq!(e.handle.num_pending(), 4);
+    // Three more samples do not fit next to the four waiting: none of the call is admitted.
+    let rest = vec![request(75, 4, 2), request(76, 4, 2).with_n(2)];
+    assert_eq!(e.handle.submit_all(rest).unwrap_err(), EngineError::Overloaded { max_waiting: 6 });
+    assert_eq!(e.handle.num_pending(), 4);
+    e.release_all();
+    collect(&mut first);
+    for s in &mut call {
+        assert_eq!(collect(s).samples.len(), 2);
+    }
+    assert_eq!(e.handle.num_pending(), 0);
+}
+
+#[test]
 fn executor_error_fails_the_batch_and_the_engine_carries_on() {
     let e = start(config(), false);
     e.faults.fail_next.store(1, Ordering::SeqCst);
@@ -278,6 +319,41 @@ fn executor_error_fails_the_batch_and_the_engine_carries_on() {
     let r = request(21, 6, 4);
     let mut ok = e.handle.submit(r.clone()).unwrap();
     assert_eq!(collect(&mut ok).samples, reference(&r, MAX_MODEL_LEN));
+    wait_until("free blocks", || e.handle.stats().kv_blocks_used == 0);
+}
+
+#[test]
+fn a_rejected_sequence_fails_its_request_only_and_never_kills_the_engine() {
+    const POISON: u32 = VOCAB as u32 - 1;
+    let faults = Faults { reject_prompt_token: Some(POISON), ..Default::default() };
+    let e = start_with(config(), true, faults);
+    // Held inside its first step, the healthy request shares the next step with every
+    // rejected one: each rejection retries the rest of that step.
+    let healthy = request(50, 6, 120);
+    let mut healthy_stream = e.handle.submit(healthy.clone()).unwrap();
+    e.wait_step();
+    let mut poisoned: Vec<RequestStream> = (0..10)
+        .map(|id| {
+            let r = Request::new(60 + id, vec![POISON; 5], Arc::new(SamplingParams::default()));
+            e.handle.submit(r.with_max_tokens(4)).unwrap()
+        })
+        .collect();
+    e.release_all();
+    for stream in &mut poisoned {
+        let got = collect(stream);
+        assert!(
+            matches!(&got.samples[0].finish, Some(FinishReason::Rejected(m)) if m.contains("beyond")),
+            "{:?}",
+            got.samples[0].finish
+        );
+    }
+    assert!(e.handle.is_alive());
+    assert_eq!(collect(&mut healthy_stream).samples, reference(&healthy, MAX_MODEL_LEN));
+    let after = request(51, 6, 4);
+    assert_eq!(
+        collect(&mut e.handle.submit(after.clone()).unwrap()).samples,
+        reference(&after, MAX_MODEL_LEN)
+    );
     wait_until("free blocks", || e.handle.stats().kv_blocks_used == 0);
 }
 

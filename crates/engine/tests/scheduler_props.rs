@@ -78,7 +78,7 @@ fn build(id: u64, s: &Spec, max_num_seqs: usize) -> Request {
     };
     let stop = StopConditions {
         eos_token_ids: s.eos.into_iter().collect(),
-        stop_strings: s.stop_string.clone().into_iter().collect(),
+        stop_strings: s.stop_string.clone().into_iter().collect::<Vec<_>>().into(),
         min_tokens: s.min_tokens.min(s.max_tokens),
         ..Default::default()
     };

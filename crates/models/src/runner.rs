@@ -47,7 +47,9 @@ impl ModelRunner {
         &self.cache
     }
 
-    fn flatten(&self, batch: &ScheduledBatch) -> Result<FlatBatch> {
+    /// Checks every sequence against the model and the cache; the first one that cannot run is
+    /// reported on its own so that the engine fails only its request.
+    fn flatten(&self, batch: &ScheduledBatch) -> std::result::Result<FlatBatch, ExecutorError> {
         let block_size = self.cache.block_size();
         let num_blocks = self.cache.num_blocks() as u32;
         let max_len = self.model.config().max_position_embeddings;
@@ -62,13 +64,13 @@ impl ModelRunner {
         };
         flat.cu_seqlens_q.push(0);
         for seq in &batch.seqs {
-            let invalid = |why: String| ModelError::InvalidOption(format!("sequence {}: {why}", seq.seq_id));
+            let invalid = |message: String| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message };
             if seq.token_ids.is_empty() {
                 return Err(invalid("no tokens to compute".into()));
             }
             if seq.context_len() > max_len {
                 return Err(invalid(format!(
-                    "context {} exceeds the model's {max_len} positions",
+                    "the context of {} tokens exceeds the model's {max_len} positions",
                     seq.context_len()
                 )));
             }
@@ -101,8 +103,14 @@ impl ModelRunner {
     /// Runs the batch and returns f32 logits `[n, vocab]`, one row per sequence with
     /// `sample: Some`, in batch order.
     pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
+        let flat = self.flatten(batch).map_err(|e| ModelError::InvalidOption(e.to_string()))?;
+        self.logits_of(batch, flat)
+    }
+
+    /// [`logits`](Self::logits) of a batch already checked and flattened. Block copies run only
+    /// after the check, so that a batch retried without a rejected sequence copies nothing twice.
+    fn logits_of(&mut self, batch: &ScheduledBatch, flat: FlatBatch) -> Result<Tensor> {
         self.cache.copy_blocks(&batch.block_copies)?;
-        let flat = self.flatten(batch)?;
         let dev = &self.device;
         let block_tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_table.as_slice()).collect();
         let attention = AttentionMetadata::new(
@@ -144,7 +152,8 @@ impl ModelExecutor for ModelRunner {
 
 impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
-        let logits = self.logits(batch).map_err(|e| ExecutorError::Execution(e.to_string()))?;
+        let flat = self.flatten(batch)?;
+        let logits = self.logits_of(batch, flat).map_err(|e| ExecutorError::Execution(e.to_string()))?;
         let rows = logits.to_vec2::<f32>().map_err(|e| ExecutorError::Execution(e.to_string()))?;
         let wanted: Vec<_> =
             batch.seqs.iter().filter_map(|s| s.sample.as_ref().map(|req| (s.seq_id, req))).collect();
@@ -154,7 +163,7 @@ impl ModelRunner {
             .zip(rows)
             .map(|((seq_id, req), mut row)| {
                 let (token_id, logprobs) = pagoda_engine::sampler::try_sample(&mut row, req)
-                    .map_err(|e| ExecutorError::Execution(format!("sequence {seq_id}: {e}")))?;
+                    .map_err(|e| ExecutorError::InvalidSequence { seq_id, message: e.to_string() })?;
                 Ok(SampledToken { seq_id, token_id, logprobs })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;

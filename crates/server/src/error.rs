@@ -153,8 +153,9 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Overloaded { max_waiting } => {
-                ApiError::QueueFull(format!("{max_waiting} requests are already waiting"))
+                ApiError::QueueFull(format!("the queue of {max_waiting} waiting sequences is full"))
             }
+            e @ EngineError::NeverFits { .. } => ApiError::invalid("n", e.to_string()),
             EngineError::InvalidRequest(r) => r.into(),
             EngineError::ShuttingDown => ApiError::ShuttingDown,
             EngineError::Dead(why) => ApiError::EngineUnavailable(why),

@@ -26,6 +26,11 @@ pub enum RuntimeError {
     NoTokenizer(PathBuf),
     #[error("the KV cache budget of {bytes} bytes holds no block of {block_size} tokens")]
     CacheTooSmall { bytes: u64, block_size: usize },
+    #[error(
+        "--max-model-len {requested} is beyond this model's context of {model} tokens (its position \
+         embeddings end there); pass at most {model}, or leave it out"
+    )]
+    MaxModelLenBeyondModel { requested: usize, model: usize },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -149,6 +154,14 @@ impl LoadedRuntime {
 
         let started = Instant::now();
         let config = loaded.model.config().clone();
+        // Positions past the model's table cannot be computed: every longer request would fail
+        // in the middle of a step instead of at admission.
+        if let Some(requested) = options.max_model_len.filter(|&l| l > config.max_position_embeddings) {
+            return Err(RuntimeError::MaxModelLenBeyondModel {
+                requested,
+                model: config.max_position_embeddings,
+            });
+        }
         let cache_dtype = options.kv_cache_dtype;
         let num_blocks = match options.num_blocks {
             Some(n) => n,

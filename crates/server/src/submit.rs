@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
-use pagoda_engine::{Request, RequestStream, StopConditions, TokenEvent};
+use pagoda_engine::{FinishReason, Request, RequestStream, StopConditions, TokenEvent};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, InvalidParam};
 use crate::prompt::TokenizedPrompt;
 use crate::state::AppState;
 use crate::tracker::RequestTracker;
@@ -54,7 +54,7 @@ fn events_of(
     .boxed()
 }
 
-/// Submits one engine request per prompt; either all are admitted or none stays in flight.
+/// Submits one engine request per prompt; either all are admitted or none is.
 /// `prompt_param` names the prompt in errors (`messages` or `prompt`).
 pub fn submit(
     state: &AppState,
@@ -76,22 +76,32 @@ pub fn submit(
         stop_strings: params.stop.clone(),
         min_tokens: params.min_tokens,
     };
+    // The prompts of one call form one admission group: the scheduler shares sequence slots
+    // between groups, so a large fan-out does not hold up everyone else.
+    let group = state.engine.next_request_id();
+    let requests: Vec<Request> = prompts
+        .iter()
+        .zip(&max_tokens)
+        .map(|(prompt, &max_tokens)| {
+            let mut request =
+                Request::new(state.engine.next_request_id(), prompt.token_ids.clone(), Arc::clone(&sampling))
+                    .with_max_tokens(max_tokens)
+                    .with_stop(stop.clone())
+                    .with_n(params.n)
+                    .with_group(group)
+                    .with_arrival(arrival);
+            request.skip_special_tokens = params.skip_special_tokens;
+            request
+        })
+        .collect();
+    let engine_ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
+    let engine_streams = state.engine.submit_all(requests)?;
     let mut streams = Vec::with_capacity(prompts.len());
-    for (i, (prompt, max_tokens)) in prompts.iter().zip(max_tokens).enumerate() {
-        let mut request =
-            Request::new(state.engine.next_request_id(), prompt.token_ids.clone(), Arc::clone(&sampling))
-                .with_max_tokens(max_tokens)
-                .with_stop(stop.clone())
-                .with_n(params.n)
-                .with_arrival(arrival);
-        request.skip_special_tokens = params.skip_special_tokens;
-        // On error the streams submitted so far are dropped, which aborts them.
-        let engine_id = request.id;
-        let stream = state.engine.submit(request)?;
+    for (i, (stream, prompt)) in engine_streams.into_iter().zip(&prompts).enumerate() {
         tracing::debug!(
-            engine_id,
+            engine_id = engine_ids[i],
             prompt_tokens = prompt.token_ids.len(),
-            max_tokens,
+            max_tokens = max_tokens[i],
             n = params.n,
             "submitted"
         );
@@ -107,16 +117,28 @@ pub fn submit(
     })
 }
 
-/// The error for an engine event that failed a request: 503 if the engine is gone, else 500.
-/// Only the first line of the engine's message reaches the client (no backtraces); the whole
-/// message is logged.
-pub fn failure(state: &AppState, message: &str) -> ApiError {
-    tracing::error!(error = message, "request failed in the engine");
-    let first_line = message.lines().next().unwrap_or_default().to_owned();
-    if state.engine.is_alive() {
-        ApiError::Internal(first_line)
-    } else {
-        ApiError::EngineUnavailable(first_line)
+/// The API error for a request that ended in `reason`, or `None` when it did not fail.
+///
+/// A rejection (the model cannot run this input) is the client's 400, with the engine's
+/// message. An engine fault is a 500 (503 once the engine is gone) whose details, with internal
+/// ids, stay in the server log; the client gets the request id to find them.
+pub fn failure(state: &AppState, reason: &FinishReason) -> Option<ApiError> {
+    match reason {
+        FinishReason::Rejected(message) => {
+            tracing::info!(reason = message, "the model rejected a request");
+            Some(ApiError::InvalidParam(InvalidParam { param: None, message: message.clone() }))
+        }
+        FinishReason::Error(message) => {
+            tracing::error!(error = message, "request failed in the engine");
+            Some(if state.engine.is_alive() {
+                ApiError::Internal(
+                    "the engine failed while running this request (details are in the server log)".into(),
+                )
+            } else {
+                ApiError::EngineUnavailable("the engine has stopped".into())
+            })
+        }
+        _ => None,
     }
 }
 
@@ -143,8 +165,12 @@ impl Submission {
         let mut out =
             Collected { choices: vec![ChoiceOutput::default(); self.num_choices()], ..Default::default() };
         while let Some(ChoiceEvent { choice, event }) = self.events.next().await {
-            if let Some(pagoda_engine::FinishReason::Error(message)) = &event.finished {
-                return Err(failure(state, message));
+            if let Some(err) = event.finished.as_ref().and_then(|r| failure(state, r)) {
+                return Err(err);
+            }
+            // A request cut short by shutdown has no complete answer to give (as in vLLM).
+            if event.finished == Some(FinishReason::Abort) {
+                return Err(ApiError::ShuttingDown);
             }
             if let Some(usage) = event.usage {
                 out.prompt_tokens += usage.prompt_tokens;

@@ -73,7 +73,7 @@ impl RequestTracker {
         }
         if let Some(reason) = &event.finished {
             let reason = match reason {
-                FinishReason::Error(_) => "abort",
+                FinishReason::Error(_) | FinishReason::Rejected(_) => "abort",
                 other => other.as_str(),
             };
             if rank(reason) > rank(self.finished_reason) {

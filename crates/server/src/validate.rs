@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use pagoda_engine::SamplingParams;
+use pagoda_text::StopStrings;
 
 use crate::error::{ApiError, InvalidParam};
 use crate::openai::CommonParams;
@@ -14,6 +15,9 @@ use crate::openai::CommonParams;
 pub const MAX_N: u32 = 128;
 /// Upper bound on the number of stop strings.
 pub const MAX_STOP_STRINGS: usize = 16;
+/// Upper bound on the stop strings' total length in bytes: they are held and matched for every
+/// generated token, so their size is bounded like the prompt's.
+pub const MAX_STOP_BYTES: usize = 4096;
 
 /// What the server knows that the ranges depend on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +37,8 @@ pub struct GenerationParams {
     pub max_tokens: Option<usize>,
     pub max_tokens_param: &'static str,
     pub min_tokens: usize,
-    pub stop: Vec<String>,
+    /// Compiled once per call, shared by its prompts and samples.
+    pub stop: StopStrings,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
@@ -110,6 +115,15 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
     if stop.iter().any(String::is_empty) {
         return Err(InvalidParam::new("stop", "stop strings must not be empty"));
     }
+    let stop_bytes: usize = stop.iter().map(String::len).sum();
+    if stop_bytes > MAX_STOP_BYTES {
+        return Err(InvalidParam::new(
+            "stop",
+            format!(
+                "the stop strings are {stop_bytes} bytes long in all; at most {MAX_STOP_BYTES} are allowed"
+            ),
+        ));
+    }
     let stop_token_ids = params.stop_token_ids.unwrap_or_default();
     for &id in &stop_token_ids {
         token_in_vocab("stop_token_ids", id, limits.vocab_size)?;
@@ -158,7 +172,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         max_tokens: params.max_tokens.map(|m| m as usize),
         max_tokens_param,
         min_tokens: min_tokens as usize,
-        stop,
+        stop: StopStrings::new(stop),
         stop_token_ids,
         ignore_eos: params.ignore_eos,
         skip_special_tokens: params.skip_special_tokens,
@@ -240,6 +254,7 @@ mod tests {
             (CommonParams { min_tokens: Some(10), max_tokens: Some(5), ..base() }, "min_tokens"),
             (CommonParams { stop: Some(StopSpec::One(String::new())), ..base() }, "stop"),
             (CommonParams { stop: Some(StopSpec::Many(vec!["x".into(); 17])), ..base() }, "stop"),
+            (CommonParams { stop: Some(StopSpec::Many(vec!["y".repeat(1025); 4])), ..base() }, "stop"),
             (CommonParams { stop_token_ids: Some(vec![5, 1000]), ..base() }, "stop_token_ids"),
             (CommonParams { logit_bias: Some([("abc".into(), 1.0)].into()), ..base() }, "logit_bias"),
             (CommonParams { logit_bias: Some([("1000".into(), 1.0)].into()), ..base() }, "logit_bias"),
@@ -280,7 +295,7 @@ mod tests {
         assert_eq!(g.sampling.logit_bias.get(&7), Some(&-100.0));
         assert_eq!(g.sampling.logprobs, Some(5));
         assert_eq!((g.n, g.max_tokens, g.min_tokens), (3, Some(10), 10));
-        assert_eq!(g.stop, vec!["\n"]);
+        assert_eq!(g.stop.strings(), ["\n"]);
     }
 
     #[test]

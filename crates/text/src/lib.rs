@@ -22,7 +22,7 @@ mod tokenizer_hf;
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use detokenizer::{IncrementalDetokenizer, TokenDecoder};
 pub use gguf_meta::{GgufError, GgufMetadata, MetaValue};
-pub use stop::{StopMatcher, StopOutcome};
+pub use stop::{StopMatcher, StopOutcome, StopStrings};
 pub use tokenizer::{Tokenizer, TokenizerError};
 pub use tokenizer_gguf::SUPPORTED_PRE;
 

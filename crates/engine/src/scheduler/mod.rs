@@ -89,6 +89,8 @@ pub(crate) struct RequestShared {
     pub prompt_len: usize,
     pub n: usize,
     pub priority: i32,
+    /// The admission group (the API call) the request belongs to.
+    pub group: u64,
     pub skip_special_tokens: bool,
     pub seed: u64,
     /// Banned from sampling while `min_tokens` is not reached: eos (unless ignored) and stop ids.
@@ -164,7 +166,7 @@ pub struct Scheduler {
     /// Scratch list of running prefills, reused across steps.
     pub(crate) prefill_scratch: Vec<SeqId>,
     pub(crate) num_preemptions: u64,
-    /// Requests none of whose sequences was ever scheduled.
+    /// Samples (`n` each) of the requests none of whose sequences was ever scheduled.
     pub(crate) num_unstarted: usize,
     pub(crate) last_stats: ScheduleStats,
     /// Source of seeds for requests that bring none.
@@ -224,6 +226,7 @@ impl Scheduler {
             prompt_len: request.prompt_token_ids.len(),
             n: request.n,
             priority: request.priority,
+            group: request.group,
             skip_special_tokens: request.skip_special_tokens,
             seed,
             min_tokens_banned,
@@ -249,7 +252,7 @@ impl Scheduler {
                 shared,
             },
         );
-        self.num_unstarted += 1;
+        self.num_unstarted += request.n;
         self.enqueue_back(seq_id);
         Ok(())
     }
@@ -312,7 +315,7 @@ impl Scheduler {
         let now = Instant::now();
         let Some(mut state) = self.requests.remove(&id) else { return true };
         if state.timestamps.first_scheduled.is_none() {
-            self.num_unstarted -= 1;
+            self.num_unstarted -= state.shared.n;
         }
         let unfinished: Vec<usize> =
             (0..state.finish_reasons.len()).filter(|&i| state.finish_reasons[i].is_none()).collect();
@@ -340,6 +343,26 @@ impl Scheduler {
         for id in ids {
             self.abort_request(id, FinishReason::Error(message.to_string()), out);
         }
+    }
+
+    /// Fails the request of `seq_id`, one of the last batch's sequences that the executor could
+    /// not run, with `FinishReason::Rejected(message)`, and takes all of that request's
+    /// sequences out of the last batch (so that the rest of it can be run again). Returns false
+    /// when `seq_id` was not in the last batch.
+    pub fn reject_scheduled_seq(&mut self, seq_id: SeqId, message: &str, out: &mut StepEvents) -> bool {
+        if !self.scheduled.iter().any(|s| s.seq_id == seq_id) {
+            return false;
+        }
+        let Some(request_id) = self.seqs.get(&seq_id).map(|e| e.seq.request_id) else { return false };
+        self.abort_request(request_id, FinishReason::Rejected(message.to_string()), out);
+        let seqs = &self.seqs;
+        self.scheduled.retain(|s| seqs.contains_key(&s.seq_id));
+        true
+    }
+
+    /// Whether `seq_id` is part of the last scheduled batch (and still live).
+    pub fn is_scheduled(&self, seq_id: SeqId) -> bool {
+        self.scheduled.iter().any(|s| s.seq_id == seq_id)
     }
 
     /// Fails the first waiting request (it cannot be scheduled).
@@ -412,8 +435,9 @@ impl Scheduler {
         self.waiting.len()
     }
 
-    /// Requests not yet scheduled even once (what `max_waiting_requests` bounds).
-    pub fn num_unstarted_requests(&self) -> usize {
+    /// Samples of the requests not yet scheduled even once (what `max_waiting_requests`
+    /// bounds: a request with `n = 8` counts 8).
+    pub fn num_unstarted_seqs(&self) -> usize {
         self.num_unstarted
     }
 

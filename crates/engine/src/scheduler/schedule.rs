@@ -2,6 +2,7 @@
 //! prefills), then waiting ones (prefix-cache lookup, then as much of the prompt as the token
 //! budget and the free blocks allow), preempting by recompute when blocks run out.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -135,14 +136,38 @@ impl Scheduler {
     }
 
     /// Admits waiting sequences in queue order while budget, sequence slots and blocks allow.
-    /// Head-of-line: a sequence that does not fit stops admission (no overtaking).
+    /// Head-of-line: a sequence that does not fit stops admission. The one exception is the fair
+    /// share: while sequences of another group wait, a group (the prompts of one API call) that
+    /// already holds running slots may not go past half of `max_num_seqs`; its waiting sequences
+    /// are then passed over, so a small request waits for a slot, not for a large fan-out's
+    /// whole run. Alone, a group may use every slot.
     fn schedule_waiting(&mut self, batch: &mut ScheduledBatch, budget: &mut usize) {
-        while *budget > 0 {
-            let Some(&id) = self.waiting.front() else { break };
+        if self.waiting.is_empty() {
+            return;
+        }
+        let share = (self.config.max_num_seqs / 2).max(1);
+        let mut held: HashMap<u64, usize> = HashMap::new();
+        for e in self.running.iter().filter_map(|id| self.seqs.get(id)) {
+            *held.entry(e.shared.group).or_default() += e.slots();
+        }
+        let mut waiting_by_group: HashMap<u64, usize> = HashMap::new();
+        for e in self.waiting.iter().filter_map(|id| self.seqs.get(id)) {
+            *waiting_by_group.entry(e.shared.group).or_default() += 1;
+        }
+        let mut index = 0;
+        while *budget > 0 && index < self.waiting.len() {
+            let id = self.waiting[index];
             let Some(e) = self.seqs.get_mut(&id) else {
-                self.waiting.pop_front();
+                self.waiting.remove(index);
                 continue;
             };
+            let group = e.shared.group;
+            let group_slots = held.get(&group).copied().unwrap_or(0);
+            let others_wait = waiting_by_group.len() > usize::from(waiting_by_group.contains_key(&group));
+            if group_slots > 0 && group_slots + e.slots() > share && others_wait {
+                index += 1;
+                continue;
+            }
             if self.running_slots + e.slots() > self.config.max_num_seqs {
                 break;
             }
@@ -158,12 +183,19 @@ impl Scheduler {
             {
                 break;
             }
-            self.waiting.pop_front();
+            self.waiting.remove(index);
+            *held.entry(group).or_default() += e.slots();
+            if let Some(count) = waiting_by_group.get_mut(&group) {
+                *count -= 1;
+                if *count == 0 {
+                    waiting_by_group.remove(&group);
+                }
+            }
             let cached = plan.num_cached_tokens;
             if self.blocks.admit(&mut e.seq, plan, q, &mut batch.block_copies).is_err() {
                 // Cannot happen (checked above); undo rather than lose the sequence.
                 self.blocks.free(&mut e.seq);
-                self.enqueue_front(id);
+                self.waiting.insert(index, id);
                 break;
             }
             e.seq.status = SeqStatus::Running;
@@ -177,7 +209,7 @@ impl Scheduler {
                 if state.timestamps.first_scheduled.is_none() {
                     state.timestamps.first_scheduled = Some(Instant::now());
                     state.cached_prompt_tokens = Some(cached.min(prompt_len));
-                    self.num_unstarted -= 1;
+                    self.num_unstarted -= state.shared.n;
                 }
             }
             if q > 0 && self.push_scheduled(id, q, batch) {

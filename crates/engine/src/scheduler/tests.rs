@@ -252,11 +252,11 @@ fn abort_frees_blocks_and_finishes_every_sample() {
 fn abort_before_the_fork_finishes_unforked_samples() {
     let mut h = Harness::small(4, 64);
     h.add(Request::new(1, prompt(9, 0), params(1.0, 1)).with_n(3));
-    assert_eq!(h.sched.num_unstarted_requests(), 1);
+    assert_eq!(h.sched.num_unstarted_seqs(), 3);
     h.sched.abort_request(1, FinishReason::Abort, &mut h.events);
     h.drain();
     assert_eq!(h.received[&1].len(), 3);
-    assert_eq!(h.sched.num_unstarted_requests(), 0);
+    assert_eq!(h.sched.num_unstarted_seqs(), 0);
     assert_eq!(h.metrics[0].finish_reasons, vec![FinishReason::Abort; 3]);
 }
 
@@ -318,7 +318,7 @@ fn stop_strings_cut_the_text() {
     // Stop at the text of generated tokens 3 and 4.
     let stop_text: String = out[2..4].iter().map(|&t| FakeDecoder::piece(t)).collect();
     let before: String = out[..2].iter().map(|&t| FakeDecoder::piece(t)).collect();
-    let stop = StopConditions { stop_strings: vec![stop_text.clone()], ..Default::default() };
+    let stop = StopConditions { stop_strings: vec![stop_text.clone()].into(), ..Default::default() };
     h.add(Request::new(2, prompt(6, 0), params(0.0, 0)).with_max_tokens(6).with_stop(stop));
     h.run();
     // The first occurrence may start earlier if the pieces repeat; the text never contains it.
@@ -373,4 +373,55 @@ fn prefix_caching_off_gives_the_same_outputs() {
     assert_eq!(h.usage(2).cached_prompt_tokens, 0);
     assert_eq!(h.sched.block_manager().prefix_cache_queries(), 0);
     assert_eq!(h.tokens(2, 0), solo(&r2)[0]);
+}
+
+#[test]
+fn a_small_request_is_admitted_past_a_large_fan_out() {
+    let mut config = EngineConfig::new(4, 512, 256);
+    config.max_num_seqs = 4;
+    let mut h = Harness::new(config);
+    // One call with 12 prompts (one group) fills every slot while it is alone.
+    for id in 0..12 {
+        h.add(req(id, prompt(6, id as u32), 20).with_group(100));
+    }
+    h.step();
+    assert_eq!(h.sched.num_running_seqs(), 4);
+    // Another caller arrives: it gets the first slot that frees, ahead of the call's 8 waiting
+    // prompts, instead of waiting for all three waves of the call.
+    h.add(req(50, prompt(6, 50), 3));
+    let mut steps = 0;
+    while !h.received.get(&50).is_some_and(|e| e.iter().any(TokenEvent::is_last)) {
+        h.step();
+        steps += 1;
+        assert!(steps < 200, "the small request never finished");
+    }
+    let first_wave_done = h.metrics.iter().filter(|m| m.request_id < 12).count();
+    assert!(first_wave_done <= 4, "the small request waited for {first_wave_done} of the call's prompts");
+    let small = h.metrics.iter().find(|m| m.request_id == 50).unwrap();
+    let queued = small.timestamps.first_scheduled.unwrap();
+    let later_prompts = h
+        .metrics
+        .iter()
+        .filter(|m| m.request_id >= 4 && m.request_id < 12)
+        .filter(|m| m.timestamps.first_scheduled.is_some_and(|t| t < queued))
+        .count();
+    assert_eq!(later_prompts, 0, "prompts of the call that were queued behind it overtook it");
+    h.run();
+    // Alone again, the call uses every slot.
+    assert!(h.metrics.iter().filter(|m| m.request_id < 12).count() == 12);
+}
+
+#[test]
+fn unstarted_requests_count_their_samples() {
+    let mut h = Harness::small(4, 256);
+    h.add(req(1, prompt(6, 1), 4).with_n(3));
+    h.add(req(2, prompt(6, 2), 4));
+    assert_eq!(h.sched.num_unstarted_seqs(), 4);
+    h.step();
+    assert_eq!(h.sched.num_unstarted_seqs(), 0);
+    h.add(req(3, prompt(6, 3), 4).with_n(5));
+    assert_eq!(h.sched.num_unstarted_seqs(), 5);
+    let mut out = StepEvents::default();
+    assert!(h.sched.abort_request(3, FinishReason::Abort, &mut out));
+    assert_eq!(h.sched.num_unstarted_seqs(), 0);
 }

@@ -148,9 +148,9 @@ struct StreamState {
 impl StreamState {
     /// The SSE events for one engine event (none when it carries nothing to show).
     fn on_event(&mut self, ChoiceEvent { choice, event }: ChoiceEvent) -> Vec<axum::response::sse::Event> {
-        if let Some(pagoda_engine::FinishReason::Error(message)) = &event.finished {
+        if let Some(err) = event.finished.as_ref().and_then(|r| failure(&self.state, r)) {
             self.done = true;
-            return vec![sse::error_event(&failure(&self.state, message)), sse::done_event()];
+            return vec![sse::error_event(&err), sse::done_event()];
         }
         if let Some(usage) = event.usage {
             self.prompt_tokens += usage.prompt_tokens;

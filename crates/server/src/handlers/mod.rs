@@ -17,7 +17,7 @@ pub fn finish_reason(reason: &pagoda_engine::FinishReason) -> (FinishReason, Opt
         F::Stop(S::StopTokenId(id)) => (FinishReason::Stop, Some(StopReason::Token(*id))),
         F::Stop(S::StopString(s)) => (FinishReason::Stop, Some(StopReason::Text(s.clone()))),
         F::Length => (FinishReason::Length, None),
-        F::Abort | F::Error(_) => (FinishReason::Abort, None),
+        F::Abort | F::Error(_) | F::Rejected(_) => (FinishReason::Abort, None),
     }
 }
 
