@@ -12,6 +12,7 @@
 pub mod byte_level;
 pub mod chat_template;
 pub mod detokenizer;
+pub mod encode_bounded;
 pub mod gguf_meta;
 pub mod stop;
 mod template_funcs;
@@ -21,6 +22,7 @@ mod tokenizer_hf;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use detokenizer::{IncrementalDetokenizer, TokenDecoder};
+pub use encode_bounded::BoundedEncodeError;
 pub use gguf_meta::{GgufError, GgufMetadata, MetaValue};
 pub use stop::{StopMatcher, StopOutcome, StopStrings};
 pub use tokenizer::{Tokenizer, TokenizerError};

@@ -361,3 +361,29 @@ fn hf_dir_bad_json_is_reported() {
     assert!(matches!(err, TokenizerError::Json { .. }), "{err:?}");
     assert!(err.to_string().contains("tokenizer_config.json"), "{err}");
 }
+
+#[test]
+fn bounded_encoding_matches_whole_encoding_and_refuses_long_texts_early() {
+    let tok = common::smollm2();
+    // Long enough to be counted in pieces, with whitespace runs, digits and multibyte text at
+    // the cuts.
+    let unit = "The quick brown fox   jumps over 12345 lazy dogs; naïve café — 東京\n\n\t";
+    let text = unit.repeat(1200);
+    let whole = tok.encode(&text, true).unwrap();
+    assert_eq!(tok.encode_bounded(&text, true, whole.len()).unwrap(), whole);
+    match tok.encode_bounded(&text, true, whole.len() - 1) {
+        Err(pagoda_text::BoundedEncodeError::TooManyTokens { limit, .. }) => assert_eq!(limit, whole.len() - 1),
+        other => panic!("expected TooManyTokens, got {other:?}"),
+    }
+    // 8 MiB against an 8192-token limit: refused after the first pieces, not after tokenizing
+    // millions of tokens.
+    let huge = "word ".repeat(8 << 20 >> 2);
+    match tok.encode_bounded(&huge, false, 8192) {
+        Err(pagoda_text::BoundedEncodeError::TooManyTokens { counted_bytes, total_bytes, at_least, .. }) => {
+            assert_eq!(total_bytes, huge.len());
+            assert!(counted_bytes < 128 * 1024, "counted {counted_bytes} bytes");
+            assert!(at_least > 8192 - 64, "{at_least}");
+        }
+        other => panic!("expected TooManyTokens, got {other:?}"),
+    }
+}
