@@ -4,6 +4,13 @@
 //! starts just before the request is sent; a chunk's time is when its bytes arrived. TTFT is
 //! the time to the first chunk with content (text), ITLs are the gaps between content chunks,
 //! and the latency ends when `[DONE]` arrives (or the connection closes).
+//!
+//! Connections are kept alive and pooled. A server may close a kept-alive connection just as
+//! the next request goes out on it (llama.cpp's server closes every connection a moment after
+//! a stream's last byte, although its headers said keep-alive). That request was never taken:
+//! no byte of an answer came back. It is sent once more, on a new connection, and counted in
+//! [`Outcome::connection_retries`]; its clock keeps running from the first attempt. A request
+//! the server answered in any way (an error status, a cut stream) is never sent again.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +22,15 @@ use crate::sse::{clip, error_message, interpret, SseParser, StreamItem};
 
 /// How long the rest of a body is read after its stream ended.
 const DRAIN_LIMIT: Duration = Duration::from_millis(200);
+
+/// Pooled connections idle longer than this are not reused. Many servers (uvicorn, so vLLM;
+/// llama.cpp's cpp-httplib; Node) close a connection idle for 5 s, and one taken from the pool
+/// just as the server closes it loses the request (which then needs the retry).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// hyper's messages for a request that got no response: the connection closed after the
+/// request was written, or before it was.
+const CLOSED_UNANSWERED: [&str; 2] = ["connection closed before message completed", "operation was canceled"];
 
 /// Which OpenAI API to call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -72,6 +88,9 @@ pub struct Outcome {
     pub finish_reason: Option<String>,
     /// Characters of generated text.
     pub generated_chars: usize,
+    /// Times the request was sent again because the server closed the connection without
+    /// answering it (0 or 1).
+    pub connection_retries: usize,
 }
 
 /// Folds a stream's items into an [`Outcome`]; independent of the network so it can be tested.
@@ -151,7 +170,11 @@ impl StreamState {
 /// Sends requests to one server.
 #[derive(Debug, Clone)]
 pub struct Client {
+    /// Pooled keep-alive connections.
     http: reqwest::Client,
+    /// A new connection for every request, for retries: an unanswered retry is the server's
+    /// failure, not a race with a close.
+    fresh: reqwest::Client,
     url: String,
     config: ClientConfig,
 }
@@ -165,11 +188,13 @@ impl Client {
         let url = api_url(&config.base_url, path);
         reqwest::Url::parse(&url)
             .with_context(|| format!("--base-url {:?} is not a URL", config.base_url))?;
-        let mut builder = reqwest::Client::builder().pool_max_idle_per_host(1024).tcp_nodelay(true);
-        if let Some(t) = config.timeout {
-            builder = builder.timeout(t);
-        }
-        Ok(Self { http: builder.build()?, url, config })
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(1024)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()?;
+        let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).tcp_nodelay(true).build()?;
+        Ok(Self { http, fresh, url, config })
     }
 
     /// The URL requests go to.
@@ -201,19 +226,43 @@ impl Client {
         body
     }
 
-    /// Sends one request and reads its stream to the end; never fails, errors are in the outcome.
-    pub async fn send(&self, prompt: &str, max_tokens: usize) -> Outcome {
-        let body = self.body(prompt, max_tokens);
-        let mut request = self.http.post(&self.url).json(&body).header("accept", "text/event-stream");
+    /// The POST of `body` through `http`, limited to `timeout`.
+    fn request(
+        &self,
+        http: &reqwest::Client,
+        body: &Value,
+        timeout: Option<Duration>,
+    ) -> reqwest::RequestBuilder {
+        let mut request = http.post(&self.url).json(body).header("accept", "text/event-stream");
         if let Some(key) = &self.config.api_key {
             request = request.bearer_auth(key);
         }
+        if let Some(t) = timeout {
+            request = request.timeout(t);
+        }
+        request
+    }
+
+    /// Sends one request and reads its stream to the end; never fails, errors are in the outcome.
+    pub async fn send(&self, prompt: &str, max_tokens: usize) -> Outcome {
+        let body = self.body(prompt, max_tokens);
         let start = Instant::now();
         let mut state = StreamState::new(start);
-        let response = match request.send().await {
+        let mut sent = self.request(&self.http, &body, self.config.timeout).send().await;
+        if let Err(e) = &sent {
+            // The user waited through the lost attempt too: the retry keeps `start`, and gets
+            // what is left of the timeout.
+            let left = self.config.timeout.map(|t| t.saturating_sub(start.elapsed()));
+            if closed_unanswered(e) && left != Some(Duration::ZERO) {
+                state.outcome.connection_retries += 1;
+                sent = self.request(&self.fresh, &body, left).send().await;
+            }
+        }
+        let response = match sent {
             Ok(r) => r,
             Err(e) => {
-                state.fail(format!("request failed: {}", error_chain(&e)));
+                let again = if state.outcome.connection_retries > 0 { " (sent twice)" } else { "" };
+                state.fail(format!("request failed{again}: {}", error_chain(&e)));
                 return state.finish(Instant::now());
             }
         };
@@ -254,6 +303,28 @@ impl Client {
         let _ = tokio::time::timeout(DRAIN_LIMIT, drain).await;
         outcome
     }
+}
+
+/// Whether `e` says the connection closed (or was reset) before a response head arrived, with
+/// nothing else wrong: the server did not answer the request. (hyper cannot say whether part of
+/// a head came; a server that began answering does not stop inside its status line.) Timeouts,
+/// failed connects and anything after the head are the server's failures.
+fn closed_unanswered(e: &reqwest::Error) -> bool {
+    if e.is_timeout() || e.is_connect() || e.is_status() || e.is_body() || e.is_decode() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof);
+        }
+        if CLOSED_UNANSWERED.contains(&s.to_string().as_str()) {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// An error with its sources (reqwest's top-level messages alone say little).

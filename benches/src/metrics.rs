@@ -12,6 +12,8 @@
 //!   percentile of sorted `x[0..n]` is `x[i] + f·(x[i+1] − x[i])` with `i + f = p/100·(n−1)`.
 //! - Throughputs divide successful requests and their tokens by the run's duration (first
 //!   request sent to last request finished).
+//! - A request sent again because the server closed its connection without answering
+//!   (`connection_retries`) is timed from its first attempt.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,6 +27,8 @@ pub struct RequestResult {
     pub index: usize,
     pub success: bool,
     pub error: Option<String>,
+    /// Times it was sent again after the server closed its connection without answering.
+    pub connection_retries: usize,
     /// Prompt tokens: the server's usage count, else the dataset's length.
     pub prompt_len: usize,
     /// Output tokens: the server's usage count, else the number of content chunks.
@@ -118,6 +122,9 @@ pub struct Summary {
     pub requests_without_usage: usize,
     /// Most requests in flight at once.
     pub peak_concurrency: usize,
+    /// Retries of all requests, failed ones included, after the server closed a connection
+    /// without answering.
+    pub connection_retries: usize,
     pub ttft_ms: Option<Distribution>,
     pub tpot_ms: Option<Distribution>,
     pub itl_ms: Option<Distribution>,
@@ -152,6 +159,7 @@ pub fn summarize(results: &[RequestResult], duration: Duration, percentiles: &[f
         total_token_throughput: per_s(total_input_tokens + total_output_tokens),
         requests_without_usage: ok.iter().filter(|r| !r.usage_reported).count(),
         peak_concurrency: peak_concurrency(results),
+        connection_retries: results.iter().map(|r| r.connection_retries).sum(),
         ttft_ms: Distribution::of(&collect(&|r| r.ttft_ms), percentiles),
         tpot_ms: Distribution::of(&collect(&|r| r.tpot_ms), percentiles),
         itl_ms: Distribution::of(&itls, percentiles),
@@ -186,6 +194,7 @@ mod tests {
             index,
             success,
             error: (!success).then(|| "HTTP 500: boom".to_owned()),
+            connection_retries: 0,
             prompt_len: 10,
             output_len: 5,
             usage_reported: true,
@@ -238,6 +247,8 @@ mod tests {
         results[3].tpot_ms = tpot_ms(1300.0, 300.0, 11);
         results[3].e2el_ms = 1300.0;
         results[1].usage_reported = false;
+        results[1].connection_retries = 1;
+        results[2].connection_retries = 1;
         let s = summarize(&results, Duration::from_secs(2), &[99.0]);
         assert_eq!((s.completed, s.failed), (3, 1));
         assert_eq!((s.total_input_tokens, s.total_output_tokens), (30, 21));
@@ -245,6 +256,7 @@ mod tests {
         assert_eq!(s.output_throughput, 10.5);
         assert_eq!(s.total_token_throughput, 25.5);
         assert_eq!(s.requests_without_usage, 1);
+        assert_eq!(s.connection_retries, 2, "retries of failed requests count too");
         assert_eq!(s.errors.get("HTTP 500: boom"), Some(&1));
         let ttft = s.ttft_ms.unwrap();
         assert_eq!((ttft.count, ttft.median), (3, 100.0));

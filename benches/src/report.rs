@@ -67,6 +67,9 @@ pub fn write_table(out: &mut impl Write, s: &Summary, info: &TableInfo) -> std::
     writeln!(out, "{}", centered(&info.title, '='))?;
     row(out, "Successful requests", s.completed)?;
     row(out, "Failed requests", s.failed)?;
+    if s.connection_retries > 0 {
+        row(out, "Connection retries", s.connection_retries)?;
+    }
     if let Some(rate) = info.request_rate {
         row(out, "Request rate (req/s)", format!("{rate:.2}"))?;
     }
@@ -91,6 +94,15 @@ pub fn write_table(out: &mut impl Write, s: &Summary, info: &TableInfo) -> std::
             "Note: the server sent no usage for {} request(s); their output tokens are counted as \
              content chunks and their input tokens taken from the dataset.",
             s.requests_without_usage
+        )?;
+    }
+    if s.connection_retries > 0 {
+        writeln!(
+            out,
+            "Note: {} request(s) were sent a second time, on a new connection, because the server \
+             closed the first connection without answering; their times count from the first \
+             attempt.",
+            s.connection_retries
         )?;
     }
     for note in &info.notes {
@@ -147,6 +159,7 @@ mod tests {
             index: 0,
             success: true,
             error: None,
+            connection_retries: 0,
             prompt_len: 8,
             output_len: 3,
             usage_reported: true,
@@ -199,11 +212,12 @@ mod tests {
             assert!(t.contains(line), "missing {line:?} in\n{t}");
         }
         assert!(!t.contains("no usage"));
+        assert!(!t.contains("Connection retries") && !t.contains("second time"), "none to show");
         assert!(t.lines().all(|l| l.chars().count() <= WIDTH || l.starts_with("  ")));
     }
 
     #[test]
-    fn missing_usage_and_empty_distributions_are_said() {
+    fn missing_usage_retries_and_empty_distributions_are_said() {
         let mut rs = results();
         rs[0].usage_reported = false;
         rs.truncate(1);
@@ -214,6 +228,11 @@ mod tests {
         assert!(t.contains("Note: lengths are approximate"), "{t}");
         assert!(t.contains("ITL (ms):                                n/a (no samples)"), "{t}");
         assert!(t.contains("P90 TTFT (ms):") && t.contains("P99.9 TTFT (ms):"), "{t}");
+
+        rs[0].connection_retries = 1;
+        let t = table(&summarize(&rs, Duration::from_secs(1), &[]), &TableInfo::default());
+        assert!(t.contains("Connection retries:                      1\n"), "{t}");
+        assert!(t.contains("Note: 1 request(s) were sent a second time, on a new connection"), "{t}");
     }
 
     #[test]

@@ -76,6 +76,7 @@ pub fn to_result(index: usize, prompt: &Prompt, outcome: Outcome, sent: Duration
         index,
         success,
         error: outcome.error,
+        connection_retries: outcome.connection_retries,
         prompt_len,
         output_len,
         usage_reported,
