@@ -11,13 +11,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use pagoda_text::TokenDecoder;
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::EngineConfig;
 use crate::event::{FinishReason, TokenEvent, Usage};
 use crate::executor::{ExecutorError, ModelExecutor, ScheduledBatch, StepOutput};
 use crate::handle::{Command, EngineError, EngineHandle, HandleInner, Shared, Shutdown};
 use crate::id_map::IdMap;
+use crate::outbox::Outbox;
 use crate::request::RequestId;
 use crate::scheduler::{AddRequestError, Scheduler, StepEvents};
 use crate::stats::{EngineObserver, StepStats};
@@ -79,7 +79,8 @@ struct EngineLoop<E: ModelExecutor> {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Command>,
     shutdown: Shutdown,
-    streams: IdMap<RequestId, UnboundedSender<TokenEvent>>,
+    /// Requests whose caller has not yet been handed every event.
+    streams: IdMap<RequestId, Outbox>,
     events: StepEvents,
     /// `scheduler.num_unstarted_seqs()` as last accounted in `shared.pending`.
     last_unstarted: usize,
@@ -102,12 +103,26 @@ impl<E: ModelExecutor> EngineLoop<E> {
             }
             if !self.scheduler.has_unfinished() {
                 // Idle: sleep until a command arrives; a closed channel means no handle is left.
-                match self.rx.recv() {
-                    Ok(cmd) => self.handle(cmd),
-                    Err(_) => {
+                // Events still waiting for a slow reader are retried every few milliseconds.
+                let received = if self.streams.values().any(Outbox::has_waiting) {
+                    match self.rx.recv_timeout(std::time::Duration::from_millis(5)) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => None,
+                        other => Some(other.map_err(|_| ())),
+                    }
+                } else {
+                    Some(self.rx.recv().map_err(|_| ()))
+                };
+                match received {
+                    Some(Ok(cmd)) => self.handle(cmd),
+                    // Every handle is gone but slow readers still have events to take.
+                    Some(Err(())) if self.streams.values().any(Outbox::has_waiting) => {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    Some(Err(())) => {
                         self.shared.kill("every engine handle was dropped");
                         return;
                     }
+                    None => {}
                 }
             }
             // Take whatever else is queued without blocking (a closed channel is handled above,
@@ -136,17 +151,17 @@ impl<E: ModelExecutor> EngineLoop<E> {
                 if self.streams.contains_key(&id) {
                     self.release_pending(n);
                     let err = AddRequestError::DuplicateId(id);
-                    let _ = tx.send(error_event(err.to_string()));
+                    let _ = tx.try_send(error_event(err.to_string()));
                     return;
                 }
                 match self.scheduler.add_request(*request) {
                     Ok(()) => {
                         self.last_unstarted += n;
-                        self.streams.insert(id, tx);
+                        self.streams.insert(id, Outbox::new(tx));
                     }
                     Err(err) => {
                         self.release_pending(n);
-                        let _ = tx.send(error_event(err.to_string()));
+                        let _ = tx.try_send(error_event(err.to_string()));
                     }
                 }
             }
@@ -161,7 +176,7 @@ impl<E: ModelExecutor> EngineLoop<E> {
     /// Aborts requests whose receiver is gone, so their blocks are free for this step.
     fn reap_closed_streams(&mut self) {
         let closed: Vec<RequestId> =
-            self.streams.iter().filter(|(_, tx)| tx.is_closed()).map(|(&id, _)| id).collect();
+            self.streams.iter().filter(|(_, outbox)| outbox.is_closed()).map(|(&id, _)| id).collect();
         for id in closed {
             self.streams.remove(&id);
             self.scheduler.abort_request(id, FinishReason::Abort, &mut self.events);
@@ -269,18 +284,19 @@ impl<E: ModelExecutor> EngineLoop<E> {
         }
     }
 
-    /// Sends pending events; a request's stream is dropped after its last event.
+    /// Sends pending events; a request's stream is dropped once its last event is in the
+    /// channel (a slow reader's events wait in its outbox until then).
     fn dispatch(&mut self) {
+        for outbox in self.streams.values_mut() {
+            outbox.flush();
+        }
         for (id, event) in self.events.events.drain(..) {
-            let last = event.is_last();
-            if let Some(tx) = self.streams.get(&id) {
-                // A closed receiver is reaped (and its request aborted) before the next step.
-                let _ = tx.send(event);
-            }
-            if last {
-                self.streams.remove(&id);
+            // A closed receiver is reaped (and its request aborted) before the next step.
+            if let Some(outbox) = self.streams.get_mut(&id) {
+                outbox.send(event);
             }
         }
+        self.streams.retain(|_, outbox| !outbox.is_done());
         self.shared.stats.record_finished(self.events.finished.len());
         for metrics in self.events.finished.drain(..) {
             self.observer.on_request_finished(&metrics);
@@ -312,7 +328,7 @@ impl<E: ModelExecutor> EngineLoop<E> {
         while let Ok(cmd) = self.rx.try_recv() {
             if let Command::Add(request, tx) = cmd {
                 self.release_pending(request.n);
-                let _ = tx.send(error_event(format!("the engine stopped: {why}")));
+                let _ = tx.try_send(error_event(format!("the engine stopped: {why}")));
             }
         }
         self.scheduler.abort_all(reason, &mut self.events);
@@ -325,8 +341,22 @@ impl<E: ModelExecutor> Drop for EngineLoop<E> {
     /// Normally every stream has ended by now; after a panic this still ends them.
     fn drop(&mut self) {
         self.shared.kill("the engine thread stopped unexpectedly");
-        for (_, tx) in self.streams.drain() {
-            let _ = tx.send(error_event("the engine thread stopped unexpectedly".into()));
+        for outbox in self.streams.values_mut() {
+            if !outbox.has_ended() {
+                outbox.send(error_event("the engine thread stopped unexpectedly".into()));
+            }
+        }
+        // Give slow readers a moment to take what waits for them.
+        let deadline = Instant::now() + std::time::Duration::from_secs(2);
+        while Instant::now() < deadline {
+            self.streams.retain(|_, outbox| {
+                outbox.flush();
+                !outbox.is_done() && !outbox.is_closed()
+            });
+            if self.streams.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
 }

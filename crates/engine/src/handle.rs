@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError, Weak};
 
 use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{Receiver, Sender};
 
 use crate::config::{ConfigError, EngineConfig};
 use crate::event::TokenEvent;
@@ -37,7 +37,7 @@ pub enum EngineError {
 }
 
 pub(crate) enum Command {
-    Add(Box<Request>, UnboundedSender<TokenEvent>),
+    Add(Box<Request>, Sender<TokenEvent>),
     Abort(RequestId),
     /// Only wakes the loop (shutdown).
     Wake,
@@ -130,7 +130,7 @@ impl EngineHandle {
         let mut unsent = samples;
         for request in requests {
             let (id, n) = (request.id, request.n);
-            let (tx, rx) = unbounded_channel();
+            let (tx, rx) = crate::outbox::request_channel();
             if self.inner.tx.send(Command::Add(Box::new(request), tx)).is_err() {
                 shared.pending.fetch_sub(unsent, Ordering::SeqCst);
                 // The streams made so far end with an error when the engine's `Drop` runs.
@@ -191,7 +191,7 @@ impl EngineHandle {
 #[derive(Debug)]
 pub struct RequestStream {
     id: RequestId,
-    rx: UnboundedReceiver<TokenEvent>,
+    rx: Receiver<TokenEvent>,
 }
 
 impl RequestStream {
@@ -213,7 +213,7 @@ impl RequestStream {
         self.rx.try_recv()
     }
 
-    pub fn into_inner(self) -> UnboundedReceiver<TokenEvent> {
+    pub fn into_inner(self) -> Receiver<TokenEvent> {
         self.rx
     }
 }

@@ -19,6 +19,7 @@ pub mod executor;
 pub mod fake;
 pub mod handle;
 mod id_map;
+mod outbox;
 pub mod request;
 pub mod rng;
 pub mod sampler;

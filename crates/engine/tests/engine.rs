@@ -309,6 +309,27 @@ fn the_waiting_queue_counts_samples_and_takes_a_call_whole_or_not_at_all() {
 }
 
 #[test]
+fn a_reader_that_falls_behind_gets_everything_in_few_events() {
+    let e = start(config(), false);
+    let r = request(80, 6, 200);
+    let mut stream = e.handle.submit(r.clone()).unwrap();
+    // Not read at all until the request has finished in the engine.
+    wait_until("the request to finish", || {
+        e.recorder.finished.lock().unwrap().iter().any(|m| m.request_id == 80)
+    });
+    let mut events = 0;
+    let mut c = Collected::default();
+    while let Some(ev) = stream.blocking_recv() {
+        events += 1;
+        c.push(ev);
+    }
+    assert!(c.done);
+    assert_eq!(c.samples, reference(&r, MAX_MODEL_LEN));
+    // 200 token events did not pile up one by one: what the channel could not hold was merged.
+    assert!(events <= 64 + 2, "{events} events");
+}
+
+#[test]
 fn executor_error_fails_the_batch_and_the_engine_carries_on() {
     let e = start(config(), false);
     e.faults.fail_next.store(1, Ordering::SeqCst);
