@@ -50,6 +50,7 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(info::list_models))
+        .route("/v1/models/{*model}", get(info::retrieve_model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
     if let Some(key) = &options.api_key {

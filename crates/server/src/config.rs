@@ -27,6 +27,12 @@ fn invalid(flag: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { flag, message: message.into() }
 }
 
+/// A duration flag in seconds: finite and not negative.
+fn seconds(flag: &'static str, value: f64) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| invalid(flag, format!("expected a number of seconds, got {value}")))
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LoadFormatArg {
@@ -165,7 +171,7 @@ pub struct ServeArgs {
     /// Tokenizer: a GGUF file, or a Hugging Face directory with tokenizer.json. [default: the model]
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<String>,
-    /// Name(s) clients use in the `model` field. [default: the --model argument]
+    /// Name(s) clients use in the `model` field. [default: a GGUF file's stem, else the --model argument]
     #[arg(long, value_name = "NAME", num_args = 1..)]
     pub served_model_name: Option<Vec<String>>,
     /// How to read the weights.
@@ -250,6 +256,19 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish after SIGTERM/SIGINT. [default: 30]
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_timeout: Option<f64>,
+    /// Seconds a client has to send a request's head, from connecting or from the first byte
+    /// of a later request on the same connection; slower connections are closed. [default: 10]
+    #[arg(long, value_name = "SECONDS")]
+    pub http_header_read_timeout: Option<f64>,
+    /// Seconds an idle connection is kept open for its next request; 0 closes each connection
+    /// after one response. [default: 75, above nginx's 60 s for upstream connections]
+    #[arg(long, value_name = "SECONDS")]
+    pub http_keep_alive_timeout: Option<f64>,
+    /// Most client connections open at once (lowered to what the open-file limit allows). When
+    /// all are taken, a new one replaces the longest-waiting connection that has no request in
+    /// flight, else waits. [default: 2048]
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// TOML file with any of these options in kebab-case (e.g. `max-model-len = 2048`).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
@@ -289,6 +308,9 @@ pub struct ServerConfig {
     pub max_logprobs: usize,
     pub max_request_body_bytes: usize,
     pub shutdown_timeout: Duration,
+    pub http_header_read_timeout: Duration,
+    pub http_keep_alive_timeout: Duration,
+    pub max_connections: usize,
 }
 
 /// KV-cache size on the CPU when none is given.
@@ -321,8 +343,10 @@ impl ServerConfig {
         let given_model = cli.model.or(file.model);
         let model_is_default = given_model.is_none();
         let model = given_model.unwrap_or_else(|| DEFAULT_MODEL.to_owned());
-        let served_model_names =
-            cli.served_model_name.or(file.served_model_name).unwrap_or_else(|| vec![model.clone()]);
+        let served_model_names = cli
+            .served_model_name
+            .or(file.served_model_name)
+            .unwrap_or_else(|| vec![crate::state::default_served_name(&model)]);
         let config = Self {
             model_is_default,
             download_dir: cli.download_dir.or(file.download_dir),
@@ -364,6 +388,15 @@ impl ServerConfig {
             shutdown_timeout: Duration::from_secs_f64(
                 cli.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(30.0).max(0.0),
             ),
+            http_header_read_timeout: seconds(
+                "--http-header-read-timeout",
+                cli.http_header_read_timeout.or(file.http_header_read_timeout).unwrap_or(10.0),
+            )?,
+            http_keep_alive_timeout: seconds(
+                "--http-keep-alive-timeout",
+                cli.http_keep_alive_timeout.or(file.http_keep_alive_timeout).unwrap_or(75.0),
+            )?,
+            max_connections: cli.max_connections.or(file.max_connections).unwrap_or(2048),
             model,
         };
         config.check()?;
@@ -397,6 +430,12 @@ impl ServerConfig {
         }
         if self.max_request_body_bytes == 0 {
             return Err(invalid("--max-request-body-bytes", "must be at least 1"));
+        }
+        if self.http_header_read_timeout.is_zero() {
+            return Err(invalid("--http-header-read-timeout", "must be above 0"));
+        }
+        if self.max_connections == 0 {
+            return Err(invalid("--max-connections", "must be at least 1"));
         }
         if self.allowed_origins.iter().any(|o| o != "*" && axum::http::HeaderValue::from_str(o).is_err()) {
             return Err(invalid(
@@ -437,12 +476,18 @@ mod tests {
         let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
         assert_eq!(c.model, DEFAULT_MODEL);
         assert!(c.model_is_default);
-        assert_eq!(c.served_model_names, vec![DEFAULT_MODEL.to_owned()]);
+        assert_eq!(c.served_model_names, vec!["SmolLM2-135M-Instruct.Q4_1".to_owned()]);
+        let name = crate::state::default_served_name;
+        assert_eq!(name("HuggingFaceTB/SmolLM2-135M-Instruct"), "HuggingFaceTB/SmolLM2-135M-Instruct");
+        assert_eq!(name("org/repo/model.Q8_0.GGUF"), "model.Q8_0");
         assert_eq!(c.bind_addr(), "127.0.0.1:8000");
         assert!(c.enable_prefix_caching);
         assert_eq!(c.block_size, 16);
         assert_eq!(c.device, DeviceArg::Cpu);
         assert_eq!(c.metrics_prefix, MetricsPrefix::Pagoda);
+        assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(75));
+        assert_eq!(c.max_connections, 2048);
     }
 
     #[test]
@@ -541,6 +586,10 @@ mod tests {
             &["--max-num-seqs", "0"],
             &["--max-model-len", "0"],
             &["--kv-cache-memory", "0"],
+            &["--http-header-read-timeout", "0"],
+            &["--http-keep-alive-timeout=-1"],
+            &["--http-keep-alive-timeout", "inf"],
+            &["--max-connections", "0"],
         ] {
             assert!(ServerConfig::merge(cli(args), ServeArgs::default()).is_err(), "{args:?}");
         }

@@ -49,6 +49,12 @@ pub enum ApiError {
          {prompt_tokens} tokens long, which leaves no room for a completion."
     )]
     PromptTooLong { prompt_tokens: usize, max_model_len: usize, param: &'static str },
+    /// A prompt text refused while it was being tokenized: it is certainly over the context.
+    #[error(
+        "This model's maximum context length is {max_model_len} tokens. However, the prompt \
+         ({bytes} bytes of text) is at least {at_least_tokens} tokens long."
+    )]
+    PromptTextTooLong { bytes: usize, at_least_tokens: usize, max_model_len: usize, param: &'static str },
     #[error("The model `{0}` does not exist.")]
     ModelNotFound(String),
     #[error("Invalid or missing API key. Pass it as `Authorization: Bearer <key>`.")]
@@ -83,7 +89,8 @@ impl ApiError {
             ApiError::MalformedJson(_)
             | ApiError::InvalidParam(_)
             | ApiError::ContextLengthExceeded { .. }
-            | ApiError::PromptTooLong { .. } => StatusCode::BAD_REQUEST,
+            | ApiError::PromptTooLong { .. }
+            | ApiError::PromptTextTooLong { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -110,9 +117,9 @@ impl ApiError {
         match self {
             ApiError::MalformedJson(_) => "invalid_json",
             ApiError::InvalidParam(_) => "invalid_value",
-            ApiError::ContextLengthExceeded { .. } | ApiError::PromptTooLong { .. } => {
-                "context_length_exceeded"
-            }
+            ApiError::ContextLengthExceeded { .. }
+            | ApiError::PromptTooLong { .. }
+            | ApiError::PromptTextTooLong { .. } => "context_length_exceeded",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::PayloadTooLarge { .. } => "request_too_large",
@@ -130,7 +137,7 @@ impl ApiError {
         match self {
             ApiError::InvalidParam(p) => p.param.as_deref(),
             ApiError::ContextLengthExceeded { .. } => Some("max_tokens"),
-            ApiError::PromptTooLong { param, .. } => Some(param),
+            ApiError::PromptTooLong { param, .. } | ApiError::PromptTextTooLong { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
             _ => None,
         }

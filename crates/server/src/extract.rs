@@ -1,6 +1,7 @@
 //! The JSON body extractor. It reads the body under the size limit (over it: 413), parses it
 //! whatever the `Content-Type` (so `curl -d` works), and turns a serde failure into a 400 that
-//! names the parameter at fault (`temperature`, `messages[0].role`).
+//! names the parameter at fault (`temperature`, `messages[0].role`). A top-level field the
+//! request type does not know is a 400 naming it (see [`crate::openai::fields`]).
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -8,6 +9,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, InvalidParam};
+use crate::openai::fields::{top_level_keys, KnownFields};
 
 /// A request body parsed as `T`; rejections are [`ApiError`]s.
 #[derive(Debug, Clone)]
@@ -17,7 +19,7 @@ pub struct JsonBody<T>(pub T);
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit(pub usize);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<S: Send + Sync, T: DeserializeOwned + KnownFields> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
@@ -33,8 +35,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
-/// Parses `bytes` as `T`, mapping errors to the client's terms.
-pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+/// Parses `bytes` as `T`, mapping errors to the client's terms; unknown top-level fields are
+/// refused.
+pub fn parse<T: DeserializeOwned + KnownFields>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();
@@ -51,6 +54,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
     })?;
     de.end().map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    T::check_keys(&top_level_keys(bytes))?;
     Ok(value)
 }
 
@@ -108,6 +112,16 @@ mod tests {
             parse(br#"{"messages":[],"temperature":null,"stop":null,"n":null,"seed":null}"#).unwrap();
         assert_eq!(r.temperature, None);
         assert_eq!(r.n, None);
+    }
+
+    #[test]
+    fn unknown_top_level_fields_are_refused_by_name() {
+        assert_eq!(param(r#"{"messages":[],"max_token":5}"#).as_deref(), Some("max_token"));
+        assert_eq!(param(r#"{"messages":[],"guided_json":{}}"#).as_deref(), Some("guided_json"));
+        let ok: ChatCompletionRequest = parse(br#"{"messages":[],"user":"u","metadata":{"a":"b"}}"#).unwrap();
+        assert_eq!(ok.user.as_deref(), Some("u"));
+        let err = parse::<CompletionRequest>(br#"{"prompt":"x","echo_":true}"#).unwrap_err();
+        assert_eq!(err.param(), Some("echo_"));
     }
 
     #[test]

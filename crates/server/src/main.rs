@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand};
 use pagoda_server::config::{ServeArgs, ServerConfig};
-use pagoda_server::server::{shutdown_signal, Server};
+use pagoda_server::server::{shutdown_signals, Server};
 
 #[derive(Parser)]
 #[command(name = "pagoda", version, about = "An OpenAI-compatible LLM inference server")]
@@ -28,7 +28,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("pagoda-http").build()?;
     runtime.block_on(async {
         let server = Server::build(&config).await?;
-        server.run(shutdown_signal()).await
+        // Registered once loaded: Ctrl-C while loading still stops the process at once.
+        server.run_with_signals(shutdown_signals()?).await
     })?;
     Ok(())
 }

@@ -312,8 +312,11 @@ impl Metrics {
         }
     }
 
+    /// One HTTP request. Every label comes from a bounded set, so clients cannot mint series:
+    /// `handler` is a route template or `unmatched` (the caller's side), `method` is folded by
+    /// [`method_label`], and `status` is a status code the server itself chose.
     pub fn observe_http(&self, handler: &str, method: &str, status: u16) {
-        self.http_requests.with_label_values(&[handler, method, &status.to_string()]).inc();
+        self.http_requests.with_label_values(&[handler, method_label(method), &status.to_string()]).inc();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -324,6 +327,23 @@ impl Metrics {
             tracing::error!(error = %e, "encoding metrics failed");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// The `method` label of `http_requests_total`: the standard methods as they are, any other
+/// (methods are any token a client likes) `other`.
+pub fn method_label(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "CONNECT" => "CONNECT",
+        "OPTIONS" => "OPTIONS",
+        "TRACE" => "TRACE",
+        "PATCH" => "PATCH",
+        _ => "other",
     }
 }
 
@@ -433,5 +453,19 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("status=\"400\"} 1"));
+    }
+
+    #[test]
+    fn unknown_methods_share_one_label() {
+        let m = Metrics::new(MetricsPrefix::Pagoda, "m", 100).unwrap();
+        for i in 0..100 {
+            m.observe_http("unmatched", &format!("M{i}"), 404);
+        }
+        m.observe_http("unmatched", "get", 404);
+        m.observe_http("unmatched", "PATCH", 404);
+        let text = m.render();
+        let series: Vec<&str> = text.lines().filter(|l| l.starts_with("http_requests_total{")).collect();
+        assert_eq!(series.len(), 2, "{text}");
+        assert!(text.contains("method=\"other\",status=\"404\"} 101"), "{text}");
     }
 }

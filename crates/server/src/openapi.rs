@@ -18,6 +18,7 @@ use crate::handlers;
         handlers::chat::chat_completions,
         handlers::completions::completions,
         handlers::info::list_models,
+        handlers::info::retrieve_model,
         handlers::info::health,
         handlers::info::version,
         handlers::info::metrics,

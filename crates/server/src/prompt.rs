@@ -1,10 +1,14 @@
 //! From a request's prompt to token ids: chat messages are checked, rendered with the chat
 //! template and tokenized; completion prompts are tokenized (or checked, when given as ids).
-//! The CPU work runs on the blocking pool (`spawn_blocking`), never on the async runtime.
+//! The CPU work runs on the blocking pool (`spawn_blocking`), never on the async runtime, at most
+//! one tokenization per core at a time, and a text's tokenization stops as soon as it is certainly
+//! longer than the context: memory spent on one prompt is bounded by `max_model_len`, not by the
+//! size of the body that brought it.
 
 use std::sync::Arc;
 
-use pagoda_text::{ChatMessage, ChatTemplate, ChatTemplateError, Tokenizer};
+use pagoda_text::{BoundedEncodeError, ChatMessage, ChatTemplate, ChatTemplateError, Tokenizer};
+use tokio::sync::Semaphore;
 
 use crate::error::{ApiError, InvalidParam};
 use crate::openai::{self, MessageContent, PromptInput};
@@ -71,6 +75,52 @@ pub fn chat_messages(messages: &[openai::ChatMessage]) -> Result<Vec<ChatMessage
         .collect()
 }
 
+/// How a conversation becomes a prompt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatOptions {
+    /// End with the opening of the assistant's turn.
+    pub add_generation_prompt: bool,
+    /// End inside the last (assistant) message, so the model continues it.
+    pub continue_final_message: bool,
+    /// Add the tokenizer's special tokens on top of the template's.
+    pub add_special_tokens: bool,
+    /// Extra template variables (`chat_template_kwargs`).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ChatOptions {
+    /// The options of a chat completion request, checked against each other and `messages`.
+    pub fn of(
+        messages: &[ChatMessage],
+        add_generation_prompt: Option<bool>,
+        continue_final_message: Option<bool>,
+        add_special_tokens: Option<bool>,
+        template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<Self, InvalidParam> {
+        let continue_final_message = continue_final_message.unwrap_or(false);
+        if continue_final_message {
+            if add_generation_prompt == Some(true) {
+                return Err(InvalidParam::new(
+                    "continue_final_message",
+                    "continue_final_message and add_generation_prompt cannot both be true",
+                ));
+            }
+            if messages.last().is_none_or(|m| m.role != "assistant" || m.content.is_empty()) {
+                return Err(InvalidParam::new(
+                    "continue_final_message",
+                    "continue_final_message needs a last message from the assistant with some content",
+                ));
+            }
+        }
+        Ok(Self {
+            add_generation_prompt: add_generation_prompt.unwrap_or(!continue_final_message),
+            continue_final_message,
+            add_special_tokens: add_special_tokens.unwrap_or(false),
+            template_kwargs: template_kwargs.unwrap_or_default(),
+        })
+    }
+}
+
 /// The tokenizer and chat template, shared by all requests.
 #[derive(Clone)]
 pub struct PromptBuilder {
@@ -78,6 +128,10 @@ pub struct PromptBuilder {
     template: Option<Arc<ChatTemplate>>,
     /// Number of token ids the model has embeddings for.
     vocab_size: usize,
+    /// No prompt can be longer than this many tokens.
+    max_model_len: usize,
+    /// Tokenizations running at once.
+    permits: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for PromptBuilder {
@@ -86,15 +140,47 @@ impl std::fmt::Debug for PromptBuilder {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))
+/// Token ids of `text`, or a 400 naming `param` and the text's length when it is longer than
+/// `max_model_len` tokens.
+fn encode(
+    tokenizer: &Tokenizer,
+    text: &str,
+    add_special_tokens: bool,
+    max_model_len: usize,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    tokenizer.encode_bounded(text, add_special_tokens, max_model_len).map_err(|e| match e {
+        BoundedEncodeError::TooManyTokens { at_least, total_bytes, .. } => ApiError::PromptTextTooLong {
+            bytes: total_bytes,
+            at_least_tokens: at_least,
+            max_model_len,
+            param,
+        },
+        BoundedEncodeError::Tokenizer(e) => ApiError::invalid(param, e.to_string()),
+    })
 }
 
 impl PromptBuilder {
-    pub fn new(tokenizer: Arc<Tokenizer>, template: Option<Arc<ChatTemplate>>, vocab_size: usize) -> Self {
-        Self { tokenizer, template, vocab_size }
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        template: Option<Arc<ChatTemplate>>,
+        vocab_size: usize,
+        max_model_len: usize,
+    ) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self { tokenizer, template, vocab_size, max_model_len, permits: Arc::new(Semaphore::new(cores)) }
+    }
+
+    /// Runs `f` on the blocking pool once a tokenization permit is free.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        // The semaphore is never closed.
+        let _permit = self.permits.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -109,8 +195,7 @@ impl PromptBuilder {
     pub async fn chat(
         &self,
         messages: Vec<ChatMessage>,
-        add_generation_prompt: bool,
-        add_special_tokens: bool,
+        options: ChatOptions,
     ) -> Result<TokenizedPrompt, ApiError> {
         let template = self.template.clone().ok_or_else(|| {
             ApiError::invalid(
@@ -119,14 +204,26 @@ impl PromptBuilder {
             )
         })?;
         let tokenizer = self.tokenizer.clone();
-        blocking(move || {
-            let text = template.render(&messages, add_generation_prompt).map_err(|e| match e {
+        let max_model_len = self.max_model_len;
+        self.blocking(move || {
+            let rendered = template.render_with(&messages, options.add_generation_prompt, &options.template_kwargs);
+            let mut text = rendered.map_err(|e| match e {
                 ChatTemplateError::Raised(m) => ApiError::invalid("messages", m),
                 other => ApiError::invalid("messages", other.to_string()),
             })?;
-            let token_ids = tokenizer
-                .encode(&text, add_special_tokens)
-                .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            if options.continue_final_message {
+                // Cut what the template closes the last message with (end-of-turn tokens), so
+                // that generation continues the message itself.
+                let last = messages.last().map(|m| m.content.as_str()).unwrap_or_default();
+                let end = text.rfind(last).map(|at| at + last.len()).ok_or_else(|| {
+                    ApiError::invalid(
+                        "continue_final_message",
+                        "the chat template does not render the last message verbatim, so it cannot be continued",
+                    )
+                })?;
+                text.truncate(end);
+            }
+            let token_ids = encode(&tokenizer, &text, options.add_special_tokens, max_model_len, "messages")?;
             Ok(TokenizedPrompt { text, token_ids })
         })
         .await?
@@ -143,15 +240,15 @@ impl PromptBuilder {
         }
         let tokenizer = self.tokenizer.clone();
         let vocab_size = self.vocab_size;
-        blocking(move || {
+        let max_model_len = self.max_model_len;
+        self.blocking(move || {
             inputs
                 .into_iter()
                 .map(|input| {
                     let prompt = match input {
                         PromptInput::Text(text) => {
-                            let token_ids = tokenizer
-                                .encode(&text, add_special_tokens)
-                                .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+                            let token_ids =
+                                encode(&tokenizer, &text, add_special_tokens, max_model_len, "prompt")?;
                             TokenizedPrompt { text, token_ids }
                         }
                         PromptInput::Tokens(token_ids) => {
@@ -181,12 +278,8 @@ impl PromptBuilder {
     /// Token ids of `text`.
     pub async fn encode(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
         let tokenizer = self.tokenizer.clone();
-        blocking(move || {
-            tokenizer
-                .encode(&text, add_special_tokens)
-                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-        })
-        .await?
+        let max_model_len = self.max_model_len;
+        self.blocking(move || encode(&tokenizer, &text, add_special_tokens, max_model_len, "prompt")).await?
     }
 
     /// Text of `ids` (special tokens kept).
@@ -198,7 +291,7 @@ impl PromptBuilder {
             ));
         }
         let tokenizer = self.tokenizer.clone();
-        blocking(move || {
+        self.blocking(move || {
             tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))
         })
         .await?
@@ -211,7 +304,7 @@ mod tests {
     use crate::openai::ContentPart;
 
     fn msg(role: &str, content: Option<MessageContent>) -> openai::ChatMessage {
-        openai::ChatMessage { role: role.into(), content, name: None }
+        openai::ChatMessage { role: role.into(), content, name: None, tool_calls: None }
     }
 
     #[test]

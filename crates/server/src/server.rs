@@ -1,7 +1,9 @@
 //! `pagoda serve` from start to exit: load the model and tokenizer, size the KV cache, start the
 //! engine, bind, serve, and on the shutdown signal stop accepting, let in-flight requests finish
-//! for up to the grace period, then stop the engine. Every start-up stage logs one line with its
-//! time. The shutdown signal is an argument, so tests drive it.
+//! for up to the grace period, then stop the engine. A second signal during that drain aborts
+//! the requests in flight (streams end with `finish_reason: "abort"`) and exits at once, as
+//! Ctrl-C twice does elsewhere. Every start-up stage logs one line with its time. The signals
+//! are an argument, so tests drive them.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,17 +14,18 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use candle_core::{DType, Device};
+use futures_util::{Stream, StreamExt};
 use pagoda_engine::{EngineObserver, Shutdown};
 use pagoda_models::{LoadFormat, PanelPrecision};
 use pagoda_text::ChatTemplate;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 
 use crate::app::{router, HttpOptions};
 use crate::config::{
     DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, ServerConfig, DEFAULT_CPU_KV_CACHE_BYTES,
 };
 use crate::hub;
+use crate::listen::{self, ConnectionLimits};
 use crate::metrics::Metrics;
 use crate::prompt::PromptBuilder;
 use crate::runtime::{LoadedRuntime, RuntimeError, RuntimeOptions};
@@ -155,8 +158,12 @@ pub struct Server {
     engine_thread: JoinHandle<()>,
     engine_shutdown: Shutdown,
     grace: Duration,
+    connections: ConnectionLimits,
     started: Instant,
 }
+
+/// How long aborted requests get to send their last event before their connections are cut.
+const ABORT_DRAIN: Duration = Duration::from_secs(2);
 
 impl Server {
     /// Loads everything `config` names (on the blocking pool), starts the engine and binds.
@@ -229,6 +236,7 @@ impl Server {
                 Arc::clone(&running.tokenizer),
                 running.chat_template.clone(),
                 vocab_size,
+                ec.max_model_len,
             ),
             engine: running.engine,
             metrics,
@@ -260,6 +268,11 @@ impl Server {
             engine_thread: running.engine_thread,
             engine_shutdown,
             grace: config.shutdown_timeout,
+            connections: ConnectionLimits {
+                header_read_timeout: config.http_header_read_timeout,
+                keep_alive_timeout: config.http_keep_alive_timeout,
+                max_connections: config.max_connections,
+            },
             started,
         })
     }
@@ -275,72 +288,95 @@ impl Server {
     /// Serves until `shutdown` resolves, then drains (up to the grace period) and stops the
     /// engine.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let addr = self.listener.local_addr()?;
+        self.run_with_signals(futures_util::stream::once(shutdown)).await
+    }
+
+    /// Serves until the first item of `signals` (or its end), then drains up to the grace
+    /// period; a second item aborts the requests still in flight and returns at once.
+    pub async fn run_with_signals(
+        self,
+        signals: impl Stream<Item = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Server { state, router, listener, engine_thread, engine_shutdown, grace, connections, started } =
+            self;
+        let addr = listener.local_addr()?;
         tracing::info!(
-            seconds = format!("{:.2}", self.started.elapsed().as_secs_f64()),
-            model = %self.state.model.served_names[0],
+            seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+            model = %state.model.served_names[0],
             "ready on http://{addr}"
         );
-        let signalled = Arc::new(Notify::new());
-        let notify = Arc::clone(&signalled);
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
-            shutdown.await;
-            notify.notify_one();
-        });
-        let mut serve = Box::pin(async move { server.await });
-        let result = tokio::select! {
-            result = &mut serve => result,
-            () = signalled.notified() => {
+        // Fused: a source that has ended is polled again for the second signal.
+        let mut signals = Box::pin(signals.fuse());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut serve = Box::pin(listen::serve(listener, router, connections, async move {
+            let _ = stopped.await;
+        }));
+        // Aborting ends every stream with finish_reason "abort"; their connections then close.
+        let abort = |serve| {
+            engine_shutdown.trigger();
+            tokio::time::timeout(ABORT_DRAIN, serve)
+        };
+        tokio::select! {
+            () = &mut serve => {}
+            _ = signals.next() => {
+                let _ = stop.send(());
                 tracing::info!(
-                    grace_seconds = self.grace.as_secs_f64(),
-                    in_flight = self.state.engine.stats().num_requests,
-                    "shutting down: no new connections; finishing requests in flight"
+                    grace_seconds = grace.as_secs_f64(),
+                    in_flight = state.engine.stats().num_requests,
+                    "shutting down: no new connections; finishing requests in flight (signal again to abort them)"
                 );
-                match tokio::time::timeout(self.grace, &mut serve).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        // Abort what is left: the streams end with finish_reason "abort" and
-                        // their connections close.
-                        tracing::warn!("grace period over: aborting the requests still in flight");
-                        self.engine_shutdown.trigger();
-                        tokio::time::timeout(Duration::from_secs(2), &mut serve).await.unwrap_or(Ok(()))
+                tokio::select! {
+                    drained = tokio::time::timeout(grace, &mut serve) => {
+                        if drained.is_err() {
+                            tracing::warn!("grace period over: aborting the requests still in flight");
+                            let _ = abort(&mut serve).await;
+                        }
+                    }
+                    Some(()) = signals.next() => {
+                        tracing::warn!(
+                            in_flight = state.engine.stats().num_requests,
+                            "second signal: aborting the requests in flight"
+                        );
+                        let _ = abort(&mut serve).await;
                     }
                 }
             }
-        };
+        }
+        // Whatever is still open is cut off here.
         drop(serve);
-        self.engine_shutdown.trigger();
-        let thread = self.engine_thread;
-        tokio::task::spawn_blocking(move || thread.join())
+        engine_shutdown.trigger();
+        tokio::task::spawn_blocking(move || engine_thread.join())
             .await
             .map_err(|e| ServeError::Join(e.to_string()))?
             .map_err(|_| ServeError::Join("the engine thread panicked".into()))?;
         tracing::info!("shut down");
-        result.map_err(ServeError::Io)
+        Ok(())
     }
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+/// Each SIGINT (Ctrl-C) or SIGTERM, for [`Server::run_with_signals`]: the first drains, the
+/// second aborts.
+pub fn shutdown_signals() -> std::io::Result<impl Stream<Item = ()> + Send + 'static> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let signals = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+        Ok(futures_util::stream::unfold(signals, |(mut int, mut term)| async move {
+            tokio::select! {
+                Some(()) = int.recv() => tracing::info!("SIGINT received"),
+                Some(()) = term.recv() => tracing::info!("SIGTERM received"),
+                else => return None,
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+            Some(((), (int, term)))
+        }))
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
+    {
+        Ok(futures_util::stream::unfold((), |()| async {
+            tokio::signal::ctrl_c().await.ok()?;
+            tracing::info!("Ctrl-C received");
+            Some(((), ()))
+        }))
     }
 }
 

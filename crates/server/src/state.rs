@@ -10,6 +10,17 @@ use crate::metrics::{EngineSnapshot, Metrics};
 use crate::prompt::PromptBuilder;
 use crate::validate::Limits;
 
+/// The name a model is served under when `--served-model-name` is not given: a GGUF file's stem
+/// (`SmolLM2-135M-Instruct.Q4_1` for `models/SmolLM2-135M-Instruct.Q4_1.gguf`), else `--model` as
+/// given (a hub id, a directory). The `--model` value itself is also accepted in requests.
+pub fn default_served_name(model: &str) -> String {
+    let path = std::path::Path::new(model);
+    match (path.extension().and_then(|e| e.to_str()), path.file_stem().and_then(|s| s.to_str())) {
+        (Some(ext), Some(stem)) if ext.eq_ignore_ascii_case("gguf") && !stem.is_empty() => stem.to_owned(),
+        _ => model.to_owned(),
+    }
+}
+
 /// The served model as `/v1/models` shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelInfo {
@@ -27,6 +38,8 @@ impl ModelInfo {
         match requested {
             None | Some("") => Ok(self.served_names[0].clone()),
             Some(name) if self.served_names.iter().any(|n| n == name) => Ok(name.to_owned()),
+            // The `--model` value as given also names the default model.
+            Some(name) if name == self.root => Ok(self.served_names[0].clone()),
             Some(name) => Err(ApiError::ModelNotFound(name.to_owned())),
         }
     }

@@ -372,14 +372,18 @@ fn bounded_encoding_matches_whole_encoding_and_refuses_long_texts_early() {
     let whole = tok.encode(&text, true).unwrap();
     assert_eq!(tok.encode_bounded(&text, true, whole.len()).unwrap(), whole);
     match tok.encode_bounded(&text, true, whole.len() - 1) {
-        Err(pagoda_text::BoundedEncodeError::TooManyTokens { limit, .. }) => assert_eq!(limit, whole.len() - 1),
+        Err(pagoda_text::BoundedEncodeError::TooManyTokens { limit, .. }) => {
+            assert_eq!(limit, whole.len() - 1)
+        }
         other => panic!("expected TooManyTokens, got {other:?}"),
     }
     // 8 MiB against an 8192-token limit: refused after the first pieces, not after tokenizing
     // millions of tokens.
     let huge = "word ".repeat(8 << 20 >> 2);
     match tok.encode_bounded(&huge, false, 8192) {
-        Err(pagoda_text::BoundedEncodeError::TooManyTokens { counted_bytes, total_bytes, at_least, .. }) => {
+        Err(pagoda_text::BoundedEncodeError::TooManyTokens {
+            counted_bytes, total_bytes, at_least, ..
+        }) => {
             assert_eq!(total_bytes, huge.len());
             assert!(counted_bytes < 128 * 1024, "counted {counted_bytes} bytes");
             assert!(at_least > 8192 - 64, "{at_least}");

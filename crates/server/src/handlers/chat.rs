@@ -19,7 +19,7 @@ use crate::openai::{
     unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ErrorResponse, ResponseMessage, Usage,
 };
-use crate::prompt::chat_messages;
+use crate::prompt::{chat_messages, ChatOptions};
 use crate::sse;
 use crate::state::SharedState;
 use crate::submit::{failure, submit, ChoiceEvent, Submission};
@@ -76,9 +76,17 @@ pub async fn chat_completions(
     if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
     }
+    crate::refuse::chat(&req)?;
     let params = validate(req.common(), &state.limits)?;
     let messages = chat_messages(&req.messages)?;
-    let prompt = state.prompts.chat(messages, true, false).await?;
+    let options = ChatOptions::of(
+        &messages,
+        req.add_generation_prompt,
+        req.continue_final_message,
+        req.add_special_tokens,
+        req.chat_template_kwargs.clone(),
+    )?;
+    let prompt = state.prompts.chat(messages, options).await?;
     let submission = submit(&state, vec![prompt], &params, arrival, "messages")?;
     let ctx = Context {
         id: response_id("chatcmpl"),

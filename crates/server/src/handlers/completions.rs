@@ -91,8 +91,10 @@ pub async fn completions(
             "echo together with logprobs is not supported (no prompt logprobs)",
         ));
     }
+    crate::refuse::completion(&req)?;
     let params = validate(req.common(), &state.limits)?;
-    let prompts = state.prompts.completion(req.prompt.into_inputs(), true).await?;
+    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
+    let prompts = state.prompts.completion(req.prompt.into_inputs(), add_special_tokens).await?;
     let submission = submit(&state, prompts, &params, arrival, "prompt")?;
     let ctx = Context {
         id: response_id("cmpl"),
@@ -125,7 +127,7 @@ async fn collect_response(
         .map(|(index, c)| {
             let prefix = if echo { prompts[index / n].text.as_str() } else { "" };
             let logprobs = want_logprobs
-                .then(|| CompletionLogprobsBuilder::new(prefix.len()).push(&ctx.tokenizer, &c.logprobs));
+                .then(|| CompletionLogprobsBuilder::new(prefix).push(&ctx.tokenizer, &c.logprobs));
             let (finish, stop_reason) = match &c.finish {
                 Some(r) => {
                     let (f, s) = finish_reason(r);
@@ -228,7 +230,7 @@ fn stream_response(
     };
     let offsets = (0..num_choices)
         .map(|index| {
-            CompletionLogprobsBuilder::new(if echo { submission.prompts[index / n].text.len() } else { 0 })
+            CompletionLogprobsBuilder::new(if echo { &submission.prompts[index / n].text } else { "" })
         })
         .collect();
     let st = StreamState {

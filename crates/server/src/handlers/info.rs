@@ -1,6 +1,6 @@
 //! `GET /v1/models`, `GET /health`, `GET /version` and `GET /metrics`.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,20 +14,35 @@ use crate::state::SharedState;
     responses((status = 200, body = ModelList), (status = 401, body = ErrorResponse)),
     security((), ("api_key" = [])))]
 pub async fn list_models(State(state): State<SharedState>) -> Json<ModelList> {
-    let data = state
-        .model
-        .served_names
-        .iter()
-        .map(|name| ModelCard {
-            id: name.clone(),
-            object: "model".to_owned(),
-            created: state.model.created,
-            owned_by: "pagoda".to_owned(),
-            root: state.model.root.clone(),
-            max_model_len: state.limits.max_model_len,
-        })
-        .collect();
+    let data = state.model.served_names.iter().map(|name| card(&state, name)).collect();
     Json(ModelList { object: "list".to_owned(), data })
+}
+
+fn card(state: &SharedState, name: &str) -> ModelCard {
+    ModelCard {
+        id: name.to_owned(),
+        object: "model".to_owned(),
+        created: state.model.created,
+        owned_by: "pagoda".to_owned(),
+        root: state.model.root.clone(),
+        max_model_len: state.limits.max_model_len,
+    }
+}
+
+/// One served model by any id `GET /v1/models` lists (ids may contain slashes, as hub ids do).
+#[utoipa::path(get, path = "/v1/models/{model}", tag = "openai",
+    params(("model" = String, Path, description = "A served model name")),
+    responses((status = 200, body = ModelCard), (status = 404, body = ErrorResponse),
+              (status = 401, body = ErrorResponse)),
+    security((), ("api_key" = [])))]
+pub async fn retrieve_model(
+    State(state): State<SharedState>,
+    Path(model): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    match state.model.served_names.iter().find(|n| **n == model) {
+        Some(name) => Ok(Json(card(&state, name))),
+        None => Err(ApiError::ModelNotFound(model)),
+    }
 }
 
 /// 200 while the engine runs, 503 once it has stopped.

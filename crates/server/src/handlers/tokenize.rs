@@ -8,7 +8,7 @@ use crate::extract::JsonBody;
 use crate::openai::{
     DetokenizeRequest, DetokenizeResponse, ErrorResponse, TokenizeRequest, TokenizeResponse,
 };
-use crate::prompt::chat_messages;
+use crate::prompt::{chat_messages, ChatOptions};
 use crate::state::SharedState;
 
 /// Token ids of a prompt, or of a conversation rendered with the chat template.
@@ -25,9 +25,14 @@ pub async fn tokenize(
         (Some(prompt), None) => state.prompts.encode(prompt, req.add_special_tokens.unwrap_or(true)).await?,
         (None, Some(messages)) => {
             let messages = chat_messages(&messages)?;
-            let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
-            let add_special_tokens = req.add_special_tokens.unwrap_or(false);
-            state.prompts.chat(messages, add_generation_prompt, add_special_tokens).await?.token_ids
+            let options = ChatOptions::of(
+                &messages,
+                req.add_generation_prompt,
+                req.continue_final_message,
+                req.add_special_tokens,
+                req.chat_template_kwargs,
+            )?;
+            state.prompts.chat(messages, options).await?.token_ids
         }
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid("messages", "give either prompt or messages, not both"))

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::common::{StopSpec, StreamOptions, Usage};
 use super::sampling::{CommonParams, FinishReason, StopReason};
 
-/// A chat completion request. Unknown fields are ignored.
+/// A chat completion request. Unknown top-level fields are refused (see [`super::fields`]).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
     /// The served model name; may be omitted when the server serves one model.
@@ -75,6 +75,38 @@ pub struct ChatCompletionRequest {
     /// Accepted and ignored.
     #[serde(default)]
     pub user: Option<String>,
+    /// Tool calling is not supported yet: only absent, null or an empty list is accepted.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<serde_json::Value>,
+    /// Only `none` (or absent) is accepted until tool calling is supported.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Accepted: without tools it has nothing to change.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// Only `{"type": "text"}` (or absent) is accepted until structured outputs are supported.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
+    /// End the rendered prompt with the opening of the assistant's turn. Default true.
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Continue the last (assistant) message instead of starting a new one; excludes
+    /// `add_generation_prompt: true`. Default false.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// Add the tokenizer's special tokens (e.g. BOS) on top of the template's. Default false.
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+    /// Extra variables for the chat template.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Only 0 (or absent): this server schedules without priorities.
+    #[serde(default)]
+    pub priority: Option<i64>,
 }
 
 impl ChatCompletionRequest {
@@ -122,6 +154,11 @@ pub struct ChatMessage {
     pub content: Option<MessageContent>,
     #[serde(default)]
     pub name: Option<String>,
+    /// Tool calls of an assistant message: refused unless empty, until tool calling is
+    /// supported (the template would otherwise render a history without them).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<serde_json::Value>,
 }
 
 /// Message content: a string or an array of parts.
@@ -277,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_ignored() {
+    fn unknown_fields_parse_and_are_refused_by_the_extractor() {
         let r: ChatCompletionRequest = serde_json::from_str(
             r#"{"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":true}"#,
         )

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::common::{StopSpec, StreamOptions, Usage};
 use super::sampling::{CommonParams, FinishReason, StopReason};
 
-/// A completion request. Unknown fields are ignored.
+/// A completion request. Unknown top-level fields are refused (see [`super::fields`]).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct CompletionRequest {
     #[serde(default)]
@@ -69,6 +69,16 @@ pub struct CompletionRequest {
     /// Accepted and ignored.
     #[serde(default)]
     pub user: Option<String>,
+    /// Only `{"type": "text"}` (or absent) is accepted until structured outputs are supported.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
+    /// Add the tokenizer's special tokens (e.g. BOS) to text prompts. Default true.
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+    /// Only 0 (or absent): this server schedules without priorities.
+    #[serde(default)]
+    pub priority: Option<i64>,
 }
 
 impl CompletionRequest {

@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod common;
 pub mod completions;
+pub mod fields;
 pub mod models;
 pub mod sampling;
 pub mod tokenize;

@@ -21,6 +21,13 @@ pub struct TokenizeRequest {
     /// `messages` (the template already has them).
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
+    /// With `messages`: continue the last (assistant) message, as in chat completions.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// With `messages`: extra variables for the chat template.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

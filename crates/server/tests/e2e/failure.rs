@@ -50,7 +50,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     let vocab_size = tokenizer.vocab_size();
     let state = Arc::new(AppState {
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),
-        prompts: PromptBuilder::new(tokenizer, Some(Arc::new(template)), vocab_size),
+        prompts: PromptBuilder::new(tokenizer, Some(Arc::new(template)), vocab_size, 2048),
         engine,
         metrics: Arc::new(Metrics::new(MetricsPrefix::Pagoda, "broken", 512)?),
         model: ModelInfo { served_names: vec!["broken".into()], root: "-".into(), created: 0 },

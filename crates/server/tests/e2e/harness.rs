@@ -1,7 +1,8 @@
 //! Starting real servers with the real model on 127.0.0.1:0, and small HTTP/SSE helpers.
 //!
 //! Each server runs on its own thread with its own tokio runtime, so it outlives any one
-//! test's runtime; [`TestServer::stop`] drives its shutdown like a signal would.
+//! test's runtime; [`TestServer::signal_stop`] drives its shutdown like a signal would, and
+//! [`TestServer::signal_again`] like a second one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,7 +37,9 @@ struct Cli {
 
 pub struct TestServer {
     pub addr: SocketAddr,
-    stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// Each message is one shutdown signal; `None` once the first was sent.
+    stop: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<()>>>,
+    signals: tokio::sync::mpsc::UnboundedSender<()>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<Result<()>>>>,
 }
 
@@ -65,7 +68,8 @@ impl TestServer {
         let args = Cli::try_parse_from(argv).expect("test flags parse").args;
         let config = ServerConfig::from_args(args).expect("test config is valid");
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stop_tx, stop_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let signals = stop_tx.clone();
         let thread = std::thread::spawn(move || -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             rt.block_on(async move {
@@ -77,11 +81,10 @@ impl TestServer {
                     }
                 };
                 let _ = addr_tx.send(Ok(server.local_addr()?));
-                server
-                    .run(async move {
-                        let _ = stop_rx.await;
-                    })
-                    .await?;
+                let signals = futures_util::stream::unfold(stop_rx, |mut rx| async move {
+                    rx.recv().await.map(|()| ((), rx))
+                });
+                server.run_with_signals(signals).await?;
                 Ok(())
             })
         });
@@ -92,6 +95,7 @@ impl TestServer {
         TestServer {
             addr,
             stop: std::sync::Mutex::new(Some(stop_tx)),
+            signals,
             thread: std::sync::Mutex::new(Some(thread)),
         }
     }
@@ -100,11 +104,16 @@ impl TestServer {
         format!("http://{}{path}", self.addr)
     }
 
-    /// Sends the shutdown signal without waiting.
+    /// Sends the shutdown signal without waiting (once: later calls do nothing).
     pub fn signal_stop(&self) {
         if let Some(tx) = self.stop.lock().unwrap().take() {
             let _ = tx.send(());
         }
+    }
+
+    /// Sends one more shutdown signal, like a second Ctrl-C.
+    pub fn signal_again(&self) {
+        let _ = self.signals.send(());
     }
 
     /// Signals shutdown and waits until the server has exited (from a blocking context).

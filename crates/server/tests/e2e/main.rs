@@ -3,9 +3,15 @@
 //! it), spoken to over HTTP with a real client.
 
 mod api;
+mod connections;
 mod errors;
 mod failure;
+mod fuzz;
 mod harness;
+mod hostile;
 mod hub;
 mod load;
+mod metric_labels;
+mod second_signal;
 mod shutdown;
+mod wire_details;

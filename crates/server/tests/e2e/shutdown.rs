@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::harness::{model_path, SseReader, TestServer};
 
 /// Reads the server's log until the "ready on http://..." line and returns the address.
-fn wait_ready(
+pub(crate) fn wait_ready(
     stderr: impl std::io::Read + Send + 'static,
 ) -> Result<(String, std::thread::JoinHandle<Vec<String>>)> {
     let mut lines = BufReader::new(stderr).lines();

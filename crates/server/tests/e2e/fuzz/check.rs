@@ -1,0 +1,230 @@
+//! The fuzz suite's checks of one response: never 5xx, the expected status, every 4xx body (and
+//! every error event of a stream) in OpenAI's error shape, 2xx bodies of the endpoint's type,
+//! and streams that end with `data: [DONE]` or an error event.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use super::gen::{Case, Endpoint, Expect, VOCAB};
+
+/// What came back for one case.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+/// The body for a message, cut short.
+pub fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    match text.char_indices().nth(600) {
+        Some((at, _)) => format!("{}... ({} bytes)", &text[..at], body.len()),
+        None => text.into_owned(),
+    }
+}
+
+/// `{"error": {"message": non-empty string, "type": string, "param": string or null,
+/// "code": string or null}}`.
+pub fn error_shape(v: &Value) -> Result<(), String> {
+    let error = v.get("error").and_then(Value::as_object).ok_or("no `error` object")?;
+    match error.get("message") {
+        Some(Value::String(m)) if !m.is_empty() => {}
+        other => return Err(format!("`message` is not a non-empty string: {other:?}")),
+    }
+    if !error.get("type").is_some_and(Value::is_string) {
+        return Err(format!("`type` is not a string: {:?}", error.get("type")));
+    }
+    for key in ["param", "code"] {
+        match error.get(key) {
+            Some(Value::String(_) | Value::Null) => {}
+            other => return Err(format!("`{key}` is not a string or null: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+fn json(body: &[u8]) -> Result<Value, String> {
+    serde_json::from_slice(body).map_err(|e| format!("body is not JSON ({e}): {}", excerpt(body)))
+}
+
+/// Checks one reply against its case.
+pub fn check(case: &Case, reply: &Reply) -> Result<(), String> {
+    let status = reply.status;
+    let body = &reply.body;
+    if status >= 500 {
+        return Err(format!("server error {status}: {}", excerpt(body)));
+    }
+    let wrong = match case.expect {
+        Expect::Ok => status != 200,
+        Expect::Status(s) => status != s,
+        Expect::Any => false,
+    };
+    if wrong {
+        return Err(format!("expected {:?}, got {status}: {}", case.expect, excerpt(body)));
+    }
+    if !(200..300).contains(&status) && !(400..500).contains(&status) {
+        return Err(format!("unexpected status {status}: {}", excerpt(body)));
+    }
+    if case.method == "HEAD" {
+        return Ok(()); // no body by definition
+    }
+    if status >= 400 {
+        return error_shape(&json(body)?).map_err(|e| format!("{status} body: {e}: {}", excerpt(body)));
+    }
+    let sse = reply.content_type.starts_with("text/event-stream");
+    if let Some(stream) = case.stream {
+        if stream != sse {
+            return Err(format!("stream: {stream} but content-type {:?}", reply.content_type));
+        }
+    }
+    match case.endpoint {
+        Endpoint::Chat | Endpoint::Completions if sse => stream_body(case, body),
+        Endpoint::Chat | Endpoint::Completions => completion_body(case, &json(body)?),
+        Endpoint::Tokenize => {
+            let v = json(body)?;
+            let tokens = v["tokens"].as_array().ok_or_else(|| format!("no tokens: {v}"))?;
+            let in_vocab = tokens.iter().all(|t| t.as_u64().is_some_and(|t| t < VOCAB));
+            if !in_vocab || v["count"].as_u64() != Some(tokens.len() as u64) {
+                return Err(format!("bad tokenize body: {v}"));
+            }
+            Ok(())
+        }
+        Endpoint::Detokenize => {
+            let v = json(body)?;
+            v["prompt"].as_str().map(drop).ok_or_else(|| format!("no prompt string: {v}"))
+        }
+        Endpoint::Info => info_body(&case.path, body),
+        Endpoint::Other => Ok(()),
+    }
+}
+
+fn info_body(path: &str, body: &[u8]) -> Result<(), String> {
+    let ok = match path {
+        "/v1/models" => json(body)?["object"] == "list",
+        "/version" => json(body)?["version"].is_string(),
+        "/openapi.json" => json(body)?["openapi"].is_string(),
+        "/metrics" => String::from_utf8_lossy(body).contains("http_requests_total"),
+        _ => true,
+    };
+    ok.then_some(()).ok_or_else(|| format!("unexpected body of {path}: {}", excerpt(body)))
+}
+
+fn expected_object(endpoint: Endpoint, chunk: bool) -> &'static str {
+    match (endpoint, chunk) {
+        (Endpoint::Chat, false) => "chat.completion",
+        (Endpoint::Chat, true) => "chat.completion.chunk",
+        _ => "text_completion",
+    }
+}
+
+fn finish_reason_ok(v: &Value) -> bool {
+    v.is_null() || matches!(v.as_str(), Some("stop" | "length"))
+}
+
+fn completion_body(case: &Case, v: &Value) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("{why}: {v}"));
+    if v["object"] != expected_object(case.endpoint, false) {
+        return bad("wrong object");
+    }
+    let Some(choices) = v["choices"].as_array() else { return bad("no choices") };
+    if choices.is_empty() || case.choices.is_some_and(|n| n != choices.len()) {
+        return bad(&format!("expected {:?} choices", case.choices));
+    }
+    for (i, c) in choices.iter().enumerate() {
+        let text = match case.endpoint {
+            Endpoint::Chat if c["message"]["role"] != "assistant" => return bad("role is not assistant"),
+            Endpoint::Chat => &c["message"]["content"],
+            _ => &c["text"],
+        };
+        if c["index"] != i || !text.is_string() || c["finish_reason"].is_null() {
+            return bad(&format!("bad choice {i}"));
+        }
+        if !finish_reason_ok(&c["finish_reason"]) {
+            return bad(&format!("bad finish_reason of choice {i}"));
+        }
+    }
+    let usage = &v["usage"];
+    let (p, c, t) = (
+        usage["prompt_tokens"].as_u64(),
+        usage["completion_tokens"].as_u64(),
+        usage["total_tokens"].as_u64(),
+    );
+    match (p, c, t) {
+        (Some(p), Some(c), Some(t)) if p + c == t => Ok(()),
+        _ => bad("bad usage"),
+    }
+}
+
+/// The `data:` payloads of an SSE body, in order.
+fn sse_payloads(body: &[u8]) -> Result<Vec<String>, String> {
+    let text = std::str::from_utf8(body).map_err(|e| format!("stream is not UTF-8: {e}"))?;
+    let mut out = Vec::new();
+    for event in text.split("\n\n") {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if !data.is_empty() {
+            out.push(data.join("\n"));
+        }
+    }
+    Ok(out)
+}
+
+fn stream_body(case: &Case, body: &[u8]) -> Result<(), String> {
+    let payloads = sse_payloads(body)?;
+    let bad = |why: String| Err(format!("{why}; stream: {}", excerpt(body)));
+    let (last, events) = match payloads.split_last() {
+        Some(split) => split,
+        None => return bad("empty stream".into()),
+    };
+    let mut finished = BTreeSet::new();
+    let mut errored = false;
+    let ends_with_error = last != "[DONE]";
+    let events: Vec<&String> =
+        if ends_with_error { payloads.iter().collect() } else { events.iter().collect() };
+    for (i, data) in events.iter().enumerate() {
+        if *data == "[DONE]" {
+            return bad(format!("event {i} is [DONE], but not the last"));
+        }
+        let v: Value =
+            serde_json::from_str(data).map_err(|e| format!("event {i} is not JSON ({e}): {data}"))?;
+        if v.get("error").is_some() {
+            error_shape(&v).map_err(|e| format!("error event {i}: {e}: {data}"))?;
+            errored = true;
+            continue;
+        }
+        if errored {
+            return bad(format!("event {i} after an error event"));
+        }
+        if v["object"] != expected_object(case.endpoint, true) {
+            return bad(format!("event {i} has the wrong object"));
+        }
+        let Some(choices) = v["choices"].as_array() else { return bad(format!("event {i} has no choices")) };
+        for c in choices {
+            if !finish_reason_ok(&c["finish_reason"]) {
+                return bad(format!("event {i}: bad finish_reason"));
+            }
+            if !c["finish_reason"].is_null() {
+                finished.insert(c["index"].as_u64().unwrap_or(u64::MAX));
+            }
+        }
+    }
+    if ends_with_error && !errored {
+        return bad(format!("the stream ends with neither [DONE] nor an error event: {last}"));
+    }
+    if case.expect == Expect::Ok {
+        if errored {
+            return bad("a valid request's stream has an error event".into());
+        }
+        if let Some(n) = case.choices {
+            if finished != (0..n as u64).collect() {
+                return bad(format!("finished choices {finished:?}, expected 0..{n}"));
+            }
+        }
+    }
+    Ok(())
+}

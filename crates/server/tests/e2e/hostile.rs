@@ -1,0 +1,229 @@
+//! Requests shaped to hurt the server, each from a hole found by trying it: a context limit
+//! beyond the model's, prompts of megabytes, huge stop strings, fan-out that would starve
+//! others or never fit. Each must get a clear 4xx (or a fair share), never take the server down.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use futures_util::future::join_all;
+use pagoda_server::config::{ServeArgs, ServerConfig};
+use pagoda_server::server::Server;
+use serde_json::{json, Value};
+
+use crate::harness::{assert_error_shape, client, model_path, post_json, shared, TestServer};
+use crate::shutdown::wait_ready;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_model_len_beyond_the_models_context_is_a_startup_error() -> Result<()> {
+    let model = model_path().display().to_string();
+    let argv = [
+        "pagoda",
+        "--model",
+        &model,
+        "--port",
+        "0",
+        "--kv-cache-memory",
+        "64MiB",
+        "--max-model-len",
+        "16384",
+    ];
+    let config = ServerConfig::from_args(Cli::try_parse_from(argv)?.args)?;
+    let err = match Server::build(&config).await {
+        Ok(_) => anyhow::bail!("a --max-model-len of 16384 was accepted for a model of 8192 positions"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("16384") && err.contains("context of 8192"), "{err}");
+    Ok(())
+}
+
+/// Peak resident memory of process `pid`, in bytes.
+fn peak_rss(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM")?;
+    let kib: u64 = line.split_whitespace().nth(1).context("VmHWM value")?.parse()?;
+    Ok(kib * 1024)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn megabyte_prompts_are_refused_in_bounded_memory() -> Result<()> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
+        .args(["serve", "--model"])
+        .arg(model_path())
+        .args(["--port", "0", "--kv-cache-memory", "64MiB", "--max-model-len", "2048"])
+        .args(["--max-request-body-bytes", "9MiB"])
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the pagoda binary")?;
+    let stderr = child.stderr.take().unwrap();
+    let result = async {
+        let (addr, _log) = wait_ready(stderr)?;
+        let url = format!("http://{addr}/v1/completions");
+        let c = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
+        let warm = c.post(&url).json(&json!({"prompt": "Hi", "max_tokens": 2})).send().await?;
+        assert_eq!(warm.status(), 200);
+        let before = peak_rss(child.id())?;
+        // 8 MB of ordinary words each: about 1.6 M tokens, against a context of 2048.
+        let prompt = "lorem ipsum dolor sit amet ".repeat(8_000_000 / 27);
+        let body = serde_json::to_vec(&json!({"prompt": prompt, "max_tokens": 4}))?;
+        let started = Instant::now();
+        let answers = join_all((0..32).map(|_| {
+            let c = c.clone();
+            let url = url.clone();
+            let body = body.clone();
+            async move {
+                let resp = c.post(&url).header("content-type", "application/json").body(body).send().await?;
+                let status = resp.status().as_u16();
+                let json: Value = resp.json().await?;
+                anyhow::Ok((status, json))
+            }
+        }))
+        .await;
+        let elapsed = started.elapsed();
+        for answer in answers {
+            let (status, json) = answer?;
+            assert_eq!(status, 400, "{json}");
+            let error = assert_error_shape(&json);
+            assert_eq!(error["param"], "prompt");
+            let message = error["message"].as_str().unwrap();
+            assert!(
+                message.contains(&format!("{} bytes", prompt.len())) && message.contains("2048"),
+                "{message}"
+            );
+        }
+        let grown = peak_rss(child.id())?.saturating_sub(before);
+        println!("32 prompts of {} bytes: peak RSS +{} MiB in {elapsed:?}", prompt.len(), grown >> 20);
+        assert!(grown < 1 << 30, "peak RSS grew by {} MiB", grown >> 20);
+        let health = c.get(format!("http://{addr}/health")).send().await?;
+        assert_eq!(health.status(), 200);
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+#[tokio::test]
+async fn stop_strings_are_bounded_in_total_size() -> Result<()> {
+    let url = shared().url("/v1/completions");
+    // Just over the cap (4 KiB in all) is refused by name, whatever the body limit allows.
+    let over = vec!["y".repeat(1025); 4];
+    let (status, json) =
+        post_json(&client(), &url, &json!({"prompt": "Hi", "max_tokens": 2, "stop": over})).await?;
+    assert_eq!(status, 400, "{json}");
+    assert_eq!(assert_error_shape(&json)["param"], "stop");
+    let at_cap = vec!["z".repeat(1024); 4];
+    let (status, json) =
+        post_json(&client(), &url, &json!({"prompt": "Hi", "max_tokens": 2, "stop": at_cap})).await?;
+    assert_eq!(status, 200, "{json}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_is_bounded_and_shares_the_engine() -> Result<()> {
+    let server = tokio::task::spawn_blocking(|| {
+        TestServer::start(&["--max-num-seqs", "4", "--max-waiting-requests", "16"])
+    })
+    .await?;
+    let c = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
+    let url = server.url("/v1/completions");
+
+    // 5 prompts x n=4 can never wait at once in a queue of 16: a 400, not a 429 to retry.
+    let never = json!({"prompt": ["a", "b", "c", "d", "e"], "n": 4, "max_tokens": 2});
+    let (status, json) = post_json(&c, &url, &never).await?;
+    assert_eq!(status, 400, "{json}");
+    assert_eq!(assert_error_shape(&json)["param"], "n");
+
+    // A call of 12 prompts runs in waves of 4; a small request sent once it is running does not
+    // wait for all of its waves.
+    let big = json!({"prompt": vec!["Tell me a story."; 12], "max_tokens": 24, "ignore_eos": true,
+                     "temperature": 0});
+    let small = json!({"prompt": "Hello", "max_tokens": 2, "temperature": 0});
+    let big_call = {
+        let c = c.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            let r = post_json(&c, &url, &big).await;
+            (r, Instant::now())
+        })
+    };
+    // Let the first wave start.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, json) = post_json(&c, &url, &small).await?;
+    let small_done = Instant::now();
+    assert_eq!(status, 200, "{json}");
+    let (big_result, big_done) = big_call.await?;
+    let (status, json) = big_result?;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["choices"].as_array().map(Vec::len), Some(12));
+    assert!(small_done < big_done, "the small request waited for the whole fan-out");
+    server.join()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn fields_are_honoured_or_refused_by_name() -> Result<()> {
+    let chat = shared().url("/v1/chat/completions");
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let refused = [
+        (json!({"messages": msgs, "max_tokens": 2, "max_token": 2}), "max_token"),
+        (
+            json!({"messages": msgs, "max_tokens": 2, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+        ),
+        (json!({"messages": msgs, "max_tokens": 2, "tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"messages": msgs, "max_tokens": 2, "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"messages": msgs, "max_tokens": 2, "guided_json": {"type": "object"}}), "guided_json"),
+        (json!({"messages": msgs, "max_tokens": 2, "priority": 3}), "priority"),
+    ];
+    for (body, param) in refused {
+        let (status, json) = post_json(&client(), &chat, &body).await?;
+        assert_eq!(status, 400, "{body} -> {json}");
+        assert_eq!(assert_error_shape(&json)["param"], param, "{json}");
+    }
+    // Bookkeeping fields and no-op values are accepted.
+    let fine = json!({"messages": msgs, "max_tokens": 2, "user": "u", "metadata": {"k": "v"}, "store": false,
+                      "tools": [], "tool_choice": "none", "parallel_tool_calls": true,
+                      "response_format": {"type": "text"}, "priority": 0});
+    let (status, json) = post_json(&client(), &chat, &fine).await?;
+    assert_eq!(status, 200, "{json}");
+
+    // The prompt-shaping fields change the prompt, as /tokenize shows.
+    let tokenize = shared().url("/tokenize");
+    let history = json!([{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]);
+    let tokens = |body: Value| async move {
+        let (status, json) = post_json(&client(), &shared().url("/tokenize"), &body).await?;
+        assert_eq!(status, 200, "{json}");
+        anyhow::Ok(json["tokens"].clone())
+    };
+    let plain = tokens(json!({"messages": history})).await?;
+    let no_gen = tokens(json!({"messages": history, "add_generation_prompt": false})).await?;
+    let cont = tokens(json!({"messages": history, "continue_final_message": true})).await?;
+    assert!(plain.as_array().unwrap().len() > no_gen.as_array().unwrap().len());
+    assert!(no_gen.as_array().unwrap().len() > cont.as_array().unwrap().len());
+    let (_, text) = post_json(&client(), &shared().url("/detokenize"), &json!({"tokens": cont})).await?;
+    assert!(text["prompt"].as_str().unwrap().ends_with("The colour is"), "{text}");
+    let both = json!({"messages": history, "continue_final_message": true, "add_generation_prompt": true});
+    let (status, json) = post_json(&client(), &tokenize, &both).await?;
+    assert_eq!(status, 400, "{json}");
+    // A continued message is continued by the model, in chat completions too.
+    let body =
+        json!({"messages": history, "continue_final_message": true, "max_tokens": 3, "temperature": 0});
+    let (status, json) = post_json(&client(), &chat, &body).await?;
+    assert_eq!(status, 200, "{json}");
+    Ok(())
+}
