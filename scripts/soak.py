@@ -1145,6 +1145,7 @@ def main():
                 warnings.append(f"warm-up {kind} lost: {res.key}: {res.detail[:200]}")
     wait_idle(host, port, 60)
     time.sleep(min(args.settle, 3))
+    print(f"[soak] warm-up done in {time.monotonic() - t0:.1f}s", flush=True)
 
     start = sample(host, port, pid, t0, stats)
     samples = [start]
@@ -1169,7 +1170,10 @@ def main():
                     stats.on_sent()
                     stats.record("?", LOST, "exception building a request", traceback.format_exc(limit=3))
                     continue
-                client.run(spec, ka=ka)
+                res = client.run(spec, ka=ka)
+                if res.outcome == ERRORED and res.key in ("429", "503"):
+                    # Back off like a real client instead of hammering a full queue.
+                    stop_event.wait(rng.uniform(0.2, 1.0))
         finally:
             c = ka.get("conn")
             if c is not None:
@@ -1343,7 +1347,11 @@ def main():
     print(f"  sent {snap['sent']} = finished {snap['finished']} + errored {snap['errored']} + "
           f"disconnected {snap['disconnected']} + lost {snap['lost']}  "
           f"({'ok' if total == snap['sent'] else 'MISMATCH'}; in flight {snap['in_flight']})")
-    print(f"  completion tokens received: {snap['completion_tokens']}")
+    gen = None
+    if end is not None and end.get("generation_tokens") is not None and start.get("generation_tokens") is not None:
+        gen = end["generation_tokens"] - start["generation_tokens"]
+    print(f"  completion tokens received: {snap['completion_tokens']}; server generated "
+          f"{fmt(gen, '{:.0f}')} tokens ({fmt(None if gen is None else gen / max(load_seconds, 1e-9), '{:.1f}')} tok/s)")
     print(f"  errored by status: {dict(sorted(stats.errored_by.items()))}")
     print(f"  disconnected by us: {dict(sorted(stats.disconnected_by.items()))}")
     if stats.lost_by:
