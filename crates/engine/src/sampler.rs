@@ -283,6 +283,17 @@ mod tests {
         try_sample(&mut logits.to_vec(), r).unwrap().0
     }
 
+    #[test]
+    fn subnormal_temperatures_are_greedy() {
+        let logits = [0.5, 3.0, -1.0, 2.9];
+        for t in [1e-45, 1e-38, 1e-6] {
+            for i in 0..20 {
+                let p = SamplingParams { min_p: 0.1, top_p: 0.5, ..temp(t) };
+                assert_eq!(draw(&logits, &req(p, 7, i)), 1, "temperature {t}");
+            }
+        }
+    }
+
     fn softmax(logits: &[f32], t: f32) -> Vec<f64> {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f64> = logits.iter().map(|&l| f64::from((l - max) / t).exp()).collect();

@@ -45,8 +45,10 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Temperatures this small are greedy: dividing logits by them overflows f32 (a subnormal
+    /// temperature turned every logit into infinity), and the draw is argmax in all but name.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
+        self.temperature < GREEDY_BELOW
     }
 
     /// Rejects values no sampler can honour (NaN, negative temperature, empty nucleus, ...).
@@ -89,6 +91,9 @@ pub struct SamplingParamsError {
     pub name: &'static str,
     pub value: f32,
 }
+
+/// Temperatures below this sample greedily (vLLM draws the same line).
+pub const GREEDY_BELOW: f32 = 1e-5;
 
 #[cfg(test)]
 mod tests {

@@ -5,8 +5,10 @@
 use std::sync::LazyLock;
 
 use axum::extract::DefaultBodyLimit;
+use axum::extract::Request;
 use axum::http::{Method, Uri};
 use axum::middleware::{from_fn, from_fn_with_state};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use tower::ServiceBuilder;
@@ -37,12 +39,14 @@ async fn openapi_json() -> Json<serde_json::Value> {
     Json(OPENAPI.clone())
 }
 
-async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::RouteNotFound { method: method.to_string(), path: uri.path().to_owned() }
+async fn not_found(method: Method, uri: Uri, req: Request) -> Response {
+    let error = ApiError::RouteNotFound { method: method.to_string(), path: uri.path().to_owned() };
+    layers::reject_unread(req, error).await
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_owned() }
+async fn method_not_allowed(method: Method, uri: Uri, req: Request) -> Response {
+    let error = ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_owned() };
+    layers::reject_unread(req, error).await
 }
 
 pub fn router(state: SharedState, options: &HttpOptions) -> Router {

@@ -54,16 +54,12 @@ impl ApiKey {
 }
 
 /// Middleware: rejects requests without the right key with 401.
-pub async fn require_api_key(
-    State(key): State<ApiKey>,
-    req: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
+pub async fn require_api_key(State(key): State<ApiKey>, req: Request, next: Next) -> Response {
     let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
     if key.authorizes(header) {
-        Ok(next.run(req).await)
+        next.run(req).await
     } else {
-        Err(ApiError::Unauthorized)
+        crate::layers::reject_unread(req, ApiError::Unauthorized).await
     }
 }
 

@@ -38,6 +38,17 @@ impl<S: Send + Sync, T: DeserializeOwned + KnownFields> FromRequest<S> for JsonB
 /// Parses `bytes` as `T`, mapping errors to the client's terms; unknown top-level fields are
 /// refused.
 pub fn parse<T: DeserializeOwned + KnownFields>(bytes: &[u8]) -> Result<T, ApiError> {
+    // serde would fill a struct from an array by position: only an object is a request.
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') | None => {}
+        Some(_) if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() => {
+            return Err(ApiError::InvalidParam(InvalidParam {
+                param: None,
+                message: "The request body must be a JSON object.".into(),
+            }));
+        }
+        Some(_) => {}
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();
@@ -112,6 +123,15 @@ mod tests {
             parse(br#"{"messages":[],"temperature":null,"stop":null,"n":null,"seed":null}"#).unwrap();
         assert_eq!(r.temperature, None);
         assert_eq!(r.n, None);
+    }
+
+    #[test]
+    fn only_an_object_is_a_request() {
+        for body in [r#"["m","The capital of France is"]"#, "[1,2]", " 5", "\"x\"", "null"] {
+            let err = parse::<CompletionRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{body}");
+            assert!(err.to_string().contains("JSON object"), "{body}: {err}");
+        }
     }
 
     #[test]

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::CONNECTION;
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use tower_http::request_id::{MakeRequestId, RequestId};
 use tracing::Instrument;
 
+use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -79,6 +81,22 @@ pub async fn observe(State(metrics): State<Arc<Metrics>>, mut req: Request, next
     }
     .instrument(span)
     .await
+}
+
+/// Largest request body read and thrown away before an early rejection.
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// `error` as a response to `req`, whose body no handler read. HTTP/1.1 can only reuse the
+/// connection once the body is off it: a small body is read and dropped; for a larger one the
+/// response says `connection: close`, so that no client sends its next request on a connection
+/// the server is closing.
+pub async fn reject_unread(req: Request, error: ApiError) -> Response {
+    let drained = axum::body::to_bytes(req.into_body(), DRAIN_LIMIT).await.is_ok();
+    let mut response = error.into_response();
+    if !drained {
+        response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// CORS for `--allowed-origins` (`*` allows any origin).

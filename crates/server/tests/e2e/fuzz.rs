@@ -1,18 +1,21 @@
 //! The fuzz suite (issue 14): a few thousand requests generated from the OpenAI wire types and
 //! mutated (`gen`, `mutate`, `bytes`), sent to the real `pagoda` binary with the real model, each
 //! checked (`check`): no 5xx, every error in OpenAI's shape, 2xx bodies and streams well formed.
-//! Afterwards `/health` is 200, a greedy request gives the text it gave before, the process is
-//! alive and its log has no panic.
+//! Every rejection is also sent once more on a raw connection that must then serve another
+//! request (`reuse`). Afterwards `/health` is 200, a greedy request gives the text it gave
+//! before, the process is alive and its log has no panic.
 //!
 //! The server runs as a child process so that its log is its own: a panic anywhere in it (HTTP
 //! task, engine thread, model pool) shows up there and nowhere else, whatever the other tests of
 //! this binary do. The seed is fixed; `PAGODA_FUZZ_SEED` (decimal or 0x-hex) changes it,
-//! `PAGODA_FUZZ_CASES` the number of cases, and `PAGODA_FUZZ_ONLY=3,17` runs only those cases.
+//! `PAGODA_FUZZ_CASES` the number of cases, `PAGODA_FUZZ_ONLY=3,17` runs only those cases, and
+//! `PAGODA_FUZZ_VERBOSE=1` prints every case with its status.
 
 mod bytes;
 mod check;
 mod gen;
 mod mutate;
+mod reuse;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -128,20 +131,36 @@ async fn send(client: &reqwest::Client, url: &str, case: &Case) -> Result<Reply>
 }
 
 async fn run_case(client: &reqwest::Client, url: &str, case: &Case) -> Outcome {
-    match send(client, url, case).await {
-        Ok(reply) => {
-            Outcome { index: case.index, status: Some(reply.status), failure: check(case, &reply).err() }
+    let reply = match send(client, url, case).await {
+        Ok(reply) => reply,
+        Err(e) => {
+            return Outcome { index: case.index, status: None, failure: Some(format!("no response: {e:#}")) }
         }
-        Err(e) => Outcome { index: case.index, status: None, failure: Some(format!("no response: {e:#}")) },
+    };
+    let mut failure = check(case, &reply).err();
+    // Rejections are cheap to send twice: once more on a connection of its own, followed by
+    // another request on that connection.
+    if failure.is_none() && (400..500).contains(&reply.status) {
+        let addr = url.trim_start_matches("http://");
+        failure = reuse::connection_survives(addr, case).await.err();
     }
+    Outcome { index: case.index, status: Some(reply.status), failure }
 }
 
-/// The case, in full enough to send it again by hand.
+/// The case, in full enough to send it again by hand (a long body goes to a file).
 fn describe(case: &Case, seed: u64) -> String {
     let body = match std::str::from_utf8(&case.body) {
         Ok(text) if text.len() <= 4096 => text.to_owned(),
-        Ok(_) => format!("{} (rebuild it with PAGODA_FUZZ_SEED={seed})", excerpt(&case.body)),
-        Err(_) => format!("(not UTF-8, escaped) {}", case.body.escape_ascii()),
+        Err(_) if case.body.len() <= 4096 => format!("(not UTF-8, escaped) {}", case.body.escape_ascii()),
+        _ => {
+            let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("fuzz-{seed:#x}-{}.body", case.index));
+            let saved = match std::fs::write(&file, &case.body) {
+                Ok(()) => format!("the whole body is in {}", file.display()),
+                Err(e) => format!("could not save it to {}: {e}", file.display()),
+            };
+            format!("{} ({saved})", excerpt(&case.body).escape_debug())
+        }
     };
     format!(
         "case {} [{}; {}]: {} {}\n  content-type: {:?}\n  authorization: {:?}\n  headers: {:?}\n  body ({} bytes): {body}",
@@ -239,18 +258,32 @@ async fn generated_and_mutated_requests_never_break_the_server() -> Result<()> {
     println!("{}", tally("by endpoint", &by_endpoint));
     println!("{}", tally("by status", &by_status));
 
-    let mut failures: Vec<String> = Vec::new();
+    // Case failures, grouped by what went wrong.
     let by_index: BTreeMap<usize, &Case> = cases.iter().map(|c| (c.index, c)).collect();
     let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.failure.is_some()).collect();
+    let mut kinds: BTreeMap<String, Vec<&Outcome>> = BTreeMap::new();
     for outcome in &failed {
-        let case = by_index[&outcome.index];
-        let id = format!("fuzz-{seed}-{} ", case.index);
-        let log = server.log_lines(|l| l.contains(&id) && !l.contains(" INFO "));
-        failures.push(format!(
-            "{}\n  FAILED: {}\n  server log: {log:?}",
-            describe(case, seed),
-            outcome.failure.as_deref().unwrap_or_default()
-        ));
+        let message = outcome.failure.as_deref().unwrap_or_default();
+        let kind = message.split('{').next().unwrap_or_default().chars().take(56).collect();
+        kinds.entry(kind).or_default().push(outcome);
+    }
+    let mut report = Vec::new();
+    for (kind, outcomes) in &kinds {
+        let indices: Vec<String> = outcomes.iter().take(12).map(|o| o.index.to_string()).collect();
+        report.push(format!("{} case(s): {kind}... (cases {}...)", outcomes.len(), indices.join(", ")));
+    }
+    let mut failures: Vec<String> = Vec::new();
+    for outcomes in kinds.values() {
+        for outcome in outcomes.iter().take(2) {
+            let case = by_index[&outcome.index];
+            let id = format!("fuzz-{seed}-{} ", case.index);
+            let log = server.log_lines(|l| l.contains(&id) && !l.contains(" INFO "));
+            failures.push(format!(
+                "{}\n  FAILED: {}\n  server log: {log:?}",
+                describe(case, seed),
+                outcome.failure.as_deref().unwrap_or_default()
+            ));
+        }
     }
 
     // Afterwards: still healthy, still correct, never panicked.
@@ -272,20 +305,18 @@ async fn generated_and_mutated_requests_never_break_the_server() -> Result<()> {
     }
 
     if !failures.is_empty() {
-        let shown = failures.len().min(25);
-        for f in &failures[..shown] {
+        println!("\nfuzz: {} of {} cases failed:\n  {}", failed.len(), cases.len(), report.join("\n  "));
+        for f in &failures {
             println!("\n{f}");
         }
-        let report = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-failures.txt");
-        let _ = std::fs::write(&report, failures.join("\n\n"));
-        println!("\nall problems: {}", report.display());
         let indices: Vec<String> = failed.iter().map(|o| o.index.to_string()).collect();
         bail!(
-            "{} problem(s), {} of {} cases failed (seed {seed:#x}; {shown} shown above); rerun them with \
+            "{} of {} cases failed, in {} way(s), and {} other problem(s) (see above); rerun the cases with \
              PAGODA_FUZZ_SEED={seed:#x} PAGODA_FUZZ_ONLY={}",
-            failures.len(),
             failed.len(),
             cases.len(),
+            kinds.len(),
+            failures.len() - kinds.values().map(|o| o.len().min(2)).sum::<usize>(),
             indices.join(",")
         );
     }

@@ -195,6 +195,11 @@ async fn fields_are_honoured_or_refused_by_name() -> Result<()> {
         assert_eq!(status, 400, "{body} -> {json}");
         assert_eq!(assert_error_shape(&json)["param"], param, "{json}");
     }
+    // Fields cannot be given by position.
+    let by_position = json!(["smol", "The capital of France is"]);
+    let (status, json) = post_json(&client(), &shared().url("/v1/completions"), &by_position).await?;
+    assert_eq!(status, 400, "{json}");
+    assert_error_shape(&json);
     // Bookkeeping fields and no-op values are accepted.
     let fine = json!({"messages": msgs, "max_tokens": 2, "user": "u", "metadata": {"k": "v"}, "store": false,
                       "tools": [], "tool_choice": "none", "parallel_tool_calls": true,

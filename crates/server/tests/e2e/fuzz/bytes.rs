@@ -65,13 +65,18 @@ pub fn mutate_bytes(rng: &mut Rng, case: &mut Case) {
             case.expect = Expect::Any;
         }
         9 => {
-            // Invalid UTF-8 at the start of the first string value.
+            // Invalid UTF-8 at the start of a string the server parses (an ignored field's
+            // strings may be skipped unchecked).
             let options: &[&[u8]] = &[b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe2\x82"];
             let bad = *rng.pick(options);
-            match body.windows(2).position(|w| w == b":\"") {
+            let value_start = ["model", "prompt", "content", "text"].iter().find_map(|key| {
+                let pattern = format!("\"{key}\":\"");
+                body.windows(pattern.len()).position(|w| w == pattern.as_bytes()).map(|at| at + pattern.len())
+            });
+            match value_start {
                 Some(at) => {
                     let what = format!("invalid UTF-8 {bad:?} in a string");
-                    invalid(case, what, [&body[..at + 2], bad, &body[at + 2..]].concat());
+                    invalid(case, what, [&body[..at], bad, &body[at..]].concat());
                 }
                 None => invalid(case, "empty body".into(), Vec::new()),
             }
@@ -154,6 +159,7 @@ pub fn mutate_http(rng: &mut Rng, case: &mut Case) {
                 "/health",
                 "/version",
                 "/v1/models",
+                "/v1/models/smol",
                 "/metrics",
                 "/openapi.json",
                 "/health?x=%ff",

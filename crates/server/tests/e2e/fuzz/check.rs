@@ -103,6 +103,7 @@ pub fn check(case: &Case, reply: &Reply) -> Result<(), String> {
 fn info_body(path: &str, body: &[u8]) -> Result<(), String> {
     let ok = match path {
         "/v1/models" => json(body)?["object"] == "list",
+        "/v1/models/smol" => json(body)?["object"] == "model",
         "/version" => json(body)?["version"].is_string(),
         "/openapi.json" => json(body)?["openapi"].is_string(),
         "/metrics" => String::from_utf8_lossy(body).contains("http_requests_total"),
@@ -227,4 +228,77 @@ fn stream_body(case: &Case, body: &[u8]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(endpoint: Endpoint, expect: Expect) -> Case {
+        Case {
+            index: 0,
+            endpoint,
+            method: "POST",
+            path: endpoint.path().to_owned(),
+            content_type: None,
+            auth: None,
+            headers: Vec::new(),
+            body: Vec::new(),
+            expect,
+            what: Vec::new(),
+            stream: None,
+            choices: None,
+        }
+    }
+
+    fn reply(status: u16, content_type: &str, body: &str) -> Reply {
+        Reply { status, content_type: content_type.to_owned(), body: body.as_bytes().to_vec() }
+    }
+
+    const ERROR: &str =
+        r#"{"error":{"message":"bad","type":"invalid_request_error","param":null,"code":"x"}}"#;
+
+    #[test]
+    fn the_checks_catch_bad_replies() {
+        let any = case(Endpoint::Chat, Expect::Any);
+        assert!(check(&any, &reply(400, "application/json", ERROR)).is_ok());
+        assert!(check(&any, &reply(500, "application/json", ERROR)).is_err());
+        assert!(check(&any, &reply(503, "application/json", ERROR)).is_err());
+        assert!(check(&case(Endpoint::Chat, Expect::Status(401)), &reply(400, "", ERROR)).is_err());
+        assert!(check(&case(Endpoint::Chat, Expect::Ok), &reply(400, "", ERROR)).is_err());
+        for bad in [
+            r#"{"error":{"message":"","type":"t","param":null,"code":null}}"#,
+            r#"{"error":{"message":"m","type":1,"param":null,"code":null}}"#,
+            r#"{"error":{"message":"m","type":"t","code":null}}"#,
+            r#"{"error":{"message":"m","type":"t","param":null,"code":5}}"#,
+            r#"{"error":"m"}"#,
+            "Bad Request",
+        ] {
+            assert!(check(&any, &reply(400, "application/json", bad)).is_err(), "{bad}");
+        }
+        let chat = r#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},
+                       "finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+        assert!(check(&any, &reply(200, "application/json", chat)).is_ok());
+        let wrong = chat.replace("chat.completion", "text_completion");
+        assert!(check(&any, &reply(200, "application/json", &wrong)).is_err());
+        let mut two = case(Endpoint::Chat, Expect::Ok);
+        two.choices = Some(2);
+        assert!(check(&two, &reply(200, "application/json", chat)).is_err());
+    }
+
+    #[test]
+    fn streams_end_with_done_or_an_error() {
+        let sse = "text/event-stream";
+        let chunk = r#"data: {"object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}]}"#;
+        let any = case(Endpoint::Completions, Expect::Any);
+        assert!(check(&any, &reply(200, sse, &format!("{chunk}\n\ndata: [DONE]\n\n"))).is_ok());
+        assert!(check(&any, &reply(200, sse, &format!("{chunk}\n\n"))).is_err());
+        assert!(check(&any, &reply(200, sse, &format!("{chunk}\n\ndata: [DONE]\n\n{chunk}\n\n"))).is_err());
+        let error = format!("{chunk}\n\ndata: {ERROR}\n\ndata: [DONE]\n\n");
+        assert!(check(&any, &reply(200, sse, &error)).is_ok());
+        assert!(check(&any, &reply(200, sse, &format!("{chunk}\n\ndata: {ERROR}\n\n"))).is_ok());
+        assert!(check(&case(Endpoint::Completions, Expect::Ok), &reply(200, sse, &error)).is_err());
+        let bad_error = r#"data: {"error":{"message":"m"}}"#;
+        assert!(check(&any, &reply(200, sse, &format!("{bad_error}\n\ndata: [DONE]\n\n"))).is_err());
+    }
 }

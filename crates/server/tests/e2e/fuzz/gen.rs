@@ -213,7 +213,11 @@ fn messages(rng: &mut Rng) -> Value {
     }
     for _ in 0..rng.below(2) {
         out.push(json!({"role": "user", "content": content(rng, "user")}));
-        out.push(json!({"role": "assistant", "content": content(rng, "assistant")}));
+        let mut reply = json!({"role": "assistant", "content": content(rng, "assistant")});
+        if rng.chance(10) {
+            reply["tool_calls"] = if rng.chance(50) { json!([]) } else { Value::Null };
+        }
+        out.push(reply);
     }
     let mut last = json!({"role": "user", "content": content(rng, "user")});
     if rng.chance(15) {
@@ -221,6 +225,65 @@ fn messages(rng: &mut Rng) -> Value {
     }
     out.push(last);
     Value::Array(out)
+}
+
+/// How the chat template renders `messages` (chat and tokenize): the generation prompt, or a
+/// continued final assistant message, and extra template variables.
+fn template_options(rng: &mut Rng, m: &mut Map<String, Value>) {
+    if rng.chance(10) {
+        let messages = m["messages"].as_array_mut().expect("messages were set");
+        messages.push(json!({"role": "assistant", "content": prompt_text(rng)}));
+        m.insert("continue_final_message".into(), json!(true));
+        if rng.chance(50) {
+            m.insert("add_generation_prompt".into(), json!(false));
+        }
+    } else {
+        if rng.chance(10) {
+            m.insert("add_generation_prompt".into(), json!(rng.chance(50)));
+        }
+        if rng.chance(5) {
+            m.insert("continue_final_message".into(), json!(false));
+        }
+    }
+    if rng.chance(8) {
+        let kwargs: Map<String, Value> = (0..rng.range(0, 2))
+            .map(|_| {
+                let key = *rng.pick(&["enable_thinking", "date_string", "custom_instructions", "xyz"]);
+                (key.to_owned(), rng.pick(&[json!(true), json!("x"), json!(3), json!({"a": [1]})]).clone())
+            })
+            .collect();
+        m.insert("chat_template_kwargs".into(), Value::Object(kwargs));
+    }
+}
+
+/// Fields the server accepts only with their no-op values (tools, structured output,
+/// priority), and bookkeeping fields it ignores.
+fn no_ops(rng: &mut Rng, m: &mut Map<String, Value>, chat: bool) {
+    let mut options = vec![
+        ("response_format", json!({"type": "text"})),
+        ("response_format", Value::Null),
+        ("priority", json!(0)),
+        ("metadata", json!({"k": "v"})),
+        ("store", json!(false)),
+        ("service_tier", json!("auto")),
+        ("safety_identifier", json!("s")),
+        ("prompt_cache_key", json!("p")),
+        ("request_id", json!("r-1")),
+    ];
+    if chat {
+        options.extend([
+            ("tools", json!([])),
+            ("tools", Value::Null),
+            ("tool_choice", json!("none")),
+            ("parallel_tool_calls", json!(rng.chance(50))),
+        ]);
+    }
+    for _ in 0..rng.below(3) {
+        if rng.chance(30) {
+            let (key, value) = rng.pick(&options).clone();
+            m.insert(key.to_owned(), value);
+        }
+    }
 }
 
 /// The sampling fields both generation APIs share; returns `n`.
@@ -361,6 +424,11 @@ fn valid(rng: &mut Rng, endpoint: Endpoint) -> (Value, Option<bool>, Option<usiz
                 }
             };
             let n = sampling(rng, &mut m, max, true);
+            template_options(rng, &mut m);
+            if rng.chance(5) {
+                m.insert("add_special_tokens".into(), json!(rng.chance(50)));
+            }
+            no_ops(rng, &mut m, true);
             let stream = streaming(rng, &mut m);
             (Value::Object(m), Some(stream), Some(n))
         }
@@ -387,6 +455,10 @@ fn valid(rng: &mut Rng, endpoint: Endpoint) -> (Value, Option<bool>, Option<usiz
             if rng.chance(5) {
                 m.insert("suffix".into(), json!(""));
             }
+            if rng.chance(5) {
+                m.insert("add_special_tokens".into(), json!(rng.chance(50)));
+            }
+            no_ops(rng, &mut m, false);
             let stream = streaming(rng, &mut m);
             (Value::Object(m), Some(stream), Some(n * count))
         }
@@ -395,9 +467,7 @@ fn valid(rng: &mut Rng, endpoint: Endpoint) -> (Value, Option<bool>, Option<usiz
                 m.insert("prompt".into(), text(rng));
             } else {
                 m.insert("messages".into(), messages(rng));
-                if rng.chance(40) {
-                    m.insert("add_generation_prompt".into(), json!(rng.chance(50)));
-                }
+                template_options(rng, &mut m);
             }
             if rng.chance(40) {
                 m.insert("add_special_tokens".into(), json!(rng.chance(50)));
@@ -458,4 +528,29 @@ pub fn generate(seed: u64, index: usize) -> Case {
         case.choices = None;
     }
     case
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_are_reproducible_and_cover_every_endpoint() {
+        let mut endpoints = std::collections::BTreeSet::new();
+        let mut valid = 0;
+        for (seed, index) in (0..4).flat_map(|seed| (0..2000).map(move |i| (seed, i))) {
+            let (a, b) = (generate(seed, index), generate(seed, index));
+            assert_eq!((a.method, &a.path, &a.body, a.expect), (b.method, &b.path, &b.body, b.expect));
+            assert!(a.body.len() < 64 * 1024, "case {seed}/{index} is {} bytes", a.body.len());
+            if a.expect == Expect::Ok {
+                valid += 1;
+                assert!(serde_json::from_slice::<Value>(&a.body).is_ok(), "case {seed}/{index}");
+                assert!(a.body.len() <= BODY_LIMIT, "case {seed}/{index}");
+            }
+            endpoints.insert(a.endpoint);
+        }
+        assert_eq!(endpoints.len(), 6, "{endpoints:?}");
+        assert!(valid > 4 * 300, "{valid} valid cases");
+        assert_ne!(generate(7, 1).body, generate(8, 1).body);
+    }
 }

@@ -32,6 +32,16 @@ const CHAT_FIELDS: &[&str] = &[
     "stream",
     "stream_options",
     "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "chat_template_kwargs",
+    "priority",
+    "metadata",
 ];
 
 const COMPLETION_FIELDS: &[&str] = &[
@@ -60,12 +70,24 @@ const COMPLETION_FIELDS: &[&str] = &[
     "stream",
     "stream_options",
     "user",
+    "response_format",
+    "add_special_tokens",
+    "priority",
+    "store",
 ];
 
-const TOKENIZE_FIELDS: &[&str] =
-    &["model", "prompt", "messages", "add_generation_prompt", "add_special_tokens"];
+const TOKENIZE_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "add_generation_prompt",
+    "add_special_tokens",
+    "continue_final_message",
+    "chat_template_kwargs",
+];
 const DETOKENIZE_FIELDS: &[&str] = &["model", "tokens"];
-const NESTED_FIELDS: &[&str] = &["role", "content", "name", "type", "text", "include_usage", "image_url"];
+const NESTED_FIELDS: &[&str] =
+    &["role", "content", "name", "type", "text", "include_usage", "image_url", "tool_calls"];
 const UNKNOWN_FIELDS: &[&str] = &[
     "tools",
     "functions",
@@ -135,6 +157,16 @@ impl Raw {
         json!(format!("@@RAW{}@@", self.0.len() - 1))
     }
 
+    /// `v` as the server will see it, cut short for the report.
+    fn show(&self, v: &Value) -> String {
+        let bytes = self.serialize(v);
+        let text = String::from_utf8_lossy(&bytes);
+        match text.char_indices().nth(60) {
+            Some((at, _)) => format!("{}... ({} bytes)", &text[..at], bytes.len()),
+            None => text.into_owned(),
+        }
+    }
+
     pub fn serialize(&self, v: &Value) -> Vec<u8> {
         let mut text = serde_json::to_vec(v).expect("a Value serializes");
         for (i, raw) in self.0.iter().enumerate().rev() {
@@ -152,16 +184,51 @@ fn splice(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
     }
 }
 
+/// A string of about 256 to 12,000 bytes once escaped in JSON.
 pub fn long_string(rng: &mut Rng) -> String {
     let unit = *rng.pick(&["a", "word ", "🦀", "日本", "\u{0}", "<|im_end|>", "\\", "é"]);
     let len = *rng.pick(&[256usize, 1024, 4096, 12_000]);
-    unit.repeat(len / unit.len().max(1))
+    let escaped = serde_json::to_string(unit).expect("a string serializes").len() - 2;
+    unit.repeat(len / escaped)
 }
 
 fn nested(depth: usize, object: bool) -> Vec<u8> {
     let (open, close) = if object { ("{\"a\":", "}") } else { ("[", "]") };
     [open.repeat(depth), "1".to_owned(), close.repeat(depth)].concat().into_bytes()
 }
+
+/// `logit_bias` keys a token-id parser may get wrong.
+const BIAS_KEYS: &[&str] = &[
+    "49151",
+    "49152",
+    "4294967295",
+    "4294967296",
+    "-1",
+    "-0",
+    "0x10",
+    " 5 ",
+    "+5",
+    "05",
+    "5.0",
+    "1e3",
+    "",
+    "٣",
+];
+
+/// Names a chat template sees besides the caller's kwargs.
+const TEMPLATE_VARIABLES: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "raise_exception",
+    "tools",
+    "range",
+    "loop",
+    "namespace",
+    "strftime_now",
+    "continue_final_message",
+];
 
 const RAW_TOKENS: &[&str] = &[
     "NaN",
@@ -236,6 +303,10 @@ fn weird(rng: &mut Rng, raw: &mut Raw) -> Value {
                 json!(49151),
                 json!(49152),
                 json!(1e20),
+                json!(3.402_823_5e38),
+                json!(3.5e38),
+                json!(1e-46),
+                json!(-1e-46),
             ])
             .clone(),
         2 | 3 => rng
@@ -290,15 +361,27 @@ pub fn mutate_values(
         Endpoint::Tokenize => TOKENIZE_FIELDS,
         _ => DETOKENIZE_FIELDS,
     };
-    for _ in 0..rng.range(1, 3) {
+    let count = match rng.below(10) {
+        0..=5 => 1,
+        6..=8 => 2,
+        _ => 3,
+    };
+    for _ in 0..count {
         let mut paths = Vec::new();
         collect_paths(body, &mut Vec::new(), &mut paths);
         let op = rng.below(12);
         if op == 0 || paths.is_empty() {
             // A known field, present or not, set to something odd.
             let key = *rng.pick(known);
-            let v = weird(rng, raw);
-            what.push(format!("set /{key} = {v}"));
+            let v = if key == "logit_bias" && rng.chance(50) {
+                json!({*rng.pick(BIAS_KEYS): *rng.pick(&[1.0, 100.0, -100.0])})
+            } else if key == "chat_template_kwargs" && rng.chance(70) {
+                // Variables the template itself uses, overridden.
+                json!({*rng.pick(TEMPLATE_VARIABLES): weird(rng, raw)})
+            } else {
+                weird(rng, raw)
+            };
+            what.push(format!("set /{key} = {}", raw.show(&v)));
             if let Some(m) = body.as_object_mut() {
                 m.insert(key.to_owned(), v);
             }
@@ -309,7 +392,7 @@ pub fn mutate_values(
         match op {
             1..=5 => {
                 let v = weird(rng, raw);
-                what.push(format!("replace {at} with {v}"));
+                what.push(format!("replace {at} with {}", raw.show(&v)));
                 *node_mut(body, &path).expect("the path exists") = v;
             }
             6 | 7 => {
@@ -330,7 +413,7 @@ pub fn mutate_values(
                 let key = if rng.chance(70) { *rng.pick(UNKNOWN_FIELDS) } else { *rng.pick(NESTED_FIELDS) };
                 let v = weird(rng, raw);
                 let target = if rng.chance(50) { Vec::new() } else { path };
-                what.push(format!("add field {key:?} = {v} at {}", pointer(&target)));
+                what.push(format!("add field {key:?} = {} at {}", raw.show(&v), pointer(&target)));
                 if let Some(Value::Object(m)) = node_mut(body, &target) {
                     m.insert(key.to_owned(), v);
                 } else if let Value::Object(m) = body {
