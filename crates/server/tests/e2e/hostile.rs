@@ -2,7 +2,6 @@
 //! beyond the model's, prompts of megabytes, huge stop strings, fan-out that would starve
 //! others or never fit. Each must get a clear 4xx (or a fair share), never take the server down.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -13,7 +12,7 @@ use pagoda_server::server::Server;
 use serde_json::{json, Value};
 
 use crate::harness::{assert_error_shape, client, model_path, post_json, shared, TestServer};
-use crate::shutdown::wait_ready;
+use crate::shutdown::{pagoda_serve, spawn_ready};
 
 #[derive(Parser)]
 struct Cli {
@@ -54,20 +53,9 @@ fn peak_rss(pid: u32) -> Result<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn megabyte_prompts_are_refused_in_bounded_memory() -> Result<()> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
-        .args(["serve", "--model"])
-        .arg(model_path())
-        .args(["--port", "0", "--kv-cache-memory", "64MiB", "--max-model-len", "2048"])
-        .args(["--max-request-body-bytes", "9MiB"])
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the pagoda binary")?;
-    let stderr = child.stderr.take().unwrap();
+    let extra = ["--kv-cache-memory", "64MiB", "--max-model-len", "2048", "--max-request-body-bytes", "9MiB"];
+    let (mut child, addr, _log) = spawn_ready(pagoda_serve(&extra))?;
     let result = async {
-        let (addr, _log) = wait_ready(stderr)?;
         let url = format!("http://{addr}/v1/completions");
         let c = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
         let warm = c.post(&url).json(&json!({"prompt": "Hi", "max_tokens": 2})).send().await?;

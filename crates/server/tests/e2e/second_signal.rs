@@ -2,15 +2,15 @@
 //! with a clean end (a final chunk and `[DONE]` for streams) and the server exits at once,
 //! long before its grace period is over; in-process, and on the real binary with SIGINT.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use crate::harness::SseReader;
 use crate::harness::TestServer;
-use crate::harness::{model_path, SseReader};
-use crate::shutdown::wait_ready;
+use crate::shutdown::{pagoda_serve, spawn_ready};
 
 /// A completion that would stream for far longer than any test waits.
 fn endless() -> Value {
@@ -71,33 +71,8 @@ async fn a_second_signal_aborts_requests_in_flight_and_exits_at_once() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_twice_aborts_and_exits_the_binary_at_once() -> Result<()> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
-        .args(["serve", "--model"])
-        .arg(model_path())
-        .args([
-            "--port",
-            "0",
-            "--kv-cache-memory",
-            "64MiB",
-            "--max-model-len",
-            "1024",
-            "--shutdown-timeout",
-            "120",
-        ])
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the pagoda binary")?;
-    let stderr = child.stderr.take().unwrap();
-    let (addr, log) = match wait_ready(stderr) {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = child.kill();
-            return Err(e);
-        }
-    };
+    let extra = ["--kv-cache-memory", "64MiB", "--max-model-len", "1024", "--shutdown-timeout", "120"];
+    let (mut child, addr, log) = spawn_ready(pagoda_serve(&extra))?;
     let pid = child.id().to_string();
     let sigint = || Command::new("kill").args(["-INT", &pid]).status();
     let result = async {

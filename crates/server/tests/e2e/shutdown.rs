@@ -31,35 +31,40 @@ pub(crate) fn wait_ready(
     bail!("the server was not ready in time")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_finishes_in_flight_requests_and_exits_0() -> Result<()> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
-        .args(["serve", "--model"])
-        .arg(model_path())
-        .args([
-            "--port",
-            "0",
-            "--kv-cache-memory",
-            "64MiB",
-            "--max-model-len",
-            "512",
-            "--shutdown-timeout",
-            "60",
-        ])
+/// `pagoda serve` with the real model on a free port, and `extra` flags.
+pub(crate) fn pagoda_serve(extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pagoda"));
+    command.args(["serve", "--model"]).arg(model_path()).args(["--port", "0"]).args(extra);
+    command
+}
+
+/// Starts `command` (a `pagoda serve`) with its log piped and waits until it is ready; returns
+/// the child, its address and the rest of its log. A child that never gets ready is killed.
+pub(crate) fn spawn_ready(
+    mut command: Command,
+) -> Result<(std::process::Child, String, std::thread::JoinHandle<Vec<String>>)> {
+    let mut child = command
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the pagoda binary")?;
-    let stderr = child.stderr.take().unwrap();
-    let (addr, log) = match wait_ready(stderr) {
-        Ok(x) => x,
+    let stderr = child.stderr.take().context("no stderr")?;
+    match wait_ready(stderr) {
+        Ok((addr, log)) => Ok((child, addr, log)),
         Err(e) => {
             let _ = child.kill();
-            return Err(e);
+            let _ = child.wait();
+            Err(e)
         }
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_and_exits_0() -> Result<()> {
+    let extra = ["--kv-cache-memory", "64MiB", "--max-model-len", "512", "--shutdown-timeout", "60"];
+    let (mut child, addr, log) = spawn_ready(pagoda_serve(&extra))?;
     let url = format!("http://{addr}/v1/completions");
     let c = reqwest::Client::new();
     let body = json!({"prompt": "Count slowly:", "max_tokens": 40, "ignore_eos": true, "temperature": 0,
