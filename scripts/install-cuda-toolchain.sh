@@ -35,19 +35,18 @@ site="$root/site-packages"
 cuda="$site/nvidia/cu13"
 python="${PYTHON:-python3}"
 
-# nvcc, its C runtime headers (crt), the NVVM backend (cicc, libdevice) and the runtime headers
-# are all `nvcc -ptx` needs.
+# nvcc, its C runtime headers (crt), the NVVM backend (cicc, libdevice), the runtime headers and
+# CCCL (cuda_fp16.h includes its <nv/target>) are all `nvcc -ptx` needs.
 ptx_wheels=(
     nvidia-cuda-nvcc==13.0.88
     nvidia-cuda-crt==13.0.88
     nvidia-nvvm==13.0.88
     nvidia-cuda-runtime==13.0.88
+    nvidia-cuda-cccl==13.0.85
 )
-# candle's CUDA backend additionally compiles its own kernels (they include CCCL headers) and
-# links cuBLAS, cuRAND and NVRTC through cudarc.
+# candle's CUDA backend additionally links cuBLAS, cuRAND and NVRTC through cudarc.
 full_wheels=(
     "${ptx_wheels[@]}"
-    nvidia-cuda-cccl==13.0.85
     nvidia-cublas==13.0.2.14
     nvidia-curand==10.4.0.35
     nvidia-cuda-nvrtc==13.0.88
