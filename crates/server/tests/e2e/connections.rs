@@ -6,13 +6,13 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::harness::{model_path, read_sse, TestServer};
-use crate::shutdown::spawn_ready;
+use crate::shutdown::{spawn_ready, wait_exit};
 
 /// A request head that never ends: the blank line after the headers never comes.
 const PARTIAL_HEAD: &[u8] = b"GET /health HTTP/1.1\r\nHost: slow.example\r\nX-Slow: 1\r\n";
@@ -157,18 +157,7 @@ async fn slow_clients_past_the_open_file_limit_leave_health_answering() -> Resul
     .await;
     // Stop it the way a supervisor would, and expect a clean exit.
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let code = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("the server did not exit after SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let code = wait_exit(&mut child, Duration::from_secs(30), "SIGTERM").await?;
     let log = log.join().unwrap_or_default().join("\n");
     result.with_context(|| format!("server log:\n{log}"))?;
     assert!(code.success(), "exit status {code:?}; log:\n{log}");

@@ -29,10 +29,11 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// `pagoda serve`'s flags, parsed as the binary parses them.
 #[derive(Parser)]
-struct Cli {
+pub struct Cli {
     #[command(flatten)]
-    args: ServeArgs,
+    pub args: ServeArgs,
 }
 
 pub struct TestServer {

@@ -7,18 +7,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use futures_util::future::join_all;
-use pagoda_server::config::{ServeArgs, ServerConfig};
+use pagoda_server::config::ServerConfig;
 use pagoda_server::server::Server;
 use serde_json::{json, Value};
 
-use crate::harness::{assert_error_shape, client, model_path, post_json, shared, TestServer};
+use crate::harness::{assert_error_shape, client, model_path, post_json, shared, Cli, TestServer};
 use crate::shutdown::{pagoda_serve, spawn_ready};
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ServeArgs,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_model_len_beyond_the_models_context_is_a_startup_error() -> Result<()> {

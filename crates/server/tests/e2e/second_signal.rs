@@ -5,12 +5,12 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::harness::SseReader;
 use crate::harness::TestServer;
-use crate::shutdown::{pagoda_serve, spawn_ready};
+use crate::shutdown::{pagoda_serve, spawn_ready, wait_exit};
 
 /// A completion that would stream for far longer than any test waits.
 fn endless() -> Value {
@@ -97,18 +97,7 @@ async fn sigint_twice_aborts_and_exits_the_binary_at_once() -> Result<()> {
         anyhow::Ok(second)
     }
     .await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let code = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("the server did not exit after two SIGINTs");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let code = wait_exit(&mut child, Duration::from_secs(60), "two SIGINTs").await?;
     let log = log.join().unwrap_or_default().join("\n");
     let second = result.with_context(|| format!("server log:\n{log}"))?;
     let exited = second.elapsed();

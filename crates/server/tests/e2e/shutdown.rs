@@ -31,6 +31,27 @@ pub(crate) fn wait_ready(
     bail!("the server was not ready in time")
 }
 
+/// Waits up to `limit` for `child` to exit; past it the child is killed and `what` (the event
+/// it should have exited after) is the error.
+pub(crate) async fn wait_exit(
+    child: &mut std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the server did not exit after {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `pagoda serve` with the real model on a free port, and `extra` flags.
 pub(crate) fn pagoda_serve(extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pagoda"));
@@ -100,17 +121,7 @@ async fn sigterm_finishes_in_flight_requests_and_exits_0() -> Result<()> {
     assert!(done, "the stream did not end with [DONE]");
     assert_eq!(finish.as_deref(), Some("length"));
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let code = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("the server did not exit after SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let code = wait_exit(&mut child, Duration::from_secs(30), "SIGTERM").await?;
     let log = log.join().unwrap_or_default();
     assert!(code.success(), "exit status {code:?}; log:\n{}", log.join("\n"));
     assert!(log.iter().any(|l| l.contains("SIGTERM")), "{}", log.join("\n"));

@@ -1,0 +1,157 @@
+//! Tests of flag and TOML merging, defaults and validation.
+
+use super::*;
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+fn cli(args: &[&str]) -> ServeArgs {
+    Cli::try_parse_from(std::iter::once("pagoda").chain(args.iter().copied())).unwrap().args
+}
+
+#[test]
+fn defaults() {
+    let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+    assert_eq!(c.model, DEFAULT_MODEL);
+    assert!(c.model_is_default);
+    assert_eq!(c.served_model_names, vec!["SmolLM2-135M-Instruct.Q4_1".to_owned()]);
+    let name = crate::state::default_served_name;
+    assert_eq!(name("HuggingFaceTB/SmolLM2-135M-Instruct"), "HuggingFaceTB/SmolLM2-135M-Instruct");
+    assert_eq!(name("org/repo/model.Q8_0.GGUF"), "model.Q8_0");
+    assert_eq!(c.bind_addr(), "127.0.0.1:8000");
+    assert!(c.enable_prefix_caching);
+    assert_eq!(c.block_size, 16);
+    assert_eq!(c.device, DeviceArg::Cpu);
+    assert_eq!(c.metrics_prefix, MetricsPrefix::Pagoda);
+    assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(75));
+    assert_eq!(c.max_connections, 2048);
+}
+
+#[test]
+fn vllm_flags_parse() {
+    let a = cli(&[
+        "--model",
+        "m.gguf",
+        "--served-model-name",
+        "a",
+        "b",
+        "--max-model-len",
+        "2048",
+        "--no-enable-prefix-caching",
+        "--kv-cache-memory",
+        "512MiB",
+        "--device",
+        "cuda:1",
+        "--dtype",
+        "bf16",
+        "--kv-cache-dtype",
+        "f32",
+        "--cpu-gemm-dtype",
+        "float32",
+        "--metrics-prefix",
+        "vllm",
+        "--allowed-origins",
+        "https://a.example",
+    ]);
+    let c = ServerConfig::merge(a, ServeArgs::default()).unwrap();
+    assert_eq!(c.served_model_names, vec!["a", "b"]);
+    assert_eq!(c.max_model_len, Some(2048));
+    assert!(!c.enable_prefix_caching);
+    assert_eq!(c.kv_cache_memory, Some(512 << 20));
+    assert_eq!(c.device, DeviceArg::Cuda(1));
+    assert_eq!(c.dtype, DtypeArg::Bfloat16);
+    assert_eq!(c.kv_cache_dtype, DtypeArg::Float32);
+    assert_eq!(c.cpu_gemm_dtype, GemmDtypeArg::Float32);
+    assert_eq!(c.metrics_prefix, MetricsPrefix::Vllm);
+    assert!(!c.model_is_default);
+    let c = ServerConfig::merge(cli(&["--enable-prefix-caching"]), ServeArgs::default()).unwrap();
+    assert!(c.enable_prefix_caching);
+}
+
+#[test]
+fn shipped_example_configs_parse() {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from)
+        .join("../../configs");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let path = path.display().to_string();
+            let c =
+                ServerConfig::from_args(cli(&["--config", &path])).unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert!(!c.model.is_empty());
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no example config in {}", dir.display());
+}
+
+#[test]
+fn file_is_under_flags() {
+    let file: ServeArgs = toml::from_str(
+        r#"
+        model = "from-file.gguf"
+        port = 9000
+        max-num-seqs = 8
+        kv-cache-memory = "1GiB"
+        enable-prefix-caching = false
+        allowed-origins = ["http://localhost:3000"]
+        "#,
+    )
+    .unwrap();
+    let c = ServerConfig::merge(cli(&["--port", "9100"]), file).unwrap();
+    assert_eq!(c.model, "from-file.gguf");
+    assert_eq!(c.port, 9100);
+    assert_eq!(c.max_num_seqs, 8);
+    assert_eq!(c.kv_cache_memory, Some(1 << 30));
+    assert!(!c.enable_prefix_caching);
+    assert_eq!(c.allowed_origins, vec!["http://localhost:3000"]);
+}
+
+#[test]
+fn unknown_file_keys_are_errors() {
+    assert!(toml::from_str::<ServeArgs>("max_model_lenn = 3").is_err());
+    assert!(toml::from_str::<ServeArgs>("config = \"x\"").is_err());
+}
+
+#[test]
+fn bad_values_are_errors() {
+    for args in [
+        &["--block-size", "0"][..],
+        &["--gpu-memory-utilization", "1.5"],
+        &["--max-num-seqs", "0"],
+        &["--max-model-len", "0"],
+        &["--kv-cache-memory", "0"],
+        &["--http-header-read-timeout", "0"],
+        &["--http-keep-alive-timeout=-1"],
+        &["--http-keep-alive-timeout", "inf"],
+        &["--max-connections", "0"],
+    ] {
+        assert!(ServerConfig::merge(cli(args), ServeArgs::default()).is_err(), "{args:?}");
+    }
+    assert!(Cli::try_parse_from(["pagoda", "--device", "tpu"]).is_err());
+    assert!(Cli::try_parse_from(["pagoda", "--kv-cache-memory", "lots"]).is_err());
+    assert!(Cli::try_parse_from(["pagoda", "--enable-prefix-caching", "--no-enable-prefix-caching"]).is_err());
+}
+
+#[test]
+fn byte_sizes() {
+    let p = |s: &str| s.parse::<ByteSize>().map(|b| b.0);
+    assert_eq!(p("1024"), Ok(1024));
+    assert_eq!(p("2GiB"), Ok(2 << 30));
+    assert_eq!(p("1.5 GB"), Ok(1_500_000_000));
+    assert_eq!(p("16k"), Ok(16_000));
+    assert!(p("").is_err() && p("GiB").is_err() && p("3 parsecs").is_err());
+}
+
+#[test]
+fn ipv6_bind_address() {
+    let c = ServerConfig::merge(cli(&["--host", "::1", "--port", "0"]), ServeArgs::default()).unwrap();
+    assert_eq!(c.bind_addr(), "[::1]:0");
+}
