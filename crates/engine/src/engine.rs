@@ -13,6 +13,7 @@ use std::time::Instant;
 use pagoda_text::TokenDecoder;
 
 use crate::config::EngineConfig;
+use crate::constraint::compute_masks;
 use crate::event::{FinishReason, TokenEvent, Usage};
 use crate::executor::{ExecutorError, ModelExecutor, ScheduledBatch, StepOutput};
 use crate::handle::{Command, EngineError, EngineHandle, HandleInner, Shared, Shutdown};
@@ -202,7 +203,7 @@ impl<E: ModelExecutor> EngineLoop<E> {
         }
         self.empty_steps = 0;
         let exec_start = Instant::now();
-        let result = self.execute_isolating_rejects(batch);
+        let result = self.execute_with_masks(batch);
         let execute_duration = exec_start.elapsed();
         let failure = match result {
             // Every sequence of the step was rejected, each failing its own request.
@@ -256,6 +257,33 @@ impl<E: ModelExecutor> EngineLoop<E> {
         self.publish();
         self.dispatch();
         Flow::Continue
+    }
+
+    /// Runs the step while a worker thread computes the grammar masks of the constrained
+    /// sequences (the sampler waits for each one's mask only once the logits exist).
+    fn execute_with_masks(&mut self, mut batch: ScheduledBatch) -> Option<Result<StepOutput, ExecutorError>> {
+        let mut jobs = self.scheduler.take_mask_jobs(&mut batch);
+        if jobs.is_empty() {
+            return self.execute_isolating_rejects(batch);
+        }
+        let ran = std::thread::scope(|scope| {
+            let worker_jobs = &mut jobs;
+            let worker = std::thread::Builder::new()
+                .name("pagoda-masks".into())
+                .spawn_scoped(scope, move || compute_masks(worker_jobs));
+            // The scope joins the worker; `compute_masks` catches the matcher's panics.
+            match worker {
+                Ok(_) => Ok(self.execute_isolating_rejects(batch)),
+                Err(_) => Err(batch),
+            }
+        });
+        let result = ran.unwrap_or_else(|batch| {
+            // No thread to be had: compute the masks first, then run the model.
+            compute_masks(&mut jobs);
+            self.execute_isolating_rejects(batch)
+        });
+        self.scheduler.restore_constraints(jobs);
+        result
     }
 
     /// Runs the step; a sequence the executor rejects fails its own request only, and the rest

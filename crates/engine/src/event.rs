@@ -15,6 +15,8 @@ pub enum StopReason {
     StopTokenId(u32),
     /// One of the request's stop strings (this one); it is not part of the output text.
     StopString(String),
+    /// The structured-output grammar is complete: nothing but end-of-sequence could follow.
+    GrammarComplete,
 }
 
 /// Why a sample ended.

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use crate::constraint::MaskSlot;
 use crate::sampling::SamplingParams;
 
 /// Identifies one sequence (one of the `n` samples of a request) for the engine's lifetime.
@@ -55,6 +56,9 @@ pub struct SampleRequest {
     /// Token ids that must not be sampled this step (eos and stop ids while `min_tokens` is not
     /// reached).
     pub banned_token_ids: Vec<u32>,
+    /// The grammar's mask for this token (structured output), computed while the model runs:
+    /// the sampler waits for it and applies it before anything else.
+    pub allowed: Option<Arc<MaskSlot>>,
 }
 
 impl SampleRequest {
@@ -68,6 +72,7 @@ impl SampleRequest {
             history: None,
             prompt_len: 0,
             banned_token_ids: Vec::new(),
+            allowed: None,
         }
     }
 }

@@ -127,7 +127,8 @@ impl ModelExecutor for FakeExecutor {
             let (token_id, logprobs) = self
                 .sampler
                 .sample(&mut self.logits, req)
-                .map_err(|e| ExecutorError::Execution(e.to_string()))?;
+                // As the model runner does: a row that cannot be sampled fails its sequence only.
+                .map_err(|e| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() })?;
             sampled.push(SampledToken { seq_id: seq.seq_id, token_id, logprobs });
         }
         Ok(StepOutput { sampled })

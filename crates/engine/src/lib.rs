@@ -9,10 +9,13 @@
 //!   [`TokenEvent`]s.
 //! - [`Scheduler`] (`schedule()` / `update()`) and [`block_manager::BlockManager`] never touch
 //!   tensors; [`fake::FakeExecutor`] drives them in tests and benchmarks.
+//! - [`constraint`]: structured output's per-sequence grammar state ([`TokenConstraint`]), whose
+//!   token masks are computed while the model runs.
 
 pub mod block_manager;
 pub mod block_pool;
 pub mod config;
+pub mod constraint;
 pub mod engine;
 pub mod event;
 pub mod executor;
@@ -30,6 +33,7 @@ pub mod stats;
 mod stop;
 
 pub use config::{ConfigError, EngineConfig};
+pub use constraint::{ConstraintError, MaskSlot, SeqConstraint, TokenConstraint, TokenMask};
 pub use engine::Engine;
 pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{

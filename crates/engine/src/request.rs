@@ -7,6 +7,7 @@ use std::time::Instant;
 use pagoda_text::StopStrings;
 
 use crate::config::EngineConfig;
+use crate::constraint::SeqConstraint;
 use crate::sampling::{SamplingParams, SamplingParamsError};
 
 /// Caller-chosen id of a request; must be unique among the requests in flight.
@@ -48,6 +49,9 @@ pub struct Request {
     /// Requests submitted together (the prompts of one API call) share a group; admission shares
     /// sequence slots between groups. Defaults to the request's own id.
     pub group: u64,
+    /// Structured output: the grammar that every sample's output must match (each sample gets
+    /// its own fork of it).
+    pub constraint: Option<SeqConstraint>,
 }
 
 impl Request {
@@ -64,7 +68,13 @@ impl Request {
             n: 1,
             skip_special_tokens: true,
             group: id,
+            constraint: None,
         }
+    }
+
+    pub fn with_constraint(mut self, constraint: SeqConstraint) -> Self {
+        self.constraint = Some(constraint);
+        self
     }
 
     pub fn with_group(mut self, group: u64) -> Self {

@@ -1,15 +1,17 @@
 //! The CPU sampler: draws one token from one row of logits (`&mut [f32]`, processed in place)
 //! for a [`SampleRequest`]. Used by the model runner on the CPU path and by the fake executor.
 //!
-//! Processing order (as in vLLM): logit bias, banned ids, repetition / frequency / presence
-//! penalties, then either argmax (temperature 0) or temperature, min-p, top-k, top-p and a draw.
+//! Processing order (as in vLLM): the grammar's token mask (structured output), logit bias,
+//! banned ids, repetition / frequency / presence penalties, then either argmax (temperature 0) or
+//! temperature, min-p, top-k, top-p and a draw.
 //!
 //! The draw is stateless: its uniform number depends only on `(seed, output_index)`, so a
 //! sequence gets the same token whatever else is in the batch and however often it was
 //! preempted and recomputed.
 //!
 //! Logprobs are those of the *raw* model distribution (log-softmax of the logits as they came
-//! in, before bias, penalties, temperature and filtering), like vLLM's default.
+//! in, before bias, penalties, temperature and filtering), like vLLM's default; under a grammar,
+//! of the masked distribution, as in vLLM v1 where the mask is applied before the sampler.
 
 use std::cell::RefCell;
 
@@ -18,12 +20,14 @@ use crate::rng::uniform;
 use crate::sampling::SamplingParams;
 
 /// Why no token could be drawn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SampleError {
     #[error("the logits row is empty")]
     EmptyLogits,
     #[error("no token can be sampled: every logit is -inf or NaN after bans and logit bias")]
     NoCandidate,
+    #[error("structured output: {0}")]
+    Constraint(String),
 }
 
 /// Reusable scratch space, so sampling a row allocates nothing in the common case.
@@ -73,6 +77,9 @@ impl Sampler {
             return Err(SampleError::EmptyLogits);
         }
         let p = &*req.params;
+        if let Some(slot) = &req.allowed {
+            slot.with_mask(|mask| mask.apply(logits)).map_err(|e| SampleError::Constraint(e.0))?;
+        }
         if p.logprobs.is_some() {
             self.raw.clear();
             self.raw.extend_from_slice(logits);
@@ -272,6 +279,7 @@ mod tests {
             history: None,
             prompt_len: 0,
             banned_token_ids: Vec::new(),
+            allowed: None,
         }
     }
 

@@ -33,6 +33,56 @@ fn seconds(flag: &'static str, value: f64) -> Result<Duration, ConfigError> {
         .map_err(|_| invalid(flag, format!("expected a number of seconds, got {value}")))
 }
 
+/// `--tool-call-parser`: how the model writes tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallParserArg {
+    /// `<tool_call>{"name", "arguments"}</tool_call>` (Qwen 2.5/3, Hermes, SmolLM3).
+    Hermes,
+    /// `{"name", "parameters"}`, optionally after `<|python_tag|>` (Llama 3.1+).
+    #[value(name = "llama3_json")]
+    #[serde(rename = "llama3_json")]
+    Llama3Json,
+    /// `[TOOL_CALLS][{"name", "arguments"}]` (Mistral).
+    Mistral,
+    /// One JSON object, `{"tool_calls": [...]}` or `{"response": ...}`, taught by a system prompt
+    /// (models whose template knows no tools).
+    Generic,
+}
+
+impl ToolCallParserArg {
+    pub fn format(self) -> pagoda_text::ToolCallFormat {
+        use pagoda_text::ToolCallFormat as F;
+        match self {
+            Self::Hermes => F::Hermes,
+            Self::Llama3Json => F::Llama3Json,
+            Self::Mistral => F::Mistral,
+            Self::Generic => F::Generic,
+        }
+    }
+}
+
+/// `--reasoning-parser`: where the model's reasoning ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningParserArg {
+    /// `<think>...</think>`; the opening tag may come from the template (DeepSeek-R1).
+    #[value(name = "deepseek_r1")]
+    #[serde(rename = "deepseek_r1")]
+    DeepseekR1,
+    /// `<think>...</think>` when the output opens it (Qwen3; thinking can be switched off).
+    Qwen3,
+}
+
+impl ReasoningParserArg {
+    pub fn format(self) -> pagoda_text::ReasoningFormat {
+        match self {
+            Self::DeepseekR1 => pagoda_text::ReasoningFormat::DeepSeekR1,
+            Self::Qwen3 => pagoda_text::ReasoningFormat::Qwen3,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LoadFormatArg {
@@ -180,6 +230,13 @@ pub struct ServeArgs {
     /// Jinja chat template file, replacing the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
+    /// How the model writes tool calls. [default: detected from the chat template; `generic`
+    /// when the template knows no tools]
+    #[arg(long, value_enum)]
+    pub tool_call_parser: Option<ToolCallParserArg>,
+    /// Split the model's reasoning (`<think>...</think>`) into `reasoning_content`. [default: none]
+    #[arg(long, value_enum)]
+    pub reasoning_parser: Option<ReasoningParserArg>,
     /// Address to listen on. [default: 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,
@@ -286,6 +343,8 @@ pub struct ServerConfig {
     pub served_model_names: Vec<String>,
     pub load_format: LoadFormatArg,
     pub chat_template: Option<PathBuf>,
+    pub tool_call_parser: Option<ToolCallParserArg>,
+    pub reasoning_parser: Option<ReasoningParserArg>,
     pub host: String,
     pub port: u16,
     pub max_model_len: Option<usize>,
@@ -354,6 +413,8 @@ impl ServerConfig {
             served_model_names,
             load_format: cli.load_format.or(file.load_format).unwrap_or_default(),
             chat_template: cli.chat_template.or(file.chat_template),
+            tool_call_parser: cli.tool_call_parser.or(file.tool_call_parser),
+            reasoning_parser: cli.reasoning_parser.or(file.reasoning_parser),
             host: cli.host.or(file.host).unwrap_or_else(|| "127.0.0.1".to_owned()),
             port: cli.port.or(file.port).unwrap_or(8000),
             max_model_len: cli.max_model_len.or(file.max_model_len),

@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn unknown_top_level_fields_are_refused_by_name() {
         assert_eq!(param(r#"{"messages":[],"max_token":5}"#).as_deref(), Some("max_token"));
-        assert_eq!(param(r#"{"messages":[],"guided_json":{}}"#).as_deref(), Some("guided_json"));
+        assert_eq!(param(r#"{"messages":[],"guided_jsn":{}}"#).as_deref(), Some("guided_jsn"));
         let ok: ChatCompletionRequest = parse(br#"{"messages":[],"user":"u","metadata":{"a":"b"}}"#).unwrap();
         assert_eq!(ok.user.as_deref(), Some("u"));
         let err = parse::<CompletionRequest>(br#"{"prompt":"x","echo_":true}"#).unwrap_err();

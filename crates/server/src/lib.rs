@@ -8,6 +8,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod chat_output;
 pub mod config;
 pub mod error;
 pub mod extract;
@@ -26,6 +27,8 @@ pub mod runtime;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod structured;
 pub mod submit;
+pub mod tools;
 pub mod tracker;
 pub mod validate;

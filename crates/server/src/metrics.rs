@@ -33,6 +33,10 @@ impl MetricsPrefix {
     }
 }
 
+/// Grammar compile times: a small schema takes about a millisecond, a large one can take seconds.
+const GRAMMAR_COMPILE_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
 /// vLLM's buckets for time to first token.
 pub const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
@@ -119,6 +123,8 @@ pub struct Metrics {
     request_generation_tokens: Histogram,
     iteration_tokens: Histogram,
     http_requests: IntCounterVec,
+    structured_output_requests: IntCounterVec,
+    grammar_compile_time: Histogram,
     /// Engine counters as last copied, so that the next copy adds only the difference.
     engine_seen: Mutex<EngineSnapshot>,
 }
@@ -175,7 +181,20 @@ impl Metrics {
             Opts::new("http_requests_total", "HTTP requests by route, method and status."),
             &["handler", "method", "status"],
         )?)?;
+        let structured_output_requests = b.register(IntCounterVec::new(
+            b.opts(
+                "structured_output_requests_total",
+                "Requests with a grammar (structured output), by kind and whether it was compiled already.",
+            ),
+            &["kind", "cached"],
+        )?)?;
         Ok(Self {
+            structured_output_requests,
+            grammar_compile_time: b.histogram(
+                "structured_output_compile_seconds",
+                "Histogram of grammar compile time in seconds (cache misses).",
+                GRAMMAR_COMPILE_BUCKETS,
+            )?,
             num_requests_running: b
                 .int_gauge("num_requests_running", "Number of requests in model execution batches.")?,
             num_requests_waiting: b
@@ -266,6 +285,16 @@ impl Metrics {
         self.prefix_cache_queries.inc_by(now.prefix_cache_queries.saturating_sub(seen.prefix_cache_queries));
         self.prefix_cache_hits.inc_by(now.prefix_cache_hits.saturating_sub(seen.prefix_cache_hits));
         *seen = *now;
+    }
+
+    /// A request's grammar was compiled (`cache_hit`: taken from the cache instead).
+    pub fn record_grammar_compile(&self, kind: &str, took: Duration, cache_hit: bool) {
+        self.structured_output_requests
+            .with_label_values(&[kind, if cache_hit { "true" } else { "false" }])
+            .inc();
+        if !cache_hit {
+            self.grammar_compile_time.observe(took.as_secs_f64());
+        }
     }
 
     /// One engine step computed `tokens` tokens.

@@ -35,13 +35,29 @@ pub fn chat_messages(messages: &[openai::ChatMessage]) -> Result<Vec<ChatMessage
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
+                "tool" => "tool",
                 other => {
                     return Err(InvalidParam::new(
                         format!("messages[{i}].role"),
-                        format!("role must be one of system, developer, user, assistant; got {other:?}"),
+                        format!(
+                            "role must be one of system, developer, user, assistant, tool; got {other:?}"
+                        ),
                     ))
                 }
             };
+            let tool_calls = match &m.tool_calls {
+                Some(calls) if role == "assistant" => {
+                    Some(crate::tools::messages::template_tool_calls(i, calls)?)
+                }
+                Some(calls) if !calls.is_null() && calls.as_array().is_none_or(|c| !c.is_empty()) => {
+                    return Err(InvalidParam::new(
+                        format!("messages[{i}].tool_calls"),
+                        "only assistant messages have tool calls",
+                    ))
+                }
+                _ => None,
+            }
+            .filter(|calls| !calls.is_empty());
             let content = match &m.content {
                 None if role == "assistant" => String::new(),
                 None => {
@@ -70,7 +86,11 @@ pub fn chat_messages(messages: &[openai::ChatMessage]) -> Result<Vec<ChatMessage
                     texts.join("\n")
                 }
             };
-            Ok(ChatMessage::new(role, content))
+            let mut message = ChatMessage::new(role, content);
+            message.tool_calls = tool_calls;
+            message.tool_call_id = m.tool_call_id.clone().filter(|_| role == "tool");
+            message.name = m.name.clone();
+            Ok(message)
         })
         .collect()
 }
@@ -304,7 +324,7 @@ mod tests {
     use crate::openai::ContentPart;
 
     fn msg(role: &str, content: Option<MessageContent>) -> openai::ChatMessage {
-        openai::ChatMessage { role: role.into(), content, name: None, tool_calls: None }
+        openai::ChatMessage { role: role.into(), content, name: None, tool_calls: None, tool_call_id: None }
     }
 
     #[test]

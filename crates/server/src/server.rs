@@ -17,6 +17,7 @@ use candle_core::{DType, Device};
 use futures_util::{Stream, StreamExt};
 use pagoda_engine::{EngineObserver, Shutdown};
 use pagoda_models::{LoadFormat, PanelPrecision};
+use pagoda_structured::GrammarCompiler;
 use pagoda_text::ChatTemplate;
 use tokio::net::TcpListener;
 
@@ -230,7 +231,43 @@ impl Server {
             "engine started"
         );
 
+        let grammar_started = Instant::now();
+        let tokenizer = Arc::clone(&running.tokenizer);
+        let grammars = match tokio::task::spawn_blocking(move || GrammarCompiler::new(tokenizer)).await {
+            Ok(Ok(compiler)) => {
+                tracing::info!(
+                    seconds = format!("{:.2}", grammar_started.elapsed().as_secs_f64()),
+                    vocab = compiler.vocab_size(),
+                    "structured output ready"
+                );
+                Some(Arc::new(compiler))
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "structured output is not available");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "structured output is not available");
+                None
+            }
+        };
+        let tool_format = config.tool_call_parser.map(|p| p.format()).unwrap_or_else(|| {
+            running
+                .chat_template
+                .as_ref()
+                .and_then(|t| pagoda_text::ToolCallFormat::detect(t.source()))
+                .unwrap_or(pagoda_text::ToolCallFormat::Generic)
+        });
+        let reasoning = config.reasoning_parser.map(|p| p.format());
+        tracing::info!(
+            tool_call_parser = tool_format.name(),
+            reasoning_parser = reasoning.map(|r| r.name()),
+            "tool calling ready"
+        );
         let state = Arc::new(AppState {
+            grammars,
+            tool_format,
+            reasoning,
             eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
             prompts: PromptBuilder::new(
                 Arc::clone(&running.tokenizer),

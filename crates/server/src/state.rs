@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use pagoda_engine::EngineHandle;
+use pagoda_structured::GrammarCompiler;
+use pagoda_text::{ReasoningFormat, ToolCallFormat};
 
 use crate::error::ApiError;
 use crate::metrics::{EngineSnapshot, Metrics};
@@ -53,6 +55,14 @@ pub struct AppState {
     pub limits: Limits,
     /// The model's end-of-sequence ids, a stop condition of every request.
     pub eos_token_ids: Vec<u32>,
+    /// Compiles and caches structured-output grammars; `None` when the vocabulary cannot be
+    /// used for them (structured requests then get a 400).
+    pub grammars: Option<Arc<GrammarCompiler>>,
+    /// How the model writes tool calls (and whether its template renders tools itself:
+    /// every format but `Generic`).
+    pub tool_format: ToolCallFormat,
+    /// Splits reasoning from content, when configured.
+    pub reasoning: Option<ReasoningFormat>,
 }
 
 impl std::fmt::Debug for AppState {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
-use pagoda_engine::{FinishReason, Request, RequestStream, StopConditions, TokenEvent};
+use pagoda_engine::{FinishReason, Request, RequestStream, SeqConstraint, StopConditions, TokenEvent};
 
 use crate::error::{ApiError, InvalidParam};
 use crate::prompt::TokenizedPrompt;
@@ -91,6 +91,13 @@ pub fn submit(
                     .with_group(group)
                     .with_arrival(arrival);
             request.skip_special_tokens = params.skip_special_tokens;
+            if let Some(grammar) = &params.grammar {
+                let constraint = match params.grammar_after {
+                    Some(end) => grammar.constraint().after_reasoning(end),
+                    None => grammar.constraint(),
+                };
+                request = request.with_constraint(SeqConstraint::new(constraint));
+            }
             request
         })
         .collect();

@@ -42,6 +42,10 @@ pub struct GenerationParams {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
+    /// Structured output: the compiled grammar every choice must match.
+    pub grammar: Option<pagoda_structured::CompiledGrammar>,
+    /// The grammar applies only after this text (the end of the model's reasoning).
+    pub grammar_after: Option<&'static str>,
 }
 
 fn check_range(param: &str, value: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), InvalidParam> {
@@ -176,6 +180,8 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         stop_token_ids,
         ignore_eos: params.ignore_eos,
         skip_special_tokens: params.skip_special_tokens,
+        grammar: None,
+        grammar_after: None,
     })
 }
 

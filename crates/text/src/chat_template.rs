@@ -19,16 +19,24 @@ use crate::template_funcs;
 /// The template's name inside its environment.
 const NAME: &str = "chat_template";
 
-/// One chat message as templates see it.
+/// One chat message as templates see it (Hugging Face's conventions: an assistant turn's
+/// `tool_calls` are `{"type": "function", "function": {"name", "arguments": {...}}}` with the
+/// arguments as an object; a `tool` message names the call it answers in `tool_call_id`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None, name: None }
     }
 }
 
@@ -62,6 +70,7 @@ impl std::error::Error for RaisedException {}
 /// A compiled chat template. Compile once, render per request; `&self` rendering is thread-safe.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -92,7 +101,17 @@ impl ChatTemplate {
         env.add_filter("tojson", |value: &Value, kwargs: Kwargs| template_funcs::tojson(value, kwargs));
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
-        Ok(Self { env, bos_token: bos_token.map(str::to_owned), eos_token: eos_token.map(str::to_owned) })
+        Ok(Self {
+            env,
+            source: source.to_owned(),
+            bos_token: bos_token.map(str::to_owned),
+            eos_token: eos_token.map(str::to_owned),
+        })
+    }
+
+    /// The template's Jinja source (e.g. to tell whether it knows tools).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages`; with `add_generation_prompt` the template appends the opening of the

@@ -9,6 +9,7 @@
 //! blocks, and each computes the last prompt token (copying the shared partial block on write)
 //! and samples on its own.
 
+mod masks;
 mod schedule;
 mod update;
 
@@ -22,6 +23,7 @@ use pagoda_text::TokenDecoder;
 
 use crate::block_manager::BlockManager;
 use crate::config::{ConfigError, EngineConfig};
+use crate::constraint::SeqConstraint;
 use crate::event::{FinishReason, RequestMetrics, RequestTimestamps, TokenEvent, Usage};
 use crate::executor::SeqId;
 use crate::id_map::IdMap;
@@ -107,6 +109,9 @@ pub(crate) struct SeqEntry {
     pub fork_into: usize,
     /// Last step this sequence was scheduled in.
     pub last_scheduled: u64,
+    /// Structured output: this sample's grammar state. Taken out by the engine while the mask
+    /// worker has it (during `execute`), put back before `update`.
+    pub constraint: Option<SeqConstraint>,
 }
 
 impl SeqEntry {
@@ -232,13 +237,16 @@ impl Scheduler {
             min_tokens_banned,
             stop,
         });
+        let constraint = request.constraint;
         let seq_id = self.new_seq_id();
         let output =
             OutputProcessor::new(&request.prompt_token_ids, shared.skip_special_tokens, &shared.stop);
         let seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
         let fork_into = if shared.n > 1 { shared.n } else { 0 };
-        self.seqs
-            .insert(seq_id, SeqEntry { seq, shared: shared.clone(), output, fork_into, last_scheduled: 0 });
+        self.seqs.insert(
+            seq_id,
+            SeqEntry { seq, shared: shared.clone(), output, fork_into, last_scheduled: 0, constraint },
+        );
         self.requests.insert(
             request.id,
             RequestState {

@@ -313,6 +313,7 @@ impl Scheduler {
         let n = std::mem::take(&mut e.fork_into);
         let shared = Arc::clone(&e.shared);
         let base = e.seq.clone();
+        let constraint = e.constraint.clone();
         let mut children = Vec::with_capacity(n.saturating_sub(1));
         for index in 1..n {
             let id = self.new_seq_id();
@@ -322,7 +323,14 @@ impl Scheduler {
             let last_scheduled = 0;
             self.seqs.insert(
                 id,
-                SeqEntry { seq, shared: Arc::clone(&shared), output, fork_into: 0, last_scheduled },
+                SeqEntry {
+                    seq,
+                    shared: Arc::clone(&shared),
+                    output,
+                    fork_into: 0,
+                    last_scheduled,
+                    constraint: constraint.clone(),
+                },
             );
             self.running.push(id);
             children.push(id);
@@ -374,5 +382,7 @@ fn sample_request(e: &SeqEntry) -> SampleRequest {
         } else {
             Vec::new()
         },
+        // Attached by the engine when it hands the sequence's constraint to the mask worker.
+        allowed: None,
     }
 }

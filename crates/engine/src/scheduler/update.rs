@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use pagoda_text::TokenDecoder;
 
-use crate::event::{FinishReason, TokenEvent};
+use crate::event::{FinishReason, StopReason, TokenEvent};
 use crate::executor::{SampledToken, SeqId, StepOutput};
 
 use super::{Scheduler, SeqEntry, StepEvents, UpdateError};
@@ -74,8 +74,22 @@ impl Scheduler {
         let token = sampled.token_id;
         e.seq.token_ids.push(token);
         let output_len = e.seq.output_len();
-        let at_limit = output_len >= e.shared.max_tokens || e.seq.len() >= max_model_len;
-        let outcome = e.output.push(decoder, &e.shared.stop, token, output_len, at_limit);
+        let grammar = Self::advance_constraint(e, token);
+        let grammar_done = matches!(grammar, Ok(true));
+        let at_limit = output_len >= e.shared.max_tokens
+            || e.seq.len() >= max_model_len
+            || grammar.is_err()
+            || grammar_done;
+        let mut outcome = e.output.push(decoder, &e.shared.stop, token, output_len, at_limit);
+        match grammar {
+            // A token outside the mask cannot be sampled; getting here is a bug, not the client's.
+            Err(message) => outcome.finish = Some(FinishReason::Error(message)),
+            // A complete structure ends the sample even at the length limit.
+            Ok(true) if outcome.finish == Some(FinishReason::Length) => {
+                outcome.finish = Some(FinishReason::Stop(StopReason::GrammarComplete));
+            }
+            Ok(_) => {}
+        }
         let event = TokenEvent {
             index: e.seq.sample_index,
             token_ids: vec![token],
@@ -86,6 +100,18 @@ impl Scheduler {
             timestamps: None,
         };
         (event, outcome.finish)
+    }
+
+    /// Feeds the token to the sequence's grammar, if it has one; `Ok(true)` when the grammar is
+    /// complete. End-of-sequence ids are left to the stop checks (the mask allowed them only
+    /// where the grammar may end).
+    fn advance_constraint(e: &mut SeqEntry, token: u32) -> Result<bool, String> {
+        let Some(constraint) = e.constraint.as_mut() else { return Ok(false) };
+        if e.shared.stop.eos_token_ids.contains(&token) {
+            return Ok(false);
+        }
+        constraint.0.accept_token(token).map_err(|err| format!("structured output: {err}"))?;
+        Ok(constraint.0.is_finished())
     }
 
     /// Frees a finished sequence; on the request's last sample, completes the event with usage

@@ -8,13 +8,15 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, BoxStream, StreamExt};
-use pagoda_text::Tokenizer;
+use pagoda_text::{Tokenizer, ToolCallFormat};
 
 use super::{finish_reason, response_id};
+use crate::chat_output::{whole_message, ChoiceSplit, ChoiceText};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::layers::Arrival;
 use crate::logprobs;
+use crate::openai::FinishReason;
 use crate::openai::{
     unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ErrorResponse, ResponseMessage, Usage,
@@ -22,7 +24,11 @@ use crate::openai::{
 use crate::prompt::{chat_messages, ChatOptions};
 use crate::sse;
 use crate::state::SharedState;
+use crate::structured::RequestedGrammar;
 use crate::submit::{failure, submit, ChoiceEvent, Submission};
+use crate::tools::grammar::tool_grammar;
+use crate::tools::messages::generic_conversation;
+use crate::tools::ToolRequest;
 use crate::validate::validate;
 
 /// What every chunk and the response repeat.
@@ -32,6 +38,8 @@ struct Context {
     created: u64,
     model: String,
     tokenizer: Arc<Tokenizer>,
+    /// How each choice's text splits into reasoning, content and tool calls.
+    split: ChoiceSplit,
 }
 
 impl Context {
@@ -77,22 +85,56 @@ pub async fn chat_completions(
         return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
     }
     crate::refuse::chat(&req)?;
-    let params = validate(req.common(), &state.limits)?;
-    let messages = chat_messages(&req.messages)?;
-    let options = ChatOptions::of(
+    let tools = ToolRequest::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?
+        .filter(ToolRequest::active);
+    let mut requested_grammar = req.grammar_fields().grammar()?;
+    if let (Some(_), Some(g)) = (&tools, &requested_grammar) {
+        let field = g.param.split('.').next().unwrap_or("response_format").to_owned();
+        return Err(ApiError::invalid(
+            field.clone(),
+            format!("`{field}` cannot be combined with tools; set `tool_choice` to `none` to use it"),
+        ));
+    }
+    if let Some(t) = &tools {
+        requested_grammar =
+            tool_grammar(state.tool_format, t).map(|spec| RequestedGrammar { spec, param: "tools".into() });
+    }
+    let mut params = validate(req.common(), &state.limits)?;
+    if let Some(requested) = requested_grammar {
+        params.grammar = Some(crate::structured::compile(&state, requested).await?);
+    }
+    let mut messages = chat_messages(&req.messages)?;
+    let mut options = ChatOptions::of(
         &messages,
         req.add_generation_prompt,
         req.continue_final_message,
         req.add_special_tokens,
         req.chat_template_kwargs.clone(),
     )?;
+    if let Some(t) = &tools {
+        if state.tool_format == ToolCallFormat::Generic {
+            messages = generic_conversation(messages, t);
+        } else {
+            options.template_kwargs.entry("tools").or_insert_with(|| serde_json::Value::Array(t.raw.clone()));
+        }
+    }
     let prompt = state.prompts.chat(messages, options).await?;
+    // A reasoning model's prompt may open (or, with thinking switched off, close) the reasoning.
+    let prompt_tail = prompt.text.trim_end();
+    let reasoning = state.reasoning.map(|format| (format, prompt_tail.ends_with("<think>")));
+    if let Some((format, _)) = reasoning {
+        if !prompt_tail.ends_with(format.end_tag()) {
+            params.grammar_after = Some(format.end_tag());
+        }
+    }
+    let split = ChoiceSplit { reasoning, tools: tools.as_ref().map(|_| state.tool_format) };
     let submission = submit(&state, vec![prompt], &params, arrival, "messages")?;
     let ctx = Context {
         id: response_id("chatcmpl"),
         created: unix_now(),
         model,
         tokenizer: Arc::clone(state.prompts.tokenizer()),
+        split,
     };
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
@@ -115,16 +157,22 @@ async fn collect_response(
         .into_iter()
         .enumerate()
         .map(|(index, c)| {
+            let message = whole_message(ctx.split, &c.text);
             let (finish, stop_reason) = match &c.finish {
                 Some(r) => {
                     let (f, s) = finish_reason(r);
-                    (Some(f), s)
+                    (Some(with_tool_calls(f, !message.tool_calls.is_empty())), s)
                 }
                 None => (None, None),
             };
             ChatChoice {
                 index,
-                message: ResponseMessage { role: "assistant".to_owned(), content: c.text },
+                message: ResponseMessage {
+                    role: "assistant".to_owned(),
+                    content: message.content,
+                    reasoning_content: message.reasoning,
+                    tool_calls: message.tool_calls,
+                },
                 logprobs: want_logprobs.then(|| logprobs::chat(&ctx.tokenizer, &c.logprobs)),
                 finish_reason: finish,
                 stop_reason,
@@ -148,6 +196,8 @@ struct StreamState {
     events: BoxStream<'static, ChoiceEvent>,
     include_usage: bool,
     want_logprobs: bool,
+    /// Each choice's text pipeline, by choice index.
+    texts: Vec<ChoiceText>,
     prompt_tokens: usize,
     completion_tokens: usize,
     done: bool,
@@ -168,23 +218,32 @@ impl StreamState {
             (Some(lp), true) if !lp.is_empty() => Some(logprobs::chat(&self.ctx.tokenizer, lp)),
             _ => None,
         };
-        if event.text.is_empty() && logprobs.is_none() && event.finished.is_none() {
+        let split = self.ctx.split;
+        let Some(text) = self.texts.get_mut(choice) else { return Vec::new() };
+        let piece = text.push(&event.text, event.finished.is_some());
+        if piece.is_empty() && logprobs.is_none() && event.finished.is_none() {
             return Vec::new();
         }
         let (finish, stop_reason) = match &event.finished {
             Some(r) => {
                 let (f, s) = finish_reason(r);
-                (Some(f), s)
+                (Some(with_tool_calls(f, text.made_calls())), s)
             }
             None => (None, None),
         };
-        let choice = ChatChunkChoice {
-            index: choice,
-            delta: ChatDelta { role: None, content: Some(event.text) },
-            logprobs,
-            finish_reason: finish,
-            stop_reason,
+        let non_empty = |s: String| (!s.is_empty()).then_some(s);
+        let delta = ChatDelta {
+            role: None,
+            // Without a parser the text passes as it is (empty pieces included, as before).
+            content: if split == ChoiceSplit::default() {
+                Some(piece.content)
+            } else {
+                non_empty(piece.content)
+            },
+            reasoning_content: non_empty(piece.reasoning),
+            tool_calls: (!piece.tool_calls.is_empty()).then_some(piece.tool_calls),
         };
+        let choice = ChatChunkChoice { index: choice, delta, logprobs, finish_reason: finish, stop_reason };
         vec![sse::json_event(&self.ctx.chunk(vec![choice], None))]
     }
 
@@ -211,7 +270,11 @@ fn stream_response(
         .map(|index| {
             let choice = ChatChunkChoice {
                 index,
-                delta: ChatDelta { role: Some("assistant".to_owned()), content: Some(String::new()) },
+                delta: ChatDelta {
+                    role: Some("assistant".to_owned()),
+                    content: Some(String::new()),
+                    ..Default::default()
+                },
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,
@@ -219,8 +282,10 @@ fn stream_response(
             sse::json_event(&ctx.chunk(vec![choice], None))
         })
         .collect();
+    let texts = (0..submission.num_choices()).map(|_| ChoiceText::new(ctx.split)).collect();
     let st = StreamState {
         state,
+        texts,
         want_logprobs: submission.wants_logprobs,
         ctx,
         events: submission.events,
@@ -241,4 +306,13 @@ fn stream_response(
     })
     .flat_map(stream::iter);
     sse::response(stream::iter(head).chain(body).map(Ok))
+}
+
+/// A choice that called tools and stopped on its own finishes with `tool_calls`.
+fn with_tool_calls(finish: FinishReason, made_calls: bool) -> FinishReason {
+    if made_calls && finish == FinishReason::Stop {
+        FinishReason::ToolCalls
+    } else {
+        finish
+    }
 }

@@ -92,7 +92,11 @@ pub async fn completions(
         ));
     }
     crate::refuse::completion(&req)?;
-    let params = validate(req.common(), &state.limits)?;
+    let requested_grammar = req.grammar_fields().grammar()?;
+    let mut params = validate(req.common(), &state.limits)?;
+    if let Some(requested) = requested_grammar {
+        params.grammar = Some(crate::structured::compile(&state, requested).await?);
+    }
     let add_special_tokens = req.add_special_tokens.unwrap_or(true);
     let prompts = state.prompts.completion(req.prompt.into_inputs(), add_special_tokens).await?;
     let submission = submit(&state, prompts, &params, arrival, "prompt")?;

@@ -75,21 +75,42 @@ pub struct ChatCompletionRequest {
     /// Accepted and ignored.
     #[serde(default)]
     pub user: Option<String>,
-    /// Tool calling is not supported yet: only absent, null or an empty list is accepted.
+    /// Functions the model may call: `[{"type": "function", "function": {"name", "description",
+    /// "parameters"}}]`.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<serde_json::Value>,
-    /// Only `none` (or absent) is accepted until tool calling is supported.
+    /// `none`, `auto` (the default with tools), `required`, or `{"type": "function", "function":
+    /// {"name": ...}}`.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<serde_json::Value>,
-    /// Accepted: without tools it has nothing to change.
+    /// Allow more than one call in one answer. Default true.
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
-    /// Only `{"type": "text"}` (or absent) is accepted until structured outputs are supported.
+    /// `{"type": "text"}` (the default), `{"type": "json_object"}`, or `{"type": "json_schema",
+    /// "json_schema": {"name", "schema", "strict"}}`: the output is valid by construction.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
+    /// Structured output, vLLM's form: exactly one of `json` (a schema), `regex`, `choice`,
+    /// `grammar` (Lark) or `json_object: true`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub structured_outputs: Option<serde_json::Value>,
+    /// A JSON schema (object or JSON text) the output must match (older vLLM field).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub guided_json: Option<serde_json::Value>,
+    /// A regular expression the output must match (older vLLM field).
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    /// The output is exactly one of these strings (older vLLM field).
+    #[serde(default)]
+    pub guided_choice: Option<Vec<String>>,
+    /// A Lark grammar the output must match (older vLLM field).
+    #[serde(default)]
+    pub guided_grammar: Option<String>,
     /// End the rendered prompt with the opening of the assistant's turn. Default true.
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
@@ -110,6 +131,18 @@ pub struct ChatCompletionRequest {
 }
 
 impl ChatCompletionRequest {
+    /// The structured-output fields, for [`crate::structured`].
+    pub fn grammar_fields(&self) -> crate::structured::GrammarFields<'_> {
+        crate::structured::GrammarFields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_deref(),
+            guided_choice: self.guided_choice.as_deref(),
+            guided_grammar: self.guided_grammar.as_deref(),
+        }
+    }
+
     pub fn common(&self) -> CommonParams {
         CommonParams {
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
@@ -146,7 +179,7 @@ impl ChatCompletionRequest {
 /// One message of the conversation.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
 pub struct ChatMessage {
-    /// `system`, `developer` (same as `system`), `user` or `assistant`.
+    /// `system`, `developer` (same as `system`), `user`, `assistant` or `tool`.
     pub role: String,
     /// A string or an array of `{"type": "text", "text": ...}` parts; may be null for an
     /// assistant message.
@@ -154,11 +187,14 @@ pub struct ChatMessage {
     pub content: Option<MessageContent>,
     #[serde(default)]
     pub name: Option<String>,
-    /// Tool calls of an assistant message: refused unless empty, until tool calling is
-    /// supported (the template would otherwise render a history without them).
+    /// Tool calls of an assistant message: `[{"id", "type": "function", "function": {"name",
+    /// "arguments"}}]`, the arguments a JSON object as a string.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub tool_calls: Option<serde_json::Value>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 /// Message content: a string or an array of parts.
@@ -227,7 +263,50 @@ pub struct ChatChoice {
 pub struct ResponseMessage {
     /// Always `assistant`.
     pub role: String,
-    pub content: String,
+    /// `null` when the model only called tools.
+    pub content: Option<String>,
+    /// The model's reasoning, with a reasoning parser (`--reasoning-parser`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A call the model made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCall {
+    /// `call_...`, unique.
+    pub id: String,
+    /// Always `function`.
+    pub r#type: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments: a JSON object, as a string.
+    pub arguments: String,
+}
+
+/// A piece of a streamed tool call: the first for a call has its `id`, `type` and `name`; later
+/// ones add `arguments` text, which concatenates to the whole JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r#type: Option<String>,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCallDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// `chat.completion.chunk`: one SSE event of a streamed chat completion.
@@ -261,6 +340,10 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// Chat logprobs: one entry per output token.
@@ -331,7 +414,7 @@ mod tests {
             model: "m".into(),
             choices: vec![ChatChunkChoice {
                 index: 0,
-                delta: ChatDelta { role: None, content: Some("x".into()) },
+                delta: ChatDelta { content: Some("x".into()), ..Default::default() },
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,

@@ -69,10 +69,29 @@ pub struct CompletionRequest {
     /// Accepted and ignored.
     #[serde(default)]
     pub user: Option<String>,
-    /// Only `{"type": "text"}` (or absent) is accepted until structured outputs are supported.
+    /// `{"type": "text"}` (the default), `{"type": "json_object"}`, or `{"type": "json_schema",
+    /// "json_schema": {"name", "schema", "strict"}}`: the output is valid by construction.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
+    /// Structured output, vLLM's form: exactly one of `json` (a schema), `regex`, `choice`,
+    /// `grammar` (Lark) or `json_object: true`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub structured_outputs: Option<serde_json::Value>,
+    /// A JSON schema (object or JSON text) the output must match (older vLLM field).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub guided_json: Option<serde_json::Value>,
+    /// A regular expression the output must match (older vLLM field).
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    /// The output is exactly one of these strings (older vLLM field).
+    #[serde(default)]
+    pub guided_choice: Option<Vec<String>>,
+    /// A Lark grammar the output must match (older vLLM field).
+    #[serde(default)]
+    pub guided_grammar: Option<String>,
     /// Add the tokenizer's special tokens (e.g. BOS) to text prompts. Default true.
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
@@ -82,6 +101,18 @@ pub struct CompletionRequest {
 }
 
 impl CompletionRequest {
+    /// The structured-output fields, for [`crate::structured`].
+    pub fn grammar_fields(&self) -> crate::structured::GrammarFields<'_> {
+        crate::structured::GrammarFields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_deref(),
+            guided_choice: self.guided_choice.as_deref(),
+            guided_grammar: self.guided_grammar.as_deref(),
+        }
+    }
+
     pub fn common(&self) -> CommonParams {
         CommonParams {
             max_tokens: self.max_tokens,

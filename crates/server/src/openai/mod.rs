@@ -11,8 +11,8 @@ pub mod tokenize;
 
 pub use chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-    ChatDelta, ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ContentPart, MessageContent,
-    ResponseMessage,
+    ChatDelta, ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ContentPart, FunctionCall,
+    FunctionCallDelta, MessageContent, ResponseMessage, ToolCall, ToolCallDelta,
 };
 pub use common::{unix_now, ErrorDetail, ErrorResponse, StopSpec, StreamOptions, Usage};
 pub use completions::{

@@ -46,6 +46,8 @@ pub enum FinishReason {
     Length,
     /// The request was aborted (e.g. the server shut down).
     Abort,
+    /// The model called tools.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -54,6 +56,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }

@@ -49,6 +49,9 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     )?;
     let vocab_size = tokenizer.vocab_size();
     let state = Arc::new(AppState {
+        grammars: None,
+        tool_format: pagoda_text::ToolCallFormat::Generic,
+        reasoning: None,
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),
         prompts: PromptBuilder::new(tokenizer, Some(Arc::new(template)), vocab_size, 2048),
         engine,

@@ -256,8 +256,8 @@ fn template_options(rng: &mut Rng, m: &mut Map<String, Value>) {
     }
 }
 
-/// Fields the server accepts only with their no-op values (tools, structured output,
-/// priority), and bookkeeping fields it ignores.
+/// No-op values of fields that can change the output (tools, structured output, priority), and
+/// bookkeeping fields the server ignores.
 fn no_ops(rng: &mut Rng, m: &mut Map<String, Value>, chat: bool) {
     let mut options = vec![
         ("response_format", json!({"type": "text"})),

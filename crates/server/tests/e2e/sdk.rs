@@ -1,0 +1,75 @@
+//! The official OpenAI Python SDK against the real server: tests/sdk/check_structured.py
+//! (structured output: `chat.completions.parse` with pydantic models, `json_object` streamed,
+//! `guided_choice`, `structured_outputs.regex`, completions with `guided_json`, and an invalid
+//! schema raising `BadRequestError`), run with the Python of the virtual environment that
+//! `make sdk-tools` (scripts/install-sdk-tools.sh) installs. Its absence fails the test.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::harness::{shared, API_KEY};
+
+/// How long the whole script may take against the shared server.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The repository root (Cargo's run-time value first, as in `harness::model_path`).
+fn repo_root() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("../..")
+}
+
+/// `$PAGODA_TOOLS_DIR/sdk/bin/python` (default `~/.cache/pagoda-tools/sdk/bin/python`).
+fn sdk_python() -> PathBuf {
+    let tools = std::env::var_os("PAGODA_TOOLS_DIR").filter(|d| !d.is_empty()).map_or_else(
+        || {
+            let home = std::env::var_os("HOME").expect("HOME is unset: cannot find ~/.cache/pagoda-tools");
+            PathBuf::from(home).join(".cache/pagoda-tools")
+        },
+        PathBuf::from,
+    );
+    let python = tools.join("sdk/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `make sdk-tools` (scripts/install-sdk-tools.sh) to install the OpenAI SDK",
+        python.display()
+    );
+    python
+}
+
+#[tokio::test]
+async fn openai_python_sdk_structured_outputs() -> Result<()> {
+    let python = sdk_python();
+    let script = repo_root().join("tests/sdk/check_structured.py");
+    assert!(script.exists(), "{} is missing", script.display());
+    let base_url = shared().url("/v1");
+    let child = tokio::process::Command::new(&python)
+        .arg(&script)
+        .args(["--base-url", &base_url, "--api-key", API_KEY, "--model", "smol"])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", python.display()))?;
+    let output = match tokio::time::timeout(TIMEOUT, child.wait_with_output()).await {
+        Ok(output) => output.context("waiting for the SDK checks")?,
+        // Dropping the future drops the child, which kills it.
+        Err(_) => panic!("{} did not finish within {TIMEOUT:?}", script.display()),
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the OpenAI SDK checks failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        output.status
+    );
+    // Shown with --nocapture.
+    print!("{stdout}");
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! `pagoda-structured`: structured output. Requests name a grammar ([`GrammarSpec`]: a JSON
+//! schema, any JSON object, a regex, a choice, a Lark grammar); [`GrammarCompiler`] compiles it
+//! with llguidance against the model's own vocabulary (`tok_env`) and caches it by its text; each
+//! sequence gets a [`GrammarConstraint`], the engine's `TokenConstraint`, whose token masks the
+//! engine computes while the model runs.
+
+mod compiler;
+mod constraint;
+mod error;
+mod spec;
+mod tok_env;
+
+pub use compiler::{CompiledGrammar, GrammarCompiler};
+pub use constraint::GrammarConstraint;
+pub use error::GrammarError;
+pub use spec::GrammarSpec;
+pub use tok_env::PagodaTokEnv;
