@@ -50,6 +50,18 @@ impl TestServer {
         Self::start_with_model(&model_path().display().to_string(), extra)
     }
 
+    /// Starts `pagoda serve` with the real model, `template` as its chat template (written to a
+    /// file named after `name`) and `extra` flags.
+    pub fn start_with_template(name: &str, template: &str, extra: &[&str]) -> TestServer {
+        let dir = std::env::temp_dir().join(format!("pagoda-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("template.jinja");
+        std::fs::write(&path, template).expect("template file");
+        let mut flags = vec!["--chat-template", path.to_str().expect("utf-8 temp path")];
+        flags.extend_from_slice(extra);
+        Self::start(&flags)
+    }
+
     /// Starts `pagoda serve` in-process with `--model model` and `extra` flags.
     pub fn start_with_model(model: &str, extra: &[&str]) -> TestServer {
         let mut argv = vec![

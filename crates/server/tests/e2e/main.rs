@@ -12,6 +12,7 @@ mod hostile;
 mod hub;
 mod load;
 mod metric_labels;
+mod reasoning;
 mod sdk;
 mod second_signal;
 mod shutdown;

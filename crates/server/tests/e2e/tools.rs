@@ -227,18 +227,11 @@ Return each call as <tool_call>
 fn hermes_server() -> &'static TestServer {
     static SERVER: OnceLock<TestServer> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("pagoda-hermes-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("template.jinja");
-        std::fs::write(&path, HERMES_TEMPLATE).unwrap();
-        TestServer::start(&[
-            "--chat-template",
-            path.to_str().unwrap(),
-            "--tool-call-parser",
+        TestServer::start_with_template(
             "hermes",
-            "--max-num-seqs",
-            "8",
-        ])
+            HERMES_TEMPLATE,
+            &["--tool-call-parser", "hermes", "--max-num-seqs", "8"],
+        )
     })
 }
 

@@ -1,0 +1,79 @@
+//! Reasoning output through the real server: `--reasoning-parser qwen3` with a Qwen3-style
+//! template that opens `<think>` in the prompt (or closes it at once with
+//! `chat_template_kwargs: {"enable_thinking": false}`). SmolLM2 never closes the reasoning, so
+//! with thinking on everything it writes is reasoning; with thinking off a grammar applies from
+//! the first token.
+
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::harness::{client, post_json, read_sse, TestServer};
+
+const QWEN3_STYLE: &str = r#"{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking == false %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %}"#;
+
+fn server() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        TestServer::start_with_template(
+            "reasoning",
+            QWEN3_STYLE,
+            &["--reasoning-parser", "qwen3", "--max-num-seqs", "8"],
+        )
+    })
+}
+
+fn body(extra: Value) -> Value {
+    let mut b = json!({"model": "smol", "messages": [{"role": "user", "content": "Is the sky blue? Think first."}],
+                       "max_tokens": 24, "temperature": 0});
+    b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    b
+}
+
+#[tokio::test]
+async fn reasoning_is_split_from_content_whole_and_streamed() -> Result<()> {
+    let s = server();
+    let (status, resp) = post_json(&client(), &s.url("/v1/chat/completions"), &body(json!({}))).await?;
+    assert_eq!(status, 200, "{resp}");
+    let message = &resp["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().context("reasoning_content")?.to_owned();
+    assert!(!reasoning.is_empty(), "{resp}");
+    assert_eq!(message["content"], "", "the reasoning never ended, so there is no content: {resp}");
+
+    let resp =
+        client().post(s.url("/v1/chat/completions")).json(&body(json!({"stream": true}))).send().await?;
+    let (events, done) = read_sse(resp).await?;
+    assert!(done);
+    let mut streamed = String::new();
+    for e in &events {
+        let delta = &e["choices"][0]["delta"];
+        streamed.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        assert!(delta["content"].as_str().unwrap_or("").is_empty(), "content leaked: {delta}");
+    }
+    assert_eq!(streamed, reasoning);
+    Ok(())
+}
+
+#[tokio::test]
+async fn thinking_off_reaches_the_template_and_the_grammar_applies_at_once() -> Result<()> {
+    let s = server();
+    let extra = json!({"chat_template_kwargs": {"enable_thinking": false}, "guided_choice": ["yes", "no"]});
+    let (status, resp) = post_json(&client(), &s.url("/v1/chat/completions"), &body(extra)).await?;
+    assert_eq!(status, 200, "{resp}");
+    let message = &resp["choices"][0]["message"];
+    assert!(message["reasoning_content"].is_null(), "{resp}");
+    let content = message["content"].as_str().context("content")?;
+    assert!(["yes", "no"].contains(&content), "{resp}");
+    assert_eq!(resp["choices"][0]["finish_reason"], "stop");
+    Ok(())
+}
