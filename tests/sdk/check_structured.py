@@ -228,6 +228,111 @@ def invalid_schema_is_bad_request(ctx: Context) -> str:
     raise CheckFailed(f"no error: the server answered {completion.model_dump_json()}")
 
 
+# --- Tool calls -------------------------------------------------------------------------------
+
+
+class GetWeather(BaseModel):
+    """Current weather in a city."""
+
+    city: str = Field(max_length=30)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": GetWeather.model_json_schema(),
+    },
+}
+
+
+def check_weather_call(name: str, arguments: str) -> dict:
+    expect(name == "get_weather", f"called {name!r}")
+    args = loads_json(arguments, "arguments")
+    validate(args, GetWeather.model_json_schema(), "arguments")
+    return args
+
+
+def tool_call_required(ctx: Context) -> str:
+    completion = ctx.client.chat.completions.create(
+        model=ctx.model,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    choice = completion.choices[0]
+    expect(choice.finish_reason == "tool_calls", f"finish_reason {choice.finish_reason!r}")
+    calls = choice.message.tool_calls or []
+    expect(len(calls) >= 1, f"no tool calls: {choice.message}")
+    expect(choice.message.content is None, f"content beside the calls: {choice.message.content!r}")
+    args = check_weather_call(calls[0].function.name, calls[0].function.arguments)
+    return f"{calls[0].id} get_weather({json.dumps(args)})"
+
+
+def tool_call_stream_helper(ctx: Context) -> str:
+    """The SDK's stream helper reassembles tool-call deltas into the final message."""
+    stream_method = getattr(ctx.client.chat.completions, "stream", None) or ctx.client.beta.chat.completions.stream
+    with stream_method(
+        model=ctx.model,
+        messages=[{"role": "user", "content": "Weather in Oslo, in celsius?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    ) as stream:
+        argument_deltas = 0
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                argument_deltas += 1
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    expect(choice.finish_reason == "tool_calls", f"finish_reason {choice.finish_reason!r}")
+    calls = choice.message.tool_calls or []
+    expect(len(calls) == 1, f"{len(calls)} calls: {choice.message}")
+    expect(argument_deltas >= 1, "no arguments delta events")
+    args = check_weather_call(calls[0].function.name, calls[0].function.arguments)
+    return f"{argument_deltas} argument deltas -> get_weather({json.dumps(args)})"
+
+
+def tool_call_parsed_arguments(ctx: Context) -> str:
+    """`openai.pydantic_function_tool` with `parse`: strict tool schemas and `.parsed_arguments`."""
+    completion = parse_method(ctx.client)(
+        model=ctx.model,
+        messages=[{"role": "user", "content": "What is the weather in Rome in fahrenheit?"}],
+        tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice="required",
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    calls = completion.choices[0].message.tool_calls or []
+    expect(len(calls) >= 1, "no tool calls")
+    parsed = calls[0].function.parsed_arguments
+    expect(isinstance(parsed, GetWeather), f"parsed_arguments is {type(parsed).__name__}")
+    return f"{parsed!r}"
+
+
+def tool_result_turn(ctx: Context) -> str:
+    """A multi-turn exchange: the call, its result, and the model's answer."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = ctx.client.chat.completions.create(
+        model=ctx.model, messages=messages, tools=[WEATHER_TOOL], tool_choice="required",
+        max_tokens=MAX_TOKENS, temperature=0,
+    )
+    call = first.choices[0].message.tool_calls[0]
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"})
+    second = ctx.client.chat.completions.create(
+        model=ctx.model, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=40, temperature=0,
+    )
+    content = second.choices[0].message.content
+    expect(isinstance(content, str), f"no answer: {second.choices[0].message}")
+    return f"answer {content[:60]!r}"
+
+
 CHECKS: list[Callable[[Context], str]] = [
     parse_city,
     parse_nested_person,
@@ -236,6 +341,10 @@ CHECKS: list[Callable[[Context], str]] = [
     structured_outputs_regex,
     completions_guided_json,
     invalid_schema_is_bad_request,
+    tool_call_required,
+    tool_call_stream_helper,
+    tool_call_parsed_arguments,
+    tool_result_turn,
 ]
 
 

@@ -57,7 +57,15 @@ impl ChoiceText {
                 if last {
                     let tail = tools.finish();
                     parts.content.push_str(&tail.content);
-                    parts.tool_calls.extend(tail.tool_calls);
+                    for d in tail.tool_calls {
+                        match parts.tool_calls.last_mut() {
+                            Some(prev) if prev.index == d.index && d.id.is_none() => {
+                                let args = d.function.arguments.unwrap_or_default();
+                                prev.function.arguments.get_or_insert_with(String::new).push_str(&args);
+                            }
+                            _ => parts.tool_calls.push(d),
+                        }
+                    }
                 }
                 ChoicePiece { reasoning: String::new(), content: parts.content, tool_calls: parts.tool_calls }
             }

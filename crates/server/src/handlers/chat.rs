@@ -272,7 +272,8 @@ fn stream_response(
                 index,
                 delta: ChatDelta {
                     role: Some("assistant".to_owned()),
-                    content: Some(String::new()),
+                    // With tools or reasoning the message may have no content at all.
+                    content: (ctx.split == ChoiceSplit::default()).then(String::new),
                     ..Default::default()
                 },
                 logprobs: None,

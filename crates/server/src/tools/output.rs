@@ -43,12 +43,21 @@ impl ToolDeltas {
                         function: FunctionCallDelta { name: Some(name), arguments: Some(String::new()) },
                     });
                 }
-                ToolStreamEvent::CallArguments { index, fragment } => parts.tool_calls.push(ToolCallDelta {
-                    index,
-                    id: None,
-                    r#type: None,
-                    function: FunctionCallDelta { name: None, arguments: Some(fragment) },
-                }),
+                ToolStreamEvent::CallArguments { index, fragment } => {
+                    // One delta per call in a chunk, as OpenAI sends them (the SDK's stream helper
+                    // would take two deltas of one index in the same chunk for two calls).
+                    match parts.tool_calls.last_mut() {
+                        Some(last) if last.index == index => {
+                            last.function.arguments.get_or_insert_with(String::new).push_str(&fragment)
+                        }
+                        _ => parts.tool_calls.push(ToolCallDelta {
+                            index,
+                            id: None,
+                            r#type: None,
+                            function: FunctionCallDelta { name: None, arguments: Some(fragment) },
+                        }),
+                    }
+                }
             }
         }
         parts
@@ -88,5 +97,11 @@ mod tests {
         assert_eq!(args, r#"{"a":1,"b":2}"#);
         assert!(parts.iter().all(|p| p.content.is_empty()));
         assert!(deltas.made_calls());
+        // A whole call in one piece is one delta, as OpenAI sends it (one per index a chunk).
+        let mut whole = ToolDeltas::new(ToolCallFormat::Hermes);
+        let mut piece = whole.push(text);
+        piece.tool_calls.extend(whole.finish().tool_calls);
+        assert_eq!(piece.tool_calls.len(), 1, "{piece:?}");
+        assert_eq!(piece.tool_calls[0].function.arguments.as_deref(), Some(r#"{"a":1,"b":2}"#));
     }
 }
