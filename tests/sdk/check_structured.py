@@ -333,6 +333,32 @@ def tool_result_turn(ctx: Context) -> str:
     return f"answer {content[:60]!r}"
 
 
+# --- Reasoning (a server started with --reasoning-parser; see --suite) ------------------------
+
+
+def reasoning_content(ctx: Context) -> str:
+    """`reasoning_content` reaches the SDK's message (as an extra field) and stays out of content."""
+    completion = ctx.client.chat.completions.create(
+        model=ctx.model, messages=[{"role": "user", "content": "Is the sky blue? Think first."}], max_tokens=24,
+        temperature=0,
+    )
+    message = completion.choices[0].message
+    reasoning = getattr(message, "reasoning_content", None)
+    expect(isinstance(reasoning, str) and reasoning, f"no reasoning_content: {message}")
+    expect("<think>" not in (message.content or "") and "</think>" not in reasoning, f"tags leaked: {message}")
+    streamed = ""
+    for chunk in ctx.client.chat.completions.create(
+        model=ctx.model, messages=[{"role": "user", "content": "Is the sky blue? Think first."}], max_tokens=24,
+        temperature=0, stream=True,
+    ):
+        if chunk.choices:
+            streamed += getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+    expect(streamed == reasoning, f"streamed reasoning {streamed!r} != {reasoning!r}")
+    return f"reasoning {reasoning[:50]!r}"
+
+
+REASONING_CHECKS: list[Callable[[Context], str]] = [reasoning_content]
+
 CHECKS: list[Callable[[Context], str]] = [
     parse_city,
     parse_nested_person,
@@ -354,16 +380,20 @@ def main() -> int:
     parser.add_argument("--api-key", required=True)
     parser.add_argument("--model", required=True, help="the served model name")
     parser.add_argument("--only", action="append", default=[], help="run only this check (repeatable)")
+    parser.add_argument(
+        "--suite", choices=["default", "reasoning"], default="default",
+        help="reasoning: the checks for a server started with --reasoning-parser",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     args = parser.parse_args()
 
-    checks = CHECKS
+    checks = REASONING_CHECKS if args.suite == "reasoning" else CHECKS
     if args.only:
-        names = {c.__name__ for c in CHECKS}
+        names = {c.__name__ for c in checks}
         unknown = sorted(set(args.only) - names)
         if unknown:
             parser.error(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-        checks = [c for c in CHECKS if c.__name__ in args.only]
+        checks = [c for c in checks if c.__name__ in args.only]
 
     # No retries: a failure shows at once instead of being hidden by a second try.
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=args.timeout)

@@ -22,7 +22,7 @@ const QWEN3_STYLE: &str = r#"{%- for message in messages %}<|im_start|>{{ messag
 {% else %}<think>
 {% endif %}{% endif %}"#;
 
-fn server() -> &'static TestServer {
+pub fn server() -> &'static TestServer {
     static SERVER: OnceLock<TestServer> = OnceLock::new();
     SERVER.get_or_init(|| {
         TestServer::start_with_template(

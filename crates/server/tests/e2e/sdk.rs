@@ -1,8 +1,11 @@
 //! The official OpenAI Python SDK against the real server: tests/sdk/check_structured.py
 //! (structured output: `chat.completions.parse` with pydantic models, `json_object` streamed,
-//! `guided_choice`, `structured_outputs.regex`, completions with `guided_json`, and an invalid
-//! schema raising `BadRequestError`), run with the Python of the virtual environment that
-//! `make sdk-tools` (scripts/install-sdk-tools.sh) installs. Its absence fails the test.
+//! `guided_choice`, `structured_outputs.regex`, completions with `guided_json`, an invalid
+//! schema raising `BadRequestError`; tool calls: `required`, the SDK's stream helper
+//! reassembling call deltas, `pydantic_function_tool` with `parsed_arguments`, a tool-result
+//! turn; and, against a server with `--reasoning-parser`, `reasoning_content`), run with the
+//! Python of the virtual environment that `make sdk-tools` (scripts/install-sdk-tools.sh)
+//! installs. Its absence fails the test.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -43,16 +46,16 @@ fn sdk_python() -> PathBuf {
     python
 }
 
-#[tokio::test]
-async fn openai_python_sdk_structured_outputs() -> Result<()> {
+/// Runs the SDK checks (`extra` arguments select a suite) against the server at `base_url`.
+async fn run_checks(base_url: &str, extra: &[&str]) -> Result<()> {
     let python = sdk_python();
     let script = repo_root().join("tests/sdk/check_structured.py");
     assert!(script.exists(), "{} is missing", script.display());
-    let base_url = shared().url("/v1");
     let child = tokio::process::Command::new(&python)
         .arg(&script)
-        .args(["--base-url", &base_url, "--api-key", API_KEY])
+        .args(["--base-url", base_url, "--api-key", API_KEY])
         .args(["--model", "smol", "--timeout", REQUEST_TIMEOUT_S])
+        .args(extra)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::null())
@@ -76,4 +79,15 @@ async fn openai_python_sdk_structured_outputs() -> Result<()> {
     // Shown with --nocapture.
     print!("{stdout}");
     Ok(())
+}
+
+#[tokio::test]
+async fn openai_python_sdk_structured_outputs_and_tools() -> Result<()> {
+    run_checks(&shared().url("/v1"), &[]).await
+}
+
+#[tokio::test]
+async fn openai_python_sdk_reasoning_content() -> Result<()> {
+    // The reasoning server takes no API key; the script sends one anyway.
+    run_checks(&crate::reasoning::server().url("/v1"), &["--suite", "reasoning"]).await
 }
