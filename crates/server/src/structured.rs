@@ -2,14 +2,16 @@
 //! runtime. Accepted, as vLLM and the OpenAI SDK send them:
 //!
 //! - `response_format`: `text`, `json_object`, `json_schema` (`{name, schema, strict}`);
+//! - `response_format` of type `structural_tag` and `structured_outputs.structural_tag`: free text
+//!   in which tags that start with a trigger must be complete (`begin`, JSON per `schema`, `end`);
 //! - `structured_outputs`: exactly one of `json`, `regex`, `choice`, `grammar` (Lark),
-//!   `json_object`;
+//!   `json_object`, `structural_tag`;
 //! - the older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 //!
 //! At most one of them may ask for a grammar; anything malformed or unsupported is a 400 naming
 //! the parameter and the reason.
 
-use pagoda_structured::{CompiledGrammar, GrammarError, GrammarSpec};
+use pagoda_structured::{CompiledGrammar, GrammarError, GrammarSpec, StructuralTag, TagStructure};
 use serde_json::Value;
 
 use crate::error::{ApiError, InvalidParam};
@@ -67,6 +69,49 @@ fn choices_of(param: &str, value: &Value) -> Result<GrammarSpec, InvalidParam> {
     Ok(GrammarSpec::Choice(choices))
 }
 
+/// vLLM's structural tag, `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`, as
+/// an object or as JSON text (`type: "structural_tag"` may be in it).
+fn structural_tag_of(param: &str, value: &Value) -> Result<GrammarSpec, InvalidParam> {
+    let parsed;
+    let value = match value {
+        Value::String(text) => {
+            parsed = serde_json::from_str::<Value>(text)
+                .map_err(|e| invalid(param, format!("the structural tag is not valid JSON: {e}")))?;
+            &parsed
+        }
+        other => other,
+    };
+    let obj = value
+        .as_object()
+        .ok_or_else(|| invalid(param, "must be an object with `structures` and `triggers`"))?;
+    let list = |key: &str| {
+        obj.get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| invalid(&format!("{param}.{key}"), "is required (a list)"))
+    };
+    let structures = list("structures")?
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let p = format!("{param}.structures[{i}]");
+            let text = |key: &str| {
+                s.get(key)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .ok_or_else(|| invalid(&format!("{p}.{key}"), "must be a string"))
+            };
+            let schema = s.get("schema").cloned().unwrap_or(Value::Bool(true));
+            Ok(TagStructure { begin: text("begin")?, schema, end: text("end")? })
+        })
+        .collect::<Result<Vec<_>, InvalidParam>>()?;
+    let triggers = list("triggers")?
+        .iter()
+        .map(|t| t.as_str().map(str::to_owned))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| invalid(&format!("{param}.triggers"), "must be a list of strings"))?;
+    Ok(GrammarSpec::StructuralTag(StructuralTag { structures, triggers }))
+}
+
 /// `response_format`: `None` for plain text.
 fn response_format(value: &Value) -> Result<Option<GrammarSpec>, InvalidParam> {
     const P: &str = "response_format";
@@ -93,9 +138,12 @@ fn response_format(value: &Value) -> Result<Option<GrammarSpec>, InvalidParam> {
                 .ok_or_else(|| invalid("response_format.json_schema.schema", "is required"))?;
             schema_of("response_format.json_schema.schema", schema).map(Some)
         }
+        "structural_tag" => structural_tag_of("response_format", value).map(Some),
         other => Err(invalid(
             "response_format.type",
-            format!("`{other}` is not supported; use `text`, `json_object` or `json_schema`"),
+            format!(
+                "`{other}` is not supported; use `text`, `json_object`, `json_schema` or `structural_tag`"
+            ),
         )),
     }
 }
@@ -118,7 +166,7 @@ fn structured_outputs(value: &Value) -> Result<(GrammarSpec, String), InvalidPar
                 Some(false) => continue,
                 None => return Err(invalid(&param, "must be a boolean")),
             },
-            "structural_tag" => return Err(invalid(&param, "structural tags are not supported yet")),
+            "structural_tag" => structural_tag_of(&param, v)?,
             _ => {
                 return Err(invalid(
                     &param,
@@ -143,8 +191,8 @@ impl GrammarFields<'_> {
         if let Some(v) = self.response_format.filter(|v| !v.is_null()) {
             if let Some(spec) = response_format(v)? {
                 let param = match spec {
-                    GrammarSpec::JsonObject => "response_format",
-                    _ => "response_format.json_schema.schema",
+                    GrammarSpec::JsonSchema(_) => "response_format.json_schema.schema",
+                    _ => "response_format",
                 };
                 push(spec, param);
             }
@@ -268,7 +316,18 @@ mod tests {
         let tag = json!({"structural_tag": "{}"});
         let err =
             GrammarFields { structured_outputs: Some(&tag), ..Default::default() }.grammar().unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("structured_outputs.structural_tag"));
+        assert_eq!(err.param.as_deref(), Some("structured_outputs.structural_tag.structures"));
+        let tag = json!({"structural_tag": {"structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f"]}});
+        let g = GrammarFields { structured_outputs: Some(&tag), ..Default::default() }
+            .grammar()
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(g.spec, GrammarSpec::StructuralTag(ref t) if t.triggers == ["<f"] && t.structures[0].end == "</f>")
+        );
+        let rf = json!({"type": "structural_tag", "structures": [{"begin": "<f>", "end": "</f>"}], "triggers": ["<f"]});
+        let g = fields(&rf).grammar().unwrap().unwrap();
+        assert_eq!(g.param, "response_format");
         let choices = vec!["a".to_owned(), "b".to_owned()];
         let g =
             GrammarFields { guided_choice: Some(&choices), ..Default::default() }.grammar().unwrap().unwrap();

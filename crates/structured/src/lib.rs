@@ -13,5 +13,5 @@ mod tok_env;
 pub use compiler::{CompiledGrammar, GrammarCompiler};
 pub use constraint::GrammarConstraint;
 pub use error::GrammarError;
-pub use spec::GrammarSpec;
+pub use spec::{GrammarSpec, StructuralTag, TagStructure};
 pub use tok_env::PagodaTokEnv;

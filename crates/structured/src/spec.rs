@@ -20,6 +20,73 @@ pub enum GrammarSpec {
     Choice(Vec<String>),
     /// A grammar in llguidance's Lark dialect (`guided_grammar`, `structured_outputs.grammar`).
     Lark(String),
+    /// Free text in which each tag that starts with a trigger must be complete and valid
+    /// (vLLM's `structural_tag`).
+    StructuralTag(StructuralTag),
+}
+
+/// One tagged structure: `begin`, a JSON value matching `schema`, `end`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TagStructure {
+    pub begin: String,
+    pub schema: Value,
+    pub end: String,
+}
+
+/// vLLM's structural tag: text is free until one of `triggers` appears; from there the output
+/// must be one of the `structures` whose `begin` starts with that trigger, then free text again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StructuralTag {
+    pub structures: Vec<TagStructure>,
+    pub triggers: Vec<String>,
+}
+
+impl StructuralTag {
+    /// The tag as a Lark grammar: text that contains no trigger, and complete structures.
+    fn to_lark(&self) -> Result<String, GrammarError> {
+        let bad = |what: String| Err(GrammarError::Invalid(what));
+        if self.triggers.is_empty() || self.triggers.iter().any(String::is_empty) {
+            return bad("`triggers` must be a non-empty list of non-empty strings".into());
+        }
+        if self.structures.is_empty() {
+            return bad("`structures` must not be empty".into());
+        }
+        let mut lines = Vec::new();
+        let mut segments = Vec::new();
+        for (i, s) in self.structures.iter().enumerate() {
+            if !self.triggers.iter().any(|t| s.begin.starts_with(t.as_str())) {
+                return bad(format!("structures[{i}].begin {:?} does not start with any trigger", s.begin));
+            }
+            if !s.schema.is_object() && s.schema != Value::Bool(true) {
+                return bad(format!("structures[{i}].schema must be a JSON schema object"));
+            }
+        }
+        // Per trigger: free text up to and including the trigger (a lazy rule that ends at its
+        // first occurrence), then the rest of one of the structures it starts.
+        for (t, trigger) in self.triggers.iter().enumerate() {
+            let mut rests = Vec::new();
+            for (i, s) in self.structures.iter().enumerate() {
+                let Some(rest) = s.begin.strip_prefix(trigger.as_str()) else { continue };
+                let schema = if s.schema == Value::Bool(true) { json!({}) } else { with_layout(&s.schema) };
+                let rest = if rest.is_empty() { String::new() } else { format!("{} ", Value::from(rest)) };
+                lines.push(format!("tag_{t}_{i}: {rest}%json {schema} {}", Value::from(s.end.as_str())));
+                rests.push(format!("tag_{t}_{i}"));
+            }
+            if rests.is_empty() {
+                continue;
+            }
+            lines.push(format!("to_{t}[suffix={}]: /(.|\\n)*/", Value::from(trigger.as_str())));
+            lines.push(format!("after_{t}: {}", rests.join(" | ")));
+            segments.push(format!("to_{t} after_{t}"));
+        }
+        let triggers: Vec<String> = self.triggers.iter().map(|t| escape_regex(t)).collect();
+        Ok(format!(
+            "start: segment* end\nsegment: {}\nend: \"\" | END\nEND: /(.|\\n)+/ & ~/(.|\\n)*({})(.|\\n)*/\n{}\n",
+            segments.join(" | "),
+            triggers.join("|"),
+            lines.join("\n")
+        ))
+    }
 }
 
 /// JSON whitespace: none but one space after `:` and `,`, the way models were mostly trained to
@@ -52,6 +119,14 @@ impl GrammarSpec {
             GrammarSpec::Regex(r) => format!("regex:{r}"),
             GrammarSpec::Choice(c) => format!("choice:{}", Value::from(c.clone())),
             GrammarSpec::Lark(g) => format!("lark:{g}"),
+            GrammarSpec::StructuralTag(t) => {
+                let structures: Vec<Value> = t
+                    .structures
+                    .iter()
+                    .map(|s| json!({"begin": s.begin, "schema": s.schema, "end": s.end}))
+                    .collect();
+                format!("structural_tag:{}", json!({"structures": structures, "triggers": t.triggers}))
+            }
         }
     }
 
@@ -63,6 +138,7 @@ impl GrammarSpec {
             GrammarSpec::Regex(_) => "regex",
             GrammarSpec::Choice(_) => "choice",
             GrammarSpec::Lark(_) => "grammar",
+            GrammarSpec::StructuralTag(_) => "structural_tag",
         }
     }
 
@@ -98,6 +174,7 @@ impl GrammarSpec {
                 }
                 TopLevelGrammar::from_lark(grammar.clone())
             }
+            GrammarSpec::StructuralTag(tag) => TopLevelGrammar::from_lark(tag.to_lark()?),
         })
     }
 }

@@ -199,3 +199,30 @@ fn every_fixture_schema_compiles_and_accepts_its_example() {
     }
     assert!(checked >= 50, "{checked} schemas");
 }
+
+#[test]
+fn structural_tags_hold_only_after_a_trigger() {
+    use pagoda_structured::{StructuralTag, TagStructure};
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false});
+    let tag = GrammarSpec::StructuralTag(StructuralTag {
+        structures: vec![TagStructure {
+            begin: "<function=get_weather>".into(),
+            schema,
+            end: "</function>".into(),
+        }],
+        triggers: vec!["<function=".into()],
+    });
+    assert_eq!(walk(&tag, "Let me check. "), Ok(true), "free text may end anywhere");
+    assert_eq!(
+        walk(&tag, r#"Let me check. <function=get_weather>{"city": "Paris"}</function> Done."#),
+        Ok(true)
+    );
+    assert!(walk(&tag, "Text <function=get_time>").is_err(), "a trigger starts a known structure only");
+    assert!(
+        walk(&tag, r#"<function=get_weather>{"town": "Paris"}"#).is_err(),
+        "the schema holds inside the tag"
+    );
+    assert_eq!(walk(&tag, r#"<function=get_weather>{"city": "Paris"}"#), Ok(false), "a tag must be closed");
+    let bad = StructuralTag { structures: vec![], triggers: vec!["<f".into()] };
+    assert!(compiler().compile(&GrammarSpec::StructuralTag(bad)).is_err());
+}

@@ -207,7 +207,10 @@ async fn bad_grammars_are_400s_naming_the_field() -> Result<()> {
         (json!({"structured_outputs": {"regex": "a", "choice": ["a"]}}), "structured_outputs.choice"),
         (json!({"guided_choice": []}), "guided_choice"),
         (json!({"guided_json": {"type": "object"}, "guided_regex": "a"}), "guided_regex"),
-        (json!({"structured_outputs": {"structural_tag": "{}"}}), "structured_outputs.structural_tag"),
+        (
+            json!({"structured_outputs": {"structural_tag": "{}"}}),
+            "structured_outputs.structural_tag.structures",
+        ),
     ];
     for (extra, param) in cases {
         let mut body =
@@ -230,4 +233,47 @@ fn the_validator_accepts_every_fixture_example() {
         // The validator is not a pushover: a wrong type fails.
         assert!(invalid_reason(&schema, "\"\\u0000 not this\"").is_some(), "{file}");
     }
+}
+
+#[tokio::test]
+async fn structural_tags_constrain_only_the_tagged_parts() -> Result<()> {
+    let tag = json!({
+        "structures": [{"begin": "<function=get_weather>", "end": "</function>", "schema": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"], "additionalProperties": false}}],
+        "triggers": ["<function="]
+    });
+    let system = "To get the weather, write <function=get_weather>{\"city\": \"<city>\"}</function>.";
+    // SmolLM2 would not write the trigger on its own: a bias on its tokens makes it, and then the
+    // grammar has to finish every tag it starts.
+    let (status, tokens) = post_json(
+        &client(),
+        &shared().url("/tokenize"),
+        &json!({"prompt": "<function=", "add_special_tokens": false}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{tokens}");
+    let bias: serde_json::Map<String, Value> =
+        tokens["tokens"].as_array().context("tokens")?.iter().map(|t| (t.to_string(), json!(8))).collect();
+    let body = json!({"model": "smol", "max_tokens": 120, "temperature": 0, "logit_bias": bias,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Weather in Paris?"}],
+        "structured_outputs": {"structural_tag": tag.to_string()}});
+    let (status, resp) = post_json(&client(), &shared().url("/v1/chat/completions"), &body).await?;
+    assert_eq!(status, 200, "{resp}");
+    let text = resp["choices"][0]["message"]["content"].as_str().context("content")?;
+    // Every tag the model opened is complete (unless max_tokens cut the last one), and its JSON
+    // validates.
+    let cut = resp["choices"][0]["finish_reason"] == "length";
+    let parts: Vec<&str> = text.split("<function=").skip(1).collect();
+    for (i, part) in parts.iter().enumerate() {
+        if cut && i + 1 == parts.len() && !part.contains("</function>") {
+            break;
+        }
+        let inner = part.strip_prefix("get_weather>").context(text.to_owned())?;
+        let (json_text, _) = inner.split_once("</function>").context(text.to_owned())?;
+        let schema = &tag["structures"][0]["schema"];
+        assert_eq!(invalid_reason(schema, json_text), None, "{text}");
+    }
+    assert!(parts.len() >= 2 || (parts.len() == 1 && !cut), "no complete tag in {text:?}");
+    Ok(())
 }
