@@ -186,8 +186,24 @@ pub struct ServeArgs {
     /// Do not send the short test request that checks the server before the run.
     #[arg(long)]
     pub skip_test_request: bool,
+    /// A JSON schema file, or a directory of *.json schemas (read in file-name order): request i
+    /// asks for schema i % n as a strict `response_format` json_schema, and a schema's top-level
+    /// description becomes its prompt ("<description>. Answer in JSON.").
+    #[arg(long, value_name = "PATH")]
+    pub json_schema: Option<PathBuf>,
+    /// Check every answer against its schema (JSON parse + jsonschema, formats included). On
+    /// with --json-schema; `--validate false` keeps no answer text and checks nothing.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", requires = "json_schema")]
+    pub validate: Option<bool>,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+impl ServeArgs {
+    /// Whether answers are checked against their schemas.
+    pub fn validating(&self) -> bool {
+        self.json_schema.is_some() && self.validate.unwrap_or(true)
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -295,6 +311,25 @@ mod tests {
             (Endpoint::Completions, None, 100)
         );
         assert_eq!(a.output.percentiles, Percentiles(vec![99.0]));
+        assert!(a.json_schema.is_none() && !a.validating());
+    }
+
+    #[test]
+    fn json_schema_turns_validation_on_unless_told_not_to() {
+        let serve = |extra: &[&str]| {
+            let argv = ["pagoda-bench", "serve"].into_iter().chain(extra.iter().copied());
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Serve(a)) => Ok(a),
+                Ok(Command::Offline(_)) => panic!("not serve"),
+                Err(e) => Err(e),
+            }
+        };
+        let a = serve(&["--json-schema", "s.json"]).unwrap();
+        assert_eq!(a.json_schema, Some(PathBuf::from("s.json")));
+        assert!(a.validating());
+        assert!(serve(&["--json-schema", "dir", "--validate"]).unwrap().validating());
+        assert!(!serve(&["--json-schema", "dir", "--validate", "false"]).unwrap().validating());
+        assert!(serve(&["--validate"]).is_err(), "--validate needs --json-schema");
     }
 
     #[test]

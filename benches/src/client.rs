@@ -11,6 +11,10 @@
 //! no byte of an answer came back. It is sent once more, on a new connection, and counted in
 //! [`Outcome::connection_retries`]; its clock keeps running from the first attempt. A request
 //! the server answered in any way (an error status, a cut stream) is never sent again.
+//!
+//! A request may also carry a `response_format` ([`RequestExtras`]), and its answer text can be
+//! kept ([`Outcome::text`]) so that it can be checked against the schema; otherwise no text is
+//! kept, so memory stays flat however long the run.
 
 use std::time::{Duration, Instant};
 
@@ -86,8 +90,10 @@ pub struct Outcome {
     pub prompt_tokens: Option<usize>,
     pub completion_tokens: Option<usize>,
     pub finish_reason: Option<String>,
-    /// Characters of generated text.
+    /// Characters of generated text (reasoning included).
     pub generated_chars: usize,
+    /// The answer text (reasoning excluded), when it was asked to be kept.
+    pub text: Option<String>,
     /// Times the request was sent again because the server closed the connection without
     /// answering it (0 or 1).
     pub connection_retries: usize,
@@ -107,6 +113,12 @@ impl StreamState {
         Self { start, last_content: None, done: false, outcome: Outcome::default() }
     }
 
+    /// Also accumulates the answer text into [`Outcome::text`].
+    pub fn keeping_text(mut self) -> Self {
+        self.outcome.text = Some(String::new());
+        self
+    }
+
     /// Whether nothing more should be read (`[DONE]` or an error).
     pub fn is_over(&self) -> bool {
         self.done || self.outcome.error.is_some()
@@ -124,14 +136,17 @@ impl StreamState {
             }
             StreamItem::Chunk(chunk) => {
                 let o = &mut self.outcome;
-                if !chunk.content.is_empty() {
+                if !chunk.content.is_empty() || !chunk.reasoning.is_empty() {
                     match self.last_content {
                         None => o.ttft = Some(now.saturating_duration_since(self.start)),
                         Some(last) => o.itl.push(now.saturating_duration_since(last)),
                     }
                     self.last_content = Some(now);
                     o.content_chunks += 1;
-                    o.generated_chars += chunk.content.chars().count();
+                    o.generated_chars += chunk.content.chars().count() + chunk.reasoning.chars().count();
+                }
+                if let Some(text) = &mut o.text {
+                    text.push_str(&chunk.content);
                 }
                 if let Some(reason) = chunk.finish_reason {
                     o.finish_reason = Some(reason);
@@ -165,6 +180,15 @@ impl StreamState {
         }
         self.outcome
     }
+}
+
+/// What one request carries besides its prompt and length.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestExtras<'a> {
+    /// The body's `response_format` (e.g. a `json_schema`); `--extra-body` still overrides it.
+    pub response_format: Option<&'a Value>,
+    /// Keep the answer text in [`Outcome::text`].
+    pub keep_text: bool,
 }
 
 /// Sends requests to one server.
@@ -204,6 +228,11 @@ impl Client {
 
     /// The JSON body for `prompt` with `max_tokens`.
     pub fn body(&self, prompt: &str, max_tokens: usize) -> Value {
+        self.body_with(prompt, max_tokens, None)
+    }
+
+    /// The JSON body for `prompt` with `max_tokens` and, if given, `response_format`.
+    pub fn body_with(&self, prompt: &str, max_tokens: usize, response_format: Option<&Value>) -> Value {
         let c = &self.config;
         let mut body = json!({
             "model": c.model,
@@ -219,6 +248,9 @@ impl Client {
         };
         if c.ignore_eos {
             map.insert("ignore_eos".into(), json!(true));
+        }
+        if let Some(format) = response_format {
+            map.insert("response_format".into(), format.clone());
         }
         for (k, v) in &c.extra_body {
             map.insert(k.clone(), v.clone());
@@ -245,9 +277,17 @@ impl Client {
 
     /// Sends one request and reads its stream to the end; never fails, errors are in the outcome.
     pub async fn send(&self, prompt: &str, max_tokens: usize) -> Outcome {
-        let body = self.body(prompt, max_tokens);
+        self.send_with(prompt, max_tokens, RequestExtras::default()).await
+    }
+
+    /// [`Self::send`] with a request's own extras.
+    pub async fn send_with(&self, prompt: &str, max_tokens: usize, extras: RequestExtras<'_>) -> Outcome {
+        let body = self.body_with(prompt, max_tokens, extras.response_format);
         let start = Instant::now();
         let mut state = StreamState::new(start);
+        if extras.keep_text {
+            state = state.keeping_text();
+        }
         let mut sent = self.request(&self.http, &body, self.config.timeout).send().await;
         if let Err(e) = &sent {
             // The user waited through the lost attempt too: the retry keeps `start`, and gets
@@ -407,6 +447,39 @@ mod tests {
         let chat = Client::new(config(Endpoint::Chat)).unwrap().body("q", 4);
         assert_eq!(chat["messages"], json!([{"role": "user", "content": "q"}]));
         assert!(chat.get("prompt").is_none() && chat.get("ignore_eos").is_none());
+        assert!(chat.get("response_format").is_none());
+    }
+
+    #[test]
+    fn a_response_format_goes_into_the_body() {
+        let format =
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": true}});
+        for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            let body = Client::new(config(endpoint)).unwrap().body_with("q", 4, Some(&format));
+            assert_eq!(body["response_format"], format);
+        }
+        let mut c = config(Endpoint::Chat);
+        c.extra_body.insert("response_format".into(), json!({"type": "json_object"}));
+        let body = Client::new(c).unwrap().body_with("q", 4, Some(&format));
+        assert_eq!(body["response_format"], json!({"type": "json_object"}), "--extra-body wins");
+    }
+
+    #[test]
+    fn answer_text_is_kept_only_when_asked_and_without_reasoning() {
+        let t0 = Instant::now();
+        let reasoning = StreamItem::Chunk(Chunk { reasoning: "hmm".into(), ..Chunk::default() });
+        let mut kept = StreamState::new(t0).keeping_text();
+        let mut dropped = StreamState::new(t0);
+        for s in [&mut kept, &mut dropped] {
+            s.on_item(reasoning.clone(), t0);
+            s.on_item(text("{\"a\": "), t0);
+            s.on_item(text("1}"), t0);
+            s.on_item(StreamItem::Done, t0);
+        }
+        let (kept, dropped) = (kept.finish(t0), dropped.finish(t0));
+        assert_eq!(kept.text.as_deref(), Some("{\"a\": 1}"));
+        assert_eq!(dropped.text, None);
+        assert_eq!((kept.content_chunks, kept.generated_chars), (3, 11), "reasoning is timed and counted");
     }
 
     #[test]
@@ -421,9 +494,9 @@ mod tests {
         s.on_item(text("cd"), ms(50));
         s.on_item(
             StreamItem::Chunk(Chunk {
-                content: String::new(),
                 finish_reason: Some("length".into()),
                 usage: Some(ChunkUsage { prompt_tokens: Some(9), completion_tokens: Some(4) }),
+                ..Chunk::default()
             }),
             ms(51),
         );

@@ -5,7 +5,10 @@
 //!   and end-to-end latency distributions ([`metrics`], [`report`]).
 //! - `pagoda-bench offline` ([`offline`]) runs the engine in-process, without HTTP.
 //! - Datasets ([`dataset`], [`words`]): random, sharegpt-like, prefix-repetition, or a JSONL file.
-//! - `benches/scheduler.rs` is a criterion bench of the scheduler.
+//! - `serve --json-schema` ([`structured`]): requests ask for JSON schemas and their answers are
+//!   validated.
+//! - `benches/scheduler.rs` is a criterion bench of the scheduler; `benches/structured.rs` times
+//!   grammar compiles and token masks.
 
 pub mod cli;
 pub mod client;
@@ -16,4 +19,5 @@ pub mod report;
 pub mod run;
 pub mod serve;
 pub mod sse;
+pub mod structured;
 pub mod words;

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::structured::{summarize_validity, SchemaCheck, ValiditySummary};
+
 /// One request's result, as saved by `--save-result`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestResult {
@@ -44,6 +46,10 @@ pub struct RequestResult {
     pub itl_ms: Vec<f64>,
     pub e2el_ms: f64,
     pub finish_reason: Option<String>,
+    /// Under `--json-schema`: the schema asked for and the check of the answer (saved as the
+    /// request's `schema`, `valid`, `invalid_reason` and `invalid_text`).
+    #[serde(flatten)]
+    pub schema_check: Option<SchemaCheck>,
 }
 
 pub fn ms(d: Duration) -> f64 {
@@ -131,6 +137,8 @@ pub struct Summary {
     pub e2el_ms: Option<Distribution>,
     /// Failed requests by error message.
     pub errors: BTreeMap<String, usize>,
+    /// Under `--json-schema` with validation: how many answers were valid.
+    pub validity: Option<ValiditySummary>,
 }
 
 /// Summarizes `results` of a run that took `duration`.
@@ -165,6 +173,7 @@ pub fn summarize(results: &[RequestResult], duration: Duration, percentiles: &[f
         itl_ms: Distribution::of(&itls, percentiles),
         e2el_ms: Distribution::of(&collect(&|r| Some(r.e2el_ms)), percentiles),
         errors,
+        validity: summarize_validity(results),
     }
 }
 
@@ -205,6 +214,7 @@ mod tests {
             itl_ms: vec![100.0; 4],
             e2el_ms: 500.0,
             finish_reason: Some("length".into()),
+            schema_check: None,
         }
     }
 

@@ -87,6 +87,12 @@ pub fn write_table(out: &mut impl Write, s: &Summary, info: &TableInfo) -> std::
     latency_block(out, "Time per Output Token (excl. 1st token)", "TPOT", s.tpot_ms.as_ref())?;
     latency_block(out, "Inter-token Latency", "ITL", s.itl_ms.as_ref())?;
     latency_block(out, "End-to-end Latency", "E2EL", s.e2el_ms.as_ref())?;
+    if let Some(v) = &s.validity {
+        writeln!(out, "{}", centered("Structured Output Validity", '-'))?;
+        row(out, "Valid answers / successful requests", format!("{} / {}", v.valid, s.completed))?;
+        row(out, "Finished by length (cut off)", v.finished_length)?;
+        row(out, "Invalid, not cut off", v.invalid_not_cut_off)?;
+    }
     writeln!(out, "{}", centered("", '='))?;
     if s.requests_without_usage > 0 {
         writeln!(
@@ -170,6 +176,7 @@ mod tests {
             itl_ms: vec![5.0, 5.0],
             e2el_ms: 20.0,
             finish_reason: Some("length".into()),
+            schema_check: None,
         };
         let failed = RequestResult {
             index: 1,

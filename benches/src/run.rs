@@ -18,7 +18,11 @@ use crate::dataset::{generate, Dataset};
 use crate::metrics::{summarize, RequestResult, Summary};
 use crate::report::{save, table, SavedResult, TableInfo};
 use crate::serve::ServeOptions;
+use crate::structured::{invalid_examples, load_schemas, use_schema_prompts, SchemaSet};
 use crate::words::TextSynth;
+
+/// Invalid answers shown on stderr after a `--json-schema` run.
+const INVALID_EXAMPLES_SHOWN: usize = 5;
 
 /// What a command produced (also printed and, if asked, saved).
 #[derive(Debug, Clone)]
@@ -96,8 +100,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
         Some(path) => TextSynth::exact(Arc::new(load_tokenizer(path)?)),
         None => TextSynth::approximate(),
     };
+    let schemas = match &args.json_schema {
+        Some(path) => Some(Arc::new(
+            SchemaSet::new(load_schemas(path)?, args.validating()).context("--json-schema: no schema")?,
+        )),
+        None => None,
+    };
     let spec = args.dataset.spec();
-    let dataset = tokio::task::spawn_blocking(move || generate(&spec, &synth)).await??;
+    let prompt_schemas = schemas.clone();
+    let dataset = tokio::task::spawn_blocking(move || {
+        let mut dataset = generate(&spec, &synth)?;
+        if let Some(set) = &prompt_schemas {
+            use_schema_prompts(&mut dataset, set, |text| synth.count(text))?;
+        }
+        anyhow::Ok(dataset)
+    })
+    .await??;
     let client = Arc::new(Client::new(ClientConfig {
         base_url: args.base_url.clone(),
         model: model.clone(),
@@ -126,6 +144,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
         seed: args.dataset.seed,
         progress: !args.output.no_progress,
         test_request: !args.skip_test_request,
+        schemas: schemas.clone(),
     };
     let run = crate::serve::run(client, &dataset, &options).await?;
     let summary = summarize(&run.results, run.duration, &args.output.percentiles.0);
@@ -133,6 +152,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
     let mut notes = length_notes(&dataset);
     if args.endpoint == Endpoint::Chat {
         notes.push("chat endpoint: the server's chat template adds tokens to every prompt".into());
+    }
+    if let (Some(set), Some(path)) = (&schemas, &args.json_schema) {
+        notes.push(schema_note(set, path));
+        show_invalid_examples(&run.results, summary.validity.as_ref().map_or(0, |v| v.checked - v.valid));
     }
     let info = TableInfo {
         title: "Serving Benchmark Result".into(),
@@ -154,7 +177,37 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
     config.insert("ignore_eos".into(), args.ignore_eos.into());
     config.insert("temperature".into(), args.temperature.into());
     config.insert("extra_body".into(), args.extra_body.clone().map(Value::Object).unwrap_or(Value::Null));
+    config.insert("json_schema".into(), args.json_schema.as_ref().map(|p| p.display().to_string()).into());
+    config.insert("validate".into(), args.validating().into());
     finish("serve", info, &args.output, Value::Object(config), summary, run.results)
+}
+
+/// The table's note on the schemas of a `--json-schema` run.
+fn schema_note(set: &SchemaSet, path: &Path) -> String {
+    let described = set.schemas().iter().filter(|s| s.description.is_some()).count();
+    let mut note = format!(
+        "{} JSON schema(s) from {} (request i asks for schema i % {}); {described} of them give \
+         their description as the prompt",
+        set.schemas().len(),
+        path.display(),
+        set.schemas().len(),
+    );
+    if !set.validate {
+        note.push_str("; answers not validated (--validate false)");
+    }
+    note
+}
+
+/// Prints the first invalid answers of a `--json-schema` run to stderr.
+fn show_invalid_examples(results: &[RequestResult], invalid: usize) {
+    let examples = invalid_examples(results, INVALID_EXAMPLES_SHOWN);
+    if examples.is_empty() {
+        return;
+    }
+    eprintln!("invalid answers ({} shown of {invalid}):", examples.len());
+    for example in examples {
+        eprintln!("  {example}");
+    }
 }
 
 /// The runtime options `args` asks for (the server's defaults otherwise).

@@ -5,7 +5,9 @@
 //! exponential with mean `1/R` (a Poisson process), with `inf` all requests arrive at once.
 //! `--max-concurrency N` holds an arrived request until fewer than `N` are in flight; its clock
 //! (TTFT, latency) starts when it is actually sent. Before the run one short test request checks
-//! that the server, model and endpoint answer, so a misconfiguration fails at once.
+//! that the server, model and endpoint answer, so a misconfiguration fails at once. Under
+//! `--json-schema` each request also asks for its schema and, when validating, its answer is
+//! checked against it ([`crate::structured`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,9 +19,10 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::client::{Client, Outcome};
+use crate::client::{Client, Outcome, RequestExtras};
 use crate::dataset::{Dataset, Prompt};
 use crate::metrics::{ms, tpot_ms, RequestResult};
+use crate::structured::SchemaSet;
 
 /// Mixed into the seed for the arrival times, so they do not share draws with the dataset.
 const ARRIVAL_SEED_SALT: u64 = 0x5eed_a771_7a15;
@@ -35,6 +38,8 @@ pub struct ServeOptions {
     pub progress: bool,
     /// Send a short request first and stop if it fails.
     pub test_request: bool,
+    /// `--json-schema`: request `i` asks for schema `i % n`.
+    pub schemas: Option<Arc<SchemaSet>>,
 }
 
 /// A finished run.
@@ -87,6 +92,7 @@ pub fn to_result(index: usize, prompt: &Prompt, outcome: Outcome, sent: Duration
         itl_ms: outcome.itl.into_iter().map(ms).collect(),
         e2el_ms,
         finish_reason: outcome.finish_reason,
+        schema_check: None,
     }
 }
 
@@ -132,19 +138,29 @@ pub async fn run(client: Arc<Client>, dataset: &Dataset, options: &ServeOptions)
         let prompt = prompt.clone();
         let limit = limit.clone();
         let bar = bar.clone();
+        let schemas = options.schemas.clone();
         tasks.spawn(async move {
             let _permit = match &limit {
                 Some(s) => Some(s.acquire().await.expect("the semaphore is never closed")),
                 None => None,
             };
+            let extras = match &schemas {
+                Some(set) => RequestExtras {
+                    response_format: Some(set.for_request(index).response_format()),
+                    keep_text: set.validate,
+                },
+                None => RequestExtras::default(),
+            };
             let sent = start.elapsed();
-            let outcome = client.send(&prompt.text, prompt.output_len).await;
+            let outcome = client.send_with(&prompt.text, prompt.output_len, extras).await;
             let finished = start.elapsed();
             if outcome.error.is_some() {
                 bar.set_message("(some requests failed)");
             }
             bar.inc(1);
-            (to_result(index, &prompt, outcome, sent), finished)
+            let schema_check = schemas.as_ref().map(|set| set.check(index, &outcome));
+            let result = RequestResult { schema_check, ..to_result(index, &prompt, outcome, sent) };
+            (result, finished)
         });
     }
     let mut results = Vec::with_capacity(dataset.prompts.len());

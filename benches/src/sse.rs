@@ -95,9 +95,12 @@ pub struct ChunkUsage {
 /// One chunk of a streamed completion.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Chunk {
-    /// Generated text of the chunk (`choices[].text`, or `choices[].delta.content` and
-    /// `delta.reasoning_content` for chat), all choices together.
+    /// Generated answer text of the chunk (`choices[].text`, or `choices[].delta.content` for
+    /// chat), all choices together.
     pub content: String,
+    /// Generated reasoning text (`choices[].delta.reasoning_content`): timed like content, but
+    /// not part of the answer.
+    pub reasoning: String,
     pub finish_reason: Option<String>,
     pub usage: Option<ChunkUsage>,
 }
@@ -134,10 +137,13 @@ pub fn interpret(event: &SseEvent) -> StreamItem {
     }
     let mut chunk = Chunk::default();
     for choice in value["choices"].as_array().into_iter().flatten() {
-        for text in [&choice["text"], &choice["delta"]["content"], &choice["delta"]["reasoning_content"]] {
+        for text in [&choice["text"], &choice["delta"]["content"]] {
             if let Some(t) = text.as_str() {
                 chunk.content.push_str(t);
             }
+        }
+        if let Some(t) = choice["delta"]["reasoning_content"].as_str() {
+            chunk.reasoning.push_str(t);
         }
         if let Some(r) = choice["finish_reason"].as_str() {
             chunk.finish_reason = Some(r.to_owned());
@@ -216,6 +222,7 @@ mod tests {
     fn chunk(content: &str, finish: Option<&str>, usage: Option<(usize, usize)>) -> StreamItem {
         StreamItem::Chunk(Chunk {
             content: content.into(),
+            reasoning: String::new(),
             finish_reason: finish.map(Into::into),
             usage: usage.map(|(p, c)| ChunkUsage { prompt_tokens: Some(p), completion_tokens: Some(c) }),
         })
@@ -250,12 +257,12 @@ mod tests {
     }
 
     #[test]
-    fn reasoning_content_counts_as_content() {
+    fn reasoning_content_is_kept_apart_from_the_answer() {
         let e = SseEvent {
             event: None,
             data: r#"{"choices":[{"delta":{"reasoning_content":"hmm"},"finish_reason":null}]}"#.into(),
         };
-        assert_eq!(interpret(&e), chunk("hmm", None, None));
+        assert_eq!(interpret(&e), StreamItem::Chunk(Chunk { reasoning: "hmm".into(), ..Chunk::default() }));
     }
 
     #[test]

@@ -27,6 +27,9 @@ struct Script {
     fail_every: Option<usize>,
     /// Every k-th request gets an error event after its first chunk.
     error_event_every: Option<usize>,
+    /// Answer this text, 4 characters a chunk, finishing with `stop` (or `length` when
+    /// `max_tokens` chunks cannot hold it), instead of `max_tokens` chunks " t0", " t1", ...
+    answer: Option<&'static str>,
 }
 
 #[derive(Default)]
@@ -151,15 +154,25 @@ async fn respond(socket: &mut TcpStream, script: &Script, n: usize, body: &Value
             chunk(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}));
         socket.write_all(format!("data: {role}\n\n").as_bytes()).await?;
     }
+    let (pieces, end) = match script.answer {
+        Some(answer) => {
+            let chars: Vec<char> = answer.chars().collect();
+            let pieces: Vec<String> = chars.chunks(4).map(|c| c.iter().collect()).collect();
+            let end = if pieces.len() <= max_tokens { "stop" } else { "length" };
+            (pieces.into_iter().take(max_tokens).collect(), end)
+        }
+        None => ((0..max_tokens).map(|i| format!(" t{i}")).collect::<Vec<_>>(), "length"),
+    };
+    let generated = pieces.len();
     tokio::time::sleep(Duration::from_millis(script.first_delay_ms)).await;
-    for i in 0..max_tokens {
+    for (i, piece) in pieces.into_iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(Duration::from_millis(script.chunk_delay_ms)).await;
         }
-        let finish = if i + 1 == max_tokens { json!("length") } else { Value::Null };
+        let finish = if i + 1 == generated { json!(end) } else { Value::Null };
         let choice = match chat {
-            true => json!({"index": 0, "delta": {"content": format!(" t{i}")}, "finish_reason": finish}),
-            false => json!({"index": 0, "text": format!(" t{i}"), "finish_reason": finish}),
+            true => json!({"index": 0, "delta": {"content": piece}, "finish_reason": finish}),
+            false => json!({"index": 0, "text": piece, "finish_reason": finish}),
         };
         socket.write_all(format!("data: {}\n\n", chunk(choice)).as_bytes()).await?;
         socket.flush().await?;
@@ -170,8 +183,8 @@ async fn respond(socket: &mut TcpStream, script: &Script, n: usize, body: &Value
     }
     if script.usage && body["stream_options"]["include_usage"] == json!(true) {
         let usage = json!({"id": "x", "object": "chunk", "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                      "total_tokens": prompt_tokens + max_tokens}});
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                      "total_tokens": prompt_tokens + generated}});
         socket.write_all(format!("data: {usage}\n\n").as_bytes()).await?;
     }
     socket.write_all(b"data: [DONE]\n\n").await
@@ -295,6 +308,71 @@ async fn chat_endpoint_and_model_discovery() {
     assert_eq!(bodies[0]["model"], "mock-model", "taken from GET /v1/models");
     assert_eq!(bodies[0]["messages"][0]["role"], "user");
     assert!(report.table.contains("chat template adds tokens"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schemas_are_sent_round_robin_and_answers_validated() {
+    let dir = std::env::temp_dir().join(format!("pagoda-bench-mock-schemas-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("b-number.json"), r#"{"type": "integer"}"#).unwrap();
+    std::fs::write(dir.join("a-color.json"), r#"{"description": "A color", "enum": ["red"]}"#).unwrap();
+    let saved = dir.join("result.json");
+    let mock = Mock::start(Script { usage: true, answer: Some("\"red\""), ..Script::default() }).await;
+    let schemas = dir.to_str().unwrap();
+    let argv = ["--model", "m", "--endpoint", "chat", "--num-prompts", "4", "--input-len", "5"];
+    let mut args = serve_args(&mock.url(), &argv);
+    args.json_schema = Some(dir.clone());
+    args.output.save_result = Some(saved.clone());
+    let report = pagoda_bench::run::serve(args).await.unwrap();
+
+    let bodies = mock.counters.bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 4);
+    for (i, b) in bodies.iter().enumerate() {
+        let format = &b["response_format"];
+        assert_eq!(
+            (format["type"].as_str(), format["json_schema"]["strict"].as_bool()),
+            (Some("json_schema"), Some(true))
+        );
+        let prompt = b["messages"][0]["content"].as_str().unwrap();
+        // The arrival order is not the dataset order; the prompt says which schema a body has.
+        if format["json_schema"]["name"] == "a_color" {
+            assert_eq!(prompt, "A color. Answer in JSON.", "request {i}");
+            assert_eq!(format["json_schema"]["schema"]["enum"], json!(["red"]));
+        } else {
+            assert_eq!(format["json_schema"]["name"], "b_number");
+            assert_eq!(prompt.split_whitespace().count(), 5, "no description: the dataset's prompt");
+        }
+    }
+    let v = report.summary.validity.clone().unwrap();
+    assert_eq!((v.checked, v.valid, v.finished_length, v.invalid_not_cut_off), (4, 2, 0, 2));
+    assert!(report.table.contains("Valid answers / successful requests:     2 / 4\n"), "{}", report.table);
+    assert!(report.table.contains("2 JSON schema(s) from"), "{}", report.table);
+    let checks: Vec<_> = report.results.iter().map(|r| r.schema_check.clone().unwrap()).collect();
+    assert_eq!(checks[0].schema, "a-color.json");
+    assert_eq!((checks[1].schema.as_str(), checks[1].valid), ("b-number.json", Some(false)));
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert_eq!(saved["summary"]["validity"]["valid"], 2);
+    assert_eq!(saved["config"]["json_schema"], schemas);
+    assert_eq!(saved["requests"][2]["valid"], true);
+    assert!(saved["requests"][3]["invalid_reason"].as_str().unwrap().contains("integer"), "{saved}");
+
+    // One token cannot hold the answer: cut off, hence invalid; --validate false checks nothing.
+    let color = dir.join("a-color.json");
+    let color = color.to_str().unwrap();
+    let args = serve_args(
+        &mock.url(),
+        &["--model", "m", "--num-prompts", "2", "--output-len", "1", "--json-schema", color],
+    );
+    let v = pagoda_bench::run::serve(args).await.unwrap().summary.validity.unwrap();
+    assert_eq!((v.checked, v.valid, v.finished_length, v.invalid_not_cut_off), (2, 0, 2, 0));
+    let args = serve_args(
+        &mock.url(),
+        &["--model", "m", "--num-prompts", "2", "--json-schema", color, "--validate", "false"],
+    );
+    let report = pagoda_bench::run::serve(args).await.unwrap();
+    assert!(report.summary.validity.is_none() && !report.table.contains("Valid answers"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
