@@ -19,12 +19,6 @@ impl ChoicePiece {
     pub fn is_empty(&self) -> bool {
         self.reasoning.is_empty() && self.content.is_empty() && self.tool_calls.is_empty()
     }
-
-    fn append(&mut self, other: ChoicePiece) {
-        self.reasoning.push_str(&other.reasoning);
-        self.content.push_str(&other.content);
-        self.tool_calls.extend(other.tool_calls);
-    }
 }
 
 /// How a choice's text is split (see the module docs).
@@ -53,20 +47,7 @@ impl ChoiceText {
         match &mut self.tools {
             None => ChoicePiece { content: text.to_owned(), ..Default::default() },
             Some(tools) => {
-                let mut parts = tools.push(text);
-                if last {
-                    let tail = tools.finish();
-                    parts.content.push_str(&tail.content);
-                    for d in tail.tool_calls {
-                        match parts.tool_calls.last_mut() {
-                            Some(prev) if prev.index == d.index && d.id.is_none() => {
-                                let args = d.function.arguments.unwrap_or_default();
-                                prev.function.arguments.get_or_insert_with(String::new).push_str(&args);
-                            }
-                            _ => parts.tool_calls.push(d),
-                        }
-                    }
-                }
+                let parts = if last { tools.push_last(text) } else { tools.push(text) };
                 ChoicePiece { reasoning: String::new(), content: parts.content, tool_calls: parts.tool_calls }
             }
         }
@@ -103,8 +84,7 @@ pub struct ChoiceMessage {
 
 pub fn whole_message(split: ChoiceSplit, text: &str) -> ChoiceMessage {
     let mut pipeline = ChoiceText::new(split);
-    let mut piece = pipeline.push(text, true);
-    piece.append(ChoicePiece::default());
+    let piece = pipeline.push(text, true);
     let mut calls: Vec<ToolCall> = Vec::new();
     for d in piece.tool_calls {
         if let Some(id) = d.id {

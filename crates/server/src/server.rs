@@ -233,18 +233,15 @@ impl Server {
 
         let grammar_started = Instant::now();
         let tokenizer = Arc::clone(&running.tokenizer);
-        let grammars = match tokio::task::spawn_blocking(move || GrammarCompiler::new(tokenizer)).await {
-            Ok(Ok(compiler)) => {
+        let built = tokio::task::spawn_blocking(move || GrammarCompiler::new(tokenizer)).await;
+        let grammars = match built.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+            Ok(compiler) => {
                 tracing::info!(
                     seconds = format!("{:.2}", grammar_started.elapsed().as_secs_f64()),
                     vocab = compiler.vocab_size(),
                     "structured output ready"
                 );
                 Some(Arc::new(compiler))
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "structured output is not available");
-                None
             }
             Err(e) => {
                 tracing::warn!(error = %e, "structured output is not available");

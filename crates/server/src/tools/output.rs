@@ -74,6 +74,14 @@ impl ToolDeltas {
         self.convert(events)
     }
 
+    /// The last text of the choice and its end, as one piece (a call finished by the end gets
+    /// one delta, not two of the same index).
+    pub fn push_last(&mut self, text: &str) -> DeltaParts {
+        let mut events = self.parser.push(text);
+        events.extend(self.parser.finish());
+        self.convert(events)
+    }
+
     /// Whether any call was started.
     pub fn made_calls(&self) -> bool {
         self.calls > 0
@@ -98,9 +106,7 @@ mod tests {
         assert!(parts.iter().all(|p| p.content.is_empty()));
         assert!(deltas.made_calls());
         // A whole call in one piece is one delta, as OpenAI sends it (one per index a chunk).
-        let mut whole = ToolDeltas::new(ToolCallFormat::Hermes);
-        let mut piece = whole.push(text);
-        piece.tool_calls.extend(whole.finish().tool_calls);
+        let piece = ToolDeltas::new(ToolCallFormat::Hermes).push_last(text);
         assert_eq!(piece.tool_calls.len(), 1, "{piece:?}");
         assert_eq!(piece.tool_calls[0].function.arguments.as_deref(), Some(r#"{"a":1,"b":2}"#));
     }
