@@ -1,4 +1,5 @@
-//! The shape of a Llama-family model, read from GGUF metadata or a Hugging Face `config.json`.
+//! The shape of a model (Llama family, Gemma 3), read from GGUF metadata or a Hugging Face
+//! `config.json`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,9 +10,9 @@ use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
 
-/// Everything the Llama-family forward pass needs to know about the model's shape.
+/// Everything a forward pass needs to know about the model's shape.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
     pub architecture: String,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -31,9 +32,29 @@ pub struct LlamaConfig {
     pub tie_word_embeddings: bool,
     /// Q/K/V projections carry a bias (Qwen2).
     pub attention_bias: bool,
+    /// Local attention span of the layers that use one (Mistral, Gemma 3's local layers).
+    pub sliding_window: Option<usize>,
+    /// Which layers attend only inside `sliding_window`; `num_layers` entries.
+    pub sliding_layers: Vec<bool>,
+    /// Rope base of the windowed layers when it differs from `rope_theta` (Gemma 3: 10k local,
+    /// 1M global). The windowed layers' rope is never scaled.
+    pub rope_local_theta: Option<f32>,
+    /// Attention scores are scaled by `query_pre_attn_scalar^-1/2` rather than `head_dim^-1/2`
+    /// (Gemma).
+    pub query_pre_attn_scalar: Option<f32>,
 }
 
-const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "smollm"];
+const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "smollm", "gemma3"];
+
+/// Gemma 3 makes every sixth layer global and the others local.
+const GEMMA3_SLIDING_PATTERN: usize = 6;
+/// Gemma 3's local rope base; llama.cpp's GGUFs do not store it.
+const GEMMA3_LOCAL_ROPE_THETA: f32 = 10_000.0;
+
+/// Whether each of `num_layers` layers is windowed when all but every `pattern`-th one are.
+fn sliding_pattern(num_layers: usize, pattern: usize) -> Vec<bool> {
+    (0..num_layers).map(|i| pattern == 0 || (i + 1) % pattern != 0).collect()
+}
 
 fn check_architecture(path: &Path, architecture: &str) -> Result<()> {
     if SUPPORTED.contains(&architecture) {
@@ -46,7 +67,7 @@ fn check_architecture(path: &Path, architecture: &str) -> Result<()> {
     }
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// Reads the `{arch}.*` keys of a GGUF file. `has_output` says whether the file has its own
     /// lm-head tensor (else embeddings are tied).
     pub fn from_gguf(
@@ -95,12 +116,33 @@ impl LlamaConfig {
         };
         // llama.cpp's converter permutes Q/K rows of llama-type models so that rotary pairs
         // adjacent dimensions; Qwen2 keeps the Hugging Face (halves) order.
-        let rope_style = if arch == "qwen2" { RotaryStyle::Halves } else { RotaryStyle::Interleaved };
+        let rope_style =
+            if matches!(arch, "qwen2" | "gemma3") { RotaryStyle::Halves } else { RotaryStyle::Interleaved };
+        let num_layers = int("block_count")?;
+        let sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0);
+        let gemma3 = arch == "gemma3";
+        let sliding_layers = match sliding_window {
+            None => vec![false; num_layers],
+            Some(_) if gemma3 => sliding_pattern(
+                num_layers,
+                int("attention.sliding_window_pattern").unwrap_or(GEMMA3_SLIDING_PATTERN),
+            ),
+            Some(_) => vec![true; num_layers],
+        };
+        // llama.cpp's rule: Gemma 3 27B scales by hidden / heads, the others by head_dim.
+        let query_pre_attn_scalar = gemma3.then(|| match num_layers {
+            62 => (hidden_size / num_heads) as f32,
+            _ => head_dim as f32,
+        });
+        let rope_local_theta = match float("rope.freq_base_swa")? {
+            Some(theta) => Some(theta),
+            None => gemma3.then_some(GEMMA3_LOCAL_ROPE_THETA),
+        };
         Self {
             vocab_size,
             hidden_size,
             intermediate_size: int("feed_forward_length")?,
-            num_layers: int("block_count")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -118,6 +160,10 @@ impl LlamaConfig {
             max_position_embeddings: int("context_length").unwrap_or(4096),
             tie_word_embeddings: !has_output,
             attention_bias: has_qkv_bias,
+            sliding_window,
+            sliding_layers,
+            rope_local_theta,
+            query_pre_attn_scalar,
             architecture,
         }
         .validated(path)
@@ -160,6 +206,9 @@ impl LlamaConfig {
                 Some(other) => return Err(err(format!("unsupported rope_scaling type `{other}`"))),
             },
         };
+        let sliding_window = raw
+            .sliding_window
+            .filter(|&w| w > 0 && raw.use_sliding_window.unwrap_or(architecture != "qwen2"));
         Self {
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,
@@ -176,6 +225,10 @@ impl LlamaConfig {
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             attention_bias: raw.attention_bias.unwrap_or(architecture == "qwen2"),
+            sliding_window,
+            sliding_layers: vec![sliding_window.is_some(); raw.num_hidden_layers],
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
             architecture,
         }
         .validated(path)
@@ -188,6 +241,8 @@ impl LlamaConfig {
             Some("vocab, hidden and intermediate sizes must be positive".to_string())
         } else if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             Some(format!("head_dim {} must be even and positive", self.head_dim))
+        } else if self.sliding_layers.len() != self.num_layers {
+            Some(format!("{} layer kinds for {} layers", self.sliding_layers.len(), self.num_layers))
         } else {
             None
         };
@@ -195,6 +250,16 @@ impl LlamaConfig {
             Some(message) => Err(ModelError::Config { path: path.to_path_buf(), message }),
             None => Ok(self),
         }
+    }
+
+    /// The window layer `layer` attends inside, if any.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.sliding_window.filter(|_| self.sliding_layers.get(layer).copied().unwrap_or(false))
+    }
+
+    /// `softmax_scale` of the attention scores.
+    pub fn softmax_scale(&self) -> f32 {
+        1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_dim as f32).sqrt()
     }
 
     pub fn q_size(&self) -> usize {
@@ -238,6 +303,9 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    sliding_window: Option<usize>,
+    /// Qwen2 lists a window it does not use unless this is set.
+    use_sliding_window: Option<bool>,
 }
 
 #[cfg(test)]
@@ -251,7 +319,7 @@ mod tests {
             "rope_theta":500000.0,"max_position_embeddings":131072,
             "rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
             "original_max_position_embeddings":8192,"rope_type":"llama3"}}"#;
-        let c = LlamaConfig::from_hf_str(Path::new("config.json"), text).unwrap();
+        let c = ModelConfig::from_hf_str(Path::new("config.json"), text).unwrap();
         assert_eq!(c.head_dim, 128);
         assert_eq!(c.num_kv_heads, 8);
         assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
@@ -262,11 +330,11 @@ mod tests {
     fn rejects_unknown_architecture_and_bad_heads() {
         let gpt = r#"{"model_type":"gpt2","vocab_size":1,"hidden_size":8,"intermediate_size":8,
             "num_hidden_layers":1,"num_attention_heads":2}"#;
-        let e = LlamaConfig::from_hf_str(Path::new("x/config.json"), gpt).unwrap_err().to_string();
+        let e = ModelConfig::from_hf_str(Path::new("x/config.json"), gpt).unwrap_err().to_string();
         assert!(e.contains("x/config.json") && e.contains("gpt2"), "{e}");
         let heads = r#"{"vocab_size":1,"hidden_size":8,"intermediate_size":8,
             "num_hidden_layers":1,"num_attention_heads":3,"num_key_value_heads":2}"#;
-        let e = LlamaConfig::from_hf_str(Path::new("c.json"), heads).unwrap_err().to_string();
+        let e = ModelConfig::from_hf_str(Path::new("c.json"), heads).unwrap_err().to_string();
         assert!(e.contains("3 heads"), "{e}");
     }
 }

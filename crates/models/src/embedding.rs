@@ -1,4 +1,5 @@
-//! The token embedding lookup, over a dense table or straight from GGUF blocks.
+//! The token embedding lookup, over a dense table or straight from GGUF blocks, and the loading
+//! of the embedding table with the lm head (tied to it or not) that every architecture shares.
 //!
 //! A tied table in block form (SmolLM2's Q8_0 `token_embd`) is also the lm head, which keeps
 //! the blocks plus a panel-packed copy for its matmuls. Looking tokens up in the blocks
@@ -10,7 +11,46 @@ use candle_core::{Device, Tensor};
 use pagoda_ops::QuantizedWeight;
 use rayon::prelude::*;
 
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::linear::{Linear, LinearWeight};
+use crate::weights::{load_linear, WeightSource};
+
+/// The embedding table (`token_embd`) and the lm head (`output`, or the embedding table itself
+/// when tied or when the file has no head), sharing one copy of a tied table.
+pub(crate) fn load_embedding_and_head(
+    source: &mut dyn WeightSource,
+    c: &ModelConfig,
+) -> Result<(Embedding, Linear)> {
+    let h = c.hidden_size;
+    let tied = c.tie_word_embeddings || !source.contains("output.weight");
+    // A tied table in a format the block matmul reads serves as lm head (blocks for small
+    // steps, panels for large ones) and as embedding (rows dequantized from the blocks).
+    let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
+        let precision = source.panel_precision();
+        source.blocks("token_embd.weight", c.vocab_size, h)?.map(|b| Linear::packed(b, precision))
+    } else {
+        None
+    };
+    let embedding = match tied_head.as_ref().and_then(Linear::blocks) {
+        Some(blocks) => Embedding::Blocks(Arc::clone(blocks)),
+        None => Embedding::Dense(source.dense("token_embd.weight", &[c.vocab_size, h])?),
+    };
+    let head = match tied_head {
+        Some(head) => head,
+        None if !tied => load_linear(source, "output.weight", c.vocab_size, h, None)?,
+        // Tied, quantized: the lm head multiplies the quantized table directly.
+        None if source.keeps_quantized("token_embd.weight") => {
+            source.linear("token_embd.weight", c.vocab_size, h, None)?
+        }
+        // Tied, dense: share the embedding tensor rather than load a second copy.
+        None => match &embedding {
+            Embedding::Dense(table) => Linear::new(LinearWeight::Dense(table.clone()), None),
+            Embedding::Blocks(blocks) => Linear::packed((**blocks).clone(), source.panel_precision()),
+        },
+    };
+    Ok((embedding, head))
+}
 
 #[derive(Debug, Clone)]
 pub enum Embedding {

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 pub struct KvCache {
@@ -14,7 +14,7 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(
-        config: &LlamaConfig,
+        config: &ModelConfig,
         num_blocks: usize,
         block_size: usize,
         dtype: DType,
@@ -33,7 +33,7 @@ impl KvCache {
     }
 
     /// How many blocks fit in `bytes` of cache memory.
-    pub fn blocks_for_budget(config: &LlamaConfig, block_size: usize, dtype: DType, bytes: u64) -> usize {
+    pub fn blocks_for_budget(config: &ModelConfig, block_size: usize, dtype: DType, bytes: u64) -> usize {
         let per_block = (config.kv_bytes_per_token(dtype.size_in_bytes()) * block_size) as u64;
         (bytes / per_block.max(1)) as usize
     }
@@ -103,8 +103,8 @@ mod tests {
     use super::*;
     use pagoda_ops::RotaryStyle;
 
-    fn config() -> LlamaConfig {
-        LlamaConfig {
+    fn config() -> ModelConfig {
+        ModelConfig {
             architecture: "llama".into(),
             vocab_size: 8,
             hidden_size: 8,
@@ -121,6 +121,10 @@ mod tests {
             max_position_embeddings: 64,
             tie_word_embeddings: true,
             attention_bias: false,
+            sliding_window: None,
+            sliding_layers: vec![false; 2],
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
         }
     }
 

@@ -1,21 +1,25 @@
-//! `pagoda-models`: candle model code for the Llama family, weight loading (GGUF, Hugging Face
+//! `pagoda-models`: candle model code (the Llama family and Gemma 3, one file per architecture
+//! over shared attention, embedding and linear layers), weight loading (GGUF, Hugging Face
 //! safetensors, dummy), the paged KV cache, and the model runner that executes one scheduled
 //! batch per engine step and samples from its logits.
 
+pub(crate) mod attention;
 pub mod config;
 pub mod embedding;
 pub mod error;
+pub mod gemma3;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod loader;
+pub mod model;
 pub mod runner;
 pub mod weights;
 
-pub use config::LlamaConfig;
+pub use config::ModelConfig;
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
-pub use llama::{ForwardInput, Llama};
 pub use loader::{load_model, LoadFormat, LoadOptions, LoadedModel, AUTO_DEQUANTIZE_MAX_BYTES};
+pub use model::{ForwardInput, Model};
 pub use pagoda_ops::PanelPrecision;
 pub use runner::ModelRunner;

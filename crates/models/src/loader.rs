@@ -7,9 +7,9 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use pagoda_ops::PanelPrecision;
 
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::llama::Llama;
+use crate::model::Model;
 use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
 
 /// Largest dequantized model that `dequantize: None` dequantizes.
@@ -56,7 +56,7 @@ impl Default for LoadOptions {
 
 /// What was loaded and how long it took.
 pub struct LoadedModel {
-    pub model: Llama,
+    pub model: Model,
     pub path: PathBuf,
     pub format: LoadFormat,
     pub load_seconds: f64,
@@ -86,23 +86,23 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             weights.set_panel_precision(options.panel_precision);
             let has_output = weights.contains("output.weight");
             let has_bias = weights.contains("blk.0.attn_q.bias");
-            let mut config = LlamaConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;
+            let mut config = ModelConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;
             if weights.contains("rope_freqs.weight") {
                 let factors = weights.dense("rope_freqs.weight", &[config.head_dim / 2])?;
                 config.rope_freq_factors = Some(factors.to_dtype(DType::F32)?.to_vec1()?);
             }
-            Llama::load(&mut weights, config, dtype, device)?
+            Model::load(&mut weights, config, dtype, device)?
         }
         LoadFormat::Safetensors => {
-            let config = LlamaConfig::from_hf_json(&path.join("config.json"))?;
+            let config = ModelConfig::from_hf_json(&path.join("config.json"))?;
             let mut weights = SafetensorsWeights::open(path, device, dtype)?;
-            Llama::load(&mut weights, config, dtype, device)?
+            Model::load(&mut weights, config, dtype, device)?
         }
         LoadFormat::Dummy => {
             let config_path = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
-            let config = LlamaConfig::from_hf_json(&config_path)?;
+            let config = ModelConfig::from_hf_json(&config_path)?;
             let mut weights = DummyWeights::new(&config_path, device, dtype);
-            Llama::load(&mut weights as &mut dyn WeightSource, config, dtype, device)?
+            Model::load(&mut weights as &mut dyn WeightSource, config, dtype, device)?
         }
         LoadFormat::Auto => unreachable!("resolved above"),
     };

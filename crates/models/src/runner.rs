@@ -11,10 +11,10 @@ use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
-use crate::llama::{ForwardInput, Llama};
+use crate::model::{ForwardInput, Model};
 
 pub struct ModelRunner {
-    model: Llama,
+    model: Model,
     cache: KvCache,
     device: Device,
     /// Runs each whole step, so that the CPU ops' parallel loops start on a pool thread. Called
@@ -34,12 +34,12 @@ struct FlatBatch {
 }
 
 impl ModelRunner {
-    pub fn new(model: Llama, cache: KvCache, device: Device) -> Result<Self> {
+    pub fn new(model: Model, cache: KvCache, device: Device) -> Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("pagoda-cpu-{i}")).build()?;
         Ok(Self { model, cache, device, pool: Arc::new(pool) })
     }
 
-    pub fn model(&self) -> &Llama {
+    pub fn model(&self) -> &Model {
         &self.model
     }
 

@@ -33,6 +33,24 @@ pub fn paged_attention(
     meta: &AttentionMetadata,
     softmax_scale: f32,
 ) -> Result<Tensor> {
+    paged_attention_windowed(q, k_cache, v_cache, meta, softmax_scale, None)
+}
+
+/// [`paged_attention`] with an optional sliding window (Mistral, Gemma's local layers): a query
+/// at position `p` attends to the keys at `p + 1 - window ..= p` only. Keys before the window are
+/// never read, so their blocks may hold anything (or have been reused). CPU only for now: the
+/// CUDA kernels refuse a window.
+pub fn paged_attention_windowed(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &AttentionMetadata,
+    softmax_scale: f32,
+    window: Option<usize>,
+) -> Result<Tensor> {
+    if window == Some(0) {
+        return Err(invalid(OP, "a sliding window must hold at least one position"));
+    }
     let [num_blocks, block_size, kv_heads, head_dim] = check::dims::<4>(k_cache)?;
     check::shape_is(v_cache, k_cache.dims(), OP, "v_cache")?;
     let [num_tokens, q_heads, q_head_dim] = check::dims::<3>(q)?;
@@ -62,7 +80,7 @@ pub fn paged_attention(
     check::contiguous(k_cache, OP)?;
     check::contiguous(v_cache, OP)?;
     meta.host().validate_for_cache(num_blocks, block_size, OP)?;
-    let op = PagedAttention { meta, softmax_scale };
+    let op = PagedAttention { meta, softmax_scale, window };
     q.apply_op3_no_bwd(k_cache, v_cache, &op)
 }
 
@@ -70,6 +88,7 @@ pub fn paged_attention(
 struct PagedAttention<'a> {
     meta: &'a AttentionMetadata,
     softmax_scale: f32,
+    window: Option<usize>,
 }
 
 impl CustomOp3 for PagedAttention<'_> {
@@ -110,7 +129,7 @@ impl CustomOp3 for PagedAttention<'_> {
                 Ok(dense)
             })?
         };
-        let queries = Queries { q: &q_f32, q_heads, softmax_scale: self.softmax_scale };
+        let queries = Queries { q: &q_f32, q_heads, softmax_scale: self.softmax_scale, window: self.window };
         let (k0, k1) = check::contiguous_range(k_l, OP)?;
         let (v0, v1) = check::contiguous_range(v_l, OP)?;
         if k.dtype() != v.dtype() {
@@ -140,6 +159,12 @@ impl CustomOp3 for PagedAttention<'_> {
         v: &candle_core::CudaStorage,
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
+        if let Some(window) = self.window {
+            return Err(invalid(
+                OP,
+                format!("sliding-window attention (window {window}) has no CUDA kernel yet"),
+            ));
+        }
         crate::cuda::attention::paged_attention(self.meta, self.softmax_scale, q, q_l, k, k_l, v, v_l)
     }
 }

@@ -39,6 +39,8 @@ pub(crate) struct Queries<'a> {
     pub q: &'a [f32],
     pub q_heads: usize,
     pub softmax_scale: f32,
+    /// Sliding window: a query at position `p` sees keys `p + 1 - window ..= p` only.
+    pub window: Option<usize>,
 }
 
 /// Items per thread below which kv heads are split across items for more parallelism.
@@ -211,9 +213,14 @@ fn attend_impl<T: Float, M: MulAdd>(
     let rows = tokens * heads;
     let q_range = meta.query_range(item.seq);
     let context = meta.context_lens[item.seq] as usize;
-    // Position of the tile's first token; token `ti` of the tile sees keys 0..=first + ti.
+    // Position of the tile's first token; token `ti` of the tile sees keys
+    // `window_start(ti)..=first + ti`.
     let first = context - q_range.len() + item.t0;
     let num_keys = first + tokens;
+    let window_start = |ti: usize| match queries.window {
+        Some(w) => (first + ti + 1).saturating_sub(w),
+        None => 0,
+    };
     let table = meta.block_table(item.seq);
     let row_stride = cache.kv_heads * hd;
 
@@ -236,7 +243,8 @@ fn attend_impl<T: Float, M: MulAdd>(
     let kv_buf = &mut scratch.kv[..];
     let offsets = &mut scratch.offsets[..];
 
-    for c0 in (0..num_keys).step_by(KEY_CHUNK) {
+    // Keys before the first token's window are seen by no token of the tile.
+    for c0 in (window_start(0)..num_keys).step_by(KEY_CHUNK) {
         let n = KEY_CHUNK.min(num_keys - c0);
         for (j, off) in offsets[..n].iter_mut().enumerate() {
             let p = c0 + j;
@@ -252,33 +260,38 @@ fn attend_impl<T: Float, M: MulAdd>(
             prefetch(&cache.k[at..at + kv_count * hd]);
             prefetch(&cache.v[at..at + kv_count * hd]);
         }
-        // Keys of this chunk visible to tile token `ti` (a prefix of the chunk).
-        let visible = |ti: usize| (first + ti + 1).saturating_sub(c0).min(n);
+        // Keys `lo..hi` of this chunk are visible to tile token `ti`: the chunk's part of its
+        // window, empty when `lo >= hi`.
+        let visible = |ti: usize| {
+            let hi = (first + ti + 1).saturating_sub(c0).min(n);
+            (window_start(ti).saturating_sub(c0).min(hi), hi)
+        };
 
         // Scores S = Q K^T for visible (row, key) pairs, one kv head at a time; a token's rows
-        // of one kv head are adjacent, so they are scored as one group.
+        // of one kv head are adjacent, so they are scored as one group. A row's scores for key
+        // `j` of the chunk sit at `r * KEY_CHUNK + j`.
         for kv in 0..kv_count {
             let keys = chunk_rows(cache.k, &offsets[..n], kv * hd, hd, kv_buf);
             for ti in 0..tokens {
-                let vis = visible(ti);
-                if vis == 0 {
+                let (lo, hi) = visible(ti);
+                if lo >= hi {
                     continue;
                 }
                 let r0 = ti * heads + kv * group;
                 let group_q = &q[r0 * hd..(r0 + group) * hd];
-                let group_scores = &mut scores[r0 * KEY_CHUNK..(r0 + group) * KEY_CHUNK];
-                M::group_scores(group_q, hd, &keys[..vis], group_scores, KEY_CHUNK);
+                let group_scores = &mut scores[r0 * KEY_CHUNK + lo..(r0 + group) * KEY_CHUNK];
+                M::group_scores(group_q, hd, &keys[lo..hi], group_scores, KEY_CHUNK);
             }
         }
 
         // Online softmax: fold this chunk into each row's running max and sum, rescaling the
         // row's accumulated output when the max grows.
         for r in 0..rows {
-            let vis = visible(r / heads);
-            if vis == 0 {
+            let (lo, hi) = visible(r / heads);
+            if lo >= hi {
                 continue;
             }
-            let s = &mut scores[r * KEY_CHUNK..r * KEY_CHUNK + vis];
+            let s = &mut scores[r * KEY_CHUNK + lo..r * KEY_CHUNK + hi];
             let chunk_max = max_lanes(s);
             let new_max = max[r].max(chunk_max);
             if new_max > max[r] {
@@ -298,13 +311,13 @@ fn attend_impl<T: Float, M: MulAdd>(
         for kv in 0..kv_count {
             let values = chunk_rows(cache.v, &offsets[..n], kv * hd, hd, kv_buf);
             for ti in 0..tokens {
-                let vis = visible(ti);
-                if vis == 0 {
+                let (lo, hi) = visible(ti);
+                if lo >= hi {
                     continue;
                 }
                 let r0 = ti * heads + kv * group;
-                let p = &scores[r0 * KEY_CHUNK..(r0 + group) * KEY_CHUNK];
-                M::group_accumulate(&mut out[r0 * hd..(r0 + group) * hd], hd, p, KEY_CHUNK, &values[..vis]);
+                let p = &scores[r0 * KEY_CHUNK + lo..(r0 + group) * KEY_CHUNK];
+                M::group_accumulate(&mut out[r0 * hd..(r0 + group) * hd], hd, p, KEY_CHUNK, &values[lo..hi]);
             }
         }
     }
@@ -431,7 +444,7 @@ mod tests {
         let (k, v) = (wave(cache_len, 0.37), wave(cache_len, 0.11));
         let q = wave(m.num_tokens() * kv_heads * group * hd, 0.23);
         let cache = CacheView { k: &k, v: &v, block_size, kv_heads, head_dim: hd };
-        let queries = Queries { q: &q, q_heads: kv_heads * group, softmax_scale: 0.3 };
+        let queries = Queries { q: &q, q_heads: kv_heads * group, softmax_scale: 0.3, window: None };
         let items = plan(&m, kv_heads, 4);
         let mut scratch = Scratch {
             q: vec![0.0; 4 * kv_heads * group * hd],
@@ -474,7 +487,7 @@ mod tests {
         m.block_tables = vec![11, 3, 7, 0, 0, 0, 0, 5, 2, 9, 1, 0];
         let tokens = q_lens.iter().sum::<u32>() as usize;
         let q: Vec<f32> = (0..tokens * q_heads * hd).map(|i| value(i + 3)).collect();
-        let queries = Queries { q: &q, q_heads, softmax_scale: 0.125 };
+        let queries = Queries { q: &q, q_heads, softmax_scale: 0.125, window: None };
         fn run<T: Float>(
             kernel: ItemKernel<T>,
             q: &Queries<'_>,

@@ -5,7 +5,9 @@ mod common;
 
 use candle_core::{DType, Device, Result, Tensor, D};
 use common::{assert_close, err_text, random_tensor, rng, uniform};
-use pagoda_ops::{paged_attention, reshape_and_cache, AttentionMetadata, HostAttentionMetadata};
+use pagoda_ops::{
+    paged_attention, paged_attention_windowed, reshape_and_cache, AttentionMetadata, HostAttentionMetadata,
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
@@ -114,8 +116,9 @@ fn expand_heads(kv: &Tensor, group: usize) -> Result<Tensor> {
         .contiguous()
 }
 
-/// softmax(Q K^T * scale + causal mask) V per sequence, on dense f32 tensors.
-fn reference(b: &Batch, seqs: &[Seq], group: usize, scale: f32) -> Result<Tensor> {
+/// softmax(Q K^T * scale + causal mask) V per sequence, on dense f32 tensors; with a window,
+/// key `j` is visible to position `p` only when `p - j < window`.
+fn reference(b: &Batch, seqs: &[Seq], group: usize, scale: f32, window: Option<usize>) -> Result<Tensor> {
     let q = b.q.to_dtype(DType::F32)?;
     let (_, q_heads, hd) = q.dims3()?;
     let mut outs = Vec::new();
@@ -131,7 +134,16 @@ fn reference(b: &Batch, seqs: &[Seq], group: usize, scale: f32) -> Result<Tensor
         let scores = (qs.matmul(&k.t()?)? * scale as f64)?;
         let first = s.context - s.q_len;
         let mask: Vec<f32> = (0..s.q_len)
-            .flat_map(|t| (0..s.context).map(move |j| if j > first + t { f32::NEG_INFINITY } else { 0.0 }))
+            .flat_map(|t| {
+                (0..s.context).map(move |j| {
+                    let outside = window.is_some_and(|w| first + t >= j + w);
+                    if j > first + t || outside {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+            })
             .collect();
         let mask = Tensor::from_vec(mask, (s.q_len, s.context), &Device::Cpu)?;
         let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
@@ -155,18 +167,34 @@ const MIXED: [Seq; 6] = [
 ];
 
 fn check(seqs: &[Seq], s: &Shape, cache: DType, q: DType, seed: u64, atol: f32, rtol: f32) {
+    check_windowed(seqs, s, cache, q, seed, atol, rtol, None);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_windowed(
+    seqs: &[Seq],
+    s: &Shape,
+    cache: DType,
+    q: DType,
+    seed: u64,
+    atol: f32,
+    rtol: f32,
+    window: Option<usize>,
+) {
     let mut rng = rng(seed);
     let b = build(&mut rng, seqs, s, cache, q).unwrap();
     let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let expected = reference(&b, seqs, s.group, scale).unwrap();
+    let expected = reference(&b, seqs, s.group, scale, window).unwrap();
     // The kernel splits work by thread count (whole sequences with few threads, kv heads apart
     // with many), so run both ways.
     for threads in [1, 24] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        let out = pool.install(|| paged_attention(&b.q, &b.k_cache, &b.v_cache, &b.meta, scale)).unwrap();
+        let out = pool
+            .install(|| paged_attention_windowed(&b.q, &b.k_cache, &b.v_cache, &b.meta, scale, window))
+            .unwrap();
         assert_eq!(out.dtype(), q);
         let what = format!(
-            "bs {} kvh {} group {} hd {} cache {cache:?} q {q:?} threads {threads}",
+            "bs {} kvh {} group {} hd {} cache {cache:?} q {q:?} threads {threads} window {window:?}",
             s.block_size, s.kv_heads, s.group, s.head_dim
         );
         assert_close(&out, &expected, atol, rtol, &what);
@@ -187,6 +215,31 @@ fn matches_dense_reference_across_block_sizes_gqa_ratios_and_head_dims() {
             }
         }
     }
+}
+
+#[test]
+fn sliding_window_sees_only_the_last_window_positions() {
+    // Windows shorter than, equal to and longer than the contexts; 1 is a query seeing itself.
+    let seqs = [
+        Seq { context: 700, q_len: 300 },
+        Seq { context: 517, q_len: 1 },
+        Seq { context: 129, q_len: 129 },
+        Seq { context: 64, q_len: 3 },
+        Seq { context: 1, q_len: 1 },
+    ];
+    let mut seed = 300;
+    for window in [1, 5, 64, 100, 129, 512, 4096] {
+        for (block_size, group) in [(16, 1), (8, 4), (1, 2)] {
+            let shape = Shape { block_size, kv_heads: 2, group, head_dim: 64 };
+            seed += 1;
+            check_windowed(&seqs, &shape, DType::F32, DType::F32, seed, 1e-5, 1e-5, Some(window));
+        }
+    }
+    let shape = Shape { block_size: 16, kv_heads: 1, group: 4, head_dim: 256 };
+    check_windowed(&MIXED, &shape, DType::BF16, DType::F32, 399, 2e-2, 2e-2, Some(48));
+    let b = small();
+    let zero = paged_attention_windowed(&b.q, &b.k_cache, &b.v_cache, &b.meta, 1.0, Some(0));
+    assert!(zero.unwrap_err().to_string().contains("at least one position"));
 }
 
 #[test]

@@ -10,7 +10,9 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
-use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelError, ModelRunner, PanelPrecision};
+use pagoda_models::{
+    load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner, PanelPrecision,
+};
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
 /// Why the model or the engine could not be started.
@@ -96,6 +98,8 @@ pub struct StartupTimes {
 /// The loaded model and tokenizer, before the engine starts.
 pub struct LoadedRuntime {
     pub runner: ModelRunner,
+    /// The model's shape (architecture, layers, context), as loaded.
+    pub model_config: ModelConfig,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<Arc<ChatTemplate>>,
     pub engine_config: EngineConfig,
@@ -111,6 +115,7 @@ pub struct Runtime {
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<Arc<ChatTemplate>>,
     pub engine_config: EngineConfig,
+    pub model_config: ModelConfig,
 }
 
 fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
@@ -192,6 +197,7 @@ impl LoadedRuntime {
         engine_config.validate().map_err(EngineError::from)?;
 
         Ok(Self {
+            model_config: config.clone(),
             runner: ModelRunner::new(loaded.model, cache, options.device.clone())?,
             tokenizer: Arc::new(tokenizer),
             chat_template,
@@ -217,6 +223,7 @@ impl LoadedRuntime {
             tokenizer: self.tokenizer,
             chat_template: self.chat_template,
             engine_config: self.engine_config,
+            model_config: self.model_config,
         })
     }
 }

@@ -278,6 +278,8 @@ impl Server {
                 served_names: config.served_model_names.clone(),
                 root: config.model.clone(),
                 created: crate::openai::unix_now(),
+                architecture: running.model_config.architecture.clone(),
+                context_length: running.model_config.max_position_embeddings,
             },
             limits: Limits { vocab_size, max_model_len: ec.max_model_len, max_logprobs: config.max_logprobs },
         });

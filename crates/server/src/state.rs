@@ -32,6 +32,10 @@ pub struct ModelInfo {
     pub root: String,
     /// Seconds since the epoch at start-up.
     pub created: u64,
+    /// The model's architecture (`general.architecture`, or `model_type`).
+    pub architecture: String,
+    /// Positions the model itself supports (`max_model_len` may be lower).
+    pub context_length: usize,
 }
 
 impl ModelInfo {
@@ -97,7 +101,13 @@ mod tests {
 
     #[test]
     fn model_names_resolve_or_404() {
-        let info = ModelInfo { served_names: vec!["a".into(), "b".into()], root: "x".into(), created: 0 };
+        let info = ModelInfo {
+            served_names: vec!["a".into(), "b".into()],
+            root: "x".into(),
+            created: 0,
+            architecture: "llama".into(),
+            context_length: 8,
+        };
         assert_eq!(info.resolve(None).unwrap(), "a");
         assert_eq!(info.resolve(Some("b")).unwrap(), "b");
         assert_eq!(info.resolve(Some("c")), Err(ApiError::ModelNotFound("c".into())));

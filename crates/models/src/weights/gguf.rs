@@ -1,5 +1,8 @@
-//! Weights from a GGUF file (llama.cpp's format), read with candle's GGUF reader.
+//! Weights from a GGUF file (llama.cpp's format), read with candle's GGUF reader, or from a
+//! split GGUF (`name-00001-of-00003.gguf` and its siblings, as `gguf-split` writes them: every
+//! part a GGUF of its own, the first holding all metadata).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -13,10 +16,19 @@ use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LinearWeight};
 
-pub struct GgufWeights {
+/// One file of the model.
+struct Part {
     path: PathBuf,
     reader: BufReader<File>,
     content: gguf_file::Content,
+}
+
+pub struct GgufWeights {
+    path: PathBuf,
+    /// The first part holds the metadata; every tensor lives in exactly one part.
+    parts: Vec<Part>,
+    /// Which part holds each tensor.
+    part_of: HashMap<String, usize>,
     device: Device,
     dtype: DType,
     /// Dequantize every projection to `dtype` instead of keeping quantized blocks.
@@ -26,29 +38,37 @@ pub struct GgufWeights {
 }
 
 impl GgufWeights {
-    /// Opens the file, reads its metadata and tensor index, and checks that every tensor's bytes
-    /// are present (a truncated download fails here, naming the file).
+    /// Opens the file (and, for a split GGUF, its sibling parts), reads the metadata and tensor
+    /// index, and checks that every tensor's bytes are present (a truncated download fails here,
+    /// naming the file).
     pub fn open(path: &Path, device: &Device, dtype: DType, dequantize: bool) -> Result<Self> {
-        let gguf_err = |message: String| ModelError::Gguf { path: path.to_path_buf(), message };
-        let file = File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        let mut reader = BufReader::new(file);
-        let content = gguf_file::Content::read(&mut reader).map_err(|e| gguf_err(e.to_string()))?;
-        let file_len = reader
-            .seek(SeekFrom::End(0))
-            .map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        for (name, info) in &content.tensor_infos {
-            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > file_len {
-                return Err(gguf_err(format!(
-                    "truncated: tensor `{name}` ends at byte {end} but the file has {file_len} bytes"
-                )));
+        let first = open_part(path)?;
+        let mut parts = vec![first];
+        for sibling in split_siblings(path, &parts[0].content)? {
+            parts.push(open_part(&sibling)?);
+        }
+        let mut part_of = HashMap::new();
+        for (index, part) in parts.iter().enumerate() {
+            for name in part.content.tensor_infos.keys() {
+                if part_of.insert(name.clone(), index).is_some() {
+                    return Err(ModelError::Gguf {
+                        path: part.path.clone(),
+                        message: format!("tensor `{name}` appears in more than one part"),
+                    });
+                }
             }
+        }
+        let expected = parts[0].content.metadata.get("split.tensors.count").and_then(|v| v.to_i32().ok());
+        if let Some(expected) = expected.filter(|&n| n as usize != part_of.len()) {
+            return Err(ModelError::Gguf {
+                path: path.to_path_buf(),
+                message: format!("the split parts hold {} tensors, expected {expected}", part_of.len()),
+            });
         }
         Ok(Self {
             path: path.to_path_buf(),
-            reader,
-            content,
+            parts,
+            part_of,
             device: device.clone(),
             dtype,
             dequantize,
@@ -58,7 +78,8 @@ impl GgufWeights {
 
     /// Elements in all tensors (what dequantizing would cost, per byte of dtype).
     pub fn num_elements(&self) -> u64 {
-        self.content.tensor_infos.values().map(|i| i.shape.elem_count() as u64).sum()
+        let infos = self.parts.iter().flat_map(|p| p.content.tensor_infos.values());
+        infos.map(|i| i.shape.elem_count() as u64).sum()
     }
 
     pub fn set_dequantize(&mut self, dequantize: bool) {
@@ -69,8 +90,17 @@ impl GgufWeights {
         self.panel_precision = precision;
     }
 
-    pub fn metadata(&self) -> &std::collections::HashMap<String, gguf_file::Value> {
-        &self.content.metadata
+    pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
+        &self.parts[0].content.metadata
+    }
+
+    /// How many files the model is split over.
+    pub fn num_parts(&self) -> usize {
+        self.parts.len()
+    }
+
+    fn info(&self, name: &str) -> Option<&gguf_file::TensorInfo> {
+        self.parts[*self.part_of.get(name)?].content.tensor_infos.get(name)
     }
 
     /// The block format of `name` for [`pagoda_ops::quant_matmul`], when this source dequantizes
@@ -79,7 +109,7 @@ impl GgufWeights {
         if !self.dequantize || !self.device.is_cpu() || self.dtype != DType::F32 {
             return None;
         }
-        match self.content.tensor_infos.get(name)?.ggml_dtype {
+        match self.info(name)?.ggml_dtype {
             GgmlDType::Q4_1 => Some(QuantFormat::Q4_1),
             GgmlDType::Q8_0 => Some(QuantFormat::Q8_0),
             _ => None,
@@ -87,14 +117,69 @@ impl GgufWeights {
     }
 
     fn qtensor(&mut self, name: &str) -> Result<QTensor> {
-        if !self.content.tensor_infos.contains_key(name) {
+        let Some(&index) = self.part_of.get(name) else {
             return Err(ModelError::MissingTensor { path: self.path.clone(), tensor: name.to_string() });
-        }
-        self.content.tensor(&mut self.reader, name, &self.device).map_err(|e| ModelError::Gguf {
-            path: self.path.clone(),
+        };
+        let part = &mut self.parts[index];
+        part.content.tensor(&mut part.reader, name, &self.device).map_err(|e| ModelError::Gguf {
+            path: part.path.clone(),
             message: format!("tensor `{name}`: {e}"),
         })
     }
+}
+
+/// Reads one file's metadata and tensor index and checks that its tensors' bytes are all there.
+fn open_part(path: &Path) -> Result<Part> {
+    let gguf_err = |message: String| ModelError::Gguf { path: path.to_path_buf(), message };
+    let file = File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    let mut reader = BufReader::new(file);
+    let content = gguf_file::Content::read(&mut reader).map_err(|e| gguf_err(e.to_string()))?;
+    let file_len = reader
+        .seek(SeekFrom::End(0))
+        .map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    for (name, info) in &content.tensor_infos {
+        let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let end = content.tensor_data_offset + info.offset + bytes as u64;
+        if end > file_len {
+            return Err(gguf_err(format!(
+                "truncated: tensor `{name}` ends at byte {end} but the file has {file_len} bytes"
+            )));
+        }
+    }
+    Ok(Part { path: path.to_path_buf(), reader, content })
+}
+
+/// The other parts of a split GGUF whose first part is `path` (none for a whole file). Parts are
+/// named `<prefix>-<i>-of-<n>.gguf` with five-digit numbers, as llama.cpp names them.
+fn split_siblings(path: &Path, first: &gguf_file::Content) -> Result<Vec<PathBuf>> {
+    let err = |message: String| ModelError::Gguf { path: path.to_path_buf(), message };
+    let number = |key: &str| -> Option<u64> {
+        let v = first.metadata.get(key)?;
+        v.to_u16()
+            .map(u64::from)
+            .or_else(|_| v.to_u32().map(u64::from))
+            .or_else(|_| v.to_i32().map(|n| n.max(0) as u64))
+            .or_else(|_| v.to_u64())
+            .ok()
+    };
+    let count = number("split.count").unwrap_or(1);
+    if count <= 1 {
+        return Ok(Vec::new());
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let suffix = format!("-00001-of-{count:05}.gguf");
+    if number("split.no").unwrap_or(0) != 0 || !name.ends_with(&suffix) {
+        return Err(err(format!(
+            "part of a model split in {count} files: pass the first part, named `<name>{suffix}`"
+        )));
+    }
+    let prefix = &name[..name.len() - suffix.len()];
+    let siblings: Vec<PathBuf> =
+        (2..=count).map(|i| path.with_file_name(format!("{prefix}-{i:05}-of-{count:05}.gguf"))).collect();
+    if let Some(missing) = siblings.iter().find(|p| !p.exists()) {
+        return Err(err(format!("split part {} is missing", missing.display())));
+    }
+    Ok(siblings)
 }
 
 /// Quantized types candle can multiply on every backend; anything else is dequantized.
@@ -112,7 +197,7 @@ impl WeightSource for GgufWeights {
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.part_of.contains_key(name)
     }
 
     fn panel_precision(&self) -> PanelPrecision {
@@ -120,8 +205,7 @@ impl WeightSource for GgufWeights {
     }
 
     fn keeps_quantized(&self, name: &str) -> bool {
-        !self.dequantize
-            && self.content.tensor_infos.get(name).is_some_and(|i| matmul_supported(i.ggml_dtype))
+        !self.dequantize && self.info(name).is_some_and(|i| matmul_supported(i.ggml_dtype))
     }
 
     fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {

@@ -25,6 +25,34 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// Gemma 3 270M (Q4_K_M), the second real model.
+pub fn gemma3_path() -> PathBuf {
+    let path = repo_root().join("models/gemma-3-270m-q4_k_m.gguf");
+    assert!(path.exists(), "{} is missing: run scripts/fetch-model.sh gemma3 (make does it)", path.display());
+    path
+}
+
+/// The golden fixture of scripts/golden_gemma3.py.
+pub fn gemma3_fixture() -> serde_json::Value {
+    read_fixture("golden-gemma3.json", "scripts/golden_gemma3.py")
+}
+
+/// The f32 model at `path` (GGUF blocks kept for small steps) over `num_blocks` f32 cache blocks.
+pub fn runner_for(path: &std::path::Path, num_blocks: usize) -> ModelRunner {
+    let options = LoadOptions { dequantize: Some(true), ..LoadOptions::default() };
+    let loaded = load_model(path, &options).expect("the model loads");
+    let cache =
+        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+    ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap()
+}
+
+fn read_fixture(name: &str, generator: &str) -> serde_json::Value {
+    let path = repo_root().join("tests/fixtures").join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (regenerate with {generator})", path.display()));
+    serde_json::from_str(&text).expect("the fixture is valid JSON")
+}
+
 pub fn fixture() -> serde_json::Value {
     let path = repo_root().join("tests/fixtures/golden.json");
     let text = std::fs::read_to_string(&path)

@@ -26,6 +26,8 @@ fn card(state: &SharedState, name: &str) -> ModelCard {
         owned_by: "pagoda".to_owned(),
         root: state.model.root.clone(),
         max_model_len: state.limits.max_model_len,
+        architecture: state.model.architecture.clone(),
+        context_length: state.model.context_length,
     }
 }
 

@@ -23,6 +23,10 @@ pub struct ModelCard {
     pub root: String,
     /// Longest prompt plus completion, in tokens.
     pub max_model_len: usize,
+    /// The model's architecture, as its weights name it (`llama`, `qwen2`, `gemma3`, ...).
+    pub architecture: String,
+    /// Positions the model was trained for; `max_model_len` is what this server allows.
+    pub context_length: usize,
 }
 
 /// `GET /version`.

@@ -42,6 +42,8 @@ async fn models_health_version_openapi() -> Result<()> {
     assert_eq!(models["data"][0]["id"], "smol");
     assert_eq!(models["data"][0]["object"], "model");
     assert_eq!(models["data"][0]["max_model_len"], 1024);
+    assert_eq!(models["data"][0]["architecture"], "llama");
+    assert_eq!(models["data"][0]["context_length"], 8192);
 
     // /health, /version, /metrics and /openapi.json need no key.
     let bare = reqwest::Client::new();

@@ -56,7 +56,13 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         prompts: PromptBuilder::new(tokenizer, Some(Arc::new(template)), vocab_size, 2048),
         engine,
         metrics: Arc::new(Metrics::new(MetricsPrefix::Pagoda, "broken", 512)?),
-        model: ModelInfo { served_names: vec!["broken".into()], root: "-".into(), created: 0 },
+        model: ModelInfo {
+            served_names: vec!["broken".into()],
+            root: "-".into(),
+            created: 0,
+            architecture: "llama".into(),
+            context_length: 64,
+        },
         limits: Limits { vocab_size, max_model_len: 512, max_logprobs: 20 },
     });
     let http =

@@ -1,0 +1,144 @@
+//! The attention block every architecture shares: fused Q/K/V projection, optional per-head
+//! QK-norm, rotary embedding, the write of the new K/V into the paged cache, paged attention
+//! (causal, or inside a sliding window) and the output projection. Also the rotary tables.
+
+use candle_core::{Device, Tensor};
+use pagoda_ops::{RopeScaling, RotaryStyle};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::linear::{Linear, StackedLinear};
+use crate::model::ForwardInput;
+use crate::weights::{load_linear, load_stacked, WeightSource};
+
+/// cos/sin tables for every position the model supports, and how heads pair their elements.
+pub(crate) struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    style: RotaryStyle,
+}
+
+impl Rope {
+    /// Tables for base `theta` and `scaling`, with the GGUF's per-frequency divisors if any.
+    pub(crate) fn new(c: &ModelConfig, theta: f32, scaling: RopeScaling, device: &Device) -> Result<Self> {
+        let mut inv_freq = pagoda_ops::rotary_inv_freq(theta, c.head_dim, scaling)?;
+        if let Some(factors) = &c.rope_freq_factors {
+            if factors.len() != inv_freq.len() {
+                return Err(ModelError::InvalidOption(format!(
+                    "rope_freqs has {} entries, expected {}",
+                    factors.len(),
+                    inv_freq.len()
+                )));
+            }
+            inv_freq.iter_mut().zip(factors).for_each(|(f, k)| *f /= *k as f64);
+        }
+        let (cos, sin) =
+            pagoda_ops::rotary_tables_from_inv_freq(&inv_freq, c.max_position_embeddings, device)?;
+        Ok(Self { cos, sin, style: c.rope_style })
+    }
+
+    /// The model's global rope: `rope_theta` with its scaling.
+    pub(crate) fn global(c: &ModelConfig, device: &Device) -> Result<Self> {
+        Self::new(c, c.rope_theta, c.rope_scaling, device)
+    }
+}
+
+pub(crate) struct Attention {
+    /// Q, K and V projections.
+    qkv_proj: StackedLinear,
+    o_proj: Linear,
+    /// RMSNorm weights over `head_dim` applied to each q and k head before rope (Gemma 3, Qwen3).
+    qk_norm: Option<(Tensor, Tensor)>,
+    window: Option<usize>,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    softmax_scale: f32,
+    eps: f32,
+}
+
+impl Attention {
+    /// Layer `i`'s attention weights (`blk.{i}.attn_*`), with QK-norm weights when `qk_norm`.
+    pub(crate) fn load(
+        source: &mut dyn WeightSource,
+        c: &ModelConfig,
+        i: usize,
+        qk_norm: bool,
+    ) -> Result<Self> {
+        let (h, q, kv) = (c.hidden_size, c.q_size(), c.kv_size());
+        let name = |part: &str| format!("blk.{i}.{part}.weight");
+        let bias = |part: &str| c.attention_bias.then(|| format!("blk.{i}.{part}.bias"));
+        let (q_name, k_name, v_name) = (name("attn_q"), name("attn_k"), name("attn_v"));
+        let (q_bias, k_bias, v_bias) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
+        let qkv = [
+            (q_name.as_str(), q, q_bias.as_deref()),
+            (k_name.as_str(), kv, k_bias.as_deref()),
+            (v_name.as_str(), kv, v_bias.as_deref()),
+        ];
+        let qk_norm = match qk_norm {
+            true => Some((
+                source.dense(&name("attn_q_norm"), &[c.head_dim])?,
+                source.dense(&name("attn_k_norm"), &[c.head_dim])?,
+            )),
+            false => None,
+        };
+        Ok(Self {
+            qkv_proj: load_stacked(source, &qkv, h)?,
+            o_proj: load_linear(source, &name("attn_output"), h, q, None)?,
+            qk_norm,
+            window: c.layer_window(i),
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            softmax_scale: c.softmax_scale(),
+            eps: c.rms_norm_eps,
+        })
+    }
+
+    pub(crate) fn is_quantized(&self) -> bool {
+        self.qkv_proj.is_quantized()
+    }
+
+    /// `x` `[tokens, hidden]` (normed) -> `[tokens, hidden]`, writing the new K/V into layer
+    /// `layer` of `cache`.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        input: &ForwardInput<'_>,
+        cache: &KvCache,
+        layer: usize,
+    ) -> Result<Tensor> {
+        let num_tokens = x.dim(0)?;
+        let heads = [self.num_heads, self.num_kv_heads, self.num_kv_heads];
+        let [q, k, v]: [Tensor; 3] =
+            self.qkv_proj.forward_heads(x, &heads, self.head_dim)?.try_into().expect("three projections");
+        let (q, k) = match &self.qk_norm {
+            None => (q, k),
+            // Views of the stacked projection: rows of one head are contiguous, heads are not.
+            Some((q_norm, k_norm)) => (
+                pagoda_ops::rms_norm(&q.contiguous()?, q_norm, self.eps)?,
+                pagoda_ops::rms_norm(&k.contiguous()?, k_norm, self.eps)?,
+            ),
+        };
+        let (q, k) = pagoda_ops::rotary_embedding(&q, &k, input.positions, &rope.cos, &rope.sin, rope.style)?;
+        let (k_cache, v_cache) = cache.layer(layer);
+        // A cache stored narrower than the activations (f16 for an f32 model) takes the new
+        // rows rounded; attention reads any cache dtype.
+        let (k, v) = match k_cache.dtype() {
+            dt if dt == k.dtype() => (k, v),
+            dt => (k.to_dtype(dt)?, v.to_dtype(dt)?),
+        };
+        pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &input.attention.slot_mapping)?;
+        let attn = pagoda_ops::paged_attention_windowed(
+            &q,
+            k_cache,
+            v_cache,
+            input.attention,
+            self.softmax_scale,
+            self.window,
+        )?;
+        self.o_proj.forward(&attn.reshape((num_tokens, self.num_heads * self.head_dim))?)
+    }
+}

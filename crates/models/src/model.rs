@@ -1,0 +1,84 @@
+//! [`Model`]: the architectures behind one interface, chosen by the config's `architecture`.
+//! Each architecture is one file holding only its block; attention, embeddings, linear layers
+//! and the paged cache are shared.
+
+use candle_core::{DType, Device, Tensor};
+use pagoda_ops::AttentionMetadata;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::gemma3::Gemma3;
+use crate::kv_cache::KvCache;
+use crate::llama::Llama;
+use crate::weights::WeightSource;
+
+/// One step's flattened inputs, built by the model runner.
+pub struct ForwardInput<'a> {
+    /// u32 `[num_tokens]`.
+    pub input_ids: &'a Tensor,
+    /// u32 `[num_tokens]`.
+    pub positions: &'a Tensor,
+    pub attention: &'a AttentionMetadata,
+    /// u32 `[num_rows]`: the token rows whose logits are wanted.
+    pub logits_rows: &'a Tensor,
+}
+
+/// A loaded model of any supported architecture, computing in `dtype`.
+pub struct Model {
+    architecture: Architecture,
+    dtype: DType,
+}
+
+enum Architecture {
+    Llama(Llama),
+    Gemma3(Gemma3),
+}
+
+impl Model {
+    pub fn load(
+        source: &mut dyn WeightSource,
+        config: ModelConfig,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        if !device.is_cpu() && config.sliding_window.is_some() {
+            return Err(ModelError::InvalidOption(format!(
+                "`{}` uses sliding-window attention, which runs on the CPU only so far",
+                config.architecture
+            )));
+        }
+        let architecture = match config.architecture.as_str() {
+            "gemma3" => Architecture::Gemma3(Gemma3::load(source, config, device)?),
+            _ => Architecture::Llama(Llama::load(source, config, device)?),
+        };
+        Ok(Self { architecture, dtype })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match &self.architecture {
+            Architecture::Llama(m) => m.config(),
+            Architecture::Gemma3(m) => m.config(),
+        }
+    }
+
+    /// Runs every layer over the batch, writing its K/V into `cache`, and returns f32 logits
+    /// `[num_rows, vocab]` for the requested rows only.
+    pub fn forward(&self, input: &ForwardInput<'_>, cache: &KvCache) -> Result<Tensor> {
+        match &self.architecture {
+            Architecture::Llama(m) => m.forward(input, cache),
+            Architecture::Gemma3(m) => m.forward(input, cache),
+        }
+    }
+
+    /// Whether the projections run as quantized matmuls.
+    pub fn is_quantized(&self) -> bool {
+        match &self.architecture {
+            Architecture::Llama(m) => m.is_quantized(),
+            Architecture::Gemma3(m) => m.is_quantized(),
+        }
+    }
+}
