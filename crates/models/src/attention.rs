@@ -3,9 +3,9 @@
 //! (causal, or inside a sliding window) and the output projection. Also the rotary tables.
 
 use candle_core::{Device, Tensor};
-use pagoda_ops::{RopeScaling, RotaryStyle};
+use pagoda_ops::{AttentionParams, RopeScaling, RotaryStyle};
 
-use crate::config::ModelConfig;
+use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, StackedLinear};
@@ -38,9 +38,38 @@ impl Rope {
         Ok(Self { cos, sin, style: c.rope_style })
     }
 
-    /// The model's global rope: `rope_theta` with its scaling.
+    /// The model's global rope: `rope_theta` with its scaling, or LongRoPE.
     pub(crate) fn global(c: &ModelConfig, device: &Device) -> Result<Self> {
-        Self::new(c, c.rope_theta, c.rope_scaling, device)
+        match &c.long_rope {
+            None => Self::new(c, c.rope_theta, c.rope_scaling, device),
+            Some(long) => Self::long_rope(c, long, device),
+        }
+    }
+
+    /// Positions below the original context rotate by the short factors' frequencies, later ones
+    /// by the long factors' (see [`LongRope`]); both tables scaled by the attention factor.
+    fn long_rope(c: &ModelConfig, long: &LongRope, device: &Device) -> Result<Self> {
+        let base = pagoda_ops::rotary_inv_freq(c.rope_theta, c.head_dim, RopeScaling::None)?;
+        let table = |factors: &[f32]| -> Result<(Tensor, Tensor)> {
+            if factors.len() != base.len() {
+                return Err(ModelError::InvalidOption(format!(
+                    "LongRoPE has {} factors, expected {}",
+                    factors.len(),
+                    base.len()
+                )));
+            }
+            let inv_freq: Vec<f64> = base.iter().zip(factors).map(|(f, k)| f / *k as f64).collect();
+            Ok(pagoda_ops::rotary_tables_from_inv_freq(&inv_freq, c.max_position_embeddings, device)?)
+        };
+        let (short_cos, short_sin) = table(&long.short_factors)?;
+        let (long_cos, long_sin) = table(&long.long_factors)?;
+        let split = long.original_max_position_embeddings.min(c.max_position_embeddings);
+        let rest = c.max_position_embeddings - split;
+        let join = |short: &Tensor, long_: &Tensor| -> Result<Tensor> {
+            let joined = Tensor::cat(&[short.narrow(0, 0, split)?, long_.narrow(0, split, rest)?], 0)?;
+            Ok((joined * long.attention_factor as f64)?)
+        };
+        Ok(Self { cos: join(&short_cos, &long_cos)?, sin: join(&short_sin, &long_sin)?, style: c.rope_style })
     }
 }
 
@@ -50,22 +79,17 @@ pub(crate) struct Attention {
     o_proj: Linear,
     /// RMSNorm weights over `head_dim` applied to each q and k head before rope (Gemma 3, Qwen3).
     qk_norm: Option<(Tensor, Tensor)>,
-    window: Option<usize>,
+    params: AttentionParams,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
-    softmax_scale: f32,
     eps: f32,
 }
 
 impl Attention {
-    /// Layer `i`'s attention weights (`blk.{i}.attn_*`), with QK-norm weights when `qk_norm`.
-    pub(crate) fn load(
-        source: &mut dyn WeightSource,
-        c: &ModelConfig,
-        i: usize,
-        qk_norm: bool,
-    ) -> Result<Self> {
+    /// Layer `i`'s attention weights (`blk.{i}.attn_*`), with QK-norm weights when the model
+    /// has them.
+    pub(crate) fn load(source: &mut dyn WeightSource, c: &ModelConfig, i: usize) -> Result<Self> {
         let (h, q, kv) = (c.hidden_size, c.q_size(), c.kv_size());
         let name = |part: &str| format!("blk.{i}.{part}.weight");
         let bias = |part: &str| c.attention_bias.then(|| format!("blk.{i}.{part}.bias"));
@@ -76,7 +100,14 @@ impl Attention {
             (k_name.as_str(), kv, k_bias.as_deref()),
             (v_name.as_str(), kv, v_bias.as_deref()),
         ];
-        let qk_norm = match qk_norm {
+        // Phi-3 stores Q, K and V as one fused matrix.
+        let fused = name("attn_qkv");
+        let qkv_proj = if source.contains(&fused) {
+            StackedLinear::fused(load_linear(source, &fused, q + 2 * kv, h, None)?, vec![q, kv, kv])
+        } else {
+            load_stacked(source, &qkv, h)?
+        };
+        let qk_norm = match c.qk_norm {
             true => Some((
                 source.dense(&name("attn_q_norm"), &[c.head_dim])?,
                 source.dense(&name("attn_k_norm"), &[c.head_dim])?,
@@ -84,14 +115,17 @@ impl Attention {
             false => None,
         };
         Ok(Self {
-            qkv_proj: load_stacked(source, &qkv, h)?,
+            qkv_proj,
             o_proj: load_linear(source, &name("attn_output"), h, q, None)?,
             qk_norm,
-            window: c.layer_window(i),
+            params: AttentionParams {
+                softmax_scale: c.softmax_scale(),
+                window: c.layer_window(i),
+                logit_softcap: c.attn_logit_softcapping,
+            },
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
-            softmax_scale: c.softmax_scale(),
             eps: c.rms_norm_eps,
         })
     }
@@ -131,14 +165,7 @@ impl Attention {
             dt => (k.to_dtype(dt)?, v.to_dtype(dt)?),
         };
         pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &input.attention.slot_mapping)?;
-        let attn = pagoda_ops::paged_attention_windowed(
-            &q,
-            k_cache,
-            v_cache,
-            input.attention,
-            self.softmax_scale,
-            self.window,
-        )?;
+        let attn = pagoda_ops::paged_attention_with(&q, k_cache, v_cache, input.attention, self.params)?;
         self.o_proj.forward(&attn.reshape((num_tokens, self.num_heads * self.head_dim))?)
     }
 }

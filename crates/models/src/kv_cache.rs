@@ -121,10 +121,15 @@ mod tests {
             max_position_embeddings: 64,
             tie_word_embeddings: true,
             attention_bias: false,
+            qk_norm: false,
             sliding_window: None,
             sliding_layers: vec![false; 2],
             rope_local_theta: None,
             query_pre_attn_scalar: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
+            moe: None,
+            long_rope: None,
         }
     }
 

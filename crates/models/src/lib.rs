@@ -1,22 +1,25 @@
-//! `pagoda-models`: candle model code (the Llama family and Gemma 3, one file per architecture
+//! `pagoda-models`: candle model code (the Llama family, Qwen3, mixtures of experts, Gemma 2 and 3, one file per architecture
 //! over shared attention, embedding and linear layers), weight loading (GGUF, Hugging Face
 //! safetensors, dummy), the paged KV cache, and the model runner that executes one scheduled
 //! batch per engine step and samples from its logits.
 
 pub(crate) mod attention;
 pub mod config;
+mod config_gguf;
+mod config_hf;
 pub mod embedding;
 pub mod error;
-pub mod gemma3;
+pub mod gemma;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod loader;
 pub mod model;
+mod moe;
 pub mod runner;
 pub mod weights;
 
-pub use config::ModelConfig;
+pub use config::{ModelConfig, MoeConfig};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use loader::{load_model, LoadFormat, LoadOptions, LoadedModel, AUTO_DEQUANTIZE_MAX_BYTES};

@@ -144,6 +144,12 @@ impl StackedLinear {
         })
     }
 
+    /// A weight stored fused (Phi-3's `qkv_proj`, `gate_up_proj`) whose output rows are the
+    /// parts of `widths`, in order.
+    pub fn fused(linear: Linear, widths: Vec<usize>) -> Self {
+        StackedLinear::Stacked { linear, widths }
+    }
+
     /// Block-quantized parts stacked into one weight, dequantized once.
     pub fn from_blocks(parts: Vec<QuantizedWeight>, precision: PanelPrecision) -> Result<Self> {
         let widths: Vec<usize> = parts.iter().map(QuantizedWeight::rows).collect();

@@ -1,5 +1,6 @@
-//! The Llama-family block (Llama 2/3, SmolLM, Mistral, Qwen2): pre-norm attention and a SiLU
-//! gated MLP, each added to the residual stream.
+//! The Llama-family block (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Phi-3, and with routed
+//! experts Mixtral and Qwen3-MoE): pre-norm attention (QK-normed for Qwen3) and a SiLU gated MLP
+//! or a mixture of them, each added to the residual stream.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -10,15 +11,52 @@ use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, StackedLinear};
 use crate::model::ForwardInput;
+use crate::moe::MoeMlp;
 use crate::weights::{load_linear, load_stacked, WeightSource};
 
 struct Layer {
     attn_norm: Tensor,
     attention: Attention,
     ffn_norm: Tensor,
-    /// Gate and up projections.
-    gate_up_proj: StackedLinear,
-    down_proj: Linear,
+    mlp: Mlp,
+}
+
+enum Mlp {
+    Dense {
+        /// Gate and up projections.
+        gate_up_proj: StackedLinear,
+        down_proj: Linear,
+    },
+    Experts(MoeMlp),
+}
+
+impl Mlp {
+    fn load(source: &mut dyn WeightSource, c: &ModelConfig, i: usize) -> Result<Self> {
+        if let Some(moe) = c.moe {
+            return Ok(Mlp::Experts(MoeMlp::load(source, c, moe, i)?));
+        }
+        let (h, ffn) = (c.hidden_size, c.intermediate_size);
+        let name = |part: &str| format!("blk.{i}.{part}.weight");
+        let (gate_name, up_name) = (name("ffn_gate"), name("ffn_up"));
+        let gate_up = [(gate_name.as_str(), ffn, None), (up_name.as_str(), ffn, None)];
+        // Phi-3 has no gate matrix: its `ffn_up` holds gate and up, in that order.
+        let gate_up_proj = if source.contains(&gate_name) {
+            load_stacked(source, &gate_up, h)?
+        } else {
+            StackedLinear::fused(load_linear(source, &up_name, 2 * ffn, h, None)?, vec![ffn, ffn])
+        };
+        Ok(Mlp::Dense { gate_up_proj, down_proj: load_linear(source, &name("ffn_down"), h, ffn, None)? })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Dense { gate_up_proj, down_proj } => {
+                let [gate, up]: [Tensor; 2] = gate_up_proj.forward(x)?.try_into().expect("two projections");
+                down_proj.forward(&pagoda_ops::silu_and_mul(&gate, &up)?)
+            }
+            Mlp::Experts(moe) => moe.forward(x),
+        }
+    }
 }
 
 pub struct Llama {
@@ -35,19 +73,16 @@ pub struct Llama {
 impl Llama {
     pub fn load(source: &mut dyn WeightSource, config: ModelConfig, device: &Device) -> Result<Self> {
         let c = &config;
-        let (h, ffn) = (c.hidden_size, c.intermediate_size);
+        let h = c.hidden_size;
         let (embed_tokens, lm_head) = load_embedding_and_head(source, c)?;
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
             let name = |part: &str| format!("blk.{i}.{part}.weight");
-            let (gate_name, up_name) = (name("ffn_gate"), name("ffn_up"));
-            let gate_up = [(gate_name.as_str(), ffn, None), (up_name.as_str(), ffn, None)];
             layers.push(Layer {
                 attn_norm: source.dense(&name("attn_norm"), &[h])?,
-                attention: Attention::load(source, c, i, false)?,
+                attention: Attention::load(source, c, i)?,
                 ffn_norm: source.dense(&name("ffn_norm"), &[h])?,
-                gate_up_proj: load_stacked(source, &gate_up, h)?,
-                down_proj: load_linear(source, &name("ffn_down"), h, ffn, None)?,
+                mlp: Mlp::load(source, c, i)?,
             });
         }
         let final_norm = source.dense("output_norm.weight", &[h])?;
@@ -98,9 +133,7 @@ impl Llama {
             let r = residual.as_ref().expect("set by the first layer");
             let (normed, sum) = pagoda_ops::add_rms_norm(&hidden, r, &layer.ffn_norm, c.rms_norm_eps)?;
             residual = Some(sum);
-            let [gate, up]: [Tensor; 2] =
-                layer.gate_up_proj.forward(&normed)?.try_into().expect("two projections");
-            hidden = layer.down_proj.forward(&pagoda_ops::silu_and_mul(&gate, &up)?)?;
+            hidden = layer.mlp.forward(&normed)?;
         }
         let r = residual.as_ref().expect("models have at least one layer");
         let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, c.rms_norm_eps)?;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use pagoda_ops::PanelPrecision;
 
-use crate::config::ModelConfig;
+use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::model::Model;
 use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
@@ -62,6 +62,36 @@ pub struct LoadedModel {
     pub load_seconds: f64,
 }
 
+/// Phi-3's LongRoPE tables of a GGUF (`rope_factors_short`/`_long`), with the original context
+/// and attention factor from `{arch}.rope.scaling.*`.
+fn long_rope_of(path: &Path, weights: &mut GgufWeights, c: &ModelConfig) -> Result<Option<LongRope>> {
+    if !weights.contains("rope_factors_long.weight") {
+        return Ok(None);
+    }
+    let half = c.head_dim / 2;
+    let factors = |w: &mut GgufWeights, name: &str| -> Result<Vec<f32>> {
+        Ok(w.dense(name, &[half])?.to_dtype(DType::F32)?.to_vec1()?)
+    };
+    let long_factors = factors(weights, "rope_factors_long.weight")?;
+    let short_factors = factors(weights, "rope_factors_short.weight")?;
+    let key = |k: &str| weights.metadata().get(&format!("{}.rope.scaling.{k}", c.architecture));
+    let original = key("original_context_length")
+        .and_then(|v| v.to_u32().map(|n| n as usize).or_else(|_| v.to_u64().map(|n| n as usize)).ok())
+        .ok_or_else(|| ModelError::Config {
+            path: path.to_path_buf(),
+            message: "LongRoPE factors without rope.scaling.original_context_length".into(),
+        })?;
+    let attention_factor = key("attn_factor")
+        .and_then(|v| v.to_f32().ok())
+        .unwrap_or_else(|| LongRope::default_attention_factor(c.max_position_embeddings, original));
+    Ok(Some(LongRope {
+        short_factors,
+        long_factors,
+        original_max_position_embeddings: original,
+        attention_factor,
+    }))
+}
+
 pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
     let started = Instant::now();
     if !path.exists() {
@@ -91,11 +121,12 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
                 let factors = weights.dense("rope_freqs.weight", &[config.head_dim / 2])?;
                 config.rope_freq_factors = Some(factors.to_dtype(DType::F32)?.to_vec1()?);
             }
+            config.long_rope = long_rope_of(path, &mut weights, &config)?;
             Model::load(&mut weights, config, dtype, device)?
         }
         LoadFormat::Safetensors => {
             let config = ModelConfig::from_hf_json(&path.join("config.json"))?;
-            let mut weights = SafetensorsWeights::open(path, device, dtype)?;
+            let mut weights = SafetensorsWeights::open(path, &config.architecture, device, dtype)?;
             Model::load(&mut weights, config, dtype, device)?
         }
         LoadFormat::Dummy => {

@@ -7,7 +7,7 @@ use pagoda_ops::AttentionMetadata;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::gemma3::Gemma3;
+use crate::gemma::Gemma;
 use crate::kv_cache::KvCache;
 use crate::llama::Llama;
 use crate::weights::WeightSource;
@@ -31,7 +31,7 @@ pub struct Model {
 
 enum Architecture {
     Llama(Llama),
-    Gemma3(Gemma3),
+    Gemma(Gemma),
 }
 
 impl Model {
@@ -41,14 +41,15 @@ impl Model {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        if !device.is_cpu() && config.sliding_window.is_some() {
+        let cpu_only = config.sliding_window.is_some() || config.attn_logit_softcapping.is_some();
+        if !device.is_cpu() && cpu_only {
             return Err(ModelError::InvalidOption(format!(
-                "`{}` uses sliding-window attention, which runs on the CPU only so far",
+                "`{}` uses sliding-window or soft-capped attention, which run on the CPU only so far",
                 config.architecture
             )));
         }
         let architecture = match config.architecture.as_str() {
-            "gemma3" => Architecture::Gemma3(Gemma3::load(source, config, device)?),
+            "gemma2" | "gemma3" => Architecture::Gemma(Gemma::load(source, config, device)?),
             _ => Architecture::Llama(Llama::load(source, config, device)?),
         };
         Ok(Self { architecture, dtype })
@@ -61,7 +62,7 @@ impl Model {
     pub fn config(&self) -> &ModelConfig {
         match &self.architecture {
             Architecture::Llama(m) => m.config(),
-            Architecture::Gemma3(m) => m.config(),
+            Architecture::Gemma(m) => m.config(),
         }
     }
 
@@ -70,7 +71,7 @@ impl Model {
     pub fn forward(&self, input: &ForwardInput<'_>, cache: &KvCache) -> Result<Tensor> {
         match &self.architecture {
             Architecture::Llama(m) => m.forward(input, cache),
-            Architecture::Gemma3(m) => m.forward(input, cache),
+            Architecture::Gemma(m) => m.forward(input, cache),
         }
     }
 
@@ -78,7 +79,7 @@ impl Model {
     pub fn is_quantized(&self) -> bool {
         match &self.architecture {
             Architecture::Llama(m) => m.is_quantized(),
-            Architecture::Gemma3(m) => m.is_quantized(),
+            Architecture::Gemma(m) => m.is_quantized(),
         }
     }
 }

@@ -35,7 +35,7 @@ mod simd;
 
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata};
-pub use paged_attention::{paged_attention, paged_attention_windowed};
+pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams};
 pub use panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use quant_matmul::quant_matmul;
 pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};

@@ -33,23 +33,44 @@ pub fn paged_attention(
     meta: &AttentionMetadata,
     softmax_scale: f32,
 ) -> Result<Tensor> {
-    paged_attention_windowed(q, k_cache, v_cache, meta, softmax_scale, None)
+    paged_attention_with(q, k_cache, v_cache, meta, AttentionParams::scaled(softmax_scale))
 }
 
-/// [`paged_attention`] with an optional sliding window (Mistral, Gemma's local layers): a query
-/// at position `p` attends to the keys at `p + 1 - window ..= p` only. Keys before the window are
-/// never read, so their blocks may hold anything (or have been reused). CPU only for now: the
-/// CUDA kernels refuse a window.
-pub fn paged_attention_windowed(
+/// How scores are formed and which keys a query sees.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// `scores = q . k * softmax_scale`.
+    pub softmax_scale: f32,
+    /// Sliding window (Mistral, Gemma's local layers): a query at position `p` attends to the
+    /// keys at `p + 1 - window ..= p` only. Keys before the window are never read, so their
+    /// blocks may hold anything (or have been reused).
+    pub window: Option<usize>,
+    /// Gemma 2's soft cap: `scores = cap * tanh(scores / cap)` before the softmax.
+    pub logit_softcap: Option<f32>,
+}
+
+impl AttentionParams {
+    /// Plain causal attention with `softmax_scale`.
+    pub fn scaled(softmax_scale: f32) -> Self {
+        Self { softmax_scale, window: None, logit_softcap: None }
+    }
+}
+
+/// [`paged_attention`] with a sliding window and/or soft-capped scores. CPU only for now: the
+/// CUDA kernels refuse both.
+pub fn paged_attention_with(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     meta: &AttentionMetadata,
-    softmax_scale: f32,
-    window: Option<usize>,
+    params: AttentionParams,
 ) -> Result<Tensor> {
+    let AttentionParams { softmax_scale, window, logit_softcap } = params;
     if window == Some(0) {
         return Err(invalid(OP, "a sliding window must hold at least one position"));
+    }
+    if logit_softcap.is_some_and(|cap| !(cap.is_finite() && cap > 0.0)) {
+        return Err(invalid(OP, format!("logit soft cap {logit_softcap:?} must be positive and finite")));
     }
     let [num_blocks, block_size, kv_heads, head_dim] = check::dims::<4>(k_cache)?;
     check::shape_is(v_cache, k_cache.dims(), OP, "v_cache")?;
@@ -80,15 +101,14 @@ pub fn paged_attention_windowed(
     check::contiguous(k_cache, OP)?;
     check::contiguous(v_cache, OP)?;
     meta.host().validate_for_cache(num_blocks, block_size, OP)?;
-    let op = PagedAttention { meta, softmax_scale, window };
+    let op = PagedAttention { meta, params };
     q.apply_op3_no_bwd(k_cache, v_cache, &op)
 }
 
 /// The candle op: inputs (q, k_cache, v_cache); metadata and scale travel in the op.
 struct PagedAttention<'a> {
     meta: &'a AttentionMetadata,
-    softmax_scale: f32,
-    window: Option<usize>,
+    params: AttentionParams,
 }
 
 impl CustomOp3 for PagedAttention<'_> {
@@ -129,7 +149,14 @@ impl CustomOp3 for PagedAttention<'_> {
                 Ok(dense)
             })?
         };
-        let queries = Queries { q: &q_f32, q_heads, softmax_scale: self.softmax_scale, window: self.window };
+        let p = self.params;
+        let queries = Queries {
+            q: &q_f32,
+            q_heads,
+            softmax_scale: p.softmax_scale,
+            window: p.window,
+            logit_softcap: p.logit_softcap,
+        };
         let (k0, k1) = check::contiguous_range(k_l, OP)?;
         let (v0, v1) = check::contiguous_range(v_l, OP)?;
         if k.dtype() != v.dtype() {
@@ -159,12 +186,10 @@ impl CustomOp3 for PagedAttention<'_> {
         v: &candle_core::CudaStorage,
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        if let Some(window) = self.window {
-            return Err(invalid(
-                OP,
-                format!("sliding-window attention (window {window}) has no CUDA kernel yet"),
-            ));
+        let p = self.params;
+        if p.window.is_some() || p.logit_softcap.is_some() {
+            return Err(invalid(OP, "sliding windows and soft-capped scores have no CUDA kernel yet"));
         }
-        crate::cuda::attention::paged_attention(self.meta, self.softmax_scale, q, q_l, k, k_l, v, v_l)
+        crate::cuda::attention::paged_attention(self.meta, p.softmax_scale, q, q_l, k, k_l, v, v_l)
     }
 }

@@ -41,6 +41,8 @@ pub(crate) struct Queries<'a> {
     pub softmax_scale: f32,
     /// Sliding window: a query at position `p` sees keys `p + 1 - window ..= p` only.
     pub window: Option<usize>,
+    /// Scores become `cap * tanh(score / cap)` before the softmax.
+    pub logit_softcap: Option<f32>,
 }
 
 /// Items per thread below which kv heads are split across items for more parallelism.
@@ -292,6 +294,11 @@ fn attend_impl<T: Float, M: MulAdd>(
                 continue;
             }
             let s = &mut scores[r * KEY_CHUNK + lo..r * KEY_CHUNK + hi];
+            if let Some(cap) = queries.logit_softcap {
+                for x in s.iter_mut() {
+                    *x = cap * (*x / cap).tanh();
+                }
+            }
             let chunk_max = max_lanes(s);
             let new_max = max[r].max(chunk_max);
             if new_max > max[r] {
@@ -444,7 +451,13 @@ mod tests {
         let (k, v) = (wave(cache_len, 0.37), wave(cache_len, 0.11));
         let q = wave(m.num_tokens() * kv_heads * group * hd, 0.23);
         let cache = CacheView { k: &k, v: &v, block_size, kv_heads, head_dim: hd };
-        let queries = Queries { q: &q, q_heads: kv_heads * group, softmax_scale: 0.3, window: None };
+        let queries = Queries {
+            q: &q,
+            q_heads: kv_heads * group,
+            softmax_scale: 0.3,
+            window: None,
+            logit_softcap: None,
+        };
         let items = plan(&m, kv_heads, 4);
         let mut scratch = Scratch {
             q: vec![0.0; 4 * kv_heads * group * hd],
@@ -487,7 +500,7 @@ mod tests {
         m.block_tables = vec![11, 3, 7, 0, 0, 0, 0, 5, 2, 9, 1, 0];
         let tokens = q_lens.iter().sum::<u32>() as usize;
         let q: Vec<f32> = (0..tokens * q_heads * hd).map(|i| value(i + 3)).collect();
-        let queries = Queries { q: &q, q_heads, softmax_scale: 0.125, window: None };
+        let queries = Queries { q: &q, q_heads, softmax_scale: 0.125, window: None, logit_softcap: None };
         fn run<T: Float>(
             kernel: ItemKernel<T>,
             q: &Queries<'_>,

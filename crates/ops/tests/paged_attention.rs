@@ -6,7 +6,8 @@ mod common;
 use candle_core::{DType, Device, Result, Tensor, D};
 use common::{assert_close, err_text, random_tensor, rng, uniform};
 use pagoda_ops::{
-    paged_attention, paged_attention_windowed, reshape_and_cache, AttentionMetadata, HostAttentionMetadata,
+    paged_attention, paged_attention_with, reshape_and_cache, AttentionMetadata, AttentionParams,
+    HostAttentionMetadata,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -118,7 +119,8 @@ fn expand_heads(kv: &Tensor, group: usize) -> Result<Tensor> {
 
 /// softmax(Q K^T * scale + causal mask) V per sequence, on dense f32 tensors; with a window,
 /// key `j` is visible to position `p` only when `p - j < window`.
-fn reference(b: &Batch, seqs: &[Seq], group: usize, scale: f32, window: Option<usize>) -> Result<Tensor> {
+fn reference(b: &Batch, seqs: &[Seq], group: usize, params: AttentionParams) -> Result<Tensor> {
+    let (scale, window) = (params.softmax_scale, params.window);
     let q = b.q.to_dtype(DType::F32)?;
     let (_, q_heads, hd) = q.dims3()?;
     let mut outs = Vec::new();
@@ -131,7 +133,10 @@ fn reference(b: &Batch, seqs: &[Seq], group: usize, scale: f32, window: Option<u
         start += s.q_len;
         let k = expand_heads(&b.dense_k[i], group)?;
         let v = expand_heads(&b.dense_v[i], group)?;
-        let scores = (qs.matmul(&k.t()?)? * scale as f64)?;
+        let mut scores = (qs.matmul(&k.t()?)? * scale as f64)?;
+        if let Some(cap) = params.logit_softcap {
+            scores = ((scores / cap as f64)?.tanh()? * cap as f64)?;
+        }
         let first = s.context - s.q_len;
         let mask: Vec<f32> = (0..s.q_len)
             .flat_map(|t| {
@@ -167,11 +172,11 @@ const MIXED: [Seq; 6] = [
 ];
 
 fn check(seqs: &[Seq], s: &Shape, cache: DType, q: DType, seed: u64, atol: f32, rtol: f32) {
-    check_windowed(seqs, s, cache, q, seed, atol, rtol, None);
+    check_with(seqs, s, cache, q, seed, atol, rtol, None, None);
 }
 
 #[allow(clippy::too_many_arguments)]
-fn check_windowed(
+fn check_with(
     seqs: &[Seq],
     s: &Shape,
     cache: DType,
@@ -180,18 +185,18 @@ fn check_windowed(
     atol: f32,
     rtol: f32,
     window: Option<usize>,
+    logit_softcap: Option<f32>,
 ) {
     let mut rng = rng(seed);
     let b = build(&mut rng, seqs, s, cache, q).unwrap();
-    let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let expected = reference(&b, seqs, s.group, scale, window).unwrap();
+    let params = AttentionParams { softmax_scale: 1.0 / (s.head_dim as f32).sqrt(), window, logit_softcap };
+    let expected = reference(&b, seqs, s.group, params).unwrap();
     // The kernel splits work by thread count (whole sequences with few threads, kv heads apart
     // with many), so run both ways.
     for threads in [1, 24] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        let out = pool
-            .install(|| paged_attention_windowed(&b.q, &b.k_cache, &b.v_cache, &b.meta, scale, window))
-            .unwrap();
+        let out =
+            pool.install(|| paged_attention_with(&b.q, &b.k_cache, &b.v_cache, &b.meta, params)).unwrap();
         assert_eq!(out.dtype(), q);
         let what = format!(
             "bs {} kvh {} group {} hd {} cache {cache:?} q {q:?} threads {threads} window {window:?}",
@@ -232,14 +237,32 @@ fn sliding_window_sees_only_the_last_window_positions() {
         for (block_size, group) in [(16, 1), (8, 4), (1, 2)] {
             let shape = Shape { block_size, kv_heads: 2, group, head_dim: 64 };
             seed += 1;
-            check_windowed(&seqs, &shape, DType::F32, DType::F32, seed, 1e-5, 1e-5, Some(window));
+            check_with(&seqs, &shape, DType::F32, DType::F32, seed, 1e-5, 1e-5, Some(window), None);
         }
     }
     let shape = Shape { block_size: 16, kv_heads: 1, group: 4, head_dim: 256 };
-    check_windowed(&MIXED, &shape, DType::BF16, DType::F32, 399, 2e-2, 2e-2, Some(48));
+    check_with(&MIXED, &shape, DType::BF16, DType::F32, 399, 2e-2, 2e-2, Some(48), None);
     let b = small();
-    let zero = paged_attention_windowed(&b.q, &b.k_cache, &b.v_cache, &b.meta, 1.0, Some(0));
+    let params = AttentionParams { window: Some(0), ..AttentionParams::scaled(1.0) };
+    let zero = paged_attention_with(&b.q, &b.k_cache, &b.v_cache, &b.meta, params);
     assert!(zero.unwrap_err().to_string().contains("at least one position"));
+}
+
+#[test]
+fn soft_capped_scores_alone_and_with_a_window() {
+    // Queries are scaled up (see `build`), so scores reach past the small caps and the cap
+    // changes the result.
+    let shape = Shape { block_size: 16, kv_heads: 2, group: 2, head_dim: 64 };
+    for (i, cap) in [0.5f32, 5.0, 50.0].into_iter().enumerate() {
+        check_with(&MIXED, &shape, DType::F32, DType::F32, 500 + i as u64, 1e-5, 1e-5, None, Some(cap));
+        check_with(&MIXED, &shape, DType::F32, DType::F32, 510 + i as u64, 1e-5, 1e-5, Some(40), Some(cap));
+    }
+    let b = small();
+    for bad in [0.0, -1.0, f32::NAN] {
+        let params = AttentionParams { logit_softcap: Some(bad), ..AttentionParams::scaled(1.0) };
+        let e = paged_attention_with(&b.q, &b.k_cache, &b.v_cache, &b.meta, params).unwrap_err();
+        assert!(e.to_string().contains("soft cap"), "{e}");
+    }
 }
 
 #[test]

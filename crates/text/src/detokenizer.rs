@@ -9,10 +9,13 @@
 //! every time everything in it has been released, so the cost per token stays small.
 //!
 //! For a decoder whose output for `a ++ b` is the output for `a` followed by the output for `b`
-//! whenever `a` ends on a complete character (byte-level BPE), the deltas of all `push` calls
-//! followed by `flush` concatenate to exactly `decode(output_ids)`. (Exceptions, where no text
-//! is lost but the stream can differ from that decode: a prompt that ends inside a character,
-//! and more than 16 tokens in a row ending in U+FFFD.)
+//! whenever `a` ends on a complete character (byte-level BPE; sentencepiece with byte fallback,
+//! apart from the one leading space it strips when it adds a space prefix), the deltas of all
+//! `push` calls followed by `flush` concatenate to exactly `decode(output_ids)`. (Exceptions,
+//! where no text is lost but the stream can differ from that decode: a prompt that ends inside a
+//! character, more than 16 tokens in a row ending in U+FFFD, and invalid UTF-8 from byte-fallback
+//! tokens, which that decoder turns into one U+FFFD per byte of the whole run of byte tokens, so
+//! an invalid byte can change how the already released bytes before it decode.)
 
 /// Anything that turns token ids into text, e.g. [`crate::Tokenizer`].
 pub trait TokenDecoder: Send + Sync {
@@ -90,9 +93,11 @@ impl IncrementalDetokenizer {
             };
 
         if !force && full.ends_with(REPLACEMENT) {
-            // The last character may be a multi-byte character still missing bytes: hold it, but
-            // release what precedes it, which later bytes cannot change.
-            let stable_end = full.len() - REPLACEMENT.len_utf8();
+            // The end may be a multi-byte character still missing bytes: hold it, but release
+            // what precedes it, which later bytes cannot change. A byte-level decoder shows the
+            // incomplete character as one U+FFFD, a byte-fallback decoder (sentencepiece `<0xNN>`
+            // tokens) as one per byte so far, so the whole trailing run is held.
+            let stable_end = full.trim_end_matches(REPLACEMENT).len();
             if stable_end <= released_end {
                 return String::new();
             }
@@ -151,7 +156,36 @@ mod tests {
         Bytes(t)
     }
 
-    fn run(dec: &Bytes, prompt: &[u32], out: &[u32], skip: bool) -> Vec<String> {
+    /// Like sentencepiece's byte-fallback decoder: ids below 256 are `<0xNN>` byte tokens, and a
+    /// run of them that is not valid UTF-8 decodes as one U+FFFD per token; id `256 + i` is
+    /// `words[i]`.
+    struct ByteFallback(Vec<&'static str>);
+
+    impl TokenDecoder for ByteFallback {
+        fn decode(&self, ids: &[u32], _skip_special_tokens: bool) -> String {
+            fn end_run(run: &mut Vec<u8>, out: &mut String) {
+                match std::str::from_utf8(run) {
+                    Ok(text) => out.push_str(text),
+                    Err(_) => out.extend(std::iter::repeat_n(REPLACEMENT, run.len())),
+                }
+                run.clear();
+            }
+            let (mut out, mut run) = (String::new(), Vec::new());
+            for &id in ids {
+                match u8::try_from(id) {
+                    Ok(byte) => run.push(byte),
+                    Err(_) => {
+                        end_run(&mut run, &mut out);
+                        out.push_str(self.0[id as usize - 256]);
+                    }
+                }
+            }
+            end_run(&mut run, &mut out);
+            out
+        }
+    }
+
+    fn run(dec: &dyn TokenDecoder, prompt: &[u32], out: &[u32], skip: bool) -> Vec<String> {
         let mut d = IncrementalDetokenizer::new(prompt, skip);
         let mut deltas: Vec<String> = out.iter().map(|&id| d.push(dec, id)).collect();
         deltas.push(d.flush(dec));
@@ -269,6 +303,47 @@ mod tests {
             let deltas = run(&dec, &bytes_of("ctx "), &out, false);
             for d in &deltas[..deltas.len() - 1] {
                 assert!(!d.contains(REPLACEMENT), "U+FFFD mid-stream in {d:?}");
+            }
+            assert_eq!(deltas.concat(), dec.decode(&out, false));
+        }
+    }
+
+    #[test]
+    fn byte_fallback_characters_are_held_until_complete() {
+        let dec = ByteFallback(vec!["a", " b"]);
+        // 中 is E4 B8 AD and 😀 is F0 9F 98 80, one byte token each. A byte-fallback decoder
+        // shows an incomplete character as one U+FFFD per byte: none of them may leak out.
+        let out = [256, 0xE4, 0xB8, 0xAD, 0xF0, 0x9F, 0x98, 0x80, 257];
+        let deltas = run(&dec, &[], &out, false);
+        assert_eq!(deltas, vec!["a", "", "", "中", "", "", "", "😀", " b", ""]);
+        // Cut inside a character, the flush gives what decode gives.
+        let deltas = run(&dec, &[257], &out[..3], false);
+        assert_eq!(deltas, vec!["a", "", "", "\u{FFFD}\u{FFFD}"]);
+        assert_eq!(deltas.concat(), dec.decode(&out[..3], false));
+        // Invalid bytes followed by text are released with the text, as decode renders them.
+        let deltas = run(&dec, &[], &[0x80, 0xE4, 256], false);
+        assert_eq!(deltas.concat(), dec.decode(&[0x80, 0xE4, 256], false));
+    }
+
+    #[test]
+    fn byte_fallback_streams_match_decode_for_pseudo_random_streams() {
+        let dec = ByteFallback(vec![" hello", "x"]);
+        let text = "Grüße, 世界! 😀🎉 naïve café — ok";
+        let mut state = 0x1234_5678_u32;
+        for _ in 0..50 {
+            let mut out = Vec::new();
+            for c in text.chars() {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                out.extend(c.encode_utf8(&mut [0; 4]).bytes().map(u32::from));
+                if state.is_multiple_of(5) {
+                    out.push(256 + state % 2);
+                }
+            }
+            let deltas = run(&dec, &[257, 0xC3, 0xA9], &out, false);
+            for d in &deltas {
+                assert!(!d.contains(REPLACEMENT), "U+FFFD in {d:?}");
             }
             assert_eq!(deltas.concat(), dec.decode(&out, false));
         }

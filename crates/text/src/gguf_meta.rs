@@ -244,6 +244,24 @@ impl GgufMetadata {
             .ok_or_else(|| self.wrong_type(key, "array of 32-bit integers", value))
     }
 
+    /// An array of numbers as `f64` (`f32` or `f64` elements; integers are accepted too), e.g.
+    /// `tokenizer.ggml.scores`.
+    pub fn get_f64_array(&self, key: &str) -> Result<Vec<f64>, GgufError> {
+        let value = self.require(key)?;
+        let MetaValue::Array(items) = value else {
+            return Err(self.wrong_type(key, "array of numbers", value));
+        };
+        items
+            .iter()
+            .map(|item| match *item {
+                MetaValue::F32(v) => Some(f64::from(v)),
+                MetaValue::F64(v) => Some(v),
+                _ => item.as_i128().map(|v| v as f64),
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| self.wrong_type(key, "array of numbers", value))
+    }
+
     fn get_int<T: TryFrom<i128>>(&self, key: &str, expected: &'static str) -> Result<T, GgufError> {
         let value = self.require(key)?;
         value.as_i128().and_then(|v| T::try_from(v).ok()).ok_or_else(|| self.wrong_type(key, expected, value))

@@ -89,6 +89,7 @@ fn reads_every_value_type_in_v2_and_v3() {
         assert!(meta.get_bool("bool").unwrap());
         assert_eq!(meta.get_str_array("strs").unwrap(), vec!["a", "", "ü😀"]);
         assert_eq!(meta.get_i32_array("ints").unwrap(), vec![1, -2]);
+        assert_eq!(meta.get_f64_array("ints").unwrap(), vec![1.0, -2.0]);
         assert_eq!(meta.get_str_array("empty").unwrap(), Vec::<&str>::new());
         assert_eq!(
             meta.get("nested"),
@@ -128,6 +129,8 @@ fn wrong_type_and_missing_key_errors_name_file_and_key() {
     assert!(matches!(meta.get_str_array("ints"), Err(GgufError::WrongType { .. })));
     assert!(matches!(meta.get_i32_array("strs"), Err(GgufError::WrongType { .. })));
     assert!(matches!(meta.get_i32_array("u32"), Err(GgufError::WrongType { .. })));
+    assert!(matches!(meta.get_f64_array("strs"), Err(GgufError::WrongType { .. })));
+    assert!(matches!(meta.get_f64_array("f32"), Err(GgufError::WrongType { .. })));
     let err = meta.get_u32("nope").unwrap_err();
     assert!(matches!(err, GgufError::MissingKey { ref key, .. } if key == "nope"));
     assert!(err.to_string().contains("missing"));

@@ -1,8 +1,8 @@
 //! `pagoda-text`: everything between text and token ids for the Pagoda server.
 //!
-//! - [`Tokenizer`]: loads a tokenizer from GGUF metadata ([`Tokenizer::from_gguf`]) or a Hugging
-//!   Face directory ([`Tokenizer::from_dir`]); encodes, decodes, and knows BOS/EOS ids and the
-//!   chat template.
+//! - [`Tokenizer`]: loads a tokenizer from GGUF metadata ([`Tokenizer::from_gguf`]: byte-level
+//!   BPE or SentencePiece BPE) or a Hugging Face directory ([`Tokenizer::from_dir`]); encodes,
+//!   decodes, and knows BOS/EOS ids and the chat template.
 //! - [`IncrementalDetokenizer`]: turns generated ids into text deltas for streaming, never
 //!   splitting a UTF-8 character.
 //! - [`StopMatcher`]: finds stop strings across delta boundaries.
@@ -24,6 +24,7 @@ mod template_funcs;
 pub mod tokenizer;
 mod tokenizer_gguf;
 mod tokenizer_hf;
+mod tokenizer_spm;
 mod tool_json;
 pub mod tool_parser;
 

@@ -2,7 +2,8 @@
 //! the vocabulary (BOS/EOS ids, the end-of-sequence id set, the chat template).
 //!
 //! It wraps a `tokenizers::Tokenizer`, built either from a GGUF file's metadata
-//! ([`Tokenizer::from_gguf`], see `tokenizer_gguf.rs`) or from a Hugging Face model directory
+//! ([`Tokenizer::from_gguf`], see `tokenizer_gguf.rs` for byte-level BPE and `tokenizer_spm.rs`
+//! for SentencePiece vocabularies) or from a Hugging Face model directory
 //! ([`Tokenizer::from_dir`], see `tokenizer_hf.rs`).
 //!
 //! Bytes without a token: a byte-level vocabulary may lack some of the 256 byte tokens (SmolLM2
@@ -30,7 +31,9 @@ use crate::gguf_meta::GgufError;
 pub enum TokenizerError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("{path}: tokenizer model {model:?} is not supported (only \"gpt2\", byte-level BPE)")]
+    #[error(
+        "{path}: tokenizer model {model:?} is not supported (supported: \"gpt2\", byte-level BPE; \"llama\", SentencePiece BPE)"
+    )]
     UnsupportedModel { path: PathBuf, model: String },
     #[error(
         "{path}: pre-tokenizer {pre:?} is not supported; supported: {}",

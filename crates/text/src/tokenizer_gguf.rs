@@ -1,6 +1,10 @@
 //! Building a [`Tokenizer`] from a GGUF file's tokenizer metadata.
 //!
-//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE), with the pre-tokenizers named by
+//! [`Tokenizer::from_gguf_metadata`] dispatches on `tokenizer.ggml.model`: `"llama"`
+//! (SentencePiece BPE: Llama 2, Mistral, Gemma) is built in `tokenizer_spm.rs`; any model other
+//! than that and `"gpt2"` is an error ([`TokenizerError::UnsupportedModel`]).
+//!
+//! `"gpt2"` (byte-level BPE) is built here, with the pre-tokenizers named by
 //! `tokenizer.ggml.pre` that are listed in [`SUPPORTED_PRE`]. Each is set up the way the model's
 //! own Hugging Face `tokenizer.json` does it, so ids match Hugging Face's:
 //!
@@ -46,8 +50,8 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// Qwen2's split: as Llama 3's, but every digit on its own.
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-const TOKEN_TYPE_CONTROL: i32 = 3;
-const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+pub(crate) const TOKEN_TYPE_CONTROL: i32 = 3;
+pub(crate) const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// How the text is prepared before BPE.
 struct PreSetup {
@@ -65,16 +69,21 @@ impl Tokenizer {
 
     /// Builds the tokenizer from already-read GGUF metadata.
     pub fn from_gguf_metadata(meta: &GgufMetadata) -> Result<Self, TokenizerError> {
-        let path = meta.path();
-        let invalid = |what: String| TokenizerError::InvalidVocab { path: path.to_path_buf(), what };
-
-        let model = meta.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel {
-                path: path.to_path_buf(),
+        match meta.get_str("tokenizer.ggml.model")? {
+            "gpt2" => Self::byte_level_bpe(meta),
+            "llama" => crate::tokenizer_spm::sentencepiece_bpe(meta),
+            model => Err(TokenizerError::UnsupportedModel {
+                path: meta.path().to_path_buf(),
                 model: model.to_owned(),
-            });
+            }),
         }
+    }
+
+    /// A `tokenizer.ggml.model = "gpt2"` vocabulary: byte-level BPE with the file's merges.
+    fn byte_level_bpe(meta: &GgufMetadata) -> Result<Self, TokenizerError> {
+        let path = meta.path();
+        let invalid = |what: String| invalid_vocab(meta, what);
+
         let pre = optional(meta.get_str("tokenizer.ggml.pre"))?.unwrap_or("default");
         let setup = pre_setup(pre).ok_or_else(|| TokenizerError::UnsupportedPreTokenizer {
             path: path.to_path_buf(),
@@ -82,14 +91,8 @@ impl Tokenizer {
         })?;
 
         let tokens = meta.get_str_array("tokenizer.ggml.tokens")?;
-        let token_types = optional(meta.get_i32_array("tokenizer.ggml.token_type"))?;
-        if let Some(types) = &token_types {
-            if types.len() != tokens.len() {
-                return Err(invalid(format!("{} token types for {} tokens", types.len(), tokens.len())));
-            }
-        }
-        let n_tokens = u32::try_from(tokens.len())
-            .map_err(|_| invalid(format!("{} tokens is too many", tokens.len())))?;
+        let n_tokens = token_count(meta, &tokens)?;
+        let token_types = token_types(meta, tokens.len())?;
 
         // Later duplicates win, as in Hugging Face's loader.
         let mut vocab = Vocab::default();
@@ -132,21 +135,7 @@ impl Tokenizer {
             inner.add_tokens(&added(TOKEN_TYPE_USER_DEFINED, false));
         }
 
-        let id_key = |key: &str| -> Result<Option<u32>, TokenizerError> {
-            let id = optional(meta.get_u32(key))?;
-            match id {
-                Some(id) if id >= n_tokens => {
-                    Err(invalid(format!("{key} = {id} is outside the {n_tokens}-token vocabulary")))
-                }
-                _ => Ok(id),
-            }
-        };
-        let bos_id = id_key("tokenizer.ggml.bos_token_id")?;
-        let eos_id = id_key("tokenizer.ggml.eos_token_id")?;
-        let mut extra_eos_ids = Vec::new();
-        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            extra_eos_ids.extend(id_key(key)?);
-        }
+        let SpecialIds { bos_id, eos_id, extra_eos_ids, .. } = special_ids(meta, n_tokens)?;
         // Absent means no BOS for byte-level BPE, as in Hugging Face's loader.
         let add_bos = optional(meta.get_bool("tokenizer.ggml.add_bos_token"))?.unwrap_or(false);
         if add_bos {
@@ -170,6 +159,64 @@ impl Tokenizer {
             },
         ))
     }
+}
+
+/// BOS, EOS, unknown and padding ids named by the metadata, checked against the vocabulary.
+pub(crate) struct SpecialIds {
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    /// End-of-turn and end-of-message ids: they end generation too.
+    pub extra_eos_ids: Vec<u32>,
+    pub unk_id: Option<u32>,
+    pub pad_id: Option<u32>,
+}
+
+/// Reads the `tokenizer.ggml.*_token_id` keys. A BOS, EOS, EOT or EOM id outside the
+/// `n_tokens`-token vocabulary is an error; an unusable unknown or padding id (out of range,
+/// negative) is ignored, as llama.cpp does, since files in the wild carry such placeholders.
+pub(crate) fn special_ids(meta: &GgufMetadata, n_tokens: u32) -> Result<SpecialIds, TokenizerError> {
+    let id_key = |key: &str| -> Result<Option<u32>, TokenizerError> {
+        match optional(meta.get_u32(key))? {
+            Some(id) if id >= n_tokens => {
+                Err(invalid_vocab(meta, format!("{key} = {id} is outside the {n_tokens}-token vocabulary")))
+            }
+            id => Ok(id),
+        }
+    };
+    let lenient = |key: &str| meta.get_u32(key).ok().filter(|&id| id < n_tokens);
+    let mut extra_eos_ids = Vec::new();
+    for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        extra_eos_ids.extend(id_key(key)?);
+    }
+    Ok(SpecialIds {
+        bos_id: id_key("tokenizer.ggml.bos_token_id")?,
+        eos_id: id_key("tokenizer.ggml.eos_token_id")?,
+        extra_eos_ids,
+        unk_id: lenient("tokenizer.ggml.unknown_token_id"),
+        pad_id: lenient("tokenizer.ggml.padding_token_id"),
+    })
+}
+
+/// The number of tokens as an id bound.
+pub(crate) fn token_count(meta: &GgufMetadata, tokens: &[&str]) -> Result<u32, TokenizerError> {
+    u32::try_from(tokens.len())
+        .map_err(|_| invalid_vocab(meta, format!("{} tokens is too many", tokens.len())))
+}
+
+/// `tokenizer.ggml.token_type`, if present, checked to have one type per token.
+pub(crate) fn token_types(meta: &GgufMetadata, n_tokens: usize) -> Result<Option<Vec<i32>>, TokenizerError> {
+    let types = optional(meta.get_i32_array("tokenizer.ggml.token_type"))?;
+    if let Some(types) = &types {
+        if types.len() != n_tokens {
+            return Err(invalid_vocab(meta, format!("{} token types for {n_tokens} tokens", types.len())));
+        }
+    }
+    Ok(types)
+}
+
+/// [`TokenizerError::InvalidVocab`] for this file.
+pub(crate) fn invalid_vocab(meta: &GgufMetadata, what: String) -> TokenizerError {
+    TokenizerError::InvalidVocab { path: meta.path().to_path_buf(), what }
 }
 
 /// The normalizer, pre-tokenizer and BPE option for a `tokenizer.ggml.pre` value.
@@ -219,7 +266,7 @@ fn vocab_spelling(token: &str) -> String {
 }
 
 /// `Ok(None)` for a missing key, so optional metadata reads stay one line.
-fn optional<T>(result: Result<T, GgufError>) -> Result<Option<T>, GgufError> {
+pub(crate) fn optional<T>(result: Result<T, GgufError>) -> Result<Option<T>, GgufError> {
     match result {
         Ok(v) => Ok(Some(v)),
         Err(GgufError::MissingKey { .. }) => Ok(None),

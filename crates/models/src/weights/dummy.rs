@@ -36,8 +36,8 @@ impl WeightSource for DummyWeights {
     }
 
     fn contains(&self, name: &str) -> bool {
-        // Untied lm head, no biases, no rope frequency table.
-        !name.ends_with(".bias") && name != "rope_freqs.weight"
+        // Untied lm head, separate Q/K/V, no biases, no rope frequency table.
+        !name.ends_with(".bias") && !name.contains("attn_qkv") && name != "rope_freqs.weight"
     }
 
     fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
@@ -49,5 +49,9 @@ impl WeightSource for DummyWeights {
 
     fn linear(&mut self, _name: &str, out_dim: usize, in_dim: usize, _bias: Option<&str>) -> Result<Linear> {
         Ok(Linear::new(LinearWeight::Dense(self.random(&[out_dim, in_dim])?), None))
+    }
+
+    fn experts(&mut self, name: &str, num_experts: usize, rows: usize, cols: usize) -> Result<Vec<Linear>> {
+        (0..num_experts).map(|_| self.linear(name, rows, cols, None)).collect()
     }
 }

@@ -224,6 +224,30 @@ impl WeightSource for GgufWeights {
         Ok(Some(blocks))
     }
 
+    fn experts(&mut self, name: &str, num_experts: usize, rows: usize, cols: usize) -> Result<Vec<Linear>> {
+        let q = self.qtensor(name)?;
+        check_shape(&self.path, name, &[num_experts, rows, cols], q.shape().dims())?;
+        if let Some(format) = self.packed_format(name) {
+            // Each expert's blocks are a contiguous run of the stacked tensor's bytes.
+            let data = q.data()?;
+            let per_expert = data.len() / num_experts;
+            return data
+                .chunks_exact(per_expert)
+                .map(|bytes| {
+                    let blocks = QuantizedWeight::from_gguf(format, rows, cols, bytes).map_err(|e| {
+                        ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
+                    })?;
+                    Ok(Linear::packed(blocks, self.panel_precision))
+                })
+                .collect();
+        }
+        // Otherwise every expert is dequantized (candle's quantized matmul has no per-expert view).
+        let dense = q.dequantize(&self.device)?.to_dtype(self.dtype)?;
+        (0..num_experts)
+            .map(|e| Ok(Linear::new(LinearWeight::Dense(dense.get(e)?.contiguous()?), None)))
+            .collect()
+    }
+
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear> {
         let q = self.qtensor(name)?;
         check_shape(&self.path, name, &[out_dim, in_dim], q.shape().dims())?;

@@ -43,6 +43,9 @@ pub trait WeightSource {
     }
     /// A `[out, in]` projection, kept quantized when the source and options allow it.
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear>;
+    /// The `num_experts` projections `[rows, cols]` of the stacked expert weight `name`
+    /// (`[num_experts, rows, cols]`, llama.cpp's `blk.N.ffn_gate_exps.weight`), in expert order.
+    fn experts(&mut self, name: &str, num_experts: usize, rows: usize, cols: usize) -> Result<Vec<Linear>>;
 }
 
 /// One projection of the model: `[out_dim, in_dim]` with an optional bias. Block-quantized

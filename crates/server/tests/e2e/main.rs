@@ -7,6 +7,7 @@ mod connections;
 mod errors;
 mod failure;
 mod fuzz;
+mod gemma3;
 mod harness;
 mod hostile;
 mod hub;

@@ -10,22 +10,35 @@ use pagoda_text::Tokenizer;
 
 /// The default model, fetched by `scripts/fetch-model.sh`. Tests fail (never skip) without it.
 pub fn model_path() -> PathBuf {
+    models_file("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/fetch-model.sh")
+}
+
+/// Gemma 3 270M (a SentencePiece vocabulary), fetched by `scripts/fetch-model.sh gemma3`. Tests
+/// fail (never skip) without it.
+pub fn gemma3_path() -> PathBuf {
+    models_file("gemma-3-270m-q4_k_m.gguf", "scripts/fetch-model.sh gemma3")
+}
+
+/// `models/<name>` at the repository root; panics, naming the `fetch` command, if it is missing.
+fn models_file(name: &str, fetch: &str) -> PathBuf {
     // Cargo's run-time value: a test binary reused from a build in another checkout still
     // carries that checkout's compile-time path.
     let path = std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-model.sh to download the test model",
-        path.display()
-    );
+        .join("../../models")
+        .join(name);
+    assert!(path.is_file(), "{} is missing: run {fetch} to download the test model", path.display());
     path
 }
 
 /// The tokenizer of the default model.
 pub fn smollm2() -> Tokenizer {
     Tokenizer::from_gguf(model_path()).expect("the default model's tokenizer loads")
+}
+
+/// The tokenizer of Gemma 3 270M.
+pub fn gemma3() -> Tokenizer {
+    Tokenizer::from_gguf(gemma3_path()).expect("Gemma 3's tokenizer loads")
 }
 
 /// A fresh, empty directory under the system temp dir, unique to this process and `name`.
@@ -89,6 +102,16 @@ impl GgufWriter {
     pub fn i32s(mut self, key: &str, values: &[i32]) -> Self {
         self.key(key, 9);
         self.bytes.extend_from_slice(&5u32.to_le_bytes());
+        self.bytes.extend_from_slice(&(values.len() as u64).to_le_bytes());
+        for v in values {
+            self.bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        self
+    }
+
+    pub fn f32s(mut self, key: &str, values: &[f32]) -> Self {
+        self.key(key, 9);
+        self.bytes.extend_from_slice(&6u32.to_le_bytes());
         self.bytes.extend_from_slice(&(values.len() as u64).to_le_bytes());
         for v in values {
             self.bytes.extend_from_slice(&v.to_le_bytes());

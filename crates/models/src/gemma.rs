@@ -1,6 +1,8 @@
-//! Gemma 3's block: embeddings scaled by √hidden, RMSNorm before and after both attention and
-//! the MLP, QK-norm, a GELU(tanh) gated MLP, and five local (sliding-window, rope base 10k)
-//! layers to every global one (rope base 1M, scaled for long contexts).
+//! The Gemma 2 and Gemma 3 block: embeddings scaled by √hidden, RMSNorm before and after both
+//! attention and the MLP, a GELU(tanh) gated MLP, local (sliding-window) and global layers.
+//! Gemma 3 adds QK-norm and gives its five local layers per global one their own rope base (10k,
+//! against 1M, scaled for long contexts); Gemma 2 alternates local and global layers and
+//! soft-caps attention scores and the final logits instead.
 //!
 //! GGUF files store Gemma's norm weights as `1 + w` (llama.cpp's converter adds the one that
 //! Hugging Face's `Gemma3RMSNorm` adds at run time), so the shared RMSNorm op applies them as
@@ -28,7 +30,7 @@ struct Layer {
     post_ffn_norm: Tensor,
 }
 
-pub struct Gemma3 {
+pub struct Gemma {
     config: ModelConfig,
     embed_tokens: Embedding,
     /// √hidden, rounded to f32 as Hugging Face rounds it to the activations' dtype.
@@ -40,7 +42,7 @@ pub struct Gemma3 {
     local_rope: Rope,
 }
 
-impl Gemma3 {
+impl Gemma {
     pub fn load(source: &mut dyn WeightSource, config: ModelConfig, device: &Device) -> Result<Self> {
         let c = &config;
         let (h, ffn) = (c.hidden_size, c.intermediate_size);
@@ -52,7 +54,7 @@ impl Gemma3 {
             let gate_up = [(gate_name.as_str(), ffn, None), (up_name.as_str(), ffn, None)];
             layers.push(Layer {
                 attn_norm: source.dense(&name("attn_norm"), &[h])?,
-                attention: Attention::load(source, c, i, true)?,
+                attention: Attention::load(source, c, i)?,
                 post_attn_norm: source.dense(&name("post_attention_norm"), &[h])?,
                 ffn_norm: source.dense(&name("ffn_norm"), &[h])?,
                 gate_up_proj: load_stacked(source, &gate_up, h)?,
@@ -112,7 +114,11 @@ impl Gemma3 {
         let r = residual.as_ref().expect("models have at least one layer");
         let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, eps)?;
         let rows = normed.index_select(input.logits_rows, 0)?;
-        Ok(self.lm_head.forward(&rows)?.to_dtype(DType::F32)?)
+        let logits = self.lm_head.forward(&rows)?.to_dtype(DType::F32)?;
+        Ok(match c.final_logit_softcapping {
+            Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
+            None => logits,
+        })
     }
 
     /// Whether the projections run as quantized matmuls.

@@ -1,0 +1,67 @@
+//! Gemma 3 270M (Q4_K_M GGUF) against the golden fixture of scripts/golden_gemma3.py (a numpy
+//! float64 forward pass over the weights that the `gguf` package dequantizes): last-position
+//! logits and greedy continuations, a prompt longer than the 512-token sliding window included,
+//! prefilled at once and in chunks.
+
+mod common;
+
+use common::*;
+
+/// Largest difference from the reference logits accepted: the reference is float64, we are f32.
+const TOLERANCE: f32 = 1e-3;
+
+fn check_top20(name: &str, logits: &[f32], case: &serde_json::Value) -> f32 {
+    let mut worst = 0f32;
+    for pair in case["top20"].as_array().unwrap() {
+        let id = pair[0].as_u64().unwrap() as usize;
+        let reference = pair[1].as_f64().unwrap() as f32;
+        let diff = (logits[id] - reference).abs();
+        worst = worst.max(diff);
+        assert!(diff <= TOLERANCE, "{name}: logit of token {id}: ours {}, reference {reference}", logits[id]);
+    }
+    worst
+}
+
+#[test]
+fn logits_and_greedy_continuations_match_the_reference() {
+    let fixture = gemma3_fixture();
+    let mut runner = runner_for(&gemma3_path(), 96);
+    let cases = fixture["logits_cases"].as_array().unwrap();
+    assert!(
+        cases.iter().any(|c| c["prompt_ids"].as_array().unwrap().len() > 512),
+        "a case beyond the window"
+    );
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let expected = ids(&case["greedy"]);
+        let (logits, generated) = greedy(&mut runner, &prompt, expected.len());
+        let worst = check_top20(name, &logits, case);
+        eprintln!("{name}: {} prompt tokens, worst top-20 logit difference {worst:.2e}", prompt.len());
+        assert_eq!(generated, expected, "{name}: greedy continuation differs");
+    }
+}
+
+#[test]
+fn long_prompt_prefilled_in_chunks_matches_the_reference() {
+    let fixture = gemma3_fixture();
+    let case = fixture["logits_cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|c| c["prompt_ids"].as_array().unwrap().len())
+        .unwrap();
+    let prompt = ids(&case["prompt_ids"]);
+    let mut runner = runner_for(&gemma3_path(), 96);
+    // Chunks that straddle the window's edge and block boundaries: the last chunk's queries see
+    // keys written by earlier steps, partly outside their windows.
+    let mut seq = TestSeq::new(1, prompt.clone(), 0);
+    let mut logits = Vec::new();
+    while seq.computed < prompt.len() {
+        let n = 97.min(prompt.len() - seq.computed);
+        logits = runner.logits(&batch(vec![seq.chunk(n)])).unwrap().to_vec2::<f32>().unwrap().remove(0);
+        seq.computed += n;
+    }
+    check_top20("chunked", &logits, case);
+    assert_eq!(argmax(&logits), ids(&case["greedy"])[0]);
+}
