@@ -7,7 +7,7 @@ scripts/tiny-requirements.txt on first use -- `pip install --no-deps`, see that 
 re-executes itself inside it and rewrites tests/fixtures/tiny/<name>/ for every model. CPU only.
 Re-running is idempotent: the same pins give byte-identical files.)
 
-For each architecture (MODELS below: llama, qwen3, qwen3_moe, mixtral, phi3, gemma2, mistral,
+For each architecture (MODELS below: llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, mistral,
 gemma3_text) it writes, under tests/fixtures/tiny/<name>/:
 
 * config.json, model.safetensors: transformers' own `save_pretrained` (safetensors, float32) of
@@ -132,6 +132,12 @@ MODELS: dict[str, dict] = {
         legacy=dict(rope_theta=1000000.0),
         init={"embed_tokens": 0.2, "o_proj": 0.25, "down_proj": 0.25, "*": 0.15}, norm_std=0.2,
         norm_base={"model.norm": 1.0}, ablations={}),
+    "qwen2": dict(
+        seed=5, gguf="qwen2",
+        config=dict(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+                    use_sliding_window=False),
+        legacy=dict(rope_theta=1000000.0),
+        init={"embed_tokens": 1.0, "lm_head": 0.4, "bias": 0.3, "*": 0.15}, norm_std=0.2, ablations={}),
     "qwen3_moe": dict(
         seed=11, gguf="qwen3moe",
         config=dict(model_type="qwen3_moe", rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,

@@ -13,8 +13,8 @@ use common::*;
 use pagoda_models::ModelRunner;
 use serde_json::Value;
 
-const MODELS: [&str; 8] =
-    ["llama", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "mistral", "gemma3_text"];
+const MODELS: [&str; 9] =
+    ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "mistral", "gemma3_text"];
 
 fn dir(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures/tiny").join(name)
