@@ -108,53 +108,52 @@ unsafe fn q6_k_codes_avx2(w: &QuantizedWeight, block: usize) -> [__m256; 4] {
     codes_f32(code(lo, l4, l5), code(hi, h4, h5))
 }
 
-/// The nibbles of block `block` widened to i32 lanes: elements 0..16 and 16..32.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn nibbles_512(w: &QuantizedWeight, block: usize) -> (__m512i, __m512i) {
-    // SAFETY: as for `nibbles`.
-    let (lo, hi) = unsafe { nibbles(w, block) };
-    (_mm512_cvtepu8_epi32(lo), _mm512_cvtepu8_epi32(hi))
+/// The two 16-bit halves of high-bit plane `index`: lane masks for elements 0..16 and 16..32.
+#[inline(always)]
+fn plane_masks(w: &QuantizedWeight, index: usize) -> (__mmask16, __mmask16) {
+    let plane = w.high()[index];
+    (plane as u16, (plane >> 16) as u16)
 }
 
-/// Adds `value` to the lanes of `lo` (elements 0..16) and `hi` (16..32) whose bit of `plane`
-/// is set.
+/// Adds `value` to the lanes of `lo` (elements 0..16) and `hi` (16..32) set in `masks`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn add_where_set(lo: __m512i, hi: __m512i, plane: u32, value: i32) -> (__m512i, __m512i) {
+fn add_where_set(lo: __m512i, hi: __m512i, masks: (__mmask16, __mmask16), value: i32) -> (__m512i, __m512i) {
     let v = _mm512_set1_epi32(value);
-    (_mm512_mask_add_epi32(lo, plane as u16, lo, v), _mm512_mask_add_epi32(hi, (plane >> 16) as u16, hi, v))
+    (_mm512_mask_add_epi32(lo, masks.0, lo, v), _mm512_mask_add_epi32(hi, masks.1, hi, v))
 }
 
-/// Subtracts `value` from the lanes of `lo` and `hi` whose bit of `plane` is clear.
+/// Subtracts `value` from the lanes of `lo` and `hi` clear in `masks`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn sub_where_clear(lo: __m512i, hi: __m512i, plane: u32, value: i32) -> (__m512i, __m512i) {
+fn sub_where_clear(
+    lo: __m512i,
+    hi: __m512i,
+    masks: (__mmask16, __mmask16),
+    value: i32,
+) -> (__m512i, __m512i) {
     let v = _mm512_set1_epi32(value);
-    (
-        _mm512_mask_sub_epi32(lo, !(plane as u16), lo, v),
-        _mm512_mask_sub_epi32(hi, !((plane >> 16) as u16), hi, v),
-    )
+    (_mm512_mask_sub_epi32(lo, !masks.0, lo, v), _mm512_mask_sub_epi32(hi, !masks.1, hi, v))
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn q4_0_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m512) {
-    // SAFETY: as for `nibbles`.
-    let (lo, hi) = unsafe { nibbles(w, block) };
-    let eight = _mm_set1_epi8(8);
-    let widen = |v: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(v, eight)));
+    // SAFETY: as for `nibbles_avx512`.
+    let (lo, hi) = unsafe { nibbles_avx512(w, block) };
+    // `d * q - 8d` is `d * (q - 8)` exactly: both products are exact, and so is their sum.
     let d = _mm512_set1_ps(w.scales()[block]);
-    (_mm512_mul_ps(widen(lo), d), _mm512_mul_ps(widen(hi), d))
+    let off = _mm512_mul_ps(d, _mm512_set1_ps(-8.0));
+    (_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, off), _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, off))
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn q5_0_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m512) {
-    // SAFETY: as for `nibbles`.
-    let (lo, hi) = unsafe { nibbles_512(w, block) };
+    // SAFETY: as for `nibbles_avx512`.
+    let (lo, hi) = unsafe { nibbles_avx512(w, block) };
     // `q - 16` is the nibble where bit 4 is set, the nibble less 16 where it is clear.
-    let (lo, hi) = sub_where_clear(lo, hi, w.high()[block], 16);
+    let (lo, hi) = sub_where_clear(lo, hi, plane_masks(w, block), 16);
     let d = _mm512_set1_ps(w.scales()[block]);
     (_mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d))
 }
@@ -162,9 +161,9 @@ unsafe fn q5_0_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m51
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn q5_k_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m512) {
-    // SAFETY: as for `nibbles`.
-    let (lo, hi) = unsafe { nibbles_512(w, block) };
-    let (lo, hi) = add_where_set(lo, hi, w.high()[block], 16);
+    // SAFETY: as for `nibbles_avx512`.
+    let (lo, hi) = unsafe { nibbles_avx512(w, block) };
+    let (lo, hi) = add_where_set(lo, hi, plane_masks(w, block), 16);
     let (s, m) = (_mm512_set1_ps(w.scales()[block]), _mm512_set1_ps(w.mins()[block]));
     (_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, m), _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s, m))
 }
@@ -172,10 +171,10 @@ unsafe fn q5_k_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m51
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn q6_k_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m512) {
-    // SAFETY: as for `nibbles`.
-    let (lo, hi) = unsafe { nibbles_512(w, block) };
-    let (lo, hi) = add_where_set(lo, hi, w.high()[2 * block], 16);
-    let (lo, hi) = sub_where_clear(lo, hi, w.high()[2 * block + 1], 32);
+    // SAFETY: as for `nibbles_avx512`.
+    let (lo, hi) = unsafe { nibbles_avx512(w, block) };
+    let (lo, hi) = add_where_set(lo, hi, plane_masks(w, 2 * block), 16);
+    let (lo, hi) = sub_where_clear(lo, hi, plane_masks(w, 2 * block + 1), 32);
     let (s0, s1) = w.block_scales(block);
     (
         _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(s0)),
