@@ -175,9 +175,9 @@ unsafe fn q6_k_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m51
     let (lo, hi) = unsafe { nibbles_avx512(w, block) };
     let (lo, hi) = add_where_set(lo, hi, plane_masks(w, 2 * block), 16);
     let (lo, hi) = sub_where_clear(lo, hi, plane_masks(w, 2 * block + 1), 32);
-    let (s0, s1) = w.block_scales(block);
+    let s = &w.scales()[2 * block..2 * block + 2];
     (
-        _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(s0)),
-        _mm512_mul_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(s1)),
+        _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(s[0])),
+        _mm512_mul_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(s[1])),
     )
 }
