@@ -3,11 +3,17 @@
 //! steps: `quant_matmul` over the Q4_1/Q8_0 blocks, `panel_matmul` over the dequantized weights
 //! packed in panels (f32, and rounded to bfloat16), and candle's general f32 GEMM over the same values row-major. The
 //! crossover between the first two decides the model's `PACKED_MAX_TOKENS`.
+//!
+//! `gemma3_270m`: the block kernel for each format at Gemma 3 270M's shapes (Q4_K_M file: Q5_0,
+//! Q8_0, Q4_K, Q6_K; plus Q4_0 and Q5_K at the same shapes), 18 layers' own weights each, at 1
+//! and 8 tokens, with criterion's throughput in bytes of weights read (as held in memory).
+//! `memory_read`: a plain streaming read on all cores of 512 MiB (main memory) and of 24 MiB
+//! (about one shape's 18 layers), the bandwidths to compare those with.
 
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use pagoda_ops::{
     panel_matmul, quant_matmul, PanelPrecision, PanelWeight, QuantFormat, QuantizedWeight, QUANT_BLOCK,
@@ -20,15 +26,27 @@ const FFN: usize = 1536;
 const VOCAB: usize = 49152;
 const LAYERS: usize = 30;
 
+/// Byte offsets of the f16 fields (`d`, `m`, `dmin`) in one GGUF block of `format`.
+fn half_fields(format: QuantFormat) -> &'static [usize] {
+    match format {
+        QuantFormat::Q4_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
+        QuantFormat::Q6K => &[208],
+        _ => &[0],
+    }
+}
+
+/// Random codes and sub-block scales, with `d` (and `m`, `dmin`) of a real model's magnitude.
 fn random_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> QuantizedWeight {
-    let mut bytes = Vec::with_capacity(rows * cols / QUANT_BLOCK * format.gguf_block_bytes());
-    for _ in 0..rows * cols / QUANT_BLOCK {
-        bytes.extend(f16::from_f32(rng.random_range(0.001..0.02)).to_le_bytes());
-        if format == QuantFormat::Q4_1 {
-            bytes.extend(f16::from_f32(rng.random_range(-0.15..0.0)).to_le_bytes());
+    let block_bytes = format.gguf_block_bytes();
+    let blocks = rows * cols / format.gguf_block_elems();
+    let scale = if format.gguf_block_elems() == QUANT_BLOCK { 0.02 } else { 0.001 };
+    let mut bytes: Vec<u8> = (0..blocks * block_bytes).map(|_| rng.random()).collect();
+    for block in bytes.chunks_exact_mut(block_bytes) {
+        for (i, &at) in half_fields(format).iter().enumerate() {
+            let v: f32 = rng.random_range(0.05 * scale..scale);
+            let v = if format == QuantFormat::Q4_1 && i == 1 { -10.0 * v } else { v };
+            block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
         }
-        let codes = format.gguf_block_bytes() - if format == QuantFormat::Q4_1 { 4 } else { 2 };
-        bytes.extend((0..codes).map(|_| rng.random::<u8>()));
     }
     QuantizedWeight::from_gguf(format, rows, cols, &bytes).expect("valid blocks")
 }
@@ -115,10 +133,84 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+const GEMMA_HIDDEN: usize = 640;
+const GEMMA_LAYERS: usize = 18;
+
+/// Gemma 3 270M's matmuls (name, format, rows, cols) as its Q4_K_M file stores them (gate and
+/// up are alike), and two more formats at its shapes.
+const GEMMA_SHAPES: [(&str, QuantFormat, usize, usize); 8] = [
+    ("q", QuantFormat::Q5_0, 1024, GEMMA_HIDDEN),
+    ("k", QuantFormat::Q5_0, 256, GEMMA_HIDDEN),
+    ("v", QuantFormat::Q8_0, 256, GEMMA_HIDDEN),
+    ("o", QuantFormat::Q4K, GEMMA_HIDDEN, 1024),
+    ("gate", QuantFormat::Q5_0, 2048, GEMMA_HIDDEN),
+    ("down", QuantFormat::Q6K, GEMMA_HIDDEN, 2048),
+    ("q_as_q4_0", QuantFormat::Q4_0, 1024, GEMMA_HIDDEN),
+    ("down_as_q5k", QuantFormat::Q5K, GEMMA_HIDDEN, 2048),
+];
+
+fn gemma(c: &mut Criterion) {
+    let mut rng = StdRng::seed_from_u64(2);
+    let input = |m: usize, k: usize| Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).expect("randn");
+    let mut group = c.benchmark_group("gemma3_270m");
+    for (name, format, rows, cols) in GEMMA_SHAPES {
+        // Each layer's own weights, as in the model.
+        let layers: Vec<Arc<QuantizedWeight>> =
+            (0..GEMMA_LAYERS).map(|_| Arc::new(random_weight(&mut rng, format, rows, cols))).collect();
+        let bytes: usize = layers.iter().map(|w| w.size_in_bytes()).sum();
+        group.throughput(Throughput::Bytes(bytes as u64));
+        for m in [1usize, 8] {
+            let xs: Vec<Tensor> = layers.iter().map(|_| input(m, cols)).collect();
+            let id = format!("{name}_{format:?}_{rows}x{cols}");
+            group.bench_with_input(BenchmarkId::new(id, m), &m, |b, _| {
+                b.iter(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        quant_matmul(x, w).expect("matmul");
+                    }
+                })
+            });
+        }
+    }
+    let head = Arc::new(random_weight(&mut rng, QuantFormat::Q8_0, 262_144, GEMMA_HIDDEN));
+    group.throughput(Throughput::Bytes(head.size_in_bytes() as u64));
+    for m in [1usize, 8] {
+        let x = input(m, GEMMA_HIDDEN);
+        group.bench_with_input(BenchmarkId::new("lm_head_Q8_0_262144x640", m), &m, |b, _| {
+            b.iter(|| quant_matmul(&x, &head).expect("matmul"))
+        });
+    }
+    group.finish();
+}
+
+/// The wrapping sum of `buf`, split over `threads` scoped threads.
+fn stream_sum(buf: &[u64], threads: usize) -> u64 {
+    let chunk = buf.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = buf
+            .chunks(chunk)
+            .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &b| a.wrapping_add(b))))
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("reader")).fold(0, u64::wrapping_add)
+    })
+}
+
+fn memory(c: &mut Criterion) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut group = c.benchmark_group("memory_read");
+    for mib in [512usize, 24] {
+        let buf: Vec<u64> = (0..mib << 17).map(|i| i as u64).collect();
+        group.throughput(Throughput::Bytes((mib << 20) as u64));
+        group.bench_with_input(BenchmarkId::new("stream_sum_MiB", mib), &mib, |b, _| {
+            b.iter(|| std::hint::black_box(stream_sum(&buf, threads)))
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).warm_up_time(std::time::Duration::from_millis(500))
         .measurement_time(std::time::Duration::from_secs(2));
-    targets = bench
+    targets = bench, gemma, memory
 }
 criterion_main!(benches);

@@ -1,4 +1,5 @@
-//! `quant_matmul`: `y = x W^T` with `W` in GGUF block format (Q4_1, Q8_0) and `x` in f32.
+//! `quant_matmul`: `y = x W^T` with `W` in GGUF block format (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
+//! Q5_K, Q6_K; see [`QuantizedWeight`] for the layout in memory) and `x` in f32.
 //!
 //! Unlike llama.cpp (and candle's `QMatMul`), `x` is not rounded to 8 bits: each block's codes
 //! are widened to f32 and multiplied with the exact activations, so the result equals the
@@ -27,7 +28,7 @@ pub(crate) const GROUP: usize = 8;
 /// Weight rows per rayon task at least: below this, splitting costs more than it saves.
 const MIN_ROWS_PER_TASK: usize = 32;
 
-/// Up to `GROUP` activation rows and, for Q4_1, their per-block sums.
+/// Up to `GROUP` activation rows and, for formats with minimums, their per-block sums.
 pub(crate) struct XGroup<'a> {
     pub rows: &'a [&'a [f32]],
     pub block_sums: &'a [&'a [f32]],
@@ -67,10 +68,8 @@ pub(crate) fn matmul(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel)
     if m == 0 || n == 0 {
         return out;
     }
-    let sums: Vec<Vec<f32>> = match w.format() {
-        QuantFormat::Q4_1 => x_rows.iter().map(|r| block_sums(r)).collect(),
-        QuantFormat::Q8_0 => Vec::new(),
-    };
+    let sums: Vec<Vec<f32>> =
+        if w.format().has_mins() { x_rows.iter().map(|r| block_sums(r)).collect() } else { Vec::new() };
     let sum_refs: Vec<&[f32]> = sums.iter().map(Vec::as_slice).collect();
     let threads = rayon::current_num_threads().max(1);
     // A few tasks per thread balance uneven progress; never tasks thinner than the minimum.
@@ -99,7 +98,7 @@ pub(crate) fn matmul(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel)
     out
 }
 
-/// Sum of each 32-element block of `x` (Q4_1's minimum multiplies it).
+/// Sum of each 32-element block of `x` (a block's minimum multiplies it).
 fn block_sums(x: &[f32]) -> Vec<f32> {
     x.chunks_exact(QUANT_BLOCK).map(|b| b.iter().sum()).collect()
 }
@@ -113,54 +112,36 @@ pub(crate) fn kernel(format: QuantFormat) -> RowsKernel {
     portable_kernel(format)
 }
 
-pub(crate) fn portable_kernel(format: QuantFormat) -> RowsKernel {
-    match format {
-        QuantFormat::Q4_1 => q4_1_portable,
-        QuantFormat::Q8_0 => q8_0_portable,
-    }
+pub(crate) fn portable_kernel(_format: QuantFormat) -> RowsKernel {
+    portable_rows
 }
 
-fn q4_1_portable(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
-    portable_rows(w, rows, x, out, |block, xb| {
-        let codes = &w.codes()[block * 16..block * 16 + 16];
-        let s: f32 = codes
-            .iter()
-            .enumerate()
-            .map(|(j, &c)| f32::from(c & 0x0F) * xb[j] + f32::from(c >> 4) * xb[j + 16])
-            .sum();
-        w.scales()[block] * s
-    });
-}
-
-fn q8_0_portable(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
-    portable_rows(w, rows, x, out, |block, xb| {
-        let codes = &w.codes()[block * 32..block * 32 + 32];
-        w.scales()[block] * codes.iter().zip(xb).map(|(&c, &v)| f32::from(c as i8) * v).sum::<f32>()
-    });
-}
-
-/// The portable row loop: `block_dot(block, x_block)` is one block's scaled dot product; Q4_1's
-/// minimums add `m * sum(x_block)`.
-fn portable_rows(
-    w: &QuantizedWeight,
-    rows: Range<usize>,
-    x: &XGroup<'_>,
-    out: &mut [f32],
-    block_dot: impl Fn(usize, &[f32]) -> f32,
-) {
+/// The portable row loop: per block, the codes are decoded once and dotted with each activation
+/// row's block, half by half (Q6_K's halves have their own scales); a minimum adds
+/// `m * sum(x_block)`.
+fn portable_rows(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
     let bpr = w.blocks_per_row();
     let len = rows.len();
+    let half = QUANT_BLOCK / 2;
+    let has_mins = w.format().has_mins();
     for (i, r) in rows.enumerate() {
-        for (g, xr) in x.rows.iter().enumerate() {
-            let mut acc = 0f32;
-            for b in 0..bpr {
-                let block = r * bpr + b;
-                acc += block_dot(block, &xr[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK]);
-                if w.format() == QuantFormat::Q4_1 {
-                    acc += w.mins()[block] * x.block_sums[g][b];
+        let mut acc = [0f32; GROUP];
+        for b in 0..bpr {
+            let block = r * bpr + b;
+            let codes = w.block_codes(block).map(f32::from);
+            let (s0, s1) = w.block_scales(block);
+            for (g, xr) in x.rows.iter().enumerate() {
+                let xb = &xr[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK];
+                let lo: f32 = codes[..half].iter().zip(&xb[..half]).map(|(c, v)| c * v).sum();
+                let hi: f32 = codes[half..].iter().zip(&xb[half..]).map(|(c, v)| c * v).sum();
+                acc[g] += s0 * lo + s1 * hi;
+                if has_mins {
+                    acc[g] += w.mins()[block] * x.block_sums[g][b];
                 }
             }
-            out[g * len + i] = acc;
+        }
+        for (g, a) in acc.iter().take(x.rows.len()).enumerate() {
+            out[g * len + i] = *a;
         }
     }
 }

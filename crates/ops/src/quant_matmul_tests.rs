@@ -1,5 +1,5 @@
 //! `quant_matmul` against an f64 matmul of the dequantized weights, for every kernel this CPU
-//! can run, several batch sizes and both formats.
+//! can run, several batch sizes and every format.
 
 use std::sync::Arc;
 
@@ -9,18 +9,18 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::quant_weight::tests::{random_gguf, ALL_FORMATS};
 
-/// Random GGUF bytes of `format` with scales and minimums of a real model's magnitude.
+/// A matrix of random GGUF bytes of `format`, with scales and minimums (either sign) of a real
+/// model's magnitude.
 fn random_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> QuantizedWeight {
-    let mut bytes = Vec::new();
-    for _ in 0..rows * cols / QUANT_BLOCK {
-        bytes.extend(f16::from_f32(rng.random_range(0.001..0.02)).to_le_bytes());
-        if format == QuantFormat::Q4_1 {
-            bytes.extend(f16::from_f32(rng.random_range(-0.15..0.0)).to_le_bytes());
-        }
-        let code_bytes = format.code_bytes();
-        bytes.extend((0..code_bytes).map(|_| rng.random::<u8>()));
-    }
+    // K-quants multiply `d` by 6- or 8-bit sub-block scales.
+    let scale = if format.gguf_block_elems() == QUANT_BLOCK { 0.02 } else { 0.001 };
+    let half = |rng: &mut StdRng| {
+        let v: f32 = rng.random_range(0.05 * scale..scale);
+        f16::from_f32(if rng.random() { v } else { -v })
+    };
+    let bytes = random_gguf(rng, format, rows, cols, half);
     QuantizedWeight::from_gguf(format, rows, cols, &bytes).unwrap()
 }
 
@@ -28,23 +28,27 @@ fn random_rows(rng: &mut StdRng, m: usize, cols: usize) -> Vec<Vec<f32>> {
     (0..m).map(|_| (0..cols).map(|_| rng.random_range(-2.0..2.0)).collect()).collect()
 }
 
-/// `x @ dequantize(w)^T` in f64.
-fn reference(w: &QuantizedWeight, x: &[Vec<f32>]) -> Vec<f64> {
+/// `x @ dequantize(w)^T` in f64, with the sum of the terms' magnitudes (the scale of f32
+/// rounding errors).
+fn reference(w: &QuantizedWeight, x: &[Vec<f32>]) -> Vec<(f64, f64)> {
     let dense = w.dequantize();
     let mut out = Vec::new();
     for xr in x {
         for row in dense.chunks_exact(w.cols()) {
-            out.push(row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum());
+            let terms = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64);
+            out.push(terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs())));
         }
     }
     out
 }
 
-fn assert_close(got: &[f32], want: &[f64], what: &str) {
+/// Each result within `1e-5` of the sum of its terms' magnitudes (f32 sums of a few thousand
+/// terms stay well inside that).
+fn assert_close(got: &[f32], want: &[(f64, f64)], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let tol = 1e-4 * (1.0 + w.abs());
-        assert!((g as f64 - w).abs() <= tol, "{what}: element {i}: {g} vs {w}");
+    for (i, (&g, &(w, mag))) in got.iter().zip(want).enumerate() {
+        let tol = 1e-5 * mag + 1e-30;
+        assert!((g as f64 - w).abs() <= tol, "{what}: element {i}: {g} vs {w} (magnitude {mag})");
     }
 }
 
@@ -60,9 +64,15 @@ fn kernels(format: QuantFormat) -> Vec<(&'static str, RowsKernel)> {
 #[test]
 fn every_kernel_matches_the_dequantized_matmul() {
     let mut rng = StdRng::seed_from_u64(7);
-    for format in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
-        // Row counts below, at and above the task split; widths of 1, 18 and 48 blocks.
-        for (rows, cols) in [(1, 32), (33, 576), (200, 1536), (7, 64)] {
+    for format in ALL_FORMATS {
+        // Row counts below, at and above the task split (and odd); widths of 1 to 48 blocks of
+        // 32 (1 to 6 super-blocks of 256 for K-quants).
+        let shapes: &[(usize, usize)] = if format.gguf_block_elems() == QUANT_BLOCK {
+            &[(1, 32), (33, 576), (200, 1536), (7, 64), (65, 96)]
+        } else {
+            &[(1, 256), (33, 512), (200, 1536), (7, 768), (65, 256)]
+        };
+        for &(rows, cols) in shapes {
             let w = random_weight(&mut rng, format, rows, cols);
             for m in [1, 2, 3, 4, 5, 7, 8, 9, 17] {
                 let x = random_rows(&mut rng, m, cols);
@@ -80,24 +90,25 @@ fn every_kernel_matches_the_dequantized_matmul() {
 #[test]
 fn the_op_reads_strided_rows_and_stacked_weights() {
     let mut rng = StdRng::seed_from_u64(11);
-    let (a, b) = (
-        random_weight(&mut rng, QuantFormat::Q4_1, 40, 64),
-        random_weight(&mut rng, QuantFormat::Q4_1, 24, 64),
-    );
-    let ab = Arc::new(QuantizedWeight::concat_rows(&[&a, &b]).unwrap());
-    let x = random_rows(&mut rng, 3, 96);
-    let flat: Vec<f32> = x.concat();
-    // Columns 16..80 of a [3, 96] tensor: rows with a stride, read in place.
-    let xt = Tensor::from_vec(flat, (3, 96), &Device::Cpu).unwrap().narrow(1, 16, 64).unwrap();
-    let y = quant_matmul(&xt, &ab).unwrap();
-    assert_eq!(y.dims(), &[3, 64]);
-    let narrowed: Vec<Vec<f32>> = x.iter().map(|r| r[16..80].to_vec()).collect();
-    let want_a = reference(&a, &narrowed);
-    let want_b = reference(&b, &narrowed);
-    let got = y.to_vec2::<f32>().unwrap();
-    for (i, row) in got.iter().enumerate() {
-        assert_close(&row[..40], &want_a[i * 40..(i + 1) * 40], "stacked part a");
-        assert_close(&row[40..], &want_b[i * 24..(i + 1) * 24], "stacked part b");
+    for (format, cols) in
+        [(QuantFormat::Q4_1, 64), (QuantFormat::Q5_0, 64), (QuantFormat::Q4K, 256), (QuantFormat::Q6K, 256)]
+    {
+        let (a, b) = (random_weight(&mut rng, format, 40, cols), random_weight(&mut rng, format, 24, cols));
+        let ab = Arc::new(QuantizedWeight::concat_rows(&[&a, &b]).unwrap());
+        let x = random_rows(&mut rng, 3, cols + 32);
+        let flat: Vec<f32> = x.concat();
+        // Columns 16..16+cols of a [3, cols + 32] tensor: rows with a stride, read in place.
+        let xt = Tensor::from_vec(flat, (3, cols + 32), &Device::Cpu).unwrap().narrow(1, 16, cols).unwrap();
+        let y = quant_matmul(&xt, &ab).unwrap();
+        assert_eq!(y.dims(), &[3, 64]);
+        let narrowed: Vec<Vec<f32>> = x.iter().map(|r| r[16..16 + cols].to_vec()).collect();
+        let want_a = reference(&a, &narrowed);
+        let want_b = reference(&b, &narrowed);
+        let got = y.to_vec2::<f32>().unwrap();
+        for (i, row) in got.iter().enumerate() {
+            assert_close(&row[..40], &want_a[i * 40..(i + 1) * 40], &format!("{format:?} stacked part a"));
+            assert_close(&row[40..], &want_b[i * 24..(i + 1) * 24], &format!("{format:?} stacked part b"));
+        }
     }
 }
 

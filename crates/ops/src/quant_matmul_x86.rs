@@ -1,11 +1,14 @@
-//! x86-64 kernels of [`crate::quant_matmul`]: AVX-512 and AVX2+FMA versions for Q4_1 and
-//! Q8_0, chosen once at run time from what the CPU reports (a binary built for a generic x86-64
-//! still uses them).
+//! x86-64 kernels of [`crate::quant_matmul`]: AVX-512 and AVX2+FMA versions for every format,
+//! chosen once at run time from what the CPU reports (a binary built for a generic x86-64 still
+//! uses them). This file holds the dispatch and the row loops shared by all formats, and the
+//! block decoders of Q4_1 (which Q4_K's layout in memory shares) and Q8_0; those of Q4_0,
+//! Q5_0, Q5_K and Q6_K are in `quant_matmul_kquant_x86`.
 //!
-//! Per 32-element block the codes are widened to f32 lanes once, multiplied with each
-//! activation row of the group, summed in-lane and scaled by the block's `d`; lanes are added
-//! up once per weight row. Q4_1's minimums contribute `m * sum(x_block)`, a short dot product
-//! with the block sums the caller precomputed.
+//! AVX-512: per 32-element block the weights are dequantized in registers once (codes widened
+//! to f32, times the scale, plus the minimum) and multiplied with each activation row of the
+//! group. AVX2: the codes are widened to f32 once, dotted with each activation row, and the sum
+//! scaled by the block's scale; minimums contribute `m * sum(x_block)`, a short dot product
+//! with the block sums the caller precomputed. Lanes are added up once per weight row.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -16,22 +19,40 @@ use crate::simd::{dot, level, prefetch, Fused, Level};
 
 /// The best kernel for `format` on this CPU, if it has AVX2 and FMA at least.
 pub(crate) fn kernel(format: QuantFormat) -> Option<RowsKernel> {
-    Some(match (level(), format) {
-        (Level::Avx512, QuantFormat::Q4_1) => q4_1_avx512,
-        (Level::Avx512, QuantFormat::Q8_0) => q8_0_avx512,
-        (Level::Avx2, QuantFormat::Q4_1) => q4_1_avx2,
-        (Level::Avx2, QuantFormat::Q8_0) => q8_0_avx2,
-        (Level::None, _) => return None,
-    })
+    match level() {
+        Level::Avx512 => Some(avx512_kernel(format)),
+        Level::Avx2 => Some(avx2_kernel_for(format)),
+        Level::None => None,
+    }
 }
 
-/// Both AVX2 kernels (for tests on AVX-512 machines, which otherwise never run them).
+fn avx512_kernel(format: QuantFormat) -> RowsKernel {
+    match format {
+        // Q4_K is held as Q4_1 is: nibbles, a scale and a minimum per block.
+        QuantFormat::Q4_1 | QuantFormat::Q4K => q4_1_avx512,
+        QuantFormat::Q8_0 => q8_0_avx512,
+        QuantFormat::Q4_0 => kquant::q4_0_avx512,
+        QuantFormat::Q5_0 => kquant::q5_0_avx512,
+        QuantFormat::Q5K => kquant::q5_k_avx512,
+        QuantFormat::Q6K => kquant::q6_k_avx512,
+    }
+}
+
+fn avx2_kernel_for(format: QuantFormat) -> RowsKernel {
+    match format {
+        QuantFormat::Q4_1 | QuantFormat::Q4K => q4_1_avx2,
+        QuantFormat::Q8_0 => q8_0_avx2,
+        QuantFormat::Q4_0 => kquant::q4_0_avx2,
+        QuantFormat::Q5_0 => kquant::q5_0_avx2,
+        QuantFormat::Q5K => kquant::q5_k_avx2,
+        QuantFormat::Q6K => kquant::q6_k_avx2,
+    }
+}
+
+/// The AVX2 kernel (for tests on AVX-512 machines, which otherwise never run them).
 #[cfg(test)]
 pub(crate) fn avx2_kernel(format: QuantFormat) -> Option<RowsKernel> {
-    (level() != Level::None).then_some(match format {
-        QuantFormat::Q4_1 => q4_1_avx2 as RowsKernel,
-        QuantFormat::Q8_0 => q8_0_avx2,
-    })
+    (level() != Level::None).then(|| avx2_kernel_for(format))
 }
 
 /// The bounds the unchecked loads rely on; a violation is a bug in the caller.
@@ -40,7 +61,7 @@ fn check_args(w: &QuantizedWeight, rows: &Range<usize>, x: &XGroup<'_>, out: &[f
     assert!((1..=GROUP).contains(&g), "group of {g} rows");
     assert!(rows.end <= w.rows() && out.len() >= g * rows.len());
     assert!(x.rows.iter().all(|r| r.len() >= w.cols()));
-    if w.format() == QuantFormat::Q4_1 {
+    if w.format().has_mins() {
         assert!(x.block_sums.len() == g && x.block_sums.iter().all(|s| s.len() >= w.blocks_per_row()));
     }
 }
@@ -49,7 +70,7 @@ fn check_args(w: &QuantizedWeight, rows: &Range<usize>, x: &XGroup<'_>, out: &[f
 /// AVX2 kernels take at most 4 rows at once (16 ymm registers), so larger groups are split.
 macro_rules! dispatch {
     ($name:ident, $inner:ident, Avx2) => {
-        fn $name(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
+        pub(super) fn $name(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
             check_args(w, &rows, x, out);
             assert!(level() != Level::None);
             let len = rows.len();
@@ -73,7 +94,7 @@ macro_rules! dispatch {
         }
     };
     ($name:ident, $inner:ident, Avx512) => {
-        fn $name(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
+        pub(super) fn $name(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &mut [f32]) {
             check_args(w, &rows, x, out);
             assert!(level() == Level::Avx512);
             // SAFETY: the CPU has AVX-512 and FMA (checked above) and `check_args` holds.
@@ -143,9 +164,13 @@ unsafe fn q8_0_codes_avx2(w: &QuantizedWeight, block: usize) -> [__m256; 4] {
 }
 
 /// AVX2 rows: per block, the codes widened once, dotted with each of the `G` activation rows,
-/// and the sum scaled by the block's `d`; Q4_1 adds `sum(m * block_sum)` per row at the end.
+/// and the sum scaled by the block's scale (Q6_K, `split`: each half by its own); minimums add
+/// `sum(m * block_sum)` per row at the end.
 macro_rules! avx2_rows {
     ($name:ident, $codes:ident) => {
+        avx2_rows!($name, $codes, false);
+    };
+    ($name:ident, $codes:ident, $split:literal) => {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn $name<const G: usize>(
             w: &QuantizedWeight,
@@ -158,22 +183,33 @@ macro_rules! avx2_rows {
             for (i, r) in rows.enumerate() {
                 let mut acc = [_mm256_setzero_ps(); G];
                 for b in 0..bpr {
+                    let block = r * bpr + b;
                     // SAFETY: row `r` and block `b` are in the matrix (`check_args`).
-                    let [w0, w1, w2, w3] = unsafe { $codes(w, r * bpr + b) };
-                    let d = _mm256_set1_ps(w.scales()[r * bpr + b]);
+                    let [w0, w1, w2, w3] = unsafe { $codes(w, block) };
+                    let (d0, d1) = if $split {
+                        (_mm256_set1_ps(w.scales()[2 * block]), _mm256_set1_ps(w.scales()[2 * block + 1]))
+                    } else {
+                        let d = _mm256_set1_ps(w.scales()[block]);
+                        (d, d)
+                    };
                     for g in 0..G {
                         // SAFETY: columns `32b..32b+32` of each x row exist (`check_args`).
                         let p = unsafe { xp[g].add(b * QUANT_BLOCK) };
                         let mut t = _mm256_mul_ps(w0, unsafe { _mm256_loadu_ps(p) });
                         t = _mm256_fmadd_ps(w1, unsafe { _mm256_loadu_ps(p.add(8)) }, t);
-                        t = _mm256_fmadd_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) }, t);
+                        if $split {
+                            acc[g] = _mm256_fmadd_ps(t, d0, acc[g]);
+                            t = _mm256_mul_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) });
+                        } else {
+                            t = _mm256_fmadd_ps(w2, unsafe { _mm256_loadu_ps(p.add(16)) }, t);
+                        }
                         t = _mm256_fmadd_ps(w3, unsafe { _mm256_loadu_ps(p.add(24)) }, t);
-                        acc[g] = _mm256_fmadd_ps(t, d, acc[g]);
+                        acc[g] = _mm256_fmadd_ps(t, d1, acc[g]);
                     }
                 }
                 for g in 0..G {
                     let mut v = hsum256(acc[g]);
-                    if w.format() == QuantFormat::Q4_1 {
+                    if w.format().has_mins() {
                         v += dot::<Fused>(&w.mins()[r * bpr..(r + 1) * bpr], x.block_sums[g]);
                     }
                     out[g * len + i] = v;
@@ -186,17 +222,27 @@ macro_rules! avx2_rows {
 avx2_rows!(q4_1_avx2_rows, q4_1_codes_avx2);
 avx2_rows!(q8_0_avx2_rows, q8_0_codes_avx2);
 
-/// Block `block` (counted over the whole matrix) dequantized to f32: elements 0..16 and 16..32.
+/// The nibbles of block `block` (counted over the whole matrix) as i32 lanes: elements 0..16
+/// and 16..32. The 16 bytes are widened once and split in the wide lanes (one shuffle-port
+/// widening per block instead of two).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn nibbles_avx512(w: &QuantizedWeight, block: usize) -> (__m512i, __m512i) {
+    // SAFETY: `block` is a block of the matrix (the callers iterate over checked rows), and
+    // every format decoded with this keeps 16 bytes of nibbles per block.
+    let raw = unsafe { _mm_loadu_si128(w.codes().as_ptr().add(block * 16).cast()) };
+    let bytes = _mm512_cvtepu8_epi32(raw);
+    (_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(bytes))
+}
+
+/// Block `block` dequantized to f32: elements 0..16 and 16..32.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn q4_1_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m512) {
-    let mask = _mm_set1_epi8(0x0F);
-    // SAFETY: `block` is a block of the matrix (the callers iterate over checked rows).
-    let raw = unsafe { _mm_loadu_si128(w.codes().as_ptr().add(block * 16).cast()) };
+    // SAFETY: as for `nibbles_avx512`.
+    let (lo, hi) = unsafe { nibbles_avx512(w, block) };
     let (d, m) = (_mm512_set1_ps(w.scales()[block]), _mm512_set1_ps(w.mins()[block]));
-    let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));
-    let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask)));
-    (_mm512_fmadd_ps(lo, d, m), _mm512_fmadd_ps(hi, d, m))
+    (_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m), _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m))
 }
 
 #[inline]
@@ -210,15 +256,15 @@ unsafe fn q8_0_block_avx512(w: &QuantizedWeight, block: usize) -> (__m512, __m51
     (_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d))
 }
 
-/// Starts loading weight row `row`'s codes, scales and minimums into cache.
+/// Starts loading weight row `row`'s codes, high bits, scales and minimums into cache.
 #[inline(always)]
 fn prefetch_row(w: &QuantizedWeight, row: usize) {
-    let (bpr, cb) = (w.blocks_per_row(), w.format().code_bytes());
-    prefetch(&w.codes()[row * bpr * cb..(row + 1) * bpr * cb]);
-    prefetch(&w.scales()[row * bpr..(row + 1) * bpr]);
-    if w.format() == QuantFormat::Q4_1 {
-        prefetch(&w.mins()[row * bpr..(row + 1) * bpr]);
-    }
+    let (bpr, f) = (w.blocks_per_row(), w.format());
+    let part = |per_block: usize| row * bpr * per_block..(row + 1) * bpr * per_block;
+    prefetch(&w.codes()[part(f.code_bytes())]);
+    prefetch(&w.high()[part(f.high_planes())]);
+    prefetch(&w.scales()[part(f.scales_per_block())]);
+    prefetch(&w.mins()[part(usize::from(f.has_mins()))]);
 }
 
 /// AVX-512 tile: two weight rows at a time, each block dequantized in registers once and
@@ -282,3 +328,6 @@ macro_rules! avx512_tile {
 
 avx512_tile!(q4_1_avx512_rows, q4_1_block_avx512);
 avx512_tile!(q8_0_avx512_rows, q8_0_block_avx512);
+
+#[path = "quant_matmul_kquant_x86.rs"]
+mod kquant;

@@ -110,8 +110,13 @@ impl GgufWeights {
             return None;
         }
         match self.info(name)?.ggml_dtype {
+            GgmlDType::Q4_0 => Some(QuantFormat::Q4_0),
             GgmlDType::Q4_1 => Some(QuantFormat::Q4_1),
+            GgmlDType::Q5_0 => Some(QuantFormat::Q5_0),
             GgmlDType::Q8_0 => Some(QuantFormat::Q8_0),
+            GgmlDType::Q4K => Some(QuantFormat::Q4K),
+            GgmlDType::Q5K => Some(QuantFormat::Q5K),
+            GgmlDType::Q6K => Some(QuantFormat::Q6K),
             _ => None,
         }
     }

@@ -76,7 +76,13 @@ pub fn load_stacked(
             }
         }
         if blocks.len() == parts.len() {
-            return StackedLinear::from_blocks(blocks, source.panel_precision());
+            let precision = source.panel_precision();
+            // Parts in different formats (Gemma 3's Q5_0 Q/K and Q8_0 V) run as separate matmuls.
+            if blocks.iter().any(|b| b.format() != blocks[0].format()) {
+                let linears = blocks.into_iter().map(|b| Linear::packed(b, precision)).collect();
+                return Ok(StackedLinear::Separate(linears));
+            }
+            return StackedLinear::from_blocks(blocks, precision);
         }
     }
     let linears = parts
