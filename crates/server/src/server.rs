@@ -17,7 +17,6 @@ use candle_core::{DType, Device};
 use futures_util::{Stream, StreamExt};
 use pagoda_engine::{EngineObserver, Shutdown};
 use pagoda_models::{LoadFormat, PanelPrecision};
-use pagoda_structured::GrammarCompiler;
 use pagoda_text::ChatTemplate;
 use tokio::net::TcpListener;
 
@@ -126,6 +125,7 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.device = device;
     options.block_size = config.block_size;
     options.kv_cache_bytes = config.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES);
+    options.grammar_compiler = true;
     options.num_blocks = config.num_gpu_blocks_override;
     options.max_model_len = config.max_model_len;
     options.max_num_seqs = config.max_num_seqs;
@@ -220,7 +220,7 @@ impl Server {
         let vocab_size = model_config.vocab_size;
         let engine_shutdown = Shutdown::new();
         let engine_started = Instant::now();
-        let running = runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
+        let mut running = runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
         tracing::info!(
             seconds = format!("{:.2}", engine_started.elapsed().as_secs_f64()),
             max_model_len = ec.max_model_len,
@@ -231,22 +231,20 @@ impl Server {
             "engine started"
         );
 
-        let grammar_started = Instant::now();
-        let tokenizer = Arc::clone(&running.tokenizer);
-        let built = tokio::task::spawn_blocking(move || GrammarCompiler::new(tokenizer)).await;
-        let grammars = match built.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
-            Ok(compiler) => {
+        let grammars = match running.grammars.take() {
+            Some(Ok(compiler)) => {
                 tracing::info!(
-                    seconds = format!("{:.2}", grammar_started.elapsed().as_secs_f64()),
+                    seconds = format!("{:.2}", t.grammar_seconds),
                     vocab = compiler.vocab_size(),
                     "structured output ready"
                 );
-                Some(Arc::new(compiler))
+                Some(compiler)
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "structured output is not available");
                 None
             }
+            None => None,
         };
         let tool_format = config.tool_call_parser.map(|p| p.format()).unwrap_or_else(|| {
             running
