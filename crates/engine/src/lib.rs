@@ -22,6 +22,7 @@ pub mod executor;
 pub mod fake;
 pub mod handle;
 mod id_map;
+pub mod kv_groups;
 mod outbox;
 pub mod request;
 pub mod rng;
@@ -40,6 +41,7 @@ pub use executor::{
     ExecutorError, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId,
     StepOutput, TokenLogprob, TopLogprobs,
 };
+pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
 pub use pagoda_text::TokenDecoder;
 pub use request::{Request, RequestError, RequestId, StopConditions};
