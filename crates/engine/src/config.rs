@@ -69,7 +69,10 @@ impl EngineConfig {
 
     /// Defaults sized from what the executor allocated.
     pub fn for_executor(executor: &dyn crate::ModelExecutor, max_model_len: usize) -> Self {
-        Self { kv_groups: executor.kv_groups(), ..Self::new(executor.block_size(), executor.num_blocks(), max_model_len) }
+        Self {
+            kv_groups: executor.kv_groups(),
+            ..Self::new(executor.block_size(), executor.num_blocks(), max_model_len)
+        }
     }
 
     /// Tokens the whole KV cache can hold in one full-attention group (all of it when there is
@@ -80,7 +83,11 @@ impl EngineConfig {
 
     /// Most blocks one sequence of `max_model_len` tokens holds at once.
     pub fn max_blocks_per_sequence(&self) -> usize {
-        self.kv_groups.max_pages_for_sequence(self.max_model_len, self.max_num_batched_tokens, self.block_size)
+        self.kv_groups.max_pages_for_sequence(
+            self.max_model_len,
+            self.max_num_batched_tokens,
+            self.block_size,
+        )
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

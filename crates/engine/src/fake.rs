@@ -91,9 +91,13 @@ impl FakeExecutor {
     }
 
     fn slot(&self, seq: &ScheduledSeq, group: usize, pos: usize) -> Result<usize, ExecutorError> {
-        let block = *seq.block_tables.get(group).and_then(|t| t.get(pos / self.block_size)).ok_or_else(|| {
-            ExecutorError::InvalidBatch(format!("sequence {}: no group {group} block for position {pos}", seq.seq_id))
-        })?;
+        let block =
+            *seq.block_tables.get(group).and_then(|t| t.get(pos / self.block_size)).ok_or_else(|| {
+                ExecutorError::InvalidBatch(format!(
+                    "sequence {}: no group {group} block for position {pos}",
+                    seq.seq_id
+                ))
+            })?;
         if block == NULL_BLOCK {
             return Err(ExecutorError::InvalidBatch(format!(
                 "sequence {}: group {group} released the block of position {pos}",

@@ -41,8 +41,8 @@ pub use executor::{
     ExecutorError, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId,
     StepOutput, TokenLogprob, TopLogprobs,
 };
-pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
+pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use pagoda_text::TokenDecoder;
 pub use request::{Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};

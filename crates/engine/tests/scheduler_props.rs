@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use common::{drive, reference_with, VOCAB};
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
-use pagoda_engine::{EngineConfig, FinishReason, KvGroups, Request, SamplingParams, Scheduler, StopConditions};
+use pagoda_engine::{
+    EngineConfig, FinishReason, KvGroups, Request, SamplingParams, Scheduler, StopConditions,
+};
 use proptest::prelude::*;
 
 const MAX_MODEL_LEN: usize = 48;
@@ -93,12 +95,14 @@ fn build(id: u64, s: &Spec, max_num_seqs: usize) -> Request {
 /// output equals the request's solo run.
 fn check(config: EngineConfig, specs: &[Spec]) -> Result<(), TestCaseError> {
     let max_num_seqs = config.max_num_seqs;
-    let requests: Vec<Request> = specs.iter().enumerate().map(|(i, s)| build(i as u64, s, max_num_seqs)).collect();
+    let requests: Vec<Request> =
+        specs.iter().enumerate().map(|(i, s)| build(i as u64, s, max_num_seqs)).collect();
     let arrivals = specs.iter().zip(&requests).map(|(s, r)| (s.arrival, r.clone())).collect();
     let aborts = specs.iter().zip(&requests).filter_map(|(s, r)| s.abort_at.map(|a| (a, r.id))).collect();
 
     let mut sched = Scheduler::new(config.clone(), Arc::new(FakeDecoder)).unwrap();
-    let mut exec = FakeExecutor::with_groups(config.block_size, config.num_blocks, VOCAB, config.kv_groups.clone());
+    let mut exec =
+        FakeExecutor::with_groups(config.block_size, config.num_blocks, VOCAB, config.kv_groups.clone());
     let (out, _) = drive(&mut sched, &mut exec, arrivals, aborts);
 
     // Free includes cached blocks that are only evictable.
@@ -111,7 +115,11 @@ fn check(config: EngineConfig, specs: &[Spec]) -> Result<(), TestCaseError> {
         let want = reference_with(r, MAX_MODEL_LEN, config.kv_groups.clone());
         for (i, (g, w)) in got.samples.iter().zip(&want).enumerate() {
             if g.finish == Some(FinishReason::Abort) {
-                prop_assert!(w.tokens.starts_with(&g.tokens), "request {} sample {i}: aborted output is not a prefix", r.id);
+                prop_assert!(
+                    w.tokens.starts_with(&g.tokens),
+                    "request {} sample {i}: aborted output is not a prefix",
+                    r.id
+                );
             } else {
                 prop_assert_eq!(g, w, "request {} sample {}", r.id, i);
             }

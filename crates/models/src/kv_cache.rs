@@ -40,7 +40,8 @@ impl KvCache {
 
     /// How many blocks (pages) fit in `bytes` of cache memory.
     pub fn blocks_for_budget(config: &ModelConfig, block_size: usize, dtype: DType, bytes: u64) -> usize {
-        let per_page = KvLayout::for_config(config).page_bytes(config, block_size, dtype.size_in_bytes()) as u64;
+        let per_page =
+            KvLayout::for_config(config).page_bytes(config, block_size, dtype.size_in_bytes()) as u64;
         (bytes / per_page.max(1)) as usize
     }
 

@@ -31,7 +31,11 @@ impl KvLayout {
             (0..n).partition(|&i| config.layer_window(i).is_some());
         if windowed.is_empty() || full.is_empty() {
             let window = windowed.first().and_then(|&i| config.layer_window(i));
-            return Self { group_size: n, windows: vec![window], placement: (0..n).map(|i| (0, i)).collect() };
+            return Self {
+                group_size: n,
+                windows: vec![window],
+                placement: (0..n).map(|i| (0, i)).collect(),
+            };
         }
         let group_size = full.len().min(windowed.len());
         let mut windows = Vec::new();
@@ -78,7 +82,13 @@ impl KvLayout {
 
     /// Bytes per token one decoding sequence of `len` tokens holds: every page of the full
     /// groups, the window's pages (plus the one being filled) of the windowed ones.
-    pub fn bytes_per_token(&self, config: &ModelConfig, len: usize, block_size: usize, dtype_size: usize) -> f64 {
+    pub fn bytes_per_token(
+        &self,
+        config: &ModelConfig,
+        len: usize,
+        block_size: usize,
+        dtype_size: usize,
+    ) -> f64 {
         let pages = self.kv_groups().max_pages_for_sequence(len, 0, block_size);
         (pages * self.page_bytes(config, block_size, dtype_size)) as f64 / len.max(1) as f64
     }

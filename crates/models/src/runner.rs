@@ -139,7 +139,13 @@ impl ModelRunner {
             .enumerate()
             .map(|(g, slots)| {
                 let tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_tables[g].as_slice()).collect();
-                AttentionMetadata::new(slots, flat.cu_seqlens_q.clone(), flat.context_lens.clone(), &tables, dev)
+                AttentionMetadata::new(
+                    slots,
+                    flat.cu_seqlens_q.clone(),
+                    flat.context_lens.clone(),
+                    &tables,
+                    dev,
+                )
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         let num_tokens = flat.input_ids.len();

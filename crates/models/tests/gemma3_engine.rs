@@ -67,9 +67,10 @@ fn generate(handle: &EngineHandle, prompts: &[Vec<u32>], max_tokens: usize) -> V
     let mut streams: Vec<_> = prompts
         .iter()
         .map(|p| {
-            let request = Request::new(handle.next_request_id(), p.clone(), Arc::new(SamplingParams::default()))
-                .with_max_tokens(max_tokens)
-                .with_stop(stop.clone());
+            let request =
+                Request::new(handle.next_request_id(), p.clone(), Arc::new(SamplingParams::default()))
+                    .with_max_tokens(max_tokens)
+                    .with_stop(stop.clone());
             handle.submit(request).unwrap()
         })
         .collect();
@@ -78,7 +79,11 @@ fn generate(handle: &EngineHandle, prompts: &[Vec<u32>], max_tokens: usize) -> V
         .map(|stream| {
             let mut ids = Vec::new();
             while let Some(event) = stream.blocking_recv() {
-                assert!(!matches!(event.finished, Some(FinishReason::Error(_))), "failed: {:?}", event.finished);
+                assert!(
+                    !matches!(event.finished, Some(FinishReason::Error(_))),
+                    "failed: {:?}",
+                    event.finished
+                );
                 ids.extend(event.token_ids);
             }
             ids
@@ -91,7 +96,8 @@ fn the_long_case_fits_a_cache_too_small_for_full_allocation_and_hits_the_prefix_
     let (prompt, expected) = long_case();
     assert!(prompt.len() > 512 && prompt.len() + expected.len() <= MAX_MODEL_LEN);
     let (handle, peak) = engine(true);
-    let config = pagoda_models::load_model(&gemma3_path(), &LoadOptions::default()).unwrap().model.config().clone();
+    let config =
+        pagoda_models::load_model(&gemma3_path(), &LoadOptions::default()).unwrap().model.config().clone();
     let groups = KvLayout::for_config(&config).num_groups();
     assert_eq!(groups, 6);
     // Full allocation keeps every layer for every token: the same memory holds PAGES / 6 blocks.

@@ -355,8 +355,9 @@ mod tests {
         assert!(m.host().validate_for_cache(8, 0, None, "test").is_err());
         // A window of 1 at position 4 reads block 1 only, so entry 0 may be anything; a window of
         // 2 reads position 3, in entry 0.
-        let released = AttentionMetadata::new(vec![4], vec![0, 1], vec![5], &[vec![NULL_BLOCK, 1]], &Device::Cpu)
-            .unwrap();
+        let released =
+            AttentionMetadata::new(vec![4], vec![0, 1], vec![5], &[vec![NULL_BLOCK, 1]], &Device::Cpu)
+                .unwrap();
         assert!(released.host().validate_for_cache(4, 4, Some(1), "test").is_ok());
         assert!(released.host().validate_for_cache(4, 4, Some(2), "test").is_err());
         assert!(released.host().validate_for_cache(4, 4, Some(6), "test").is_err());

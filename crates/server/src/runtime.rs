@@ -11,7 +11,8 @@ use candle_core::{DType, Device};
 use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
 use pagoda_models::{
-    load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner, PanelPrecision,
+    load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner,
+    PanelPrecision,
 };
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
@@ -183,7 +184,8 @@ impl LoadedRuntime {
         // (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
         let max_model_len = options.max_model_len.unwrap_or_else(|| {
             let fits = |len: usize| {
-                groups.max_pages_for_sequence(len, options.max_num_batched_tokens, options.block_size) <= num_blocks
+                groups.max_pages_for_sequence(len, options.max_num_batched_tokens, options.block_size)
+                    <= num_blocks
             };
             let (mut lo, mut hi) = (0, config.max_position_embeddings);
             while lo < hi {
@@ -205,7 +207,8 @@ impl LoadedRuntime {
         let cache = KvCache::new(&config, num_blocks, options.block_size, cache_dtype, &options.device)?;
         let dtype_size = cache_dtype.size_in_bytes();
         let kv_cache_bytes = (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;
-        let kv_bytes_per_token = layout.bytes_per_token(&config, max_model_len.max(1), options.block_size, dtype_size);
+        let kv_bytes_per_token =
+            layout.bytes_per_token(&config, max_model_len.max(1), options.block_size, dtype_size);
         times.cache_seconds = started.elapsed().as_secs_f64();
 
         let mut engine_config = EngineConfig::new(options.block_size, num_blocks, max_model_len);

@@ -40,7 +40,10 @@ impl AdmissionPlan {
 
     /// The blocks the sequence takes from the cache.
     fn held(&self) -> impl Iterator<Item = CachedBlockRef> + '_ {
-        self.refs.iter().zip(&self.first_held).flat_map(|(refs, &first)| refs[first..].iter().flatten().copied())
+        self.refs
+            .iter()
+            .zip(&self.first_held)
+            .flat_map(|(refs, &first)| refs[first..].iter().flatten().copied())
     }
 }
 
@@ -80,7 +83,9 @@ impl BlockManager {
             plan.refs[g] = chain
                 .iter()
                 .enumerate()
-                .map(|(j, &parent)| self.pool.lookup(group_hash(seq.block_hashes[j], g), Some(parent), tokens(j)))
+                .map(|(j, &parent)| {
+                    self.pool.lookup(group_hash(seq.block_hashes[j], g), Some(parent), tokens(j))
+                })
                 .collect();
         }
         // The longest prefix at which every group holds what the first query to compute reads.

@@ -151,9 +151,10 @@ impl BlockManager {
     /// can see.
     fn needs_cow(&self, seq: &Sequence, group: usize) -> bool {
         let idx = seq.num_computed_tokens / self.block_size;
-        seq.block_tables.get(group).and_then(|t| t.get(idx)).is_some_and(|&b| {
-            b != NULL_BLOCK && (self.pool.ref_count(b) > 1 || self.pool.is_cached(b))
-        })
+        seq.block_tables
+            .get(group)
+            .and_then(|t| t.get(idx))
+            .is_some_and(|&b| b != NULL_BLOCK && (self.pool.ref_count(b) > 1 || self.pool.is_cached(b)))
     }
 
     fn num_cow(&self, seq: &Sequence) -> usize {

@@ -358,12 +358,9 @@ impl Scheduler {
             "free + used != total blocks"
         );
         debug_assert!(
-            batch
-                .seqs
-                .iter()
-                .all(|s| s.q_len() > 0
-                    && s.block_tables.len() == self.blocks.groups().len()
-                    && s.block_tables.iter().all(|t| t.len() * self.blocks.block_size() >= s.context_len())),
+            batch.seqs.iter().all(|s| s.q_len() > 0
+                && s.block_tables.len() == self.blocks.groups().len()
+                && s.block_tables.iter().all(|t| t.len() * self.blocks.block_size() >= s.context_len())),
             "a scheduled sequence lacks blocks"
         );
     }
