@@ -1,15 +1,18 @@
 //! Engine sizing and limits ([`EngineConfig`]) and their validation.
 
+use crate::kv_groups::KvGroups;
+
 /// Why an [`EngineConfig`] cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("{0} must be at least 1")]
     Zero(&'static str),
     #[error(
-        "the KV cache holds {capacity} tokens ({num_blocks} blocks of {block_size}) but \
-         max_model_len is {max_model_len}: lower max_model_len or give the cache more memory"
+        "the KV cache holds {num_blocks} blocks of {block_size} tokens but one sequence of \
+         max_model_len {max_model_len} tokens needs {needed}: lower max_model_len or give the \
+         cache more memory"
     )]
-    CacheTooSmall { capacity: usize, num_blocks: usize, block_size: usize, max_model_len: usize },
+    CacheTooSmall { needed: usize, num_blocks: usize, block_size: usize, max_model_len: usize },
     #[error(
         "max_num_batched_tokens ({budget}) must be at least max_num_seqs ({max_num_seqs}), \
          or some running sequences could not decode in a step"
@@ -21,6 +24,8 @@ pub enum ConfigError {
     BlockSizeMismatch { config: usize, executor: usize },
     #[error("num_blocks {config} exceeds the {executor} blocks the executor allocated")]
     NumBlocksMismatch { config: usize, executor: usize },
+    #[error("KV groups {config:?} do not match the executor's {executor:?}")]
+    KvGroupsMismatch { config: Vec<Option<usize>>, executor: Vec<Option<usize>> },
 }
 
 /// Sizes and limits of one engine. `block_size` and `num_blocks` come from the executor (see
@@ -29,8 +34,11 @@ pub enum ConfigError {
 pub struct EngineConfig {
     /// Tokens per KV block.
     pub block_size: usize,
-    /// KV blocks available to the block manager.
+    /// KV blocks (pages, shared by all KV groups) available to the block manager.
     pub num_blocks: usize,
+    /// How the executor's layers are grouped (sliding-window groups release what their windows
+    /// no longer see); one full group by default.
+    pub kv_groups: KvGroups,
     /// Token budget of one step (prefill chunks plus decodes).
     pub max_num_batched_tokens: usize,
     /// Most sequences running at once (and so in one step).
@@ -50,6 +58,7 @@ impl EngineConfig {
         Self {
             block_size,
             num_blocks,
+            kv_groups: KvGroups::single(),
             max_num_batched_tokens: 2048,
             max_num_seqs: 256,
             max_model_len,
@@ -60,12 +69,25 @@ impl EngineConfig {
 
     /// Defaults sized from what the executor allocated.
     pub fn for_executor(executor: &dyn crate::ModelExecutor, max_model_len: usize) -> Self {
-        Self::new(executor.block_size(), executor.num_blocks(), max_model_len)
+        Self {
+            kv_groups: executor.kv_groups(),
+            ..Self::new(executor.block_size(), executor.num_blocks(), max_model_len)
+        }
     }
 
-    /// Tokens the whole KV cache can hold.
+    /// Tokens the whole KV cache can hold in one full-attention group (all of it when there is
+    /// one group; windowed groups hold less).
     pub fn cache_capacity_tokens(&self) -> usize {
-        self.num_blocks.saturating_mul(self.block_size)
+        self.num_blocks.saturating_mul(self.block_size) / self.kv_groups.len().max(1)
+    }
+
+    /// Most blocks one sequence of `max_model_len` tokens holds at once.
+    pub fn max_blocks_per_sequence(&self) -> usize {
+        self.kv_groups.max_pages_for_sequence(
+            self.max_model_len,
+            self.max_num_batched_tokens,
+            self.block_size,
+        )
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -91,9 +113,10 @@ impl EngineConfig {
         }
         // One sequence must always fit on its own, otherwise preemption could never make room
         // for it and the scheduler would spin.
-        if self.cache_capacity_tokens() < self.max_model_len {
+        let needed = self.max_blocks_per_sequence();
+        if needed > self.num_blocks {
             return Err(ConfigError::CacheTooSmall {
-                capacity: self.cache_capacity_tokens(),
+                needed,
                 num_blocks: self.num_blocks,
                 block_size: self.block_size,
                 max_model_len: self.max_model_len,
@@ -109,6 +132,12 @@ impl EngineConfig {
             return Err(ConfigError::BlockSizeMismatch {
                 config: self.block_size,
                 executor: executor.block_size(),
+            });
+        }
+        if self.kv_groups != executor.kv_groups() {
+            return Err(ConfigError::KvGroupsMismatch {
+                config: self.kv_groups.windows().to_vec(),
+                executor: executor.kv_groups().windows().to_vec(),
             });
         }
         if self.num_blocks > executor.num_blocks() {
@@ -150,7 +179,19 @@ mod tests {
     fn cache_must_hold_one_full_sequence() {
         let c = EngineConfig::new(16, 127, 2048);
         let err = c.validate().unwrap_err();
-        assert!(matches!(err, ConfigError::CacheTooSmall { capacity: 2032, .. }));
-        assert!(err.to_string().contains("max_model_len is 2048"));
+        assert!(matches!(err, ConfigError::CacheTooSmall { needed: 128, .. }));
+        assert!(err.to_string().contains("max_model_len 2048 tokens needs 128"), "{err}");
+    }
+
+    #[test]
+    fn windowed_groups_need_only_their_window_per_sequence() {
+        // A full group and a windowed one of 64 tokens: 128 + (64 + 16) / 16 + 1 blocks.
+        let mut c = EngineConfig::new(16, 134, 2048);
+        c.max_num_batched_tokens = 256;
+        c.max_num_seqs = 16;
+        c.kv_groups = KvGroups::new(vec![None, Some(64)]).unwrap();
+        assert!(matches!(c.validate(), Err(ConfigError::CacheTooSmall { needed: 149, .. })));
+        c.max_num_batched_tokens = 16;
+        assert_eq!(c.validate(), Ok(()));
     }
 }

@@ -21,8 +21,9 @@ pub struct ScheduledSeq {
     pub token_ids: Vec<u32>,
     /// Number of tokens already in the KV cache (`num_computed_tokens` before this step).
     pub start_pos: usize,
-    /// Physical KV blocks covering positions `0..start_pos + q_len`, in order.
-    pub block_table: Vec<u32>,
+    /// Per KV group (see [`crate::kv_groups`]), the pages covering positions
+    /// `0..start_pos + q_len`, in order; entries a windowed group released are `NULL_BLOCK`.
+    pub block_tables: Vec<Vec<u32>>,
     /// `Some` when this step completes the sequence's prompt (or is a decode), so a token must be
     /// sampled from the logits of its last position.
     pub sample: Option<SampleRequest>,
@@ -83,7 +84,8 @@ pub struct ScheduledBatch {
     pub seqs: Vec<ScheduledSeq>,
     /// Whole-block KV copies `(src, dst)` the executor must apply, in order, before computing
     /// anything in this step (copy-on-write of a block shared by several samples or held by the
-    /// prefix cache). `dst` is always a block no other sequence uses.
+    /// prefix cache). `dst` is always a block no other sequence uses. A pair copies one whole
+    /// page, every layer slot of it (a page belongs to one KV group at a time).
     pub block_copies: Vec<(u32, u32)>,
 }
 
@@ -150,6 +152,12 @@ pub trait ModelExecutor: Send {
     /// Size of one KV block in tokens; the scheduler uses the same.
     fn block_size(&self) -> usize;
 
-    /// Number of KV blocks the executor allocated.
+    /// Number of KV blocks (pages) the executor allocated.
     fn num_blocks(&self) -> usize;
+
+    /// How the executor's layers are grouped for block allocation; one full group unless it
+    /// has sliding-window layers whose pages it lets the engine release.
+    fn kv_groups(&self) -> crate::KvGroups {
+        crate::KvGroups::single()
+    }
 }

@@ -7,10 +7,17 @@
 //! table, checking each slot holds the expected position. A wrong block table, a bad prefix-cache
 //! hit or a missing copy-on-write therefore shows up as a different output or an error, just as
 //! it would with a real model.
+//!
+//! With KV groups ([`FakeExecutor::with_groups`]) every token is written through each group's
+//! table, and each windowed group's keys are read back for the window of every scheduled
+//! sequence's first query, so a block released too early, or a page two groups share, shows up
+//! too. The output comes from the first full group's history; with windowed groups only, from the
+//! last query's window (a model that sees nothing else).
 
 use pagoda_text::TokenDecoder;
 
 use crate::executor::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, ScheduledSeq, StepOutput};
+use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
 use crate::sampler::Sampler;
 
@@ -19,9 +26,10 @@ use crate::sampler::Sampler;
 struct Slot {
     token: u32,
     pos: u32,
+    group: u32,
 }
 
-const EMPTY: Slot = Slot { token: u32::MAX, pos: u32::MAX };
+const EMPTY: Slot = Slot { token: u32::MAX, pos: u32::MAX, group: u32::MAX };
 
 /// See the module docs.
 #[derive(Debug)]
@@ -29,6 +37,7 @@ pub struct FakeExecutor {
     block_size: usize,
     num_blocks: usize,
     vocab_size: usize,
+    groups: KvGroups,
     kv: Vec<Slot>,
     sampler: Sampler,
     logits: Vec<f32>,
@@ -39,10 +48,16 @@ pub struct FakeExecutor {
 
 impl FakeExecutor {
     pub fn new(block_size: usize, num_blocks: usize, vocab_size: usize) -> Self {
+        Self::with_groups(block_size, num_blocks, vocab_size, KvGroups::single())
+    }
+
+    /// A fake whose layers form `groups` (see the module docs).
+    pub fn with_groups(block_size: usize, num_blocks: usize, vocab_size: usize, groups: KvGroups) -> Self {
         Self {
             block_size,
             num_blocks,
             vocab_size: vocab_size.max(1),
+            groups,
             kv: vec![EMPTY; block_size * num_blocks],
             sampler: Sampler::new(),
             logits: Vec::new(),
@@ -75,10 +90,21 @@ impl FakeExecutor {
         );
     }
 
-    fn slot(&self, seq: &ScheduledSeq, pos: usize) -> Result<usize, ExecutorError> {
-        let block = *seq.block_table.get(pos / self.block_size).ok_or_else(|| {
-            ExecutorError::InvalidBatch(format!("sequence {}: no block for position {pos}", seq.seq_id))
-        })? as usize;
+    fn slot(&self, seq: &ScheduledSeq, group: usize, pos: usize) -> Result<usize, ExecutorError> {
+        let block =
+            *seq.block_tables.get(group).and_then(|t| t.get(pos / self.block_size)).ok_or_else(|| {
+                ExecutorError::InvalidBatch(format!(
+                    "sequence {}: no group {group} block for position {pos}",
+                    seq.seq_id
+                ))
+            })?;
+        if block == NULL_BLOCK {
+            return Err(ExecutorError::InvalidBatch(format!(
+                "sequence {}: group {group} released the block of position {pos}",
+                seq.seq_id
+            )));
+        }
+        let block = block as usize;
         if block >= self.num_blocks {
             return Err(ExecutorError::InvalidBatch(format!(
                 "sequence {}: block {block} out of range",
@@ -86,6 +112,19 @@ impl FakeExecutor {
             )));
         }
         Ok(block * self.block_size + pos % self.block_size)
+    }
+
+    /// The token in group `group`'s slot of `pos`, checking it was written there for `pos` by
+    /// that group.
+    fn read(&self, seq: &ScheduledSeq, group: usize, pos: usize) -> Result<u32, ExecutorError> {
+        let slot = self.kv[self.slot(seq, group, pos)?];
+        if slot.pos != pos as u32 || slot.group != group as u32 {
+            return Err(ExecutorError::InvalidBatch(format!(
+                "sequence {}: group {group}'s KV slot for position {pos} holds group {}'s position {}",
+                seq.seq_id, slot.group as i64, slot.pos as i64
+            )));
+        }
+        Ok(slot.token)
     }
 }
 
@@ -102,26 +141,36 @@ impl ModelExecutor for FakeExecutor {
         }
         // Like a real forward pass: every new token's KV is written before anything attends.
         for seq in &batch.seqs {
-            for (i, &token) in seq.token_ids.iter().enumerate() {
-                let pos = seq.start_pos + i;
-                let slot = self.slot(seq, pos)?;
-                self.kv[slot] = Slot { token, pos: pos as u32 };
+            for g in 0..self.groups.len() {
+                for (i, &token) in seq.token_ids.iter().enumerate() {
+                    let pos = seq.start_pos + i;
+                    let slot = self.slot(seq, g, pos)?;
+                    self.kv[slot] = Slot { token, pos: pos as u32, group: g as u32 };
+                }
             }
             self.tokens_computed += seq.token_ids.len() as u64;
         }
+        // Windowed groups: what the first query of each sequence reads.
+        for seq in &batch.seqs {
+            for g in 0..self.groups.len() {
+                let Some(w) = self.groups.window(g) else { continue };
+                for pos in (seq.start_pos + 1).saturating_sub(w)..seq.context_len() {
+                    self.read(seq, g, pos)?;
+                }
+            }
+        }
+        let full = (0..self.groups.len()).find(|&g| self.groups.window(g).is_none());
         let mut sampled = Vec::new();
         for seq in &batch.seqs {
             let Some(req) = &seq.sample else { continue };
             self.history.clear();
-            for pos in 0..seq.context_len() {
-                let slot = self.kv[self.slot(seq, pos)?];
-                if slot.pos != pos as u32 {
-                    return Err(ExecutorError::InvalidBatch(format!(
-                        "sequence {}: KV slot for position {pos} holds position {}",
-                        seq.seq_id, slot.pos as i64
-                    )));
-                }
-                self.history.push(slot.token);
+            let (group, first) = match full {
+                Some(g) => (g, 0),
+                None => (0, seq.context_len().saturating_sub(self.groups.window(0).unwrap_or(0))),
+            };
+            for pos in first..seq.context_len() {
+                let token = self.read(seq, group, pos)?;
+                self.history.push(token);
             }
             Self::logits_for(&self.history, self.vocab_size, &mut self.logits);
             let (token_id, logprobs) = self
@@ -136,6 +185,10 @@ impl ModelExecutor for FakeExecutor {
 
     fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    fn kv_groups(&self) -> KvGroups {
+        self.groups.clone()
     }
 
     fn num_blocks(&self) -> usize {
@@ -189,7 +242,7 @@ mod tests {
             seq_id: id,
             token_ids: tokens.to_vec(),
             start_pos: start,
-            block_table: table,
+            block_tables: vec![table],
             sample: greedy(),
         }
     }

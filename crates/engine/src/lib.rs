@@ -22,6 +22,7 @@ pub mod executor;
 pub mod fake;
 pub mod handle;
 mod id_map;
+pub mod kv_groups;
 mod outbox;
 pub mod request;
 pub mod rng;
@@ -41,6 +42,7 @@ pub use executor::{
     StepOutput, TokenLogprob, TopLogprobs,
 };
 pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
+pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use pagoda_text::TokenDecoder;
 pub use request::{Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};

@@ -1,5 +1,6 @@
 //! [`Sequence`]: one sample of a request as the scheduler and block manager see it — token ids
-//! (prompt then output), how many of them are in the KV cache, and the blocks holding them.
+//! (prompt then output), how many of them are in the KV cache, and the blocks holding them (one
+//! block table per KV group, see [`crate::kv_groups`]).
 
 use crate::block_pool::{BlockId, CachedBlockRef};
 use crate::executor::SeqId;
@@ -27,17 +28,20 @@ pub struct Sequence {
     pub prompt_len: usize,
     /// Leading tokens whose KV is in the cache; the next step computes from here.
     pub num_computed_tokens: usize,
-    /// Physical blocks holding positions `0..num_computed_tokens` (and whatever this step adds).
-    pub block_table: Vec<BlockId>,
+    /// Per KV group, the pages holding positions `0..num_computed_tokens` (and whatever this
+    /// step adds); a windowed group's entries before its window are `NULL_BLOCK`. All tables have
+    /// the same length; empty (no tables) while the sequence holds nothing.
+    pub block_tables: Vec<Vec<BlockId>>,
     pub status: SeqStatus,
     /// Sampling seed of this sample (request seed mixed with `sample_index`).
     pub seed: u64,
     /// Chained content hash of each full block of `token_ids` seen so far (extended lazily; the
     /// tokens never change, so it survives preemption).
     pub(crate) block_hashes: Vec<u64>,
-    /// Canonical prefix-cache identity of each full, computed block, `None` where it could not be
-    /// cached; its length is how many full blocks have been offered to the cache.
-    pub(crate) cache_refs: Vec<Option<CachedBlockRef>>,
+    /// Per KV group, the canonical prefix-cache identity of each full, computed block, `None`
+    /// where it could not be cached (or, in a windowed group, was never held); the length (the
+    /// same in every group) is how many full blocks have been offered to the cache.
+    pub(crate) cache_refs: Vec<Vec<Option<CachedBlockRef>>>,
 }
 
 impl Sequence {
@@ -49,7 +53,7 @@ impl Sequence {
             prompt_len: prompt.len(),
             token_ids: prompt,
             num_computed_tokens: 0,
-            block_table: Vec::new(),
+            block_tables: Vec::new(),
             status: SeqStatus::Waiting,
             seed,
             block_hashes: Vec::new(),
@@ -71,6 +75,11 @@ impl Sequence {
 
     pub fn output_token_ids(&self) -> &[u32] {
         &self.token_ids[self.prompt_len..]
+    }
+
+    /// Entries of each block table (the same in every group).
+    pub fn num_table_blocks(&self) -> usize {
+        self.block_tables.first().map_or(0, Vec::len)
     }
 
     /// Tokens not yet in the KV cache.

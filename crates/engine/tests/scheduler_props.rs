@@ -1,15 +1,18 @@
 //! Property tests of the scheduler with the fake executor: random arrivals, prompt and output
 //! lengths, shared prefixes, n > 1, stop conditions, aborts and caches small enough to force
-//! preemption. Every request must end, every block must come back, and each request's output
-//! must equal what it produces alone on a big cache.
+//! preemption, with one KV group or with sliding-window groups (the audit after every step
+//! checks that windowed groups hold exactly their windows). Every request must end, every block
+//! must come back, and each request's output must equal what it produces alone on a big cache.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::{drive, reference, VOCAB};
+use common::{drive, reference_with, VOCAB};
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
-use pagoda_engine::{EngineConfig, FinishReason, Request, SamplingParams, Scheduler, StopConditions};
+use pagoda_engine::{
+    EngineConfig, FinishReason, KvGroups, Request, SamplingParams, Scheduler, StopConditions,
+};
 use proptest::prelude::*;
 
 const MAX_MODEL_LEN: usize = 48;
@@ -88,6 +91,55 @@ fn build(id: u64, s: &Spec, max_num_seqs: usize) -> Request {
         .with_stop(stop)
 }
 
+/// Runs `specs` on `config` and checks that everything ends, every block comes back and each
+/// output equals the request's solo run.
+fn check(config: EngineConfig, specs: &[Spec]) -> Result<(), TestCaseError> {
+    let max_num_seqs = config.max_num_seqs;
+    let requests: Vec<Request> =
+        specs.iter().enumerate().map(|(i, s)| build(i as u64, s, max_num_seqs)).collect();
+    let arrivals = specs.iter().zip(&requests).map(|(s, r)| (s.arrival, r.clone())).collect();
+    let aborts = specs.iter().zip(&requests).filter_map(|(s, r)| s.abort_at.map(|a| (a, r.id))).collect();
+
+    let mut sched = Scheduler::new(config.clone(), Arc::new(FakeDecoder)).unwrap();
+    let mut exec =
+        FakeExecutor::with_groups(config.block_size, config.num_blocks, VOCAB, config.kv_groups.clone());
+    let (out, _) = drive(&mut sched, &mut exec, arrivals, aborts);
+
+    // Free includes cached blocks that are only evictable.
+    prop_assert_eq!(sched.block_manager().num_free_blocks(), config.num_blocks);
+    prop_assert_eq!(sched.block_manager().num_used_blocks(), 0);
+    for r in &requests {
+        let got = out.get(&r.id).expect("every request gets events");
+        prop_assert!(got.done, "request {} has no last event", r.id);
+        prop_assert_eq!(got.samples.len(), r.n);
+        let want = reference_with(r, MAX_MODEL_LEN, config.kv_groups.clone());
+        for (i, (g, w)) in got.samples.iter().zip(&want).enumerate() {
+            if g.finish == Some(FinishReason::Abort) {
+                prop_assert!(
+                    w.tokens.starts_with(&g.tokens),
+                    "request {} sample {i}: aborted output is not a prefix",
+                    r.id
+                );
+            } else {
+                prop_assert_eq!(g, w, "request {} sample {}", r.id, i);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Layouts with windowed groups: beside a full group, alone, several.
+fn hybrid_groups() -> impl Strategy<Value = KvGroups> {
+    (prop::sample::select(vec![1usize, 3, 5, 8, 13]), 0usize..3).prop_map(|(w, layout)| {
+        let windows = match layout {
+            0 => vec![None, Some(w), Some(w)],
+            1 => vec![Some(w)],
+            _ => vec![None, Some(w)],
+        };
+        KvGroups::new(windows).unwrap()
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
 
@@ -105,28 +157,25 @@ proptest! {
         config.max_num_batched_tokens = max_num_seqs + extra_budget;
         config.max_num_seqs = max_num_seqs;
         config.enable_prefix_caching = prefix_caching;
-        let requests: Vec<Request> = specs.iter().enumerate().map(|(i, s)| build(i as u64, s, max_num_seqs)).collect();
-        let arrivals = specs.iter().zip(&requests).map(|(s, r)| (s.arrival, r.clone())).collect();
-        let aborts = specs.iter().zip(&requests).filter_map(|(s, r)| s.abort_at.map(|a| (a, r.id))).collect();
+        check(config, &specs)?;
+    }
 
-        let mut sched = Scheduler::new(config.clone(), Arc::new(FakeDecoder)).unwrap();
-        let mut exec = FakeExecutor::new(block_size, config.num_blocks, VOCAB);
-        let (out, _) = drive(&mut sched, &mut exec, arrivals, aborts);
-
-        prop_assert_eq!(sched.block_manager().num_free_blocks(), config.num_blocks);
-        prop_assert_eq!(sched.block_manager().num_used_blocks(), 0);
-        for r in &requests {
-            let got = out.get(&r.id).expect("every request gets events");
-            prop_assert!(got.done, "request {} has no last event", r.id);
-            prop_assert_eq!(got.samples.len(), r.n);
-            let want = reference(r, MAX_MODEL_LEN);
-            for (i, (g, w)) in got.samples.iter().zip(&want).enumerate() {
-                if g.finish == Some(FinishReason::Abort) {
-                    prop_assert!(w.tokens.starts_with(&g.tokens), "request {} sample {i}: aborted output is not a prefix", r.id);
-                } else {
-                    prop_assert_eq!(g, w, "request {} sample {}", r.id, i);
-                }
-            }
-        }
+    #[test]
+    fn windowed_groups_release_blocks_and_outputs_match_solo_runs(
+        block_size in prop::sample::select(vec![1usize, 2, 4, 8]),
+        groups in hybrid_groups(),
+        extra_blocks in 0usize..24,
+        extra_budget in 0usize..64,
+        max_num_seqs in 1usize..8,
+        prefix_caching in any::<bool>(),
+        specs in prop::collection::vec(spec(), 1..10),
+    ) {
+        let mut config = EngineConfig::new(block_size, 1, MAX_MODEL_LEN);
+        config.max_num_batched_tokens = max_num_seqs + extra_budget;
+        config.max_num_seqs = max_num_seqs;
+        config.enable_prefix_caching = prefix_caching;
+        config.kv_groups = groups;
+        config.num_blocks = config.max_blocks_per_sequence() + extra_blocks;
+        check(config, &specs)?;
     }
 }

@@ -68,7 +68,8 @@ fn run_schedule(
                 seq_id: i as u64,
                 token_ids: toks[computed[i]..end].to_vec(),
                 start_pos: computed[i],
-                block_table: (first..first + end.div_ceil(BLOCK_SIZE) as u32).collect(),
+                // The GPU runs models without sliding windows: one KV group.
+                block_tables: vec![(first..first + end.div_ceil(BLOCK_SIZE) as u32).collect()],
                 sample: Some(SampleRequest::greedy()),
             });
             members.push(i);

@@ -158,14 +158,15 @@ impl Attention {
         };
         let (q, k) = pagoda_ops::rotary_embedding(&q, &k, input.positions, &rope.cos, &rope.sin, rope.style)?;
         let (k_cache, v_cache) = cache.layer(layer);
+        let meta = &input.attention[cache.group_of(layer)];
         // A cache stored narrower than the activations (f16 for an f32 model) takes the new
         // rows rounded; attention reads any cache dtype.
         let (k, v) = match k_cache.dtype() {
             dt if dt == k.dtype() => (k, v),
             dt => (k.to_dtype(dt)?, v.to_dtype(dt)?),
         };
-        pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &input.attention.slot_mapping)?;
-        let attn = pagoda_ops::paged_attention_with(&q, k_cache, v_cache, input.attention, self.params)?;
+        pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &meta.slot_mapping)?;
+        let attn = pagoda_ops::paged_attention_with(&q, k_cache, v_cache, meta, self.params)?;
         self.o_proj.forward(&attn.reshape((num_tokens, self.num_heads * self.head_dim))?)
     }
 }

@@ -1,13 +1,18 @@
-//! The paged KV cache: one K and one V tensor per layer, each
+//! The paged KV cache: one K and one V tensor per slot of a page, each
 //! `[num_blocks, block_size, num_kv_heads, head_dim]` (the layout kernels/README.md documents).
+//! A page (block id) holds K and V for the layers of one KV group ([`KvLayout`]); layer `i`
+//! reads and writes slot `slot_of(i)` through its group's block table. Without windowed layers
+//! there is one group and one slot per layer.
 
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::kv_layout::KvLayout;
 
 pub struct KvCache {
-    layers: Vec<(Tensor, Tensor)>,
+    slots: Vec<(Tensor, Tensor)>,
+    layout: KvLayout,
     block_size: usize,
     num_blocks: usize,
 }
@@ -25,22 +30,34 @@ impl KvCache {
                 "the KV cache needs at least one block of at least one token (got {num_blocks} blocks of {block_size})"
             )));
         }
+        let layout = KvLayout::for_config(config);
         let shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim);
-        let layers = (0..config.num_layers)
+        let slots = (0..layout.group_size())
             .map(|_| Ok((zeros(shape, dtype, device)?, zeros(shape, dtype, device)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { layers, block_size, num_blocks })
+        Ok(Self { slots, layout, block_size, num_blocks })
     }
 
-    /// How many blocks fit in `bytes` of cache memory.
+    /// How many blocks (pages) fit in `bytes` of cache memory.
     pub fn blocks_for_budget(config: &ModelConfig, block_size: usize, dtype: DType, bytes: u64) -> usize {
-        let per_block = (config.kv_bytes_per_token(dtype.size_in_bytes()) * block_size) as u64;
-        (bytes / per_block.max(1)) as usize
+        let per_page =
+            KvLayout::for_config(config).page_bytes(config, block_size, dtype.size_in_bytes()) as u64;
+        (bytes / per_page.max(1)) as usize
     }
 
+    /// K and V of layer `index` (its slot of every page).
     pub fn layer(&self, index: usize) -> (&Tensor, &Tensor) {
-        let (k, v) = &self.layers[index];
+        let (k, v) = &self.slots[self.layout.slot_of(index)];
         (k, v)
+    }
+
+    /// The KV group of layer `index`, whose block table it uses.
+    pub fn group_of(&self, index: usize) -> usize {
+        self.layout.group_of(index)
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
     }
 
     pub fn block_size(&self) -> usize {
@@ -51,7 +68,7 @@ impl KvCache {
         self.num_blocks
     }
 
-    /// Copies whole blocks `src -> dst` in every layer (copy-on-write of a shared partial block).
+    /// Copies whole pages `src -> dst`, every slot (copy-on-write of a shared partial block).
     pub fn copy_blocks(&self, pairs: &[(u32, u32)]) -> Result<()> {
         for &(src, dst) in pairs {
             let (src, dst) = (src as usize, dst as usize);
@@ -61,7 +78,7 @@ impl KvCache {
                     self.num_blocks
                 )));
             }
-            for (k, v) in &self.layers {
+            for (k, v) in &self.slots {
                 // `copy` because a contiguous narrow is a view of the very storage being written.
                 k.slice_set(&k.narrow(0, src, 1)?.copy()?, 0, dst)?;
                 v.slice_set(&v.narrow(0, src, 1)?.copy()?, 0, dst)?;
@@ -99,11 +116,11 @@ fn zeroed_16bit<T: ZeroIsU16>(len: usize) -> Vec<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use pagoda_ops::RotaryStyle;
 
-    fn config() -> ModelConfig {
+    pub(crate) fn config() -> ModelConfig {
         ModelConfig {
             architecture: "llama".into(),
             vocab_size: 8,
@@ -136,7 +153,7 @@ mod tests {
     #[test]
     fn copy_blocks_copies_whole_blocks_in_every_layer() {
         let cache = KvCache::new(&config(), 4, 2, DType::F32, &Device::Cpu).unwrap();
-        for (i, (k, v)) in cache.layers.iter().enumerate() {
+        for (i, (k, v)) in cache.slots.iter().enumerate() {
             let fill = Tensor::full(1.0 + i as f32, (1, 2, 1, 4), &Device::Cpu).unwrap();
             k.slice_set(&fill, 0, 1).unwrap();
             v.slice_set(&(fill * 10.0).unwrap(), 0, 1).unwrap();

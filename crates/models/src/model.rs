@@ -18,7 +18,8 @@ pub struct ForwardInput<'a> {
     pub input_ids: &'a Tensor,
     /// u32 `[num_tokens]`.
     pub positions: &'a Tensor,
-    pub attention: &'a AttentionMetadata,
+    /// One per KV group (see [`crate::KvLayout`]): layer `i` uses its group's.
+    pub attention: &'a [AttentionMetadata],
     /// u32 `[num_rows]`: the token rows whose logits are wanted.
     pub logits_rows: &'a Tensor,
 }

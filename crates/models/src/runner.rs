@@ -1,17 +1,20 @@
-//! The model runner: turns a [`ScheduledBatch`] into flat tensors (token ids, positions, slot
-//! mapping, query starts, context lengths, block tables), runs the model over the whole mixed
-//! batch at once, and samples one token per sequence that asked for one.
+//! The model runner: turns a [`ScheduledBatch`] into flat tensors (token ids, positions, query
+//! starts, context lengths, and per KV group a slot mapping and block tables), runs the model
+//! over the whole mixed batch at once, and samples one token per sequence that asked for one.
 
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use pagoda_engine::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, StepOutput};
+use pagoda_engine::{ExecutorError, KvGroups, ModelExecutor, SampledToken, ScheduledBatch, StepOutput};
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardInput, Model};
+
+// The engine marks released blocks with the value the kernels skip.
+const _: () = assert!(pagoda_engine::NULL_BLOCK == pagoda_ops::NULL_BLOCK);
 
 pub struct ModelRunner {
     model: Model,
@@ -27,7 +30,8 @@ pub struct ModelRunner {
 struct FlatBatch {
     input_ids: Vec<u32>,
     positions: Vec<u32>,
-    slot_mapping: Vec<u32>,
+    /// Per KV group.
+    slot_mappings: Vec<Vec<u32>>,
     cu_seqlens_q: Vec<u32>,
     context_lens: Vec<u32>,
     logits_rows: Vec<u32>,
@@ -54,10 +58,11 @@ impl ModelRunner {
         let num_blocks = self.cache.num_blocks() as u32;
         let max_len = self.model.config().max_position_embeddings;
         let num_tokens = batch.num_tokens();
+        let num_groups = self.cache.layout().num_groups();
         let mut flat = FlatBatch {
             input_ids: Vec::with_capacity(num_tokens),
             positions: Vec::with_capacity(num_tokens),
-            slot_mapping: Vec::with_capacity(num_tokens),
+            slot_mappings: vec![Vec::with_capacity(num_tokens); num_groups],
             cu_seqlens_q: Vec::with_capacity(batch.seqs.len() + 1),
             context_lens: Vec::with_capacity(batch.seqs.len()),
             logits_rows: Vec::new(),
@@ -74,22 +79,38 @@ impl ModelRunner {
                     seq.context_len()
                 )));
             }
-            if seq.block_table.len() * block_size < seq.context_len() {
+            if seq.block_tables.len() != num_groups {
                 return Err(invalid(format!(
-                    "{} blocks cannot hold {} tokens",
-                    seq.block_table.len(),
-                    seq.context_len()
+                    "{} block tables for a cache of {num_groups} KV groups",
+                    seq.block_tables.len()
                 )));
             }
-            if let Some(b) = seq.block_table.iter().find(|&&b| b >= num_blocks) {
-                return Err(invalid(format!("block {b} outside the cache of {num_blocks} blocks")));
+            for table in &seq.block_tables {
+                if table.len() * block_size < seq.context_len() {
+                    return Err(invalid(format!(
+                        "{} blocks cannot hold {} tokens",
+                        table.len(),
+                        seq.context_len()
+                    )));
+                }
+                // Released entries (NULL_BLOCK) are checked against each layer's window by the
+                // attention op; the blocks this step writes must be real.
+                let written = &table[seq.start_pos / block_size..seq.context_len().div_ceil(block_size)];
+                if let Some(b) = table.iter().find(|&&b| b >= num_blocks && b != pagoda_ops::NULL_BLOCK) {
+                    return Err(invalid(format!("block {b} outside the cache of {num_blocks} blocks")));
+                }
+                if written.contains(&pagoda_ops::NULL_BLOCK) {
+                    return Err(invalid("a block this step writes was released".into()));
+                }
             }
             for (offset, &token) in seq.token_ids.iter().enumerate() {
                 let pos = seq.start_pos + offset;
                 flat.input_ids.push(token);
                 flat.positions.push(pos as u32);
-                let block = seq.block_table[pos / block_size] as usize;
-                flat.slot_mapping.push((block * block_size + pos % block_size) as u32);
+                for (slots, table) in flat.slot_mappings.iter_mut().zip(&seq.block_tables) {
+                    let block = table[pos / block_size] as usize;
+                    slots.push((block * block_size + pos % block_size) as u32);
+                }
             }
             flat.cu_seqlens_q.push(flat.input_ids.len() as u32);
             flat.context_lens.push(seq.context_len() as u32);
@@ -112,14 +133,21 @@ impl ModelRunner {
     fn logits_of(&mut self, batch: &ScheduledBatch, flat: FlatBatch) -> Result<Tensor> {
         self.cache.copy_blocks(&batch.block_copies)?;
         let dev = &self.device;
-        let block_tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_table.as_slice()).collect();
-        let attention = AttentionMetadata::new(
-            flat.slot_mapping,
-            flat.cu_seqlens_q,
-            flat.context_lens,
-            &block_tables,
-            dev,
-        )?;
+        let attention = flat
+            .slot_mappings
+            .into_iter()
+            .enumerate()
+            .map(|(g, slots)| {
+                let tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_tables[g].as_slice()).collect();
+                AttentionMetadata::new(
+                    slots,
+                    flat.cu_seqlens_q.clone(),
+                    flat.context_lens.clone(),
+                    &tables,
+                    dev,
+                )
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
         let num_tokens = flat.input_ids.len();
         let num_rows = flat.logits_rows.len();
         let input_ids = Tensor::from_vec(flat.input_ids, num_tokens, dev)?;
@@ -147,6 +175,10 @@ impl ModelExecutor for ModelRunner {
 
     fn num_blocks(&self) -> usize {
         self.cache.num_blocks()
+    }
+
+    fn kv_groups(&self) -> KvGroups {
+        self.cache.layout().kv_groups()
     }
 }
 

@@ -25,7 +25,7 @@ fn check_top20(name: &str, logits: &[f32], case: &serde_json::Value) -> f32 {
 #[test]
 fn logits_and_greedy_continuations_match_the_reference() {
     let fixture = gemma3_fixture();
-    let mut runner = runner_for(&gemma3_path(), 96);
+    let mut runner = runner_for(&gemma3_path(), 6 * 50);
     let cases = fixture["logits_cases"].as_array().unwrap();
     assert!(
         cases.iter().any(|c| c["prompt_ids"].as_array().unwrap().len() > 512),
@@ -52,10 +52,10 @@ fn long_prompt_prefilled_in_chunks_matches_the_reference() {
         .max_by_key(|c| c["prompt_ids"].as_array().unwrap().len())
         .unwrap();
     let prompt = ids(&case["prompt_ids"]);
-    let mut runner = runner_for(&gemma3_path(), 96);
+    let mut runner = runner_for(&gemma3_path(), 6 * 50);
     // Chunks that straddle the window's edge and block boundaries: the last chunk's queries see
     // keys written by earlier steps, partly outside their windows.
-    let mut seq = TestSeq::new(1, prompt.clone(), 0);
+    let mut seq = TestSeq::on(&runner, 1, prompt.clone());
     let mut logits = Vec::new();
     while seq.computed < prompt.len() {
         let n = 97.min(prompt.len() - seq.computed);

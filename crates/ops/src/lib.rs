@@ -34,7 +34,7 @@ mod silu_and_mul;
 mod simd;
 
 pub use kv_cache::reshape_and_cache;
-pub use metadata::{AttentionMetadata, HostAttentionMetadata};
+pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
 pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams};
 pub use panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use quant_matmul::quant_matmul;

@@ -13,6 +13,10 @@ use crate::check::invalid;
 
 const OP: &str = "attention_metadata";
 
+/// Block-table entry of a block a sliding-window layer's sequence released: no query reads it
+/// (the engine's `NULL_BLOCK`, the same value).
+pub const NULL_BLOCK: u32 = u32::MAX;
+
 /// Host copies of the metadata tensors, in the same layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostAttentionMetadata {
@@ -23,7 +27,8 @@ pub struct HostAttentionMetadata {
     /// Cached + new tokens of each sequence after this step, `[num_seqs]`.
     pub context_lens: Vec<u32>,
     /// Row-major `[num_seqs, max_blocks_per_seq]` block ids; entries past a sequence's last
-    /// block are padding and never read.
+    /// block are padding and never read, and so are entries before the window of a sliding
+    /// window layer's first query (`NULL_BLOCK` where released).
     pub block_tables: Vec<u32>,
     pub max_blocks_per_seq: usize,
 }
@@ -106,11 +111,13 @@ impl HostAttentionMetadata {
     }
 
     /// Checks that every block a sequence's context needs is in its table and below
-    /// `num_blocks`, for a cache of `block_size`-token blocks. Assumes `validate` passed.
+    /// `num_blocks`, for a cache of `block_size`-token blocks; with a sliding `window`, only the
+    /// blocks from the window of the sequence's first query on. Assumes `validate` passed.
     pub(crate) fn validate_for_cache(
         &self,
         num_blocks: usize,
         block_size: usize,
+        window: Option<usize>,
         op: &'static str,
     ) -> Result<()> {
         if block_size == 0 {
@@ -128,7 +135,10 @@ impl HostAttentionMetadata {
                     ),
                 ));
             }
-            if let Some(&bad) = self.block_table(seq)[..needed].iter().find(|&&b| b as usize >= num_blocks) {
+            let first_query = self.context_lens[seq] as usize - self.query_range(seq).len();
+            let first = window.map_or(0, |w| (first_query + 1).saturating_sub(w) / block_size);
+            let read = &self.block_table(seq)[first.min(needed)..needed];
+            if let Some(&bad) = read.iter().find(|&&b| b as usize >= num_blocks) {
                 return Err(invalid(
                     op,
                     format!("sequence {seq} uses block {bad} but the cache has {num_blocks} blocks"),
@@ -337,12 +347,21 @@ mod tests {
     #[test]
     fn validate_for_cache_checks_table_coverage_and_block_ids() {
         let m = two_seqs();
-        assert!(m.host().validate_for_cache(4, 4, "test").is_ok());
+        assert!(m.host().validate_for_cache(4, 4, None, "test").is_ok());
         // Block 3 is out of range for a 3-block cache.
-        assert!(m.host().validate_for_cache(3, 4, "test").is_err());
+        assert!(m.host().validate_for_cache(3, 4, None, "test").is_err());
         // Context 5 needs 3 blocks of 2, the table has 2.
-        assert!(m.host().validate_for_cache(8, 2, "test").is_err());
-        assert!(m.host().validate_for_cache(8, 0, "test").is_err());
+        assert!(m.host().validate_for_cache(8, 2, None, "test").is_err());
+        assert!(m.host().validate_for_cache(8, 0, None, "test").is_err());
+        // A window of 1 at position 4 reads block 1 only, so entry 0 may be anything; a window of
+        // 2 reads position 3, in entry 0.
+        let released =
+            AttentionMetadata::new(vec![4], vec![0, 1], vec![5], &[vec![NULL_BLOCK, 1]], &Device::Cpu)
+                .unwrap();
+        assert!(released.host().validate_for_cache(4, 4, Some(1), "test").is_ok());
+        assert!(released.host().validate_for_cache(4, 4, Some(2), "test").is_err());
+        assert!(released.host().validate_for_cache(4, 4, Some(6), "test").is_err());
+        assert!(released.host().validate_for_cache(4, 4, None, "test").is_err());
     }
 
     #[test]

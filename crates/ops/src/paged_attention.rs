@@ -100,7 +100,7 @@ pub fn paged_attention_with(
     check::same_device(q, v_cache, OP)?;
     check::contiguous(k_cache, OP)?;
     check::contiguous(v_cache, OP)?;
-    meta.host().validate_for_cache(num_blocks, block_size, OP)?;
+    meta.host().validate_for_cache(num_blocks, block_size, window, OP)?;
     let op = PagedAttention { meta, params };
     q.apply_op3_no_bwd(k_cache, v_cache, &op)
 }

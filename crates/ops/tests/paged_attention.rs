@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Result, Tensor, D};
 use common::{assert_close, err_text, random_tensor, rng, uniform};
 use pagoda_ops::{
     paged_attention, paged_attention_with, reshape_and_cache, AttentionMetadata, AttentionParams,
-    HostAttentionMetadata,
+    HostAttentionMetadata, NULL_BLOCK,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -203,6 +203,19 @@ fn check_with(
             s.block_size, s.kv_heads, s.group, s.head_dim
         );
         assert_close(&out, &expected, atol, rtol, &what);
+    }
+    if let Some(w) = window {
+        // Blocks wholly before each sequence's first window released, as the engine does for
+        // sliding-window layers: nothing changes.
+        let mut host = b.meta.host().clone();
+        let width = host.max_blocks_per_seq;
+        for (i, sq) in seqs.iter().enumerate() {
+            let first = (sq.context - sq.q_len + 1).saturating_sub(w) / s.block_size;
+            host.block_tables[i * width..i * width + first].fill(NULL_BLOCK);
+        }
+        let released = AttentionMetadata::from_host(host, &Device::Cpu).unwrap();
+        let out = paged_attention_with(&b.q, &b.k_cache, &b.v_cache, &released, params).unwrap();
+        assert_close(&out, &expected, atol, rtol, &format!("window {w} with released blocks"));
     }
 }
 

@@ -11,7 +11,8 @@ use candle_core::{DType, Device};
 use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
 use pagoda_models::{
-    load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner, PanelPrecision,
+    load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner,
+    PanelPrecision,
 };
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 use pagoda_structured::GrammarCompiler;
@@ -112,6 +113,9 @@ pub struct LoadedRuntime {
     pub chat_template: Option<Arc<ChatTemplate>>,
     pub engine_config: EngineConfig,
     pub kv_cache_bytes: u64,
+    /// KV bytes per token that one sequence of `max_model_len` tokens holds (less than the
+    /// model's `kv_bytes_per_token` when sliding-window layers keep only their windows).
+    pub kv_bytes_per_token: f64,
     pub kv_cache_dtype: DType,
     pub times: StartupTimes,
 }
@@ -212,10 +216,26 @@ impl LoadedRuntime {
                 KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, options.kv_cache_bytes)
             }
         };
-        // Without an explicit limit, the context is what both the model and the cache allow.
-        let max_model_len = options
-            .max_model_len
-            .unwrap_or_else(|| config.max_position_embeddings.min(num_blocks * options.block_size));
+        let layout = KvLayout::for_config(&config);
+        let groups = layout.kv_groups();
+        // Without an explicit limit, the context is what both the model and the cache allow
+        // (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
+        let max_model_len = options.max_model_len.unwrap_or_else(|| {
+            let fits = |len: usize| {
+                groups.max_pages_for_sequence(len, options.max_num_batched_tokens, options.block_size)
+                    <= num_blocks
+            };
+            let (mut lo, mut hi) = (0, config.max_position_embeddings);
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if fits(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            lo
+        });
         if num_blocks == 0 {
             return Err(RuntimeError::CacheTooSmall {
                 bytes: options.kv_cache_bytes,
@@ -223,11 +243,14 @@ impl LoadedRuntime {
             });
         }
         let cache = KvCache::new(&config, num_blocks, options.block_size, cache_dtype, &options.device)?;
-        let kv_cache_bytes =
-            (num_blocks * options.block_size * config.kv_bytes_per_token(cache_dtype.size_in_bytes())) as u64;
+        let dtype_size = cache_dtype.size_in_bytes();
+        let kv_cache_bytes = (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;
+        let kv_bytes_per_token =
+            layout.bytes_per_token(&config, max_model_len.max(1), options.block_size, dtype_size);
         times.cache_seconds = started.elapsed().as_secs_f64();
 
         let mut engine_config = EngineConfig::new(options.block_size, num_blocks, max_model_len);
+        engine_config.kv_groups = groups;
         engine_config.max_num_seqs = options.max_num_seqs;
         engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
         engine_config.max_waiting_requests = options.max_waiting_requests;
@@ -242,6 +265,7 @@ impl LoadedRuntime {
             chat_template,
             engine_config,
             kv_cache_bytes,
+            kv_bytes_per_token,
             kv_cache_dtype: cache_dtype,
             times,
         })

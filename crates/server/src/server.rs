@@ -214,6 +214,14 @@ impl Server {
             dtype = ?runtime.kv_cache_dtype,
             "KV cache allocated"
         );
+        tracing::info!(
+            "kv cache: {} pages, {:.3} GiB, {:.0} bytes/token at max_model_len {} with windows vs {} full",
+            ec.num_blocks,
+            runtime.kv_cache_bytes as f64 / (1u64 << 30) as f64,
+            runtime.kv_bytes_per_token,
+            ec.max_model_len,
+            model_config.kv_bytes_per_token(runtime.kv_cache_dtype.size_in_bytes()),
+        );
 
         let model_name = config.served_model_names[0].clone();
         let metrics = Arc::new(Metrics::new(config.metrics_prefix, &model_name, ec.max_model_len)?);

@@ -181,7 +181,12 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(config: EngineConfig, decoder: Arc<dyn TokenDecoder>) -> Result<Self, ConfigError> {
         config.validate()?;
-        let blocks = BlockManager::new(config.num_blocks, config.block_size, config.enable_prefix_caching);
+        let blocks = BlockManager::with_groups(
+            config.num_blocks,
+            config.block_size,
+            config.kv_groups.clone(),
+            config.enable_prefix_caching,
+        );
         Ok(Self {
             config,
             decoder,
@@ -462,9 +467,10 @@ impl Scheduler {
     }
 
     /// Full consistency check (O(everything)), for tests: block reference counts match the
-    /// block tables, waiting sequences hold no blocks, and the slot count is right.
+    /// block tables, waiting sequences hold no blocks, running ones hold exactly what their
+    /// windows need, and the slot count is right.
     pub fn audit(&self) -> Result<(), String> {
-        self.blocks.audit(self.seqs.values().map(|e| e.seq.block_table.as_slice()))?;
+        self.blocks.audit(self.seqs.values().map(|e| e.seq.block_tables.as_slice()))?;
         let slots: usize = self.running.iter().map(|id| self.seqs.get(id).map_or(0, SeqEntry::slots)).sum();
         if slots != self.running_slots {
             return Err(format!("running slots {} but counted {slots}", self.running_slots));
@@ -479,7 +485,7 @@ impl Scheduler {
         }
         for id in &self.waiting {
             let e = self.seqs.get(id).ok_or_else(|| format!("waiting sequence {id} is gone"))?;
-            if !e.seq.block_table.is_empty()
+            if !e.seq.block_tables.is_empty()
                 || e.seq.num_computed_tokens != 0
                 || e.seq.status != SeqStatus::Waiting
             {
@@ -488,10 +494,10 @@ impl Scheduler {
         }
         for id in &self.running {
             let e = self.seqs.get(id).ok_or_else(|| format!("running sequence {id} is gone"))?;
-            let needed = e.seq.num_computed_tokens.div_ceil(self.blocks.block_size());
-            if e.seq.status != SeqStatus::Running || e.seq.block_table.len() < needed {
-                return Err(format!("running sequence {id} is inconsistent"));
+            if e.seq.status != SeqStatus::Running {
+                return Err(format!("running sequence {id} is not marked running"));
             }
+            self.blocks.audit_sequence(&e.seq).map_err(|err| format!("running sequence {id}: {err}"))?;
         }
         Ok(())
     }

@@ -259,7 +259,7 @@ impl Scheduler {
             seq_id: e.seq.id,
             token_ids: e.seq.token_ids[start..start + q].to_vec(),
             start_pos: start,
-            block_table: e.seq.block_table.clone(),
+            block_tables: e.seq.block_tables.clone(),
             sample: sample_request,
         });
         e.last_scheduled = step;
@@ -318,7 +318,7 @@ impl Scheduler {
         for index in 1..n {
             let id = self.new_seq_id();
             let seq = base.fork(id, index, sample_seed(shared.seed, index));
-            self.blocks.share(&seq.block_table);
+            self.blocks.share(&seq.block_tables);
             let output = OutputProcessor::new(&seq.token_ids, shared.skip_special_tokens, &shared.stop);
             let last_scheduled = 0;
             self.seqs.insert(
@@ -358,10 +358,9 @@ impl Scheduler {
             "free + used != total blocks"
         );
         debug_assert!(
-            batch
-                .seqs
-                .iter()
-                .all(|s| s.q_len() > 0 && s.block_table.len() * self.blocks.block_size() >= s.context_len()),
+            batch.seqs.iter().all(|s| s.q_len() > 0
+                && s.block_tables.len() == self.blocks.groups().len()
+                && s.block_tables.iter().all(|t| t.len() * self.blocks.block_size() >= s.context_len())),
             "a scheduled sequence lacks blocks"
         );
     }

@@ -202,7 +202,7 @@ fn samples_share_prompt_blocks_and_draw_independently() {
     assert_eq!(batch.seqs.len(), 3);
     assert!(batch.seqs.iter().all(|s| s.start_pos == 9 && s.sample.is_some()));
     assert_eq!(batch.block_copies.len(), 2);
-    assert!(batch.seqs.iter().all(|s| s.block_table[..2] == batch.seqs[0].block_table[..2]));
+    assert!(batch.seqs.iter().all(|s| s.block_tables[0][..2] == batch.seqs[0].block_tables[0][..2]));
     h.run();
     let outs: Vec<_> = (0..3).map(|i| h.tokens(1, i)).collect();
     assert!(outs[0] != outs[1] || outs[1] != outs[2], "independent seeds");

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
 use pagoda_engine::{
-    EngineConfig, FinishReason, ModelExecutor, Request, RequestId, Scheduler, StepEvents, TokenEvent,
+    EngineConfig, FinishReason, KvGroups, ModelExecutor, Request, RequestId, Scheduler, StepEvents,
+    TokenEvent,
 };
 
 pub const VOCAB: usize = 32;
@@ -90,12 +91,19 @@ pub fn drive(
 
 /// Outputs of `request` run alone on a cache big enough never to preempt.
 pub fn reference(request: &Request, max_model_len: usize) -> Vec<SampleOutput> {
-    let mut config = EngineConfig::new(16, max_model_len.div_ceil(16) * request.n + 1, max_model_len);
+    reference_with(request, max_model_len, KvGroups::single())
+}
+
+/// [`reference`] for a model whose layers form `groups`.
+pub fn reference_with(request: &Request, max_model_len: usize, groups: KvGroups) -> Vec<SampleOutput> {
+    let blocks = (max_model_len.div_ceil(16) * request.n + 1) * groups.len();
+    let mut config = EngineConfig::new(16, blocks, max_model_len);
     config.enable_prefix_caching = false;
     config.max_num_batched_tokens = max_model_len * request.n;
     config.max_num_seqs = request.n;
+    config.kv_groups = groups.clone();
     let mut sched = Scheduler::new(config, Arc::new(FakeDecoder)).unwrap();
-    let mut exec = FakeExecutor::new(16, sched.block_manager().num_total_blocks(), VOCAB);
+    let mut exec = FakeExecutor::with_groups(16, sched.block_manager().num_total_blocks(), VOCAB, groups);
     let (mut out, _) = drive(&mut sched, &mut exec, vec![(0, request.clone())], vec![]);
     let c = out.remove(&request.id).unwrap();
     assert!(c.done);

@@ -88,17 +88,32 @@ pub fn runner_with_panels(
     ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap()
 }
 
-/// A sequence whose blocks are the contiguous range starting at `first_block`.
+/// A sequence whose blocks are the contiguous range starting at `first_block`, in each KV group
+/// `stride` blocks further on.
 pub struct TestSeq {
     pub id: u64,
     pub tokens: Vec<u32>,
     pub computed: usize,
     pub first_block: u32,
+    pub groups: usize,
+    pub stride: u32,
 }
 
 impl TestSeq {
+    /// A sequence of a model with one KV group.
     pub fn new(id: u64, tokens: Vec<u32>, first_block: u32) -> Self {
-        Self { id, tokens, computed: 0, first_block }
+        Self { id, tokens, computed: 0, first_block, groups: 1, stride: 0 }
+    }
+
+    /// A sequence of `runner`'s model whose KV groups split the cache into equal parts.
+    pub fn on(runner: &ModelRunner, id: u64, tokens: Vec<u32>) -> Self {
+        let groups = runner.cache().layout().num_groups();
+        Self::grouped(id, tokens, 0, groups, (runner.cache().num_blocks() / groups) as u32)
+    }
+
+    /// A sequence of a model whose cache has `groups` KV groups, `stride` blocks apart.
+    pub fn grouped(id: u64, tokens: Vec<u32>, first_block: u32, groups: usize, stride: u32) -> Self {
+        Self { groups, stride, ..Self::new(id, tokens, first_block) }
     }
 
     /// The next `n` tokens as a scheduled chunk that asks for logits.
@@ -109,7 +124,12 @@ impl TestSeq {
             seq_id: self.id,
             token_ids: self.tokens[self.computed..end].to_vec(),
             start_pos: self.computed,
-            block_table: (self.first_block..self.first_block + blocks).collect(),
+            block_tables: (0..self.groups as u32)
+                .map(|g| {
+                    let first = self.first_block + g * self.stride;
+                    (first..first + blocks).collect()
+                })
+                .collect(),
             sample: Some(SampleRequest::greedy()),
         }
     }
@@ -132,7 +152,7 @@ pub fn argmax(row: &[f32]) -> u32 {
 /// Prefills `prompt` in one chunk, then decodes greedily; returns the last-prompt-position
 /// logits and `steps` generated ids.
 pub fn greedy(runner: &mut ModelRunner, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
-    let mut seq = TestSeq::new(1, prompt.to_vec(), 0);
+    let mut seq = TestSeq::on(runner, 1, prompt.to_vec());
     let mut first_logits = None;
     let mut out = Vec::new();
     while out.len() < steps {
