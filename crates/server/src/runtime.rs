@@ -14,8 +14,8 @@ use pagoda_models::{
     load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner,
     PanelPrecision,
 };
-use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 use pagoda_structured::GrammarCompiler;
+use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
 /// Why the model or the engine could not be started.
 #[derive(Debug, thiserror::Error)]

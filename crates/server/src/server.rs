@@ -228,7 +228,8 @@ impl Server {
         let vocab_size = model_config.vocab_size;
         let engine_shutdown = Shutdown::new();
         let engine_started = Instant::now();
-        let mut running = runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
+        let mut running =
+            runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
         tracing::info!(
             seconds = format!("{:.2}", engine_started.elapsed().as_secs_f64()),
             max_model_len = ec.max_model_len,
