@@ -73,7 +73,7 @@ fn check_runner(name: &str, how: &str, runner: &mut ModelRunner) {
         let pname = prompt["name"].as_str().unwrap();
         let ids = ids(&prompt["ids"]);
         let expected = rows(&prompt["logits"]);
-        let mut seq = TestSeq::new(1, ids.clone(), 0);
+        let mut seq = TestSeq::on(runner, 1, ids.clone());
         for (pos, row) in expected.iter().enumerate() {
             let got = runner.logits(&batch(vec![seq.chunk(1)])).unwrap().to_vec2::<f32>().unwrap().remove(0);
             seq.computed += 1;
@@ -89,11 +89,13 @@ fn check_runner(name: &str, how: &str, runner: &mut ModelRunner) {
         assert_eq!(greedy, common::ids(&prompt["greedy"]), "{name} ({how}) {pname}: greedy continuation");
         lasts.push(expected.last().unwrap().clone());
     }
-    // All prompts in one step, each in its own blocks.
+    // All prompts in one step, each in its own blocks of every KV group.
+    let groups = runner.cache().layout().num_groups();
+    let stride = (runner.cache().num_blocks() / groups) as u32;
     let seqs: Vec<TestSeq> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| TestSeq::new(i as u64 + 1, ids(&p["ids"]), 8 * i as u32))
+        .map(|(i, p)| TestSeq::grouped(i as u64 + 1, ids(&p["ids"]), 4 * i as u32, groups, stride))
         .collect();
     let out = runner.logits(&batch(seqs.iter().map(|s| s.chunk(s.tokens.len())).collect())).unwrap();
     for (i, (got, want)) in out.to_vec2::<f32>().unwrap().iter().zip(&lasts).enumerate() {
@@ -123,12 +125,12 @@ fn without_legacy_rope_keys(name: &str, into: &Path) -> PathBuf {
 fn tiny_checkpoints_match_transformers_from_safetensors_and_gguf() {
     let scratch = tempfile::tempdir().unwrap();
     for name in MODELS {
-        check_runner(name, "safetensors", &mut runner_for(&dir(name), 32));
+        check_runner(name, "safetensors", &mut runner_for(&dir(name), 128));
         check_runner(
             name,
             "rope_parameters",
-            &mut runner_for(&without_legacy_rope_keys(name, scratch.path()), 32),
+            &mut runner_for(&without_legacy_rope_keys(name, scratch.path()), 128),
         );
-        check_runner(name, "gguf", &mut runner_for(&dir(name).join("model.gguf"), 32));
+        check_runner(name, "gguf", &mut runner_for(&dir(name).join("model.gguf"), 128));
     }
 }
