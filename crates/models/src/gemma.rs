@@ -16,7 +16,7 @@ use crate::embedding::{load_embedding_and_head, Embedding};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, StackedLinear};
-use crate::model::ForwardInput;
+use crate::model::{join_residual, ForwardInput};
 use crate::weights::{load_linear, load_stacked, WeightSource};
 
 struct Layer {
@@ -88,17 +88,7 @@ impl Gemma {
         let mut hidden = self.embed_tokens.forward(input.input_ids)?.affine(self.embed_scale, 0.0)?;
         let mut residual: Option<Tensor> = None;
         for (i, layer) in self.layers.iter().enumerate() {
-            let normed = match &residual {
-                None => {
-                    residual = Some(hidden.clone());
-                    pagoda_ops::rms_norm(&hidden, &layer.attn_norm, eps)?
-                }
-                Some(r) => {
-                    let (normed, sum) = pagoda_ops::add_rms_norm(&hidden, r, &layer.attn_norm, eps)?;
-                    residual = Some(sum);
-                    normed
-                }
-            };
+            let normed = join_residual(&hidden, &mut residual, &layer.attn_norm, eps)?;
             let rope = if c.layer_window(i).is_some() { &self.local_rope } else { &self.global_rope };
             let attn = layer.attention.forward(&normed, rope, input, cache, i)?;
             let attn = pagoda_ops::rms_norm(&attn, &layer.post_attn_norm, eps)?;

@@ -10,7 +10,7 @@ use crate::embedding::{load_embedding_and_head, Embedding};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, StackedLinear};
-use crate::model::ForwardInput;
+use crate::model::{join_residual, ForwardInput};
 use crate::moe::MoeMlp;
 use crate::weights::{load_linear, load_stacked, WeightSource};
 
@@ -112,18 +112,7 @@ impl Llama {
         let mut hidden = self.embed_tokens.forward(input.input_ids)?;
         let mut residual: Option<Tensor> = None;
         for (i, layer) in self.layers.iter().enumerate() {
-            let normed = match &residual {
-                None => {
-                    residual = Some(hidden.clone());
-                    pagoda_ops::rms_norm(&hidden, &layer.attn_norm, c.rms_norm_eps)?
-                }
-                Some(r) => {
-                    let (normed, sum) =
-                        pagoda_ops::add_rms_norm(&hidden, r, &layer.attn_norm, c.rms_norm_eps)?;
-                    residual = Some(sum);
-                    normed
-                }
-            };
+            let normed = join_residual(&hidden, &mut residual, &layer.attn_norm, c.rms_norm_eps)?;
             let rope = match (&self.local_rope, c.layer_window(i)) {
                 (Some(local), Some(_)) => local,
                 _ => &self.rope,

@@ -24,6 +24,27 @@ pub struct ForwardInput<'a> {
     pub logits_rows: &'a Tensor,
 }
 
+/// Adds `hidden` to the residual stream (which it starts, in the first layer) and returns the
+/// stream normalized by `weight`: a pre-norm block's input.
+pub(crate) fn join_residual(
+    hidden: &Tensor,
+    residual: &mut Option<Tensor>,
+    weight: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    match residual.as_ref() {
+        None => {
+            *residual = Some(hidden.clone());
+            Ok(pagoda_ops::rms_norm(hidden, weight, eps)?)
+        }
+        Some(r) => {
+            let (normed, sum) = pagoda_ops::add_rms_norm(hidden, r, weight, eps)?;
+            *residual = Some(sum);
+            Ok(normed)
+        }
+    }
+}
+
 /// A loaded model of any supported architecture, computing in `dtype`.
 pub struct Model {
     architecture: Architecture,
