@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod generate;
+pub mod grammars;
 pub mod handlers;
 pub mod hub;
 pub mod layers;

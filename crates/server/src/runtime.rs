@@ -14,7 +14,6 @@ use pagoda_models::{
     load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner,
     PanelPrecision,
 };
-use pagoda_structured::GrammarCompiler;
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
 /// Why the model or the engine could not be started.
@@ -63,8 +62,6 @@ pub struct RuntimeOptions {
     pub max_num_batched_tokens: usize,
     pub max_waiting_requests: usize,
     pub enable_prefix_caching: bool,
-    /// Build the structured-output grammar compiler (its token trie) while the model loads.
-    pub grammar_compiler: bool,
 }
 
 impl RuntimeOptions {
@@ -87,7 +84,6 @@ impl RuntimeOptions {
             max_num_batched_tokens: 2048,
             max_waiting_requests: 1024,
             enable_prefix_caching: true,
-            grammar_compiler: false,
         }
     }
 }
@@ -97,16 +93,12 @@ impl RuntimeOptions {
 pub struct StartupTimes {
     pub model_seconds: f64,
     pub tokenizer_seconds: f64,
-    /// Building the grammar compiler, after the tokenizer, alongside the model's loading.
-    pub grammar_seconds: f64,
     pub cache_seconds: f64,
 }
 
 /// The loaded model and tokenizer, before the engine starts.
 pub struct LoadedRuntime {
     pub runner: ModelRunner,
-    /// The structured-output compiler when asked for, or why it could not be built.
-    pub grammars: Option<Result<Arc<GrammarCompiler>, String>>,
     /// The model's shape (architecture, layers, context), as loaded.
     pub model_config: ModelConfig,
     pub tokenizer: Arc<Tokenizer>,
@@ -128,7 +120,6 @@ pub struct Runtime {
     pub chat_template: Option<Arc<ChatTemplate>>,
     pub engine_config: EngineConfig,
     pub model_config: ModelConfig,
-    pub grammars: Option<Result<Arc<GrammarCompiler>, String>>,
 }
 
 fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
@@ -146,17 +137,14 @@ fn load_tokenizer(path: &Path) -> Result<Tokenizer, RuntimeError> {
     Ok(if path.is_dir() { Tokenizer::from_dir(path)? } else { Tokenizer::from_gguf(path)? })
 }
 
-/// The tokenizer, the chat template and (when asked) the grammar compiler: everything that the
-/// text side needs, loaded while the model loads.
+/// The tokenizer and the chat template, loaded while the model loads.
 struct TextParts {
     tokenizer: Arc<Tokenizer>,
     chat_template: Option<Arc<ChatTemplate>>,
-    grammars: Option<Result<Arc<GrammarCompiler>, String>>,
     tokenizer_seconds: f64,
-    grammar_seconds: f64,
 }
 
-fn load_text(path: &Path, grammar_compiler: bool) -> Result<TextParts, RuntimeError> {
+fn load_text(path: &Path) -> Result<TextParts, RuntimeError> {
     let started = Instant::now();
     let tokenizer = Arc::new(load_tokenizer(path)?);
     let chat_template = match tokenizer.chat_template() {
@@ -167,11 +155,7 @@ fn load_text(path: &Path, grammar_compiler: bool) -> Result<TextParts, RuntimeEr
         None => None,
     };
     let tokenizer_seconds = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let grammars = grammar_compiler
-        .then(|| GrammarCompiler::new(Arc::clone(&tokenizer)).map(Arc::new).map_err(|e| e.to_string()));
-    let grammar_seconds = started.elapsed().as_secs_f64();
-    Ok(TextParts { tokenizer, chat_template, grammars, tokenizer_seconds, grammar_seconds })
+    Ok(TextParts { tokenizer, chat_template, tokenizer_seconds })
 }
 
 impl LoadedRuntime {
@@ -186,7 +170,7 @@ impl LoadedRuntime {
         // The model (parallel over the rayon pool) and the text side (one thread) load at once.
         let tokenizer_path = tokenizer_source(options)?;
         let (loaded, text) = std::thread::scope(|scope| {
-            let text = scope.spawn(|| load_text(&tokenizer_path, options.grammar_compiler));
+            let text = scope.spawn(|| load_text(&tokenizer_path));
             let loaded = load_model(&options.model, &load);
             (loaded, text.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
         });
@@ -194,10 +178,9 @@ impl LoadedRuntime {
         let mut times = StartupTimes {
             model_seconds: loaded.load_seconds,
             tokenizer_seconds: text.tokenizer_seconds,
-            grammar_seconds: text.grammar_seconds,
             ..Default::default()
         };
-        let TextParts { tokenizer, chat_template, grammars, .. } = text;
+        let TextParts { tokenizer, chat_template, .. } = text;
 
         let started = Instant::now();
         let config = loaded.model.config().clone();
@@ -260,7 +243,6 @@ impl LoadedRuntime {
         Ok(Self {
             model_config: config.clone(),
             runner: ModelRunner::new(loaded.model, cache, options.device.clone())?,
-            grammars,
             tokenizer,
             chat_template,
             engine_config,
@@ -287,7 +269,6 @@ impl LoadedRuntime {
             chat_template: self.chat_template,
             engine_config: self.engine_config,
             model_config: self.model_config,
-            grammars: self.grammars,
         })
     }
 }

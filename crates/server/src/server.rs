@@ -24,6 +24,7 @@ use crate::app::{router, HttpOptions};
 use crate::config::{
     DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, ServerConfig, DEFAULT_CPU_KV_CACHE_BYTES,
 };
+use crate::grammars::Grammars;
 use crate::hub;
 use crate::listen::{self, ConnectionLimits};
 use crate::metrics::Metrics;
@@ -125,7 +126,6 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.device = device;
     options.block_size = config.block_size;
     options.kv_cache_bytes = config.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES);
-    options.grammar_compiler = true;
     options.num_blocks = config.num_gpu_blocks_override;
     options.max_model_len = config.max_model_len;
     options.max_num_seqs = config.max_num_seqs;
@@ -228,8 +228,7 @@ impl Server {
         let vocab_size = model_config.vocab_size;
         let engine_shutdown = Shutdown::new();
         let engine_started = Instant::now();
-        let mut running =
-            runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
+        let running = runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
         tracing::info!(
             seconds = format!("{:.2}", engine_started.elapsed().as_secs_f64()),
             max_model_len = ec.max_model_len,
@@ -240,21 +239,9 @@ impl Server {
             "engine started"
         );
 
-        let grammars = match running.grammars.take() {
-            Some(Ok(compiler)) => {
-                tracing::info!(
-                    seconds = format!("{:.2}", t.grammar_seconds),
-                    vocab = compiler.vocab_size(),
-                    "structured output ready"
-                );
-                Some(compiler)
-            }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "structured output is not available");
-                None
-            }
-            None => None,
-        };
+        // Built on a thread of its own (a large vocabulary's token trie takes a second or two):
+        // serving starts at once, and the first structured request waits for it.
+        let grammars = Grammars::build_in_background(Arc::clone(&running.tokenizer));
         let tool_format = config.tool_call_parser.map(|p| p.format()).unwrap_or_else(|| {
             running
                 .chat_template

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use pagoda_engine::EngineHandle;
-use pagoda_structured::GrammarCompiler;
 use pagoda_text::{ReasoningFormat, ToolCallFormat};
 
 use crate::error::ApiError;
+use crate::grammars::Grammars;
 use crate::metrics::{EngineSnapshot, Metrics};
 use crate::prompt::PromptBuilder;
 use crate::validate::Limits;
@@ -59,9 +59,9 @@ pub struct AppState {
     pub limits: Limits,
     /// The model's end-of-sequence ids, a stop condition of every request.
     pub eos_token_ids: Vec<u32>,
-    /// Compiles and caches structured-output grammars; `None` when the vocabulary cannot be
-    /// used for them (structured requests then get a 400).
-    pub grammars: Option<Arc<GrammarCompiler>>,
+    /// Compiles and caches structured-output grammars (built in the background at start-up;
+    /// unavailable when the vocabulary cannot be used for them: structured requests get a 400).
+    pub grammars: Grammars,
     /// How the model writes tool calls (and whether its template renders tools itself:
     /// every format but `Generic`).
     pub tool_format: ToolCallFormat,

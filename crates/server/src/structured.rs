@@ -229,17 +229,20 @@ impl GrammarFields<'_> {
 
 /// Compiles the grammar on the blocking pool (a cache hit returns at once).
 pub async fn compile(state: &AppState, requested: RequestedGrammar) -> Result<CompiledGrammar, ApiError> {
-    let Some(compiler) = state.grammars.clone() else {
+    let RequestedGrammar { spec, param } = requested;
+    let kind = spec.kind();
+    let grammars = state.grammars.clone();
+    // Waits for the compiler too, while it is still being built after start-up.
+    let compiled =
+        tokio::task::spawn_blocking(move || grammars.get().map(|compiler| compiler.compile(&spec)))
+            .await
+            .map_err(|e| ApiError::Internal(format!("grammar compilation stopped: {e}")))?;
+    let Some(compiled) = compiled else {
         return Err(ApiError::invalid(
-            requested.param,
+            param,
             "structured output is not available for this model's tokenizer (see the server log)",
         ));
     };
-    let RequestedGrammar { spec, param } = requested;
-    let kind = spec.kind();
-    let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec))
-        .await
-        .map_err(|e| ApiError::Internal(format!("grammar compilation stopped: {e}")))?;
     match compiled {
         Ok(grammar) => {
             state.metrics.record_grammar_compile(kind, grammar.compile_time, grammar.cache_hit);
