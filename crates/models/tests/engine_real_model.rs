@@ -68,23 +68,7 @@ fn request(handle: &EngineHandle, prompt: Vec<u32>) -> Request {
 
 /// Submits all prompts at once and collects each one's generated ids.
 fn generate_together(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    let mut streams: Vec<_> =
-        prompts.iter().map(|p| handle.submit(request(handle, p.clone())).unwrap()).collect();
-    streams
-        .iter_mut()
-        .map(|stream| {
-            let mut ids = Vec::new();
-            while let Some(event) = stream.blocking_recv() {
-                assert!(
-                    !matches!(event.finished, Some(pagoda_engine::FinishReason::Error(_))),
-                    "request failed: {:?}",
-                    event.finished
-                );
-                ids.extend(event.token_ids);
-            }
-            ids
-        })
-        .collect()
+    generate_all(handle, prompts.iter().map(|p| request(handle, p.clone())).collect())
 }
 
 fn prompts(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {

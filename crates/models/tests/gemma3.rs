@@ -45,12 +45,7 @@ fn logits_and_greedy_continuations_match_the_reference() {
 #[test]
 fn long_prompt_prefilled_in_chunks_matches_the_reference() {
     let fixture = gemma3_fixture();
-    let case = fixture["logits_cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|c| c["prompt_ids"].as_array().unwrap().len())
-        .unwrap();
+    let case = longest_logits_case(&fixture);
     let prompt = ids(&case["prompt_ids"]);
     let mut runner = runner_for(&gemma3_path(), 6 * 50);
     // Chunks that straddle the window's edge and block boundaries: the last chunk's queries see

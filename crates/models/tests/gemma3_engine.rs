@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use candle_core::{DType, Device};
 use common::*;
 use pagoda_engine::{
-    Engine, EngineConfig, EngineHandle, EngineObserver, FinishReason, Request, SamplingParams, Shutdown,
-    StepStats, StopConditions,
+    Engine, EngineConfig, EngineHandle, EngineObserver, Request, SamplingParams, Shutdown, StepStats,
+    StopConditions,
 };
-use pagoda_models::{load_model, KvCache, KvLayout, LoadOptions, ModelRunner};
+use pagoda_models::{load_model, KvCache, KvLayout, LoadOptions, ModelConfig, ModelRunner};
 
 /// Prompt plus the fixture's 32 greedy tokens, rounded up.
 const MAX_MODEL_LEN: usize = 784;
@@ -35,19 +35,15 @@ impl EngineObserver for PeakUsage {
 
 fn long_case() -> (Vec<u32>, Vec<u32>) {
     let fixture = gemma3_fixture();
-    let case = fixture["logits_cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|c| c["prompt_ids"].as_array().unwrap().len())
-        .unwrap()
-        .clone();
+    let case = longest_logits_case(&fixture);
     (ids(&case["prompt_ids"]), ids(&case["greedy"]))
 }
 
-fn engine(prefix_caching: bool) -> (EngineHandle, Arc<PeakUsage>) {
+/// The engine over Gemma 3 in `PAGES` pages, with its usage peak and the model's config.
+fn engine(prefix_caching: bool) -> (EngineHandle, Arc<PeakUsage>, ModelConfig) {
     let options = LoadOptions { dequantize: Some(true), ..LoadOptions::default() };
     let loaded = load_model(&gemma3_path(), &options).unwrap();
+    let model_config = loaded.model.config().clone();
     let cache = KvCache::new(loaded.model.config(), PAGES, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
     let runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
     let mut config = EngineConfig::for_executor(&runner, MAX_MODEL_LEN);
@@ -58,46 +54,28 @@ fn engine(prefix_caching: bool) -> (EngineHandle, Arc<PeakUsage>) {
     let tokenizer = Arc::new(pagoda_engine::fake::FakeDecoder);
     let peak = Arc::new(PeakUsage::default());
     let (handle, _thread) = Engine::spawn(config, runner, tokenizer, peak.clone(), Shutdown::new()).unwrap();
-    (handle, peak)
+    (handle, peak, model_config)
 }
 
 /// Submits all prompts at once and collects each one's generated ids.
 fn generate(handle: &EngineHandle, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Vec<u32>> {
     let stop = StopConditions { ignore_eos: true, ..StopConditions::default() };
-    let mut streams: Vec<_> = prompts
+    let requests = prompts
         .iter()
         .map(|p| {
-            let request =
-                Request::new(handle.next_request_id(), p.clone(), Arc::new(SamplingParams::default()))
-                    .with_max_tokens(max_tokens)
-                    .with_stop(stop.clone());
-            handle.submit(request).unwrap()
+            Request::new(handle.next_request_id(), p.clone(), Arc::new(SamplingParams::default()))
+                .with_max_tokens(max_tokens)
+                .with_stop(stop.clone())
         })
         .collect();
-    streams
-        .iter_mut()
-        .map(|stream| {
-            let mut ids = Vec::new();
-            while let Some(event) = stream.blocking_recv() {
-                assert!(
-                    !matches!(event.finished, Some(FinishReason::Error(_))),
-                    "failed: {:?}",
-                    event.finished
-                );
-                ids.extend(event.token_ids);
-            }
-            ids
-        })
-        .collect()
+    generate_all(handle, requests)
 }
 
 #[test]
 fn the_long_case_fits_a_cache_too_small_for_full_allocation_and_hits_the_prefix_cache() {
     let (prompt, expected) = long_case();
     assert!(prompt.len() > 512 && prompt.len() + expected.len() <= MAX_MODEL_LEN);
-    let (handle, peak) = engine(true);
-    let config =
-        pagoda_models::load_model(&gemma3_path(), &LoadOptions::default()).unwrap().model.config().clone();
+    let (handle, peak, config) = engine(true);
     let groups = KvLayout::for_config(&config).num_groups();
     assert_eq!(groups, 6);
     // Full allocation keeps every layer for every token: the same memory holds PAGES / 6 blocks.
@@ -123,7 +101,7 @@ fn the_long_case_fits_a_cache_too_small_for_full_allocation_and_hits_the_prefix_
 fn preemption_under_pressure_keeps_the_greedy_tokens() {
     let (prompt, expected) = long_case();
     // Two long sequences need twice what the cache holds: one is preempted and recomputed.
-    let (handle, _) = engine(false);
+    let (handle, _, _) = engine(false);
     let outputs = generate(&handle, &[prompt.clone(), prompt], expected.len());
     assert!(handle.stats().num_preemptions > 0, "no preemption");
     assert_eq!(outputs, vec![expected.clone(), expected]);

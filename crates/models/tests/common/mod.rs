@@ -37,6 +37,36 @@ pub fn gemma3_fixture() -> serde_json::Value {
     read_fixture("golden-gemma3.json", "scripts/golden_gemma3.py")
 }
 
+/// The fixture's logits case with the longest prompt (Gemma 3's goes past its 512-token window).
+pub fn longest_logits_case(fixture: &serde_json::Value) -> &serde_json::Value {
+    let cases = fixture["logits_cases"].as_array().expect("logits cases");
+    cases.iter().max_by_key(|c| c["prompt_ids"].as_array().unwrap().len()).expect("at least one case")
+}
+
+/// Submits every request at once and collects each one's generated ids; a request that ends in
+/// an error fails the test.
+pub fn generate_all(
+    handle: &pagoda_engine::EngineHandle,
+    requests: Vec<pagoda_engine::Request>,
+) -> Vec<Vec<u32>> {
+    let mut streams: Vec<_> = requests.into_iter().map(|r| handle.submit(r).unwrap()).collect();
+    streams
+        .iter_mut()
+        .map(|stream| {
+            let mut ids = Vec::new();
+            while let Some(event) = stream.blocking_recv() {
+                assert!(
+                    !matches!(event.finished, Some(pagoda_engine::FinishReason::Error(_))),
+                    "request failed: {:?}",
+                    event.finished
+                );
+                ids.extend(event.token_ids);
+            }
+            ids
+        })
+        .collect()
+}
+
 /// The f32 model at `path` (GGUF blocks kept for small steps) over `num_blocks` f32 cache blocks.
 pub fn runner_for(path: &std::path::Path, num_blocks: usize) -> ModelRunner {
     let options = LoadOptions { dequantize: Some(true), ..LoadOptions::default() };
