@@ -180,6 +180,64 @@ fn gemma(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    // The many-token steps: bfloat16 and int8 panels at Gemma 3's shapes (all 18 layers' seven
+    // matmuls as Q5_0, and the Q8_0 lm head), throughput in multiply-adds x 2 (flops).
+    let mut group = c.benchmark_group("gemma3_270m_panels");
+    let layer_shapes = [
+        (1024, GEMMA_HIDDEN),
+        (256, GEMMA_HIDDEN),
+        (256, GEMMA_HIDDEN),
+        (GEMMA_HIDDEN, 1024),
+        (2048, GEMMA_HIDDEN),
+        (2048, GEMMA_HIDDEN),
+        (GEMMA_HIDDEN, 2048),
+    ];
+    let blocks: Vec<QuantizedWeight> = (0..GEMMA_LAYERS)
+        .flat_map(|_| layer_shapes)
+        .map(|(rows, cols)| random_weight(&mut rng, QuantFormat::Q5_0, rows, cols))
+        .collect();
+    let quant_layers: Vec<Arc<QuantizedWeight>> = blocks.iter().map(|w| Arc::new(w.clone())).collect();
+    for m in [1usize, 4, 8, 16] {
+        let flops: usize = quant_layers.iter().map(|w| 2 * m * w.rows() * w.cols()).sum();
+        group.throughput(Throughput::Elements(flops as u64));
+        let xs: Vec<Tensor> = quant_layers.iter().map(|w| input(m, w.cols())).collect();
+        group.bench_with_input(BenchmarkId::new("layers_blocks", m), &m, |b, _| {
+            b.iter(|| {
+                for (w, x) in quant_layers.iter().zip(&xs) {
+                    quant_matmul(x, w).expect("matmul");
+                }
+            })
+        });
+        group.throughput(Throughput::Elements((2 * m * 262_144 * GEMMA_HIDDEN) as u64));
+        let x = input(m, GEMMA_HIDDEN);
+        group.bench_with_input(BenchmarkId::new("lm_head_blocks", m), &m, |b, _| {
+            b.iter(|| quant_matmul(&x, &head).expect("matmul"))
+        });
+    }
+    for (name, precision) in [("bf16", PanelPrecision::Bf16), ("int8", PanelPrecision::Int8)] {
+        let layers: Vec<Arc<PanelWeight>> =
+            blocks.iter().map(|w| Arc::new(PanelWeight::from_quantized(w, precision))).collect();
+        let head_panels = Arc::new(PanelWeight::from_quantized(&head, precision));
+        for m in [1usize, 4, 8, 16, 32, 128] {
+            let flops: usize = layers.iter().map(|w| 2 * m * w.rows() * w.cols()).sum();
+            group.throughput(Throughput::Elements(flops as u64));
+            let xs: Vec<Tensor> = layers.iter().map(|w| input(m, w.cols())).collect();
+            group.bench_with_input(BenchmarkId::new(format!("layers_{name}"), m), &m, |b, _| {
+                b.iter(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        panel_matmul(x, w).expect("matmul");
+                    }
+                })
+            });
+            group.throughput(Throughput::Elements((2 * m * 262_144 * GEMMA_HIDDEN) as u64));
+            let x = input(m, GEMMA_HIDDEN);
+            group.bench_with_input(BenchmarkId::new(format!("lm_head_{name}"), m), &m, |b, _| {
+                b.iter(|| panel_matmul(&x, &head_panels).expect("matmul"))
+            });
+        }
+    }
+    group.finish();
 }
 
 /// The wrapping sum of `buf`, split over `threads` scoped threads.

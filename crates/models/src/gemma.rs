@@ -98,7 +98,13 @@ impl Gemma {
             residual = Some(sum);
             let [gate, up]: [Tensor; 2] =
                 layer.gate_up_proj.forward(&normed)?.try_into().expect("two projections");
-            let mlp = layer.down_proj.forward(&(gate.gelu()? * up)?)?;
+            // The fused op on the CPU (candle's GELU goes through libm's tanh per element).
+            let activated = if gate.device().is_cpu() {
+                pagoda_ops::gelu_tanh_and_mul(&gate, &up)?
+            } else {
+                (gate.gelu()? * up)?
+            };
+            let mlp = layer.down_proj.forward(&activated)?;
             hidden = pagoda_ops::rms_norm(&mlp, &layer.post_ffn_norm, eps)?;
         }
         let r = residual.as_ref().expect("models have at least one layer");

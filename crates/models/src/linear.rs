@@ -45,7 +45,9 @@ impl Linear {
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::Packed { blocks, panels } => {
                 let x = &x.to_dtype(DType::F32)?;
-                if x.dim(0)? <= PACKED_MAX_TOKENS {
+                // Int8 panels beat the blocks at every step size (benches/README.md); float ones
+                // only past PACKED_MAX_TOKENS. Int8 is a precision the user chose for all steps.
+                if panels.precision() != PanelPrecision::Int8 && x.dim(0)? <= PACKED_MAX_TOKENS {
                     pagoda_ops::quant_matmul(x, blocks)?
                 } else {
                     pagoda_ops::panel_matmul(x, panels)?

@@ -1,6 +1,7 @@
 //! `pagoda-ops`: the custom tensor ops of the model's forward pass (paged attention, KV-cache
-//! write, rotary embedding, RMSNorm, SiLU-and-mul, a matmul over GGUF-quantized weights with
-//! f32 activations, and an f32 GEMM over weights packed once into panels), as candle custom ops.
+//! write, rotary embedding, RMSNorm, SiLU- and GELU-and-mul, a matmul over GGUF-quantized weights with
+//! f32 activations, and a GEMM over weights packed once into panels: f32, bfloat16, or the
+//! blocks' int8 codes with 8-bit activations), as candle custom ops.
 //!
 //! Each op is a candle `CustomOp*` / `InplaceOp*` with a multi-threaded CPU implementation in
 //! Rust (the reference, used by tests and the CPU backend). Math is always f32; tensors may be
@@ -16,6 +17,10 @@ mod check;
 mod cpu_matmul;
 mod cuda;
 mod dtype;
+mod gated_activation;
+mod int8_matmul;
+#[cfg(target_arch = "x86_64")]
+mod int8_matmul_x86;
 mod kv_cache;
 mod metadata;
 mod paged_attention;
@@ -30,9 +35,10 @@ mod quant_weight;
 mod rms_norm;
 mod rotary;
 mod rotary_tables;
-mod silu_and_mul;
 mod simd;
 
+pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
+pub use int8_matmul::Int8Weight;
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
 pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams};
@@ -42,4 +48,3 @@ pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};
 pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};
-pub use silu_and_mul::silu_and_mul;

@@ -25,6 +25,7 @@ use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
 use crate::cpu_matmul::{self, CpuWeight, OutPtr};
+use crate::int8_matmul::Int8Weight;
 use crate::quant_weight::QuantizedWeight;
 use crate::simd::{MulAdd, Separate};
 
@@ -45,6 +46,10 @@ pub enum PanelPrecision {
     /// f32: half the memory of `F32`, and twice the multiply rate on CPUs with AVX512-BF16,
     /// whose `vdpbf16ps` multiplies pairs of bfloat16 values into f32 sums.
     Bf16,
+    /// A block-quantized weight's own integer codes (exact) times activations rounded to 8 bits
+    /// per block of 32, as llama.cpp multiplies ([`crate::int8_matmul`]). A weight given as
+    /// dense rows has no codes and is packed as [`PanelPrecision::fallback_for_dense`].
+    Int8,
 }
 
 impl PanelPrecision {
@@ -57,6 +62,22 @@ impl PanelPrecision {
         }
         false
     }
+
+    /// Whether this CPU multiplies int8 natively (AVX512-VNNI); elsewhere `Int8` runs a
+    /// portable loop, slower than the float panels.
+    pub fn cpu_has_native_int8() -> bool {
+        Int8Weight::cpu_has_native_int8()
+    }
+
+    /// What an `Int8` request packs a dense (not block-quantized) weight as: bfloat16 where the
+    /// CPU multiplies it natively, else f32.
+    pub fn fallback_for_dense() -> Self {
+        if Self::cpu_has_native_bf16() {
+            PanelPrecision::Bf16
+        } else {
+            PanelPrecision::F32
+        }
+    }
 }
 
 /// Panels' values: f32, or bfloat16 pairs `(k even, k odd)` in the low and high half of a u32.
@@ -64,6 +85,7 @@ impl PanelPrecision {
 enum PanelData {
     F32(Vec<f32>),
     Bf16(Vec<u32>),
+    Int8(Int8Weight),
 }
 
 /// A dense `[rows (outputs), cols (inputs)]` matrix stored as `ceil(rows / PANEL)` panels, zero
@@ -78,6 +100,7 @@ pub struct PanelWeight {
 
 impl PanelWeight {
     /// Packs a matrix given row by row: `fill_row(r, out)` writes row `r` (`cols` values).
+    /// `Int8` packs as [`PanelPrecision::fallback_for_dense`].
     pub fn from_row_fn(
         rows: usize,
         cols: usize,
@@ -86,6 +109,10 @@ impl PanelWeight {
     ) -> Self {
         let panels = rows.div_ceil(PANEL);
         let data = match precision {
+            // Never `Int8` again, so this recursion ends.
+            PanelPrecision::Int8 => {
+                return Self::from_row_fn(rows, cols, PanelPrecision::fallback_for_dense(), fill_row)
+            }
             PanelPrecision::F32 => PanelData::F32(pack(
                 rows,
                 cols,
@@ -118,7 +145,12 @@ impl PanelWeight {
 
     /// The dequantized form of a block-quantized weight (the same values as
     /// [`QuantizedWeight::dequantize`], rounded to bfloat16 for `Bf16`).
+    /// `Int8` keeps the blocks' integer codes and scales instead.
     pub fn from_quantized(w: &QuantizedWeight, precision: PanelPrecision) -> Self {
+        if precision == PanelPrecision::Int8 {
+            let data = PanelData::Int8(Int8Weight::from_quantized(w));
+            return Self { rows: w.rows(), cols: w.cols(), data };
+        }
         Self::from_row_fn(w.rows(), w.cols(), precision, |r, out| w.dequantize_row(r, out))
     }
 
@@ -144,6 +176,7 @@ impl PanelWeight {
         match self.data {
             PanelData::F32(_) => PanelPrecision::F32,
             PanelData::Bf16(_) => PanelPrecision::Bf16,
+            PanelData::Int8(_) => PanelPrecision::Int8,
         }
     }
 
@@ -155,7 +188,7 @@ impl PanelWeight {
     pub(crate) fn panel(&self, p: usize) -> &[f32] {
         match &self.data {
             PanelData::F32(d) => &d[p * self.cols * PANEL..(p + 1) * self.cols * PANEL],
-            PanelData::Bf16(_) => panic!("panel() of a bfloat16 weight"),
+            PanelData::Bf16(_) | PanelData::Int8(_) => panic!("panel() of a non-f32 weight"),
         }
     }
 
@@ -164,7 +197,7 @@ impl PanelWeight {
         let len = self.cols.div_ceil(2) * PANEL;
         match &self.data {
             PanelData::Bf16(d) => &d[p * len..(p + 1) * len],
-            PanelData::F32(_) => panic!("bf16_panel() of an f32 weight"),
+            PanelData::F32(_) | PanelData::Int8(_) => panic!("bf16_panel() of a non-bfloat16 weight"),
         }
     }
 
@@ -173,6 +206,7 @@ impl PanelWeight {
         match &self.data {
             PanelData::F32(d) => std::mem::size_of_val(d.as_slice()),
             PanelData::Bf16(d) => std::mem::size_of_val(d.as_slice()),
+            PanelData::Int8(w) => w.size_in_bytes(),
         }
     }
 }
@@ -240,9 +274,10 @@ impl CpuWeight for PanelWeight {
     }
 
     fn matmul(&self, x_rows: &[&[f32]]) -> Vec<f32> {
-        match self.data {
+        match &self.data {
             PanelData::F32(_) => matmul(self, x_rows, kernel()),
             PanelData::Bf16(_) => matmul_bf16(self, x_rows, bf16_kernel()),
+            PanelData::Int8(w) => w.matmul(x_rows),
         }
     }
 }

@@ -359,6 +359,12 @@ impl QuantizedWeight {
         }
     }
 
+    /// The minimum of block `block` (formats with [`QuantFormat::has_mins`]).
+    #[inline]
+    pub(crate) fn block_min(&self, block: usize) -> f32 {
+        self.mins[block]
+    }
+
     /// Row `row` as f32 values, exactly as the GGUF defines them.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         let bpr = self.blocks_per_row();

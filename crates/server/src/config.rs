@@ -125,6 +125,9 @@ pub enum GemmDtypeArg {
     #[value(alias = "bf16")]
     #[serde(alias = "bf16")]
     Bfloat16,
+    /// GGUF weights' integer codes times activations rounded to 8 bits per block of 32
+    /// (llama.cpp's precision), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
+    Int8,
 }
 
 /// `cpu`, `cuda` or `cuda:N`.
@@ -286,7 +289,8 @@ pub struct ServeArgs {
     /// CPU, GGUF models: what steps of more than 16 tokens (prefill chunks, large decode
     /// batches) multiply weights and activations in, summing in float32 either way. auto:
     /// bfloat16 on CPUs with AVX512-BF16 (twice the throughput), else float32 (exact). Smaller
-    /// steps always use exact activations. [default: auto]
+    /// steps use exact activations, except with int8 (8-bit activations at every step size,
+    /// llama.cpp's precision, on CPUs with AVX512-VNNI). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
     /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.

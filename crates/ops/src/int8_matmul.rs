@@ -1,0 +1,315 @@
+//! The int8 form of a block-quantized weight for the many-token steps: the weight's own integer
+//! codes times activations rounded to 8 bits per block of 32 (llama.cpp's Q8 activations),
+//! summed in int32 per block and scaled into f32 once per block.
+//!
+//! Why: on CPUs with AVX512-VNNI, `vpdpbusd` does 64 byte multiply-adds per instruction where
+//! `vdpbf16ps` does 32 bfloat16 ones, and measured on a 2-core AVX-512 VM it also issues faster
+//! (1.95 against 1.24 per ns per core), so at 32 rows and more a step's matmuls run about twice
+//! as fast as the bfloat16 panels. The weights stay exact (their codes, scales and minimums are
+//! the GGUF's); only the activations lose precision, as in llama.cpp. Opt-in
+//! (`--cpu-gemm-dtype int8`): the default keeps bfloat16 or exact f32 activations.
+//!
+//! Layout ([`Int8Weight`]), per panel of [`PANEL`] output columns and per 32-element block:
+//! - codes: 8 quads of 4 consecutive inputs, each quad as 32 columns x 4 signed bytes, so one
+//!   64-byte load feeds `vpdpbusd` for 16 columns;
+//! - per sub-block (one, or two of 16 elements for Q6_K) and column: `-128 * sum(codes)` and the
+//!   f32 scale. The activations are stored as unsigned bytes `q + 128` (the instruction's
+//!   unsigned operand), so each int32 sum starts from that correction instead of zero;
+//! - formats with minimums (Q4_1, Q4_K, Q5_K): the f32 minimum per block and column, multiplied
+//!   by the block's activation sum.
+//!
+//! The result is, up to f32 rounding, `sum_k w[n][k] * x~[r][k]` with `w` exact and `x~` the
+//! activations rounded to `d * q`, `d = max|x| / 127` per block of 32 and `q` an integer in
+//! -127..=127. The portable kernel here is the tests' reference and the fallback.
+
+use rayon::prelude::*;
+
+use crate::cpu_matmul::{CpuWeight, OutPtr};
+use crate::panel_matmul::PANEL;
+use crate::quant_weight::{QuantizedWeight, QUANT_BLOCK};
+
+/// Quads of 4 inputs per block.
+const QUADS: usize = QUANT_BLOCK / 4;
+
+/// Activation rows per register tile of the x86 kernel: 2 x 6 f32 and 2 x 6 int32 accumulators
+/// plus weights, corrections and scales fill AVX-512's 32 registers.
+pub(crate) const INT8_TILE_ROWS: usize = 6;
+
+/// A quantized weight in int8 panels (see the module docs). `cols` is a multiple of 32.
+#[derive(Debug, Clone)]
+pub struct Int8Weight {
+    rows: usize,
+    cols: usize,
+    /// Scales per block: 1, or 2 for Q6_K's 16-element sub-blocks.
+    subs: usize,
+    has_mins: bool,
+    /// `[panel][block][quad][PANEL][4]`.
+    codes: Vec<i8>,
+    /// `[panel][block][sub][PANEL]`: `-128 * sum(codes of the sub-block)`.
+    corrections: Vec<i32>,
+    /// `[panel][block][sub][PANEL]`.
+    scales: Vec<f32>,
+    /// `[panel][block][PANEL]`, empty without minimums.
+    mins: Vec<f32>,
+}
+
+/// One panel's slices of an [`Int8Weight`].
+pub(crate) struct Int8Panel<'a> {
+    pub blocks: usize,
+    pub subs: usize,
+    pub codes: &'a [i8],
+    pub corrections: &'a [i32],
+    pub scales: &'a [f32],
+    /// Empty without minimums.
+    pub mins: &'a [f32],
+}
+
+/// Activation rows rounded to 8 bits per block of 32.
+pub(crate) struct Int8Activations {
+    pub cols: usize,
+    /// `[rows][cols]`: `q + 128`.
+    pub codes: Vec<u8>,
+    /// `[rows][blocks]`: the scale `d` of each block.
+    pub scales: Vec<f32>,
+    /// `[rows][blocks]`: `d * sum(q)`, the block's rounded sum (for minimums).
+    pub sums: Vec<f32>,
+}
+
+/// Computes one tile: rows `rows` of `acts` against `panel`, into the first `width` columns of
+/// each out row. Implementations may assume `rows.len()` in `1..=INT8_TILE_ROWS` and `width` in
+/// `1..=PANEL`.
+pub(crate) type Int8TileKernel = fn(
+    acts: &Int8Activations,
+    rows: std::ops::Range<usize>,
+    panel: &Int8Panel<'_>,
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+);
+
+impl Int8Weight {
+    /// The int8 panels of `w` (any format: every code fits a signed byte). In parallel.
+    pub fn from_quantized(w: &QuantizedWeight) -> Self {
+        let (rows, cols) = (w.rows(), w.cols());
+        let blocks = cols / QUANT_BLOCK;
+        let subs = w.format().scales_per_block();
+        let has_mins = w.format().has_mins();
+        let panels = rows.div_ceil(PANEL);
+        let code_len = blocks * QUADS * PANEL * 4;
+        let sub_len = blocks * subs * PANEL;
+        let mut codes = vec![0i8; panels * code_len];
+        let mut corrections = vec![0i32; panels * sub_len];
+        let mut scales = vec![0f32; panels * sub_len];
+        let mut mins = vec![0f32; if has_mins { panels * blocks * PANEL } else { 0 }];
+        if panels > 0 && blocks > 0 {
+            let min_len = if has_mins { blocks * PANEL } else { 0 };
+            let mut mins_chunks: Vec<&mut [f32]> = if has_mins {
+                mins.chunks_mut(min_len).collect()
+            } else {
+                (0..panels).map(|_| &mut [][..]).collect()
+            };
+            codes
+                .par_chunks_mut(code_len)
+                .zip(corrections.par_chunks_mut(sub_len))
+                .zip(scales.par_chunks_mut(sub_len))
+                .zip(mins_chunks.par_iter_mut())
+                .enumerate()
+                .for_each(|(p, (((codes, corrections), scales), mins))| {
+                    for j in 0..PANEL.min(rows - p * PANEL) {
+                        let row = p * PANEL + j;
+                        for b in 0..blocks {
+                            let block = row * blocks + b;
+                            let c = w.block_codes(block);
+                            for (k, &v) in c.iter().enumerate() {
+                                codes[((b * QUADS + k / 4) * PANEL + j) * 4 + k % 4] = v;
+                            }
+                            let (s0, s1) = w.block_scales(block);
+                            let per_sub = QUANT_BLOCK / subs;
+                            for s in 0..subs {
+                                let sum: i32 =
+                                    c[s * per_sub..(s + 1) * per_sub].iter().map(|&v| i32::from(v)).sum();
+                                corrections[(b * subs + s) * PANEL + j] = -128 * sum;
+                                scales[(b * subs + s) * PANEL + j] = if s == 0 { s0 } else { s1 };
+                            }
+                            if has_mins {
+                                mins[b * PANEL + j] = w.block_min(block);
+                            }
+                        }
+                    }
+                });
+        }
+        Self { rows, cols, subs, has_mins, codes, corrections, scales, mins }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held in memory.
+    pub fn size_in_bytes(&self) -> usize {
+        self.codes.len() + 4 * (self.corrections.len() + self.scales.len() + self.mins.len())
+    }
+
+    fn num_panels(&self) -> usize {
+        self.rows.div_ceil(PANEL)
+    }
+
+    pub(crate) fn panel(&self, p: usize) -> Int8Panel<'_> {
+        let blocks = self.cols / QUANT_BLOCK;
+        let code_len = blocks * QUADS * PANEL * 4;
+        let sub_len = blocks * self.subs * PANEL;
+        let min_len = if self.has_mins { blocks * PANEL } else { 0 };
+        Int8Panel {
+            blocks,
+            subs: self.subs,
+            codes: &self.codes[p * code_len..(p + 1) * code_len],
+            corrections: &self.corrections[p * sub_len..(p + 1) * sub_len],
+            scales: &self.scales[p * sub_len..(p + 1) * sub_len],
+            mins: &self.mins[p * min_len..(p + 1) * min_len],
+        }
+    }
+
+    /// `[x_rows.len(), self.rows]` row-major with `kernel`.
+    pub(crate) fn matmul_with(&self, x_rows: &[&[f32]], kernel: Int8TileKernel) -> Vec<f32> {
+        let (m, n) = (x_rows.len(), self.rows);
+        let mut out = vec![0f32; m * n];
+        if m == 0 || n == 0 || self.cols == 0 {
+            return out;
+        }
+        let acts = quantize_activations(x_rows, self.cols);
+        let panels = self.num_panels();
+        let threads = rayon::current_num_threads().max(1);
+        // A few tasks per thread balance uneven progress.
+        let per_task = panels.div_ceil(threads * 4).max(1);
+        let ptr = OutPtr(out.as_mut_ptr());
+        (0..panels.div_ceil(per_task)).into_par_iter().for_each(|t| {
+            let p = ptr;
+            for pi in t * per_task..((t + 1) * per_task).min(panels) {
+                let col0 = pi * PANEL;
+                let width = PANEL.min(n - col0);
+                let panel = self.panel(pi);
+                for r0 in (0..m).step_by(INT8_TILE_ROWS) {
+                    let r1 = (r0 + INT8_TILE_ROWS).min(m);
+                    // SAFETY: row `r` columns `col0..col0 + width` lie inside `out` and belong to
+                    // this task's panel only; no other reference to them exists meanwhile.
+                    let mut out_rows: Vec<&mut [f32]> = (r0..r1)
+                        .map(|r| unsafe { std::slice::from_raw_parts_mut(p.0.add(r * n + col0), width) })
+                        .collect();
+                    kernel(&acts, r0..r1, &panel, &mut out_rows, width);
+                }
+            }
+        });
+        out
+    }
+
+    /// Whether this CPU runs the int8 kernel natively (AVX512-VNNI); elsewhere the portable
+    /// loop is far slower than the float panels.
+    pub fn cpu_has_native_int8() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if crate::int8_matmul_x86::kernel().is_some() {
+            return true;
+        }
+        false
+    }
+}
+
+impl CpuWeight for Int8Weight {
+    const OP: &'static str = "int8_matmul";
+
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn matmul(&self, x_rows: &[&[f32]]) -> Vec<f32> {
+        self.matmul_with(x_rows, kernel())
+    }
+}
+
+/// Rounds each row to 8 bits per block of 32: `d = max|x| / 127`, `q = round(x / d)` (ties to even, which vectorises).
+pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize) -> Int8Activations {
+    let blocks = cols / QUANT_BLOCK;
+    let m = x_rows.len();
+    let mut codes = vec![0u8; m * cols];
+    let mut scales = vec![0f32; m * blocks];
+    let mut sums = vec![0f32; m * blocks];
+    if blocks > 0 {
+        codes
+            .par_chunks_mut(cols)
+            .zip(scales.par_chunks_mut(blocks))
+            .zip(sums.par_chunks_mut(blocks))
+            .zip(x_rows.par_iter())
+            .for_each(|(((codes, scales), sums), x)| {
+                for b in 0..blocks {
+                    let xs = &x[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK];
+                    let amax = xs.iter().fold(0f32, |a, &v| a.max(v.abs()));
+                    let d = amax / 127.0;
+                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    let mut sum = 0i32;
+                    for (c, &v) in codes[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK].iter_mut().zip(xs) {
+                        let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
+                        sum += q;
+                        *c = (q + 128) as u8;
+                    }
+                    scales[b] = d;
+                    sums[b] = d * sum as f32;
+                }
+            });
+    }
+    Int8Activations { cols, codes, scales, sums }
+}
+
+/// The fastest int8 kernel this CPU runs.
+pub(crate) fn kernel() -> Int8TileKernel {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = crate::int8_matmul_x86::kernel() {
+        return k;
+    }
+    portable_kernel
+}
+
+/// Plain Rust, in the x86 kernel's order: an int32 sum per sub-block, then one f32 update.
+pub(crate) fn portable_kernel(
+    acts: &Int8Activations,
+    rows: std::ops::Range<usize>,
+    panel: &Int8Panel<'_>,
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    let blocks = panel.blocks;
+    let per_sub = QUADS / panel.subs;
+    for (out, r) in out_rows.iter_mut().zip(rows) {
+        let a = &acts.codes[r * acts.cols..(r + 1) * acts.cols];
+        for (j, o) in out[..width].iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for b in 0..blocks {
+                let d = acts.scales[r * blocks + b];
+                for s in 0..panel.subs {
+                    let idx = (b * panel.subs + s) * PANEL + j;
+                    let mut sum = panel.corrections[idx];
+                    for quad in s * per_sub..(s + 1) * per_sub {
+                        for t in 0..4 {
+                            let w = panel.codes[((b * QUADS + quad) * PANEL + j) * 4 + t];
+                            sum += i32::from(a[b * QUANT_BLOCK + quad * 4 + t]) * i32::from(w);
+                        }
+                    }
+                    acc += sum as f32 * (panel.scales[idx] * d);
+                }
+                if !panel.mins.is_empty() {
+                    acc += panel.mins[b * PANEL + j] * acts.sums[r * blocks + b];
+                }
+            }
+            *o = acc;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "int8_matmul_tests.rs"]
+mod tests;

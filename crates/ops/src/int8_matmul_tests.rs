@@ -1,0 +1,156 @@
+//! The int8 matmul against an f64 product of the exact dequantized weights with the
+//! activations rounded as the module documents (computed here independently), for every format,
+//! every kernel this CPU runs, partial tiles and panels; and its drift from the exact product.
+
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::quant_weight::tests::{random_gguf, ALL_FORMATS};
+use crate::quant_weight::QuantFormat;
+
+fn random_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> QuantizedWeight {
+    let scale = if format.gguf_block_elems() == QUANT_BLOCK { 0.02 } else { 0.001 };
+    let half = |rng: &mut StdRng| {
+        let v: f32 = rng.random_range(0.05 * scale..scale);
+        f16::from_f32(if rng.random() { v } else { -v })
+    };
+    let bytes = random_gguf(rng, format, rows, cols, half);
+    QuantizedWeight::from_gguf(format, rows, cols, &bytes).unwrap()
+}
+
+/// Rows of random activations; row 1 (when present) has an all-zero first block.
+fn random_rows(rng: &mut StdRng, m: usize, cols: usize) -> Vec<Vec<f32>> {
+    let mut x: Vec<Vec<f32>> =
+        (0..m).map(|_| (0..cols).map(|_| rng.random_range(-2.0..2.0)).collect()).collect();
+    if m > 1 {
+        x[1][..QUANT_BLOCK].fill(0.0);
+    }
+    x
+}
+
+/// The activations as the int8 path sees them: per 32, `d = max|x| / 127`, `d * round(x * (1 / d))`, ties to even.
+fn rounded(x: &[f32]) -> Vec<f64> {
+    x.chunks(QUANT_BLOCK)
+        .flat_map(|b| {
+            let d = b.iter().fold(0f32, |a, &v| a.max(v.abs())) / 127.0;
+            b.iter().map(
+                move |&v| if d > 0.0 { d as f64 * (v * (1.0 / d)).round_ties_even() as f64 } else { 0.0 },
+            )
+        })
+        .collect()
+}
+
+/// `(x @ w^T, sum of |terms|)` in f64 over the exact weights, `x` given per row.
+fn reference(w: &QuantizedWeight, x: &[Vec<f64>]) -> Vec<(f64, f64)> {
+    let dense = w.dequantize();
+    let mut out = Vec::new();
+    for xr in x {
+        for row in dense.chunks_exact(w.cols()) {
+            let terms = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b);
+            out.push(terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs())));
+        }
+    }
+    out
+}
+
+fn kernels() -> Vec<(&'static str, Int8TileKernel)> {
+    let mut ks = vec![("portable", portable_kernel as Int8TileKernel)];
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = crate::int8_matmul_x86::kernel() {
+        ks.push(("vnni", k));
+    }
+    ks
+}
+
+#[test]
+fn every_kernel_matches_the_rounded_activation_product_for_every_format() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for format in ALL_FORMATS {
+        let k = if format.gguf_block_elems() == QUANT_BLOCK { 96 } else { 512 };
+        // 70 outputs: two whole panels and a partial one.
+        let w = random_weight(&mut rng, format, 70, k);
+        let int8 = Int8Weight::from_quantized(&w);
+        for m in [1usize, 2, 5, 6, 7, 13] {
+            let x = random_rows(&mut rng, m, k);
+            let rows: Vec<&[f32]> = x.iter().map(Vec::as_slice).collect();
+            let want = reference(&w, &x.iter().map(|r| rounded(r)).collect::<Vec<_>>());
+            for (name, kern) in kernels() {
+                let got = int8.matmul_with(&rows, kern);
+                assert_eq!(got.len(), want.len());
+                for (i, (&g, &(v, mag))) in got.iter().zip(&want).enumerate() {
+                    // f32 rounding of a few hundred scaled block sums.
+                    let tol = 2e-6 * mag + 1e-30;
+                    assert!((g as f64 - v).abs() <= tol, "{format:?} {name} m={m} element {i}: {g} vs {v}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn drift_from_the_exact_product_is_that_of_8_bit_activations() {
+    // Rounding activations to 8 bits errs by at most half a step (max|x| / 254) per element, so
+    // each output is within sum_k |w_k| * step_k / 2 of the exact product, and not exact.
+    let mut rng = StdRng::seed_from_u64(12);
+    let (n, k) = (64, 256);
+    let w = random_weight(&mut rng, QuantFormat::Q8_0, n, k);
+    let x = random_rows(&mut rng, 9, k);
+    let rows: Vec<&[f32]> = x.iter().map(Vec::as_slice).collect();
+    let got = Int8Weight::from_quantized(&w).matmul(&rows);
+    let exact = reference(&w, &x.iter().map(|r| r.iter().map(|&v| v as f64).collect()).collect::<Vec<_>>());
+    let dense = w.dequantize();
+    let mut max_err = 0f64;
+    for (r, xr) in x.iter().enumerate() {
+        let steps: Vec<f64> = xr
+            .chunks(QUANT_BLOCK)
+            .flat_map(|b| {
+                let step = b.iter().fold(0f32, |a, &v| a.max(v.abs())) as f64 / 127.0;
+                std::iter::repeat_n(step, QUANT_BLOCK)
+            })
+            .collect();
+        for (c, wr) in dense.chunks_exact(k).enumerate() {
+            let bound: f64 = wr.iter().zip(&steps).map(|(&a, &s)| a.abs() as f64 * s / 2.0).sum();
+            let err = (got[r * n + c] as f64 - exact[r * n + c].0).abs();
+            assert!(err <= bound * 1.001 + 1e-6, "row {r} col {c}: error {err} above {bound}");
+            max_err = max_err.max(err);
+        }
+    }
+    assert!(max_err > 1e-5, "8-bit activations cannot be exact: {max_err}");
+}
+
+#[test]
+fn activation_rounding_follows_the_definition() {
+    let x: Vec<f32> = (0..64).map(|i| if i < 32 { (i as f32 - 10.0) * 0.25 } else { 0.0 }).collect();
+    let acts = quantize_activations(&[&x], 64);
+    let d = 21.0 * 0.25 / 127.0;
+    assert_eq!(acts.scales, vec![d, 0.0]);
+    for (i, &c) in acts.codes.iter().enumerate() {
+        let q = if i < 32 { (x[i] / d).round_ties_even() as i32 } else { 0 };
+        assert_eq!(i32::from(c) - 128, q, "element {i}");
+    }
+    assert_eq!(acts.codes[31], 255, "the largest magnitude maps to 127");
+    let sum: i32 = acts.codes[..32].iter().map(|&c| i32::from(c) - 128).sum();
+    assert!((acts.sums[0] - d * sum as f32).abs() < 1e-6);
+}
+
+#[test]
+fn padding_columns_are_never_written_and_empty_inputs_work() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let w = random_weight(&mut rng, QuantFormat::Q4_1, 40, 64);
+    let int8 = Int8Weight::from_quantized(&w);
+    let x = random_rows(&mut rng, 3, 64);
+    let rows: Vec<&[f32]> = x.iter().map(Vec::as_slice).collect();
+    for (name, kern) in kernels() {
+        let got = int8.matmul_with(&rows, kern);
+        let want = reference(&w, &x.iter().map(|r| rounded(r)).collect::<Vec<_>>());
+        for (i, (&g, &(v, mag))) in got.iter().zip(&want).enumerate() {
+            assert!((g as f64 - v).abs() <= 2e-6 * mag + 1e-30, "{name} element {i}: {g} vs {v}");
+        }
+    }
+    assert!(int8.matmul(&[]).is_empty());
+    // Q8_0 codes plus per-column corrections and scales: 1.25 bytes per weight.
+    let q8 = Int8Weight::from_quantized(&random_weight(&mut rng, QuantFormat::Q8_0, 64, 256));
+    assert_eq!(q8.size_in_bytes(), 64 * 256 + 8 * 64 * 8);
+}

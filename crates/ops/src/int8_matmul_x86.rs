@@ -1,0 +1,130 @@
+//! The AVX512-VNNI kernel of [`crate::int8_matmul`]: per block and tile row, `vpdpbusd` sums
+//! 32 unsigned activation bytes times the signed codes of 16 columns into int32 lanes (starting
+//! from the panel's correction), then one convert and one fused multiply-add scale the block
+//! into the row's f32 accumulators.
+
+use std::arch::x86_64::*;
+
+use crate::int8_matmul::{Int8Activations, Int8Panel, Int8TileKernel, INT8_TILE_ROWS};
+use crate::panel_matmul::PANEL;
+use crate::quant_weight::QUANT_BLOCK;
+use crate::simd::{level, Level};
+
+/// The VNNI kernel, if this CPU has AVX-512F, AVX-512BW and AVX512-VNNI.
+pub(crate) fn kernel() -> Option<Int8TileKernel> {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let has = *HAS.get_or_init(|| {
+        level() == Level::Avx512
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    });
+    has.then_some(tile_vnni as Int8TileKernel)
+}
+
+fn tile_vnni(
+    acts: &Int8Activations,
+    rows: std::ops::Range<usize>,
+    panel: &Int8Panel<'_>,
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    // The bounds the unchecked loads and stores rely on.
+    let (blocks, subs) = (panel.blocks, panel.subs);
+    assert!((1..=INT8_TILE_ROWS).contains(&rows.len()) && out_rows.len() == rows.len());
+    assert!((1..=PANEL).contains(&width) && out_rows.iter().all(|r| r.len() >= width));
+    assert!(subs == 1 || subs == 2);
+    assert!(acts.cols == blocks * QUANT_BLOCK && acts.codes.len() >= rows.end * acts.cols);
+    assert!(acts.scales.len() >= rows.end * blocks && acts.sums.len() >= rows.end * blocks);
+    assert!(panel.codes.len() == blocks * QUANT_BLOCK * PANEL);
+    assert!(panel.corrections.len() == blocks * subs * PANEL && panel.scales.len() == blocks * subs * PANEL);
+    assert!(panel.mins.is_empty() || panel.mins.len() == blocks * PANEL);
+    assert!(kernel().is_some());
+    macro_rules! run {
+        ($subs:literal) => {
+            // SAFETY: the CPU has the features (checked above) and the asserts bound every access.
+            unsafe {
+                match rows.len() {
+                    1 => tile::<1, $subs>(acts, rows.start, panel, out_rows, width),
+                    2 => tile::<2, $subs>(acts, rows.start, panel, out_rows, width),
+                    3 => tile::<3, $subs>(acts, rows.start, panel, out_rows, width),
+                    4 => tile::<4, $subs>(acts, rows.start, panel, out_rows, width),
+                    5 => tile::<5, $subs>(acts, rows.start, panel, out_rows, width),
+                    _ => tile::<6, $subs>(acts, rows.start, panel, out_rows, width),
+                }
+            }
+        };
+    }
+    if subs == 1 {
+        run!(1)
+    } else {
+        run!(2)
+    }
+}
+
+/// `R` rows x 32 columns, `SUBS` scales per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const R: usize, const SUBS: usize>(
+    acts: &Int8Activations,
+    row0: usize,
+    panel: &Int8Panel<'_>,
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    let blocks = panel.blocks;
+    let quads_per_sub = QUANT_BLOCK / 4 / SUBS;
+    let a: [*const u8; R] = std::array::from_fn(|i| acts.codes[(row0 + i) * acts.cols..].as_ptr());
+    let d: [*const f32; R] = std::array::from_fn(|i| acts.scales[(row0 + i) * blocks..].as_ptr());
+    let sums: [*const f32; R] = std::array::from_fn(|i| acts.sums[(row0 + i) * blocks..].as_ptr());
+    let (codes, corr, scales) = (panel.codes.as_ptr(), panel.corrections.as_ptr(), panel.scales.as_ptr());
+    let has_mins = !panel.mins.is_empty();
+    // SAFETY: the caller's asserts bound every offset below: block `b < blocks`, quad < 8,
+    // sub < SUBS, rows below `row0 + R`.
+    unsafe {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for b in 0..blocks {
+            for s in 0..SUBS {
+                let at = (b * SUBS + s) * PANEL;
+                let c_lo = _mm512_loadu_si512(corr.add(at).cast());
+                let c_hi = _mm512_loadu_si512(corr.add(at + 16).cast());
+                let mut sum_lo = [c_lo; R];
+                let mut sum_hi = [c_hi; R];
+                for quad in s * quads_per_sub..(s + 1) * quads_per_sub {
+                    let w = codes.add((b * (QUANT_BLOCK / 4) + quad) * PANEL * 4);
+                    let w_lo = _mm512_loadu_si512(w.cast());
+                    let w_hi = _mm512_loadu_si512(w.add(64).cast());
+                    for i in 0..R {
+                        let four = (a[i].add(b * QUANT_BLOCK + quad * 4) as *const i32).read_unaligned();
+                        let x = _mm512_set1_epi32(four);
+                        sum_lo[i] = _mm512_dpbusd_epi32(sum_lo[i], x, w_lo);
+                        sum_hi[i] = _mm512_dpbusd_epi32(sum_hi[i], x, w_hi);
+                    }
+                }
+                let s_lo = _mm512_loadu_ps(scales.add(at));
+                let s_hi = _mm512_loadu_ps(scales.add(at + 16));
+                for i in 0..R {
+                    let di = _mm512_set1_ps(*d[i].add(b));
+                    lo[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo[i]), _mm512_mul_ps(s_lo, di), lo[i]);
+                    hi[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi[i]), _mm512_mul_ps(s_hi, di), hi[i]);
+                }
+            }
+            if has_mins {
+                let m = panel.mins.as_ptr().add(b * PANEL);
+                let (m_lo, m_hi) = (_mm512_loadu_ps(m), _mm512_loadu_ps(m.add(16)));
+                for i in 0..R {
+                    let si = _mm512_set1_ps(*sums[i].add(b));
+                    lo[i] = _mm512_fmadd_ps(m_lo, si, lo[i]);
+                    hi[i] = _mm512_fmadd_ps(m_hi, si, hi[i]);
+                }
+            }
+        }
+        let mask_lo: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
+        let mask_hi: __mmask16 =
+            if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
+        for i in 0..R {
+            let out = out_rows[i].as_mut_ptr();
+            _mm512_mask_storeu_ps(out, mask_lo, lo[i]);
+            _mm512_mask_storeu_ps(out.add(16), mask_hi, hi[i]);
+        }
+    }
+}
