@@ -69,7 +69,16 @@ pub fn generate_all(
 
 /// The f32 model at `path` (GGUF blocks kept for small steps) over `num_blocks` f32 cache blocks.
 pub fn runner_for(path: &std::path::Path, num_blocks: usize) -> ModelRunner {
-    let options = LoadOptions { dequantize: Some(true), ..LoadOptions::default() };
+    runner_for_with_panels(path, num_blocks, PanelPrecision::F32)
+}
+
+/// [`runner_for`] with the many-token (or, for int8, every) step's matmuls in `panels`.
+pub fn runner_for_with_panels(
+    path: &std::path::Path,
+    num_blocks: usize,
+    panels: PanelPrecision,
+) -> ModelRunner {
+    let options = LoadOptions { dequantize: Some(true), panel_precision: panels, ..LoadOptions::default() };
     let loaded = load_model(path, &options).expect("the model loads");
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
