@@ -247,22 +247,37 @@ pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize) -> Int8Activa
             .zip(x_rows.par_iter())
             .for_each(|(((codes, scales), sums), x)| {
                 for b in 0..blocks {
-                    let xs = &x[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK];
-                    let amax = xs.iter().fold(0f32, |a, &v| a.max(v.abs()));
-                    let d = amax / 127.0;
-                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                    let mut sum = 0i32;
-                    for (c, &v) in codes[b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK].iter_mut().zip(xs) {
-                        let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
-                        sum += q;
-                        *c = (q + 128) as u8;
-                    }
+                    let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
+                    let (d, sum) = quantize_block(&x[span.clone()], &mut codes[span]);
                     scales[b] = d;
                     sums[b] = d * sum as f32;
                 }
             });
     }
     Int8Activations { cols, codes, scales, sums }
+}
+
+/// Rounds one block of 32 into `codes` (`q + 128`); returns its scale `d` and `sum(q)`. The x86
+/// build gives the same bytes (the same f32 operations, rounding to nearest even).
+fn quantize_block(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(quantize) = crate::int8_matmul_x86::quantize_block() {
+        return quantize(x, codes);
+    }
+    quantize_block_portable(x, codes)
+}
+
+pub(crate) fn quantize_block_portable(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (c, &v) in codes.iter_mut().zip(x) {
+        let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
+        sum += q;
+        *c = (q + 128) as u8;
+    }
+    (d, sum)
 }
 
 /// The fastest int8 kernel this CPU runs.

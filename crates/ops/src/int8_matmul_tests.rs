@@ -154,3 +154,21 @@ fn padding_columns_are_never_written_and_empty_inputs_work() {
     let q8 = Int8Weight::from_quantized(&random_weight(&mut rng, QuantFormat::Q8_0, 64, 256));
     assert_eq!(q8.size_in_bytes(), 64 * 256 + 8 * 64 * 8);
 }
+
+#[test]
+fn every_activation_rounding_build_gives_the_same_bytes() {
+    let mut rng = StdRng::seed_from_u64(14);
+    let mut blocks: Vec<Vec<f32>> =
+        (0..200).map(|_| (0..32).map(|_| rng.random_range(-3.0..3.0)).collect()).collect();
+    blocks.push(vec![0.0; 32]);
+    // Exact ties of x / d at half steps, and a lone large value.
+    blocks.push((0..32).map(|i| if i == 0 { 127.0 } else { i as f32 - 0.5 }).collect());
+    blocks.push((0..32).map(|i| if i == 5 { -1e6 } else { 1e-3 * i as f32 }).collect());
+    for x in &blocks {
+        let mut want = [0u8; 32];
+        let want_ds = quantize_block_portable(x, &mut want);
+        let mut got = [0u8; 32];
+        let got_ds = quantize_block(x, &mut got);
+        assert_eq!((got, got_ds), (want, want_ds), "{x:?}");
+    }
+}
