@@ -251,17 +251,37 @@ impl Sampler {
     }
 }
 
-/// First index of the largest value; `None` when every value is -inf.
+/// First index of the largest value; `None` when every value is -inf (NaN never wins).
+///
+/// Sixteen independent lanes, each keeping its first maximum, so the loop compiles to vector
+/// compares and blends (a 262k-entry vocabulary made the one-at-a-time loop a tenth of a
+/// 32-stream step); the lanes then combine to the highest value at the lowest index.
 fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best = None;
-    let mut best_val = f32::NEG_INFINITY;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > best_val {
-            best_val = l;
-            best = Some(i as u32);
+    const LANES: usize = 16;
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut at = [u32::MAX; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail_start = logits.len() - chunks.remainder().len();
+    for (c, chunk) in chunks.enumerate() {
+        for j in 0..LANES {
+            let better = chunk[j] > best[j];
+            best[j] = if better { chunk[j] } else { best[j] };
+            at[j] = if better { (c * LANES + j) as u32 } else { at[j] };
         }
     }
-    best
+    let mut winner: Option<(f32, u32)> = None;
+    let lanes = best.into_iter().zip(at).filter(|&(_, i)| i != u32::MAX);
+    let tail = logits[tail_start..]
+        .iter()
+        .enumerate()
+        .filter(|&(_, &l)| l > f32::NEG_INFINITY)
+        .map(|(i, &l)| (l, (tail_start + i) as u32));
+    for (value, index) in lanes.chain(tail) {
+        if winner.is_none_or(|(v, i)| value > v || (value == v && index < i)) {
+            winner = Some((value, index));
+        }
+    }
+    winner.map(|(_, index)| index)
 }
 
 #[cfg(test)]
@@ -429,6 +449,39 @@ mod tests {
         assert!((f64::from(lp.top[0].logprob) - raw[1].ln()).abs() < 1e-5);
         let p0 = SamplingParams { logprobs: Some(0), ..Default::default() };
         assert!(try_sample(&mut LOGITS.to_vec(), &req(p0, 0, 0)).unwrap().1.unwrap().top.is_empty());
+    }
+
+    #[test]
+    fn argmax_is_the_first_maximum_in_every_lane_and_the_tail() {
+        fn naive(xs: &[f32]) -> Option<u32> {
+            let mut best = None;
+            let mut best_val = f32::NEG_INFINITY;
+            for (i, &l) in xs.iter().enumerate() {
+                if l > best_val {
+                    (best_val, best) = (l, Some(i as u32));
+                }
+            }
+            best
+        }
+        let mut rng = 7u64;
+        for len in [0usize, 1, 15, 16, 17, 33, 100, 1000] {
+            for _ in 0..50 {
+                let xs: Vec<f32> = (0..len)
+                    .map(|_| {
+                        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        // Few distinct values, so ties across lanes and the tail are common.
+                        match (rng >> 33) % 7 {
+                            0 => f32::NEG_INFINITY,
+                            1 => f32::NAN,
+                            k => k as f32,
+                        }
+                    })
+                    .collect();
+                assert_eq!(argmax(&xs), naive(&xs), "{xs:?}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 40]), None);
+        assert_eq!(argmax(&[f32::NAN; 20]), None);
     }
 
     #[test]
