@@ -10,11 +10,13 @@
 //! (`--cpu-gemm-dtype int8`): the default keeps bfloat16 or exact f32 activations.
 //!
 //! Layout ([`Int8Weight`]), per panel of [`PANEL`] output columns and per 32-element block:
-//! - codes: 8 quads of 4 consecutive inputs, each quad as 32 columns x 4 signed bytes, so one
-//!   64-byte load feeds `vpdpbusd` for 16 columns;
-//! - per sub-block (one, or two of 16 elements for Q6_K) and column: `-128 * sum(codes)` and the
-//!   f32 scale. The activations are stored as unsigned bytes `q + 128` (the instruction's
-//!   unsigned operand), so each int32 sum starts from that correction instead of zero;
+//! - codes: 8 quads of 4 consecutive inputs, each quad as 32 columns x 4 bytes, so one 64-byte
+//!   load feeds `vpdpbusd` for 16 columns. The instruction multiplies unsigned by signed bytes,
+//!   so the codes are stored as `c + 128` and the activations as signed bytes; each int32 sum
+//!   starts from the activations' correction `-128 * sum(q)` (per row and sub-block, computed
+//!   when they are rounded), which keeps the panels at 1.125 bytes per weight (Q8_0: 1.06 in
+//!   the file) instead of carrying a correction per column;
+//! - per sub-block (one, or two of 16 elements for Q6_K) and column: the f32 scale;
 //! - formats with minimums (Q4_1, Q4_K, Q5_K): the f32 minimum per block and column, multiplied
 //!   by the block's activation sum.
 //!
@@ -32,7 +34,7 @@ use crate::quant_weight::{QuantizedWeight, QUANT_BLOCK};
 const QUADS: usize = QUANT_BLOCK / 4;
 
 /// Activation rows per register tile of the x86 kernel: 2 x 6 f32 and 2 x 6 int32 accumulators
-/// plus weights, corrections and scales fill AVX-512's 32 registers.
+/// plus weights and scales fill AVX-512's 32 registers.
 pub(crate) const INT8_TILE_ROWS: usize = 6;
 
 /// A quantized weight in int8 panels (see the module docs). `cols` is a multiple of 32.
@@ -43,10 +45,8 @@ pub struct Int8Weight {
     /// Scales per block: 1, or 2 for Q6_K's 16-element sub-blocks.
     subs: usize,
     has_mins: bool,
-    /// `[panel][block][quad][PANEL][4]`.
-    codes: Vec<i8>,
-    /// `[panel][block][sub][PANEL]`: `-128 * sum(codes of the sub-block)`.
-    corrections: Vec<i32>,
+    /// `[panel][block][quad][PANEL][4]`: `c + 128`.
+    codes: Vec<u8>,
     /// `[panel][block][sub][PANEL]`.
     scales: Vec<f32>,
     /// `[panel][block][PANEL]`, empty without minimums.
@@ -57,8 +57,7 @@ pub struct Int8Weight {
 pub(crate) struct Int8Panel<'a> {
     pub blocks: usize,
     pub subs: usize,
-    pub codes: &'a [i8],
-    pub corrections: &'a [i32],
+    pub codes: &'a [u8],
     pub scales: &'a [f32],
     /// Empty without minimums.
     pub mins: &'a [f32],
@@ -67,10 +66,14 @@ pub(crate) struct Int8Panel<'a> {
 /// Activation rows rounded to 8 bits per block of 32.
 pub(crate) struct Int8Activations {
     pub cols: usize,
-    /// `[rows][cols]`: `q + 128`.
-    pub codes: Vec<u8>,
+    /// Sub-blocks per block of the weight (1, or 2 for Q6_K).
+    pub subs: usize,
+    /// `[rows][cols]`: `q`.
+    pub codes: Vec<i8>,
     /// `[rows][blocks]`: the scale `d` of each block.
     pub scales: Vec<f32>,
+    /// `[rows][blocks][subs]`: `-128 * sum(q over the sub-block)`, where the int32 sums start.
+    pub corrections: Vec<i32>,
     /// `[rows][blocks]`: `d * sum(q)`, the block's rounded sum (for minimums).
     pub sums: Vec<f32>,
 }
@@ -96,8 +99,7 @@ impl Int8Weight {
         let panels = rows.div_ceil(PANEL);
         let code_len = blocks * QUADS * PANEL * 4;
         let sub_len = blocks * subs * PANEL;
-        let mut codes = vec![0i8; panels * code_len];
-        let mut corrections = vec![0i32; panels * sub_len];
+        let mut codes = vec![128u8; panels * code_len];
         let mut scales = vec![0f32; panels * sub_len];
         let mut mins = vec![0f32; if has_mins { panels * blocks * PANEL } else { 0 }];
         if panels > 0 && blocks > 0 {
@@ -109,25 +111,21 @@ impl Int8Weight {
             };
             codes
                 .par_chunks_mut(code_len)
-                .zip(corrections.par_chunks_mut(sub_len))
                 .zip(scales.par_chunks_mut(sub_len))
                 .zip(mins_chunks.par_iter_mut())
                 .enumerate()
-                .for_each(|(p, (((codes, corrections), scales), mins))| {
+                .for_each(|(p, ((codes, scales), mins))| {
                     for j in 0..PANEL.min(rows - p * PANEL) {
                         let row = p * PANEL + j;
                         for b in 0..blocks {
                             let block = row * blocks + b;
                             let c = w.block_codes(block);
                             for (k, &v) in c.iter().enumerate() {
-                                codes[((b * QUADS + k / 4) * PANEL + j) * 4 + k % 4] = v;
+                                codes[((b * QUADS + k / 4) * PANEL + j) * 4 + k % 4] =
+                                    (i16::from(v) + 128) as u8;
                             }
                             let (s0, s1) = w.block_scales(block);
-                            let per_sub = QUANT_BLOCK / subs;
                             for s in 0..subs {
-                                let sum: i32 =
-                                    c[s * per_sub..(s + 1) * per_sub].iter().map(|&v| i32::from(v)).sum();
-                                corrections[(b * subs + s) * PANEL + j] = -128 * sum;
                                 scales[(b * subs + s) * PANEL + j] = if s == 0 { s0 } else { s1 };
                             }
                             if has_mins {
@@ -137,7 +135,7 @@ impl Int8Weight {
                     }
                 });
         }
-        Self { rows, cols, subs, has_mins, codes, corrections, scales, mins }
+        Self { rows, cols, subs, has_mins, codes, scales, mins }
     }
 
     pub fn rows(&self) -> usize {
@@ -150,7 +148,7 @@ impl Int8Weight {
 
     /// Bytes held in memory.
     pub fn size_in_bytes(&self) -> usize {
-        self.codes.len() + 4 * (self.corrections.len() + self.scales.len() + self.mins.len())
+        self.codes.len() + 4 * (self.scales.len() + self.mins.len())
     }
 
     fn num_panels(&self) -> usize {
@@ -166,7 +164,6 @@ impl Int8Weight {
             blocks,
             subs: self.subs,
             codes: &self.codes[p * code_len..(p + 1) * code_len],
-            corrections: &self.corrections[p * sub_len..(p + 1) * sub_len],
             scales: &self.scales[p * sub_len..(p + 1) * sub_len],
             mins: &self.mins[p * min_len..(p + 1) * min_len],
         }
@@ -179,7 +176,7 @@ impl Int8Weight {
         if m == 0 || n == 0 || self.cols == 0 {
             return out;
         }
-        let acts = quantize_activations(x_rows, self.cols);
+        let acts = quantize_activations(x_rows, self.cols, self.subs);
         let panels = self.num_panels();
         let threads = rayon::current_num_threads().max(1);
         // A few tasks per thread balance uneven progress.
@@ -232,34 +229,45 @@ impl CpuWeight for Int8Weight {
     }
 }
 
-/// Rounds each row to 8 bits per block of 32: `d = max|x| / 127`, `q = round(x / d)` (ties to even, which vectorises).
-pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize) -> Int8Activations {
+/// Rounds each row to 8 bits per block of 32: `d = max|x| / 127`, `q = round(x / d)` (ties to
+/// even, which vectorises), with the corrections of `subs` sub-blocks per block.
+pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) -> Int8Activations {
+    assert!(subs == 1 || subs == 2, "one or two sub-blocks");
     let blocks = cols / QUANT_BLOCK;
     let m = x_rows.len();
-    let mut codes = vec![0u8; m * cols];
+    let mut codes = vec![0i8; m * cols];
     let mut scales = vec![0f32; m * blocks];
+    let mut corrections = vec![0i32; m * blocks * subs];
     let mut sums = vec![0f32; m * blocks];
     if blocks > 0 {
         codes
             .par_chunks_mut(cols)
             .zip(scales.par_chunks_mut(blocks))
+            .zip(corrections.par_chunks_mut(blocks * subs))
             .zip(sums.par_chunks_mut(blocks))
             .zip(x_rows.par_iter())
-            .for_each(|(((codes, scales), sums), x)| {
+            .for_each(|((((codes, scales), corrections), sums), x)| {
                 for b in 0..blocks {
                     let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
-                    let (d, sum) = quantize_block(&x[span.clone()], &mut codes[span]);
+                    let (d, [low, high]) = quantize_block(&x[span.clone()], &mut codes[span]);
                     scales[b] = d;
-                    sums[b] = d * sum as f32;
+                    if subs == 1 {
+                        corrections[b] = -128 * (low + high);
+                    } else {
+                        corrections[2 * b] = -128 * low;
+                        corrections[2 * b + 1] = -128 * high;
+                    }
+                    sums[b] = d * (low + high) as f32;
                 }
             });
     }
-    Int8Activations { cols, codes, scales, sums }
+    Int8Activations { cols, subs, codes, scales, corrections, sums }
 }
 
-/// Rounds one block of 32 into `codes` (`q + 128`); returns its scale `d` and `sum(q)`. The x86
-/// build gives the same bytes (the same f32 operations, rounding to nearest even).
-fn quantize_block(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
+/// Rounds one block of 32 into `codes`; returns its scale `d` and the sums of `q` over elements
+/// 0..16 and 16..32. The x86 build gives the same bytes (the same f32 operations, rounding to
+/// nearest even).
+fn quantize_block(x: &[f32], codes: &mut [i8]) -> (f32, [i32; 2]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(quantize) = crate::int8_matmul_x86::quantize_block() {
         return quantize(x, codes);
@@ -267,17 +275,17 @@ fn quantize_block(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
     quantize_block_portable(x, codes)
 }
 
-pub(crate) fn quantize_block_portable(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
+pub(crate) fn quantize_block_portable(x: &[f32], codes: &mut [i8]) -> (f32, [i32; 2]) {
     let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
     let d = amax / 127.0;
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let mut sum = 0i32;
-    for (c, &v) in codes.iter_mut().zip(x) {
+    let mut sums = [0i32; 2];
+    for (k, (c, &v)) in codes.iter_mut().zip(x).enumerate() {
         let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
-        sum += q;
-        *c = (q + 128) as u8;
+        sums[k / (QUANT_BLOCK / 2)] += q;
+        *c = q as i8;
     }
-    (d, sum)
+    (d, sums)
 }
 
 /// The fastest int8 kernel this CPU runs.
@@ -298,6 +306,7 @@ pub(crate) fn portable_kernel(
     width: usize,
 ) {
     let blocks = panel.blocks;
+    assert_eq!(acts.subs, panel.subs, "activations rounded for this weight's sub-blocks");
     let per_sub = QUADS / panel.subs;
     for (out, r) in out_rows.iter_mut().zip(rows) {
         let a = &acts.codes[r * acts.cols..(r + 1) * acts.cols];
@@ -307,7 +316,7 @@ pub(crate) fn portable_kernel(
                 let d = acts.scales[r * blocks + b];
                 for s in 0..panel.subs {
                     let idx = (b * panel.subs + s) * PANEL + j;
-                    let mut sum = panel.corrections[idx];
+                    let mut sum = acts.corrections[(r * blocks + b) * panel.subs + s];
                     for quad in s * per_sub..(s + 1) * per_sub {
                         for t in 0..4 {
                             let w = panel.codes[((b * QUADS + quad) * PANEL + j) * 4 + t];

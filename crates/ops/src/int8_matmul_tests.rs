@@ -123,16 +123,20 @@ fn drift_from_the_exact_product_is_that_of_8_bit_activations() {
 #[test]
 fn activation_rounding_follows_the_definition() {
     let x: Vec<f32> = (0..64).map(|i| if i < 32 { (i as f32 - 10.0) * 0.25 } else { 0.0 }).collect();
-    let acts = quantize_activations(&[&x], 64);
+    let acts = quantize_activations(&[&x], 64, 2);
     let d = 21.0 * 0.25 / 127.0;
     assert_eq!(acts.scales, vec![d, 0.0]);
     for (i, &c) in acts.codes.iter().enumerate() {
         let q = if i < 32 { (x[i] / d).round_ties_even() as i32 } else { 0 };
-        assert_eq!(i32::from(c) - 128, q, "element {i}");
+        assert_eq!(i32::from(c), q, "element {i}");
     }
-    assert_eq!(acts.codes[31], 255, "the largest magnitude maps to 127");
-    let sum: i32 = acts.codes[..32].iter().map(|&c| i32::from(c) - 128).sum();
-    assert!((acts.sums[0] - d * sum as f32).abs() < 1e-6);
+    assert_eq!(acts.codes[31], 127, "the largest magnitude maps to 127");
+    let low: i32 = acts.codes[..16].iter().map(|&c| i32::from(c)).sum();
+    let high: i32 = acts.codes[16..32].iter().map(|&c| i32::from(c)).sum();
+    assert_eq!(acts.corrections, vec![-128 * low, -128 * high, 0, 0]);
+    assert!((acts.sums[0] - d * (low + high) as f32).abs() < 1e-6);
+    let one_sub = quantize_activations(&[&x], 64, 1);
+    assert_eq!(one_sub.corrections, vec![-128 * (low + high), 0]);
 }
 
 #[test]
@@ -150,9 +154,9 @@ fn padding_columns_are_never_written_and_empty_inputs_work() {
         }
     }
     assert!(int8.matmul(&[]).is_empty());
-    // Q8_0 codes plus per-column corrections and scales: 1.25 bytes per weight.
+    // Q8_0 codes plus a scale per block and column: 1.125 bytes per weight.
     let q8 = Int8Weight::from_quantized(&random_weight(&mut rng, QuantFormat::Q8_0, 64, 256));
-    assert_eq!(q8.size_in_bytes(), 64 * 256 + 8 * 64 * 8);
+    assert_eq!(q8.size_in_bytes(), 64 * 256 + 4 * 64 * 8);
 }
 
 #[test]
@@ -165,9 +169,9 @@ fn every_activation_rounding_build_gives_the_same_bytes() {
     blocks.push((0..32).map(|i| if i == 0 { 127.0 } else { i as f32 - 0.5 }).collect());
     blocks.push((0..32).map(|i| if i == 5 { -1e6 } else { 1e-3 * i as f32 }).collect());
     for x in &blocks {
-        let mut want = [0u8; 32];
+        let mut want = [0i8; 32];
         let want_ds = quantize_block_portable(x, &mut want);
-        let mut got = [0u8; 32];
+        let mut got = [0i8; 32];
         let got_ds = quantize_block(x, &mut got);
         assert_eq!((got, got_ds), (want, want_ds), "{x:?}");
     }

@@ -1,7 +1,7 @@
 //! The AVX512-VNNI kernel of [`crate::int8_matmul`]: per block and tile row, `vpdpbusd` sums
-//! 32 unsigned activation bytes times the signed codes of 16 columns into int32 lanes (starting
-//! from the panel's correction), then one convert and one fused multiply-add scale the block
-//! into the row's f32 accumulators.
+//! the unsigned (offset) codes of 16 columns times 32 signed activation bytes into int32 lanes
+//! (starting from the row's correction), then one convert and one fused multiply-add scale the
+//! block into the row's f32 accumulators.
 
 use std::arch::x86_64::*;
 
@@ -25,7 +25,7 @@ pub(crate) fn kernel() -> Option<Int8TileKernel> {
 }
 
 /// Rounds one block of activations: see `quantize_block_portable`.
-pub(crate) type QuantizeBlock = fn(&[f32], &mut [u8]) -> (f32, i32);
+pub(crate) type QuantizeBlock = fn(&[f32], &mut [i8]) -> (f32, [i32; 2]);
 
 /// The AVX-512 activation rounding (libm's `rintf` per element took a seventh of a step), on
 /// the CPUs that run the VNNI kernel.
@@ -33,7 +33,7 @@ pub(crate) fn quantize_block() -> Option<QuantizeBlock> {
     has_vnni().then_some(quantize_block_checked as QuantizeBlock)
 }
 
-fn quantize_block_checked(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
+fn quantize_block_checked(x: &[f32], codes: &mut [i8]) -> (f32, [i32; 2]) {
     assert!(x.len() == QUANT_BLOCK && codes.len() == QUANT_BLOCK && has_vnni());
     // SAFETY: the CPU has AVX-512F (checked) and both slices hold 32 elements.
     unsafe { quantize_block_avx512(x, codes) }
@@ -42,7 +42,7 @@ fn quantize_block_checked(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
 /// As `quantize_block_portable`: `d = max|x| / 127`, `q = x * (1 / d)` rounded to nearest even
 /// (`vcvtps2dq` under the default rounding mode), clamped to -127..=127.
 #[target_feature(enable = "avx512f")]
-unsafe fn quantize_block_avx512(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
+unsafe fn quantize_block_avx512(x: &[f32], codes: &mut [i8]) -> (f32, [i32; 2]) {
     // SAFETY: the caller checked the lengths.
     unsafe {
         let lo = _mm512_loadu_ps(x.as_ptr());
@@ -56,13 +56,10 @@ unsafe fn quantize_block_avx512(x: &[f32], codes: &mut [u8]) -> (f32, i32) {
         let q_hi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
         let q_lo = _mm512_max_epi32(_mm512_min_epi32(q_lo, top), bottom);
         let q_hi = _mm512_max_epi32(_mm512_min_epi32(q_hi, top), bottom);
-        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
-        let offset = _mm512_set1_epi32(128);
-        let b_lo = _mm512_cvtepi32_epi8(_mm512_add_epi32(q_lo, offset));
-        let b_hi = _mm512_cvtepi32_epi8(_mm512_add_epi32(q_hi, offset));
-        _mm_storeu_si128(codes.as_mut_ptr().cast(), b_lo);
-        _mm_storeu_si128(codes.as_mut_ptr().add(16).cast(), b_hi);
-        (d, sum)
+        let sums = [_mm512_reduce_add_epi32(q_lo), _mm512_reduce_add_epi32(q_hi)];
+        _mm_storeu_si128(codes.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q_lo));
+        _mm_storeu_si128(codes.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(q_hi));
+        (d, sums)
     }
 }
 
@@ -79,9 +76,10 @@ fn tile_vnni(
     assert!((1..=PANEL).contains(&width) && out_rows.iter().all(|r| r.len() >= width));
     assert!(subs == 1 || subs == 2);
     assert!(acts.cols == blocks * QUANT_BLOCK && acts.codes.len() >= rows.end * acts.cols);
+    assert!(acts.subs == subs && acts.corrections.len() >= rows.end * blocks * subs);
     assert!(acts.scales.len() >= rows.end * blocks && acts.sums.len() >= rows.end * blocks);
     assert!(panel.codes.len() == blocks * QUANT_BLOCK * PANEL);
-    assert!(panel.corrections.len() == blocks * subs * PANEL && panel.scales.len() == blocks * subs * PANEL);
+    assert!(panel.scales.len() == blocks * subs * PANEL);
     assert!(panel.mins.is_empty() || panel.mins.len() == blocks * PANEL);
     assert!(kernel().is_some());
     macro_rules! run {
@@ -117,10 +115,12 @@ unsafe fn tile<const R: usize, const SUBS: usize>(
 ) {
     let blocks = panel.blocks;
     let quads_per_sub = QUANT_BLOCK / 4 / SUBS;
-    let a: [*const u8; R] = std::array::from_fn(|i| acts.codes[(row0 + i) * acts.cols..].as_ptr());
+    let a: [*const i8; R] = std::array::from_fn(|i| acts.codes[(row0 + i) * acts.cols..].as_ptr());
+    let corr: [*const i32; R] =
+        std::array::from_fn(|i| acts.corrections[(row0 + i) * blocks * SUBS..].as_ptr());
     let d: [*const f32; R] = std::array::from_fn(|i| acts.scales[(row0 + i) * blocks..].as_ptr());
     let sums: [*const f32; R] = std::array::from_fn(|i| acts.sums[(row0 + i) * blocks..].as_ptr());
-    let (codes, corr, scales) = (panel.codes.as_ptr(), panel.corrections.as_ptr(), panel.scales.as_ptr());
+    let (codes, scales) = (panel.codes.as_ptr(), panel.scales.as_ptr());
     let has_mins = !panel.mins.is_empty();
     // SAFETY: the caller's asserts bound every offset below: block `b < blocks`, quad < 8,
     // sub < SUBS, rows below `row0 + R`.
@@ -130,10 +130,11 @@ unsafe fn tile<const R: usize, const SUBS: usize>(
         for b in 0..blocks {
             for s in 0..SUBS {
                 let at = (b * SUBS + s) * PANEL;
-                let c_lo = _mm512_loadu_si512(corr.add(at).cast());
-                let c_hi = _mm512_loadu_si512(corr.add(at + 16).cast());
-                let mut sum_lo = [c_lo; R];
-                let mut sum_hi = [c_hi; R];
+                let mut sum_lo = [_mm512_setzero_si512(); R];
+                for i in 0..R {
+                    sum_lo[i] = _mm512_set1_epi32(*corr[i].add(b * SUBS + s));
+                }
+                let mut sum_hi = sum_lo;
                 for quad in s * quads_per_sub..(s + 1) * quads_per_sub {
                     let w = codes.add((b * (QUANT_BLOCK / 4) + quad) * PANEL * 4);
                     let w_lo = _mm512_loadu_si512(w.cast());
@@ -141,8 +142,8 @@ unsafe fn tile<const R: usize, const SUBS: usize>(
                     for i in 0..R {
                         let four = (a[i].add(b * QUANT_BLOCK + quad * 4) as *const i32).read_unaligned();
                         let x = _mm512_set1_epi32(four);
-                        sum_lo[i] = _mm512_dpbusd_epi32(sum_lo[i], x, w_lo);
-                        sum_hi[i] = _mm512_dpbusd_epi32(sum_hi[i], x, w_hi);
+                        sum_lo[i] = _mm512_dpbusd_epi32(sum_lo[i], w_lo, x);
+                        sum_hi[i] = _mm512_dpbusd_epi32(sum_hi[i], w_hi, x);
                     }
                 }
                 let s_lo = _mm512_loadu_ps(scales.add(at));
