@@ -100,3 +100,34 @@ async fn gemma3_completions_follow_the_golden_greedy_continuations() -> Result<(
     server.signal_stop();
     server.join()
 }
+
+/// `--cpu-gemm-dtype int8` (8-bit activations at every step, llama.cpp's precision): the four
+/// golden prompts sent at once, so their prefills and decodes share steps, each continue with
+/// the reference's first 16 greedy tokens (the model test measures the logit drift: 0.62).
+#[tokio::test(flavor = "multi_thread")]
+async fn gemma3_with_int8_gemms_keeps_the_golden_greedy_tokens() -> Result<()> {
+    let server =
+        TestServer::start_with_model(&gemma3_path().display().to_string(), &["--cpu-gemm-dtype", "int8"]);
+    let c = client();
+    let fixture = fixture();
+    let cases = fixture["logits_cases"].as_array().unwrap().clone();
+    let requests = cases.iter().map(|case| {
+        let body = json!({
+            "model": "smol", "prompt": case["prompt_ids"], "max_tokens": 16, "temperature": 0,
+            "ignore_eos": true,
+        });
+        let (c, url) = (c.clone(), server.url("/v1/completions"));
+        async move { post_json(&c, &url, &body).await }
+    });
+    for (case, result) in cases.iter().zip(futures_util::future::join_all(requests).await) {
+        let name = case["name"].as_str().unwrap();
+        let (status, out) = result?;
+        assert_eq!(status, 200, "{name}: {out}");
+        let text = out["choices"][0]["text"].as_str().unwrap();
+        let greedy_text = case["greedy_text"].as_str().unwrap();
+        assert!(!text.is_empty() && greedy_text.starts_with(text), "{name}: {text:?} vs {greedy_text:?}");
+        assert_eq!(out["usage"]["completion_tokens"], 16, "{name}");
+    }
+    server.signal_stop();
+    server.join()
+}
