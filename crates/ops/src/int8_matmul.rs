@@ -26,8 +26,8 @@
 
 use rayon::prelude::*;
 
-use crate::cpu_matmul::{CpuWeight, OutPtr};
-use crate::panel_matmul::PANEL;
+use crate::cpu_matmul::CpuWeight;
+use crate::panel_matmul::{for_each_tile, PANEL};
 use crate::quant_weight::{QuantizedWeight, QUANT_BLOCK};
 
 /// Quads of 4 inputs per block.
@@ -151,10 +151,6 @@ impl Int8Weight {
         self.codes.len() + 4 * (self.scales.len() + self.mins.len())
     }
 
-    fn num_panels(&self) -> usize {
-        self.rows.div_ceil(PANEL)
-    }
-
     pub(crate) fn panel(&self, p: usize) -> Int8Panel<'_> {
         let blocks = self.cols / QUANT_BLOCK;
         let code_len = blocks * QUADS * PANEL * 4;
@@ -171,35 +167,13 @@ impl Int8Weight {
 
     /// `[x_rows.len(), self.rows]` row-major with `kernel`.
     pub(crate) fn matmul_with(&self, x_rows: &[&[f32]], kernel: Int8TileKernel) -> Vec<f32> {
-        let (m, n) = (x_rows.len(), self.rows);
-        let mut out = vec![0f32; m * n];
-        if m == 0 || n == 0 || self.cols == 0 {
-            return out;
+        if x_rows.is_empty() || self.rows == 0 || self.cols == 0 {
+            return vec![0f32; x_rows.len() * self.rows];
         }
         let acts = quantize_activations(x_rows, self.cols, self.subs);
-        let panels = self.num_panels();
-        let threads = rayon::current_num_threads().max(1);
-        // A few tasks per thread balance uneven progress.
-        let per_task = panels.div_ceil(threads * 4).max(1);
-        let ptr = OutPtr(out.as_mut_ptr());
-        (0..panels.div_ceil(per_task)).into_par_iter().for_each(|t| {
-            let p = ptr;
-            for pi in t * per_task..((t + 1) * per_task).min(panels) {
-                let col0 = pi * PANEL;
-                let width = PANEL.min(n - col0);
-                let panel = self.panel(pi);
-                for r0 in (0..m).step_by(INT8_TILE_ROWS) {
-                    let r1 = (r0 + INT8_TILE_ROWS).min(m);
-                    // SAFETY: row `r` columns `col0..col0 + width` lie inside `out` and belong to
-                    // this task's panel only; no other reference to them exists meanwhile.
-                    let mut out_rows: Vec<&mut [f32]> = (r0..r1)
-                        .map(|r| unsafe { std::slice::from_raw_parts_mut(p.0.add(r * n + col0), width) })
-                        .collect();
-                    kernel(&acts, r0..r1, &panel, &mut out_rows, width);
-                }
-            }
-        });
-        out
+        for_each_tile(x_rows.len(), self.rows, INT8_TILE_ROWS, |pi, rows, out_rows, width| {
+            kernel(&acts, rows, &self.panel(pi), out_rows, width)
+        })
     }
 
     /// Whether this CPU runs the int8 kernel natively (AVX512-VNNI); elsewhere the portable

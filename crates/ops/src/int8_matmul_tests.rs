@@ -2,23 +2,13 @@
 //! activations rounded as the module documents (computed here independently), for every format,
 //! every kernel this CPU runs, partial tiles and panels; and its drift from the exact product.
 
-use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::quant_weight::tests::{random_gguf, ALL_FORMATS};
+use crate::quant_matmul::tests::random_weight;
+use crate::quant_weight::tests::ALL_FORMATS;
 use crate::quant_weight::QuantFormat;
-
-fn random_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> QuantizedWeight {
-    let scale = if format.gguf_block_elems() == QUANT_BLOCK { 0.02 } else { 0.001 };
-    let half = |rng: &mut StdRng| {
-        let v: f32 = rng.random_range(0.05 * scale..scale);
-        f16::from_f32(if rng.random() { v } else { -v })
-    };
-    let bytes = random_gguf(rng, format, rows, cols, half);
-    QuantizedWeight::from_gguf(format, rows, cols, &bytes).unwrap()
-}
 
 /// Rows of random activations; row 1 (when present) has an all-zero first block.
 fn random_rows(rng: &mut StdRng, m: usize, cols: usize) -> Vec<Vec<f32>> {

@@ -322,19 +322,36 @@ pub(crate) fn to_bf16_pairs_portable(src: &[f32], dst: &mut [u32]) {
 /// A tile kernel over activations of `X` and panel values of `W`.
 type GenericTileKernel<X, W> = fn(&[&[X]], &[W], &mut [&mut [f32]], usize);
 
-/// Runs `kernel` over every (panel, tile of rows): work is split over rayon by panels.
+/// Runs `kernel` over every (panel, tile of rows).
 fn run_tiles<'w, X: Sync, W: Sync + 'w>(
     w: &'w PanelWeight,
     x_rows: &[&[X]],
     panel: impl Fn(usize) -> &'w [W] + Sync,
     kernel: GenericTileKernel<X, W>,
 ) -> Vec<f32> {
-    let (m, n) = (x_rows.len(), w.rows());
+    if w.cols() == 0 {
+        return vec![0f32; x_rows.len() * w.rows()];
+    }
+    for_each_tile(x_rows.len(), w.rows(), TILE_ROWS, |pi, rows, out_rows, width| {
+        kernel(&x_rows[rows], panel(pi), out_rows, width)
+    })
+}
+
+/// The `[m, n]` row-major output of a panel matmul, computed by `tile(panel, rows, out_rows,
+/// width)` for every panel of `PANEL` output columns and every run of at most `tile_rows` rows,
+/// where `out_rows` are those rows' `width` columns of the panel. Work is split over rayon by
+/// panels, a few tasks per thread.
+pub(crate) fn for_each_tile(
+    m: usize,
+    n: usize,
+    tile_rows: usize,
+    tile: impl Fn(usize, std::ops::Range<usize>, &mut [&mut [f32]], usize) + Sync,
+) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
-    if m == 0 || n == 0 || w.cols() == 0 {
+    if m == 0 || n == 0 {
         return out;
     }
-    let panels = w.num_panels();
+    let panels = n.div_ceil(PANEL);
     let threads = rayon::current_num_threads().max(1);
     // A few tasks per thread balance uneven progress.
     let per_task = panels.div_ceil(threads * 4).max(1);
@@ -344,14 +361,14 @@ fn run_tiles<'w, X: Sync, W: Sync + 'w>(
         for pi in t * per_task..((t + 1) * per_task).min(panels) {
             let col0 = pi * PANEL;
             let width = PANEL.min(n - col0);
-            for r0 in (0..m).step_by(TILE_ROWS) {
-                let r1 = (r0 + TILE_ROWS).min(m);
+            for r0 in (0..m).step_by(tile_rows) {
+                let r1 = (r0 + tile_rows).min(m);
                 // SAFETY: row `r` columns `col0..col0 + width` lie inside `out` and belong to this
-                // task's panel only; no other reference to them exists while the kernel runs.
+                // task's panel only; no other reference to them exists while the tile runs.
                 let mut out_rows: Vec<&mut [f32]> = (r0..r1)
                     .map(|r| unsafe { std::slice::from_raw_parts_mut(p.0.add(r * n + col0), width) })
                     .collect();
-                kernel(&x_rows[r0..r1], panel(pi), &mut out_rows, width);
+                tile(pi, r0..r1, &mut out_rows, width);
             }
         }
     });

@@ -148,4 +148,4 @@ fn portable_rows(w: &QuantizedWeight, rows: Range<usize>, x: &XGroup<'_>, out: &
 
 #[cfg(test)]
 #[path = "quant_matmul_tests.rs"]
-mod tests;
+pub(crate) mod tests;

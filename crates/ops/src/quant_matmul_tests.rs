@@ -13,7 +13,12 @@ use crate::quant_weight::tests::{random_gguf, ALL_FORMATS};
 
 /// A matrix of random GGUF bytes of `format`, with scales and minimums (either sign) of a real
 /// model's magnitude.
-fn random_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> QuantizedWeight {
+pub(crate) fn random_weight(
+    rng: &mut StdRng,
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+) -> QuantizedWeight {
     // K-quants multiply `d` by 6- or 8-bit sub-block scales.
     let scale = if format.gguf_block_elems() == QUANT_BLOCK { 0.02 } else { 0.001 };
     let half = |rng: &mut StdRng| {
