@@ -184,6 +184,7 @@ impl PanelWeight {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn num_panels(&self) -> usize {
         self.rows.div_ceil(PANEL)
     }
