@@ -138,14 +138,6 @@ impl Int8Weight {
         Self { rows, cols, subs, has_mins, codes, scales, mins }
     }
 
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
     /// Bytes held in memory.
     pub fn size_in_bytes(&self) -> usize {
         self.codes.len() + 4 * (self.scales.len() + self.mins.len())
@@ -174,16 +166,6 @@ impl Int8Weight {
         for_each_tile(x_rows.len(), self.rows, INT8_TILE_ROWS, |pi, rows, out_rows, width| {
             kernel(&acts, rows, &self.panel(pi), out_rows, width)
         })
-    }
-
-    /// Whether this CPU runs the int8 kernel natively (AVX512-VNNI); elsewhere the portable
-    /// loop is far slower than the float panels.
-    pub fn cpu_has_native_int8() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if crate::int8_matmul_x86::kernel().is_some() {
-            return true;
-        }
-        false
     }
 }
 
@@ -221,6 +203,7 @@ pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) 
             .zip(sums.par_chunks_mut(blocks))
             .zip(x_rows.par_iter())
             .for_each(|((((codes, scales), corrections), sums), x)| {
+                let quantize_block = quantize_block();
                 for b in 0..blocks {
                     let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
                     let (d, [low, high]) = quantize_block(&x[span.clone()], &mut codes[span]);
@@ -239,14 +222,17 @@ pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) 
 }
 
 /// Rounds one block of 32 into `codes`; returns its scale `d` and the sums of `q` over elements
-/// 0..16 and 16..32. The x86 build gives the same bytes (the same f32 operations, rounding to
-/// nearest even).
-fn quantize_block(x: &[f32], codes: &mut [i8]) -> (f32, [i32; 2]) {
+/// 0..16 and 16..32.
+pub(crate) type QuantizeBlock = fn(&[f32], &mut [i8]) -> (f32, [i32; 2]);
+
+/// The fastest block rounding this CPU runs. The x86 build gives the portable one's bytes (the
+/// same f32 operations, rounding to nearest even).
+fn quantize_block() -> QuantizeBlock {
     #[cfg(target_arch = "x86_64")]
     if let Some(quantize) = crate::int8_matmul_x86::quantize_block() {
-        return quantize(x, codes);
+        return quantize;
     }
-    quantize_block_portable(x, codes)
+    quantize_block_portable
 }
 
 pub(crate) fn quantize_block_portable(x: &[f32], codes: &mut [i8]) -> (f32, [i32; 2]) {

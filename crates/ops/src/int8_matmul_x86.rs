@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::int8_matmul::{Int8Activations, Int8Panel, Int8TileKernel, INT8_TILE_ROWS};
+use crate::int8_matmul::{Int8Activations, Int8Panel, Int8TileKernel, QuantizeBlock, INT8_TILE_ROWS};
 use crate::panel_matmul::PANEL;
 use crate::quant_weight::QUANT_BLOCK;
 use crate::simd::{level, Level};
@@ -23,9 +23,6 @@ fn has_vnni() -> bool {
 pub(crate) fn kernel() -> Option<Int8TileKernel> {
     has_vnni().then_some(tile_vnni as Int8TileKernel)
 }
-
-/// Rounds one block of activations: see `quantize_block_portable`.
-pub(crate) type QuantizeBlock = fn(&[f32], &mut [i8]) -> (f32, [i32; 2]);
 
 /// The AVX-512 activation rounding (libm's `rintf` per element took a seventh of a step), on
 /// the CPUs that run the VNNI kernel.

@@ -38,7 +38,6 @@ mod rotary_tables;
 mod simd;
 
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
-pub use int8_matmul::Int8Weight;
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
 pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams};

@@ -48,7 +48,7 @@ pub enum PanelPrecision {
     Bf16,
     /// A block-quantized weight's own integer codes (exact) times activations rounded to 8 bits
     /// per block of 32, as llama.cpp multiplies ([`crate::int8_matmul`]). A weight given as
-    /// dense rows has no codes and is packed as [`PanelPrecision::fallback_for_dense`].
+    /// dense rows has no codes and is packed as [`PanelPrecision::auto`].
     Int8,
 }
 
@@ -66,12 +66,17 @@ impl PanelPrecision {
     /// Whether this CPU multiplies int8 natively (AVX512-VNNI); elsewhere `Int8` runs a
     /// portable loop, slower than the float panels.
     pub fn cpu_has_native_int8() -> bool {
-        Int8Weight::cpu_has_native_int8()
+        #[cfg(target_arch = "x86_64")]
+        if crate::int8_matmul_x86::kernel().is_some() {
+            return true;
+        }
+        false
     }
 
-    /// What an `Int8` request packs a dense (not block-quantized) weight as: bfloat16 where the
-    /// CPU multiplies it natively, else f32.
-    pub fn fallback_for_dense() -> Self {
+    /// The float precision to use unless told otherwise: bfloat16 where the CPU multiplies it
+    /// natively (elsewhere the portable bfloat16 loops are slower than the exact f32 kernels),
+    /// else f32. Also what an `Int8` request packs a dense (not block-quantized) weight as.
+    pub fn auto() -> Self {
         if Self::cpu_has_native_bf16() {
             PanelPrecision::Bf16
         } else {
@@ -100,7 +105,7 @@ pub struct PanelWeight {
 
 impl PanelWeight {
     /// Packs a matrix given row by row: `fill_row(r, out)` writes row `r` (`cols` values).
-    /// `Int8` packs as [`PanelPrecision::fallback_for_dense`].
+    /// `Int8` packs as [`PanelPrecision::auto`].
     pub fn from_row_fn(
         rows: usize,
         cols: usize,
@@ -110,9 +115,7 @@ impl PanelWeight {
         let panels = rows.div_ceil(PANEL);
         let data = match precision {
             // Never `Int8` again, so this recursion ends.
-            PanelPrecision::Int8 => {
-                return Self::from_row_fn(rows, cols, PanelPrecision::fallback_for_dense(), fill_row)
-            }
+            PanelPrecision::Int8 => return Self::from_row_fn(rows, cols, PanelPrecision::auto(), fill_row),
             PanelPrecision::F32 => PanelData::F32(pack(
                 rows,
                 cols,

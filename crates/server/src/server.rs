@@ -89,18 +89,17 @@ fn kv_cache_dtype(arg: DtypeArg, compute: DType) -> DType {
     }
 }
 
-/// `auto` multiplies in bfloat16 only where the CPU does so natively: elsewhere the portable
-/// bfloat16 loops are slower than the exact f32 kernels.
-/// `int8` needs AVX512-VNNI: without it the portable int8 loop is slower than `auto`'s kernels.
+/// `auto` is [`PanelPrecision::auto`]. `int8` needs AVX512-VNNI: without it the portable int8
+/// loop is slower than `auto`'s kernels.
 fn panel_precision(arg: GemmDtypeArg) -> PanelPrecision {
     match arg {
         GemmDtypeArg::Int8 if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int8,
         GemmDtypeArg::Int8 => {
             tracing::warn!("--cpu-gemm-dtype int8 needs AVX512-VNNI, which this CPU lacks; using auto");
-            panel_precision(GemmDtypeArg::Auto)
+            PanelPrecision::auto()
         }
-        GemmDtypeArg::Auto if PanelPrecision::cpu_has_native_bf16() => PanelPrecision::Bf16,
-        GemmDtypeArg::Auto | GemmDtypeArg::Float32 => PanelPrecision::F32,
+        GemmDtypeArg::Auto => PanelPrecision::auto(),
+        GemmDtypeArg::Float32 => PanelPrecision::F32,
         GemmDtypeArg::Bfloat16 => PanelPrecision::Bf16,
     }
 }
