@@ -1,6 +1,7 @@
 //! Engine sizing and limits ([`EngineConfig`]) and their validation.
 
 use crate::kv_groups::KvGroups;
+use crate::speculative::{SpeculativeConfig, SpeculativeConfigError};
 
 /// Why an [`EngineConfig`] cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +27,8 @@ pub enum ConfigError {
     NumBlocksMismatch { config: usize, executor: usize },
     #[error("KV groups {config:?} do not match the executor's {executor:?}")]
     KvGroupsMismatch { config: Vec<Option<usize>>, executor: Vec<Option<usize>> },
+    #[error("speculative decoding: {0}")]
+    Speculative(#[from] SpeculativeConfigError),
 }
 
 /// Sizes and limits of one engine. `block_size` and `num_blocks` come from the executor (see
@@ -50,6 +53,8 @@ pub struct EngineConfig {
     pub max_waiting_requests: usize,
     /// Reuse KV blocks of identical prompt prefixes across requests.
     pub enable_prefix_caching: bool,
+    /// Speculative decoding (off when `None`).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl EngineConfig {
@@ -64,6 +69,7 @@ impl EngineConfig {
             max_model_len,
             max_waiting_requests: 1024,
             enable_prefix_caching: true,
+            speculative: None,
         }
     }
 
@@ -107,6 +113,9 @@ impl EngineConfig {
                 budget: self.max_num_batched_tokens,
                 max_num_seqs: self.max_num_seqs,
             });
+        }
+        if let Some(spec) = &self.speculative {
+            spec.validate()?;
         }
         if self.num_blocks >= u32::MAX as usize {
             return Err(ConfigError::TooManyBlocks(self.num_blocks));

@@ -250,6 +250,7 @@ impl<E: ModelExecutor> EngineLoop<E> {
             kv_blocks_total: bm.num_total_blocks(),
             duration: start.elapsed(),
             execute_duration,
+            spec: *self.scheduler.last_spec_stats(),
         };
         self.shared.stats.record_step(&stats);
         self.observer.on_step(&stats);

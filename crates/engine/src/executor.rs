@@ -27,6 +27,11 @@ pub struct ScheduledSeq {
     /// `Some` when this step completes the sequence's prompt (or is a decode), so a token must be
     /// sampled from the logits of its last position.
     pub sample: Option<SampleRequest>,
+    /// Speculative decoding: the last `num_draft_tokens` of `token_ids` are proposed, not yet
+    /// accepted. The executor samples at each of the last `num_draft_tokens + 1` positions and
+    /// keeps drafts while they equal what it drew (see [`crate::speculative::verify`]). 0 unless
+    /// `sample` is `Some`.
+    pub num_draft_tokens: usize,
 }
 
 impl ScheduledSeq {
@@ -37,6 +42,21 @@ impl ScheduledSeq {
     /// Context length after this step: cached tokens plus the new ones.
     pub fn context_len(&self) -> usize {
         self.start_pos + self.token_ids.len()
+    }
+
+    /// The proposed tokens this step verifies.
+    pub fn draft_tokens(&self) -> &[u32] {
+        &self.token_ids[self.token_ids.len() - self.num_draft_tokens..]
+    }
+
+    /// Positions whose logits the step needs: the last `num_draft_tokens + 1` when sampling,
+    /// none otherwise.
+    pub fn num_logits_rows(&self) -> usize {
+        if self.sample.is_some() {
+            self.num_draft_tokens + 1
+        } else {
+            0
+        }
     }
 }
 
@@ -113,12 +133,26 @@ pub struct TopLogprobs {
     pub top: Vec<TokenLogprob>,
 }
 
-/// The token drawn for one sequence.
+/// The tokens one step produced for one sequence: the draft tokens it accepted, in order, then
+/// the one it drew after them (exactly one token without speculation).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampledToken {
     pub seq_id: SeqId,
-    pub token_id: u32,
-    pub logprobs: Option<TopLogprobs>,
+    pub token_ids: Vec<u32>,
+    /// One entry per token when logprobs were asked for.
+    pub logprobs: Option<Vec<TopLogprobs>>,
+}
+
+impl SampledToken {
+    /// One drawn token (no speculation).
+    pub fn single(seq_id: SeqId, token_id: u32, logprobs: Option<TopLogprobs>) -> Self {
+        Self { seq_id, token_ids: vec![token_id], logprobs: logprobs.map(|l| vec![l]) }
+    }
+
+    /// Draft tokens accepted (all tokens but the last).
+    pub fn num_accepted(&self) -> usize {
+        self.token_ids.len().saturating_sub(1)
+    }
 }
 
 /// Result of one step: one entry per scheduled sequence with `sample: Some`, in batch order.

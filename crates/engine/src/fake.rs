@@ -20,6 +20,7 @@ use crate::executor::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
 use crate::sampler::Sampler;
+use crate::speculative::verify;
 
 /// One KV slot: the token written there and its position, `EMPTY` until written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +41,6 @@ pub struct FakeExecutor {
     groups: KvGroups,
     kv: Vec<Slot>,
     sampler: Sampler,
-    logits: Vec<f32>,
     history: Vec<u32>,
     steps: u64,
     tokens_computed: u64,
@@ -60,7 +60,6 @@ impl FakeExecutor {
             groups,
             kv: vec![EMPTY; block_size * num_blocks],
             sampler: Sampler::new(),
-            logits: Vec::new(),
             history: Vec::new(),
             steps: 0,
             tokens_computed: 0,
@@ -163,22 +162,30 @@ impl ModelExecutor for FakeExecutor {
         let mut sampled = Vec::new();
         for seq in &batch.seqs {
             let Some(req) = &seq.sample else { continue };
-            self.history.clear();
-            let (group, first) = match full {
-                Some(g) => (g, 0),
-                None => (0, seq.context_len().saturating_sub(self.groups.window(0).unwrap_or(0))),
+            // Logits are needed after each of the last `num_draft_tokens + 1` positions.
+            let first_end = seq.context_len() - seq.num_draft_tokens;
+            let (group, window) = match full {
+                Some(g) => (g, None),
+                None => (0, self.groups.window(0)),
             };
+            let first = window.map_or(0, |w| first_end.saturating_sub(w));
+            self.history.clear();
             for pos in first..seq.context_len() {
                 let token = self.read(seq, group, pos)?;
                 self.history.push(token);
             }
-            Self::logits_for(&self.history, self.vocab_size, &mut self.logits);
-            let (token_id, logprobs) = self
-                .sampler
-                .sample(&mut self.logits, req)
+            let (history, vocab_size) = (&self.history, self.vocab_size);
+            let rows = (0..=seq.num_draft_tokens).map(|i| {
+                let end = first_end + i;
+                let start = window.map_or(0, |w| end.saturating_sub(w));
+                let mut logits = Vec::new();
+                Self::logits_for(&history[start - first..end - first], vocab_size, &mut logits);
+                logits
+            });
+            let (token_ids, logprobs) = verify(&mut self.sampler, rows, req, seq.draft_tokens())
                 // As the model runner does: a row that cannot be sampled fails its sequence only.
                 .map_err(|e| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() })?;
-            sampled.push(SampledToken { seq_id: seq.seq_id, token_id, logprobs });
+            sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs });
         }
         Ok(StepOutput { sampled })
     }
@@ -244,6 +251,7 @@ mod tests {
             start_pos: start,
             block_tables: vec![table],
             sample: greedy(),
+            num_draft_tokens: 0,
         }
     }
 
@@ -253,7 +261,7 @@ mod tests {
         copies: Vec<(u32, u32)>,
     ) -> Result<Vec<u32>, ExecutorError> {
         let out = exec.execute(&ScheduledBatch { seqs, block_copies: copies })?;
-        Ok(out.sampled.iter().map(|s| s.token_id).collect())
+        Ok(out.sampled.iter().map(|s| s.token_ids[0]).collect())
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod sampler;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 pub mod stats;
 mod stop;
 
@@ -48,4 +49,5 @@ pub use request::{Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};
 pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
 pub use sequence::{SeqStatus, Sequence};
+pub use speculative::{SpecDecodeStats, SpeculativeConfig, SpeculativeMethod};
 pub use stats::{EngineObserver, EngineStatsSnapshot, NoopObserver, StepStats};

@@ -54,7 +54,12 @@ pub fn try_sample(
     logits: &mut [f32],
     req: &SampleRequest,
 ) -> Result<(u32, Option<TopLogprobs>), SampleError> {
-    SAMPLER.with(|s| s.borrow_mut().sample(logits, req))
+    with_thread_sampler(|s| s.sample(logits, req))
+}
+
+/// Runs `f` with the calling thread's [`Sampler`].
+pub fn with_thread_sampler<T>(f: impl FnOnce(&mut Sampler) -> T) -> T {
+    SAMPLER.with(|s| f(&mut s.borrow_mut()))
 }
 
 /// Orders candidates by score, highest first, then by id so ties are deterministic.

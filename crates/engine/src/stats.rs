@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use crate::event::RequestMetrics;
+use crate::speculative::{SpecDecodeStats, MAX_SPECULATIVE_TOKENS};
 
 /// What one engine step did.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -28,6 +29,8 @@ pub struct StepStats {
     pub duration: Duration,
     /// The executor's share of `duration`.
     pub execute_duration: Duration,
+    /// Proposals verified in this step.
+    pub spec: SpecDecodeStats,
 }
 
 impl StepStats {
@@ -64,6 +67,7 @@ pub struct EngineStatsSnapshot {
     pub num_prefill_tokens: u64,
     pub num_decode_tokens: u64,
     pub num_finished_requests: u64,
+    pub spec: SpecDecodeStats,
 }
 
 impl EngineStatsSnapshot {
@@ -91,6 +95,10 @@ pub(crate) struct LiveStats {
     num_prefill_tokens: AtomicU64,
     num_decode_tokens: AtomicU64,
     num_finished_requests: AtomicU64,
+    spec_num_drafts: AtomicU64,
+    spec_num_draft_tokens: AtomicU64,
+    spec_num_accepted_tokens: AtomicU64,
+    spec_accepted_per_position: [AtomicU64; MAX_SPECULATIVE_TOKENS],
 }
 
 impl LiveStats {
@@ -111,6 +119,15 @@ impl LiveStats {
         self.num_steps.fetch_add(1, Relaxed);
         self.num_prefill_tokens.fetch_add(step.num_prefill_tokens as u64, Relaxed);
         self.num_decode_tokens.fetch_add(step.num_decode_tokens as u64, Relaxed);
+        let spec = &step.spec;
+        if spec.num_drafts > 0 {
+            self.spec_num_drafts.fetch_add(spec.num_drafts, Relaxed);
+            self.spec_num_draft_tokens.fetch_add(spec.num_draft_tokens, Relaxed);
+            self.spec_num_accepted_tokens.fetch_add(spec.num_accepted_tokens, Relaxed);
+            for (total, &n) in self.spec_accepted_per_position.iter().zip(&spec.accepted_per_position) {
+                total.fetch_add(n, Relaxed);
+            }
+        }
     }
 
     pub fn record_finished(&self, n: usize) {
@@ -131,6 +148,14 @@ impl LiveStats {
             num_prefill_tokens: self.num_prefill_tokens.load(Relaxed),
             num_decode_tokens: self.num_decode_tokens.load(Relaxed),
             num_finished_requests: self.num_finished_requests.load(Relaxed),
+            spec: SpecDecodeStats {
+                num_drafts: self.spec_num_drafts.load(Relaxed),
+                num_draft_tokens: self.spec_num_draft_tokens.load(Relaxed),
+                num_accepted_tokens: self.spec_num_accepted_tokens.load(Relaxed),
+                accepted_per_position: std::array::from_fn(|i| {
+                    self.spec_accepted_per_position[i].load(Relaxed)
+                }),
+            },
         }
     }
 }
@@ -157,12 +182,17 @@ mod tests {
     fn steps_accumulate_token_counts() {
         let live = LiveStats::default();
         live.record_step(&StepStats { num_prefill_tokens: 10, num_decode_tokens: 3, ..Default::default() });
-        live.record_step(&StepStats { num_decode_tokens: 4, ..Default::default() });
+        let mut spec = SpecDecodeStats::default();
+        spec.record(4, 3);
+        live.record_step(&StepStats { num_decode_tokens: 4, spec, ..Default::default() });
+        live.record_step(&StepStats { spec, ..Default::default() });
         live.record_finished(2);
         let s = live.snapshot();
         assert_eq!(
             (s.num_steps, s.num_prefill_tokens, s.num_decode_tokens, s.num_finished_requests),
-            (2, 10, 7, 2)
+            (3, 10, 7, 2)
         );
+        assert_eq!((s.spec.num_drafts, s.spec.num_draft_tokens, s.spec.num_accepted_tokens), (2, 8, 6));
+        assert_eq!(&s.spec.accepted_per_position[..4], &[2, 2, 2, 0]);
     }
 }

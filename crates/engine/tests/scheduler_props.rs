@@ -2,7 +2,9 @@
 //! lengths, shared prefixes, n > 1, stop conditions, aborts and caches small enough to force
 //! preemption, with one KV group or with sliding-window groups (the audit after every step
 //! checks that windowed groups hold exactly their windows). Every request must end, every block
-//! must come back, and each request's output must equal what it produces alone on a big cache.
+//! must come back, and each request's output must equal what it produces alone on a big cache,
+//! with or without speculative decoding (n-gram proposals over a 32-token vocabulary are mostly
+//! rejected, so rollback is exercised hard).
 
 mod common;
 
@@ -11,7 +13,8 @@ use std::sync::Arc;
 use common::{drive, reference_with, VOCAB};
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
 use pagoda_engine::{
-    EngineConfig, FinishReason, KvGroups, Request, SamplingParams, Scheduler, StopConditions,
+    EngineConfig, FinishReason, KvGroups, Request, SamplingParams, Scheduler, SpeculativeConfig,
+    SpeculativeMethod, StopConditions,
 };
 use proptest::prelude::*;
 
@@ -128,6 +131,19 @@ fn check(config: EngineConfig, specs: &[Spec]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Off, or n-gram proposals of 1-6 tokens from suffixes of 1-4 tokens, switched off above 1, 3
+/// or any number of running sequences.
+fn speculation() -> impl Strategy<Value = Option<SpeculativeConfig>> {
+    prop::option::of((1usize..7, 1usize..3, 0usize..3, prop::sample::select(vec![1usize, 3, usize::MAX])))
+        .prop_map(|spec| {
+            spec.map(|(k, min, extra, disable)| SpeculativeConfig {
+                method: SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: min + extra },
+                num_speculative_tokens: k,
+                disable_by_batch_size: disable,
+            })
+        })
+}
+
 /// Layouts with windowed groups: beside a full group, alone, several.
 fn hybrid_groups() -> impl Strategy<Value = KvGroups> {
     (prop::sample::select(vec![1usize, 3, 5, 8, 13]), 0usize..3).prop_map(|(w, layout)| {
@@ -150,6 +166,7 @@ proptest! {
         extra_budget in 0usize..64,
         max_num_seqs in 1usize..8,
         prefix_caching in any::<bool>(),
+        speculative in speculation(),
         specs in prop::collection::vec(spec(), 1..10),
     ) {
         let min_blocks = MAX_MODEL_LEN.div_ceil(block_size);
@@ -157,6 +174,7 @@ proptest! {
         config.max_num_batched_tokens = max_num_seqs + extra_budget;
         config.max_num_seqs = max_num_seqs;
         config.enable_prefix_caching = prefix_caching;
+        config.speculative = speculative;
         check(config, &specs)?;
     }
 
@@ -168,6 +186,7 @@ proptest! {
         extra_budget in 0usize..64,
         max_num_seqs in 1usize..8,
         prefix_caching in any::<bool>(),
+        speculative in speculation(),
         specs in prop::collection::vec(spec(), 1..10),
     ) {
         let mut config = EngineConfig::new(block_size, 1, MAX_MODEL_LEN);
@@ -175,6 +194,7 @@ proptest! {
         config.max_num_seqs = max_num_seqs;
         config.enable_prefix_caching = prefix_caching;
         config.kv_groups = groups;
+        config.speculative = speculative;
         config.num_blocks = config.max_blocks_per_sequence() + extra_blocks;
         check(config, &specs)?;
     }

@@ -71,6 +71,7 @@ fn run_schedule(
                 // The GPU runs models without sliding windows: one KV group.
                 block_tables: vec![(first..first + end.div_ceil(BLOCK_SIZE) as u32).collect()],
                 sample: Some(SampleRequest::greedy()),
+                num_draft_tokens: 0,
             });
             members.push(i);
         }

@@ -1,10 +1,12 @@
 //! The model runner: turns a [`ScheduledBatch`] into flat tensors (token ids, positions, query
 //! starts, context lengths, and per KV group a slot mapping and block tables), runs the model
-//! over the whole mixed batch at once, and samples one token per sequence that asked for one.
+//! over the whole mixed batch at once, and samples one token per sequence that asked for one
+//! (verifying its proposed tokens first, when it carries any).
 
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
+use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{ExecutorError, KvGroups, ModelExecutor, SampledToken, ScheduledBatch, StepOutput};
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
@@ -114,15 +116,22 @@ impl ModelRunner {
             }
             flat.cu_seqlens_q.push(flat.input_ids.len() as u32);
             flat.context_lens.push(seq.context_len() as u32);
-            if seq.sample.is_some() {
-                flat.logits_rows.push(flat.input_ids.len() as u32 - 1);
+            if seq.num_draft_tokens >= seq.q_len() || (seq.num_draft_tokens > 0 && seq.sample.is_none()) {
+                return Err(invalid(format!(
+                    "{} proposed tokens in a step of {} that samples {}",
+                    seq.num_draft_tokens,
+                    seq.q_len(),
+                    if seq.sample.is_some() { "one" } else { "none" }
+                )));
             }
+            let end = flat.input_ids.len() as u32;
+            flat.logits_rows.extend(end - seq.num_logits_rows() as u32..end);
         }
         Ok(flat)
     }
 
-    /// Runs the batch and returns f32 logits `[n, vocab]`, one row per sequence with
-    /// `sample: Some`, in batch order.
+    /// Runs the batch and returns f32 logits `[n, vocab]`, in batch order: for each sequence
+    /// with `sample: Some`, one row per verified position (the last `num_draft_tokens + 1`).
     pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
         let flat = self.flatten(batch).map_err(|e| ModelError::InvalidOption(e.to_string()))?;
         self.logits_of(batch, flat)
@@ -186,17 +195,25 @@ impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let flat = self.flatten(batch)?;
         let logits = self.logits_of(batch, flat).map_err(|e| ExecutorError::Execution(e.to_string()))?;
-        let rows = logits.to_vec2::<f32>().map_err(|e| ExecutorError::Execution(e.to_string()))?;
-        let wanted: Vec<_> =
-            batch.seqs.iter().filter_map(|s| s.sample.as_ref().map(|req| (s.seq_id, req))).collect();
-        // Rows are sampled in parallel: a softmax over the vocabulary each.
+        let mut rows =
+            logits.to_vec2::<f32>().map_err(|e| ExecutorError::Execution(e.to_string()))?.into_iter();
+        let wanted: Vec<_> = batch
+            .seqs
+            .iter()
+            .filter_map(|s| {
+                s.sample
+                    .as_ref()
+                    .map(|req| (s, req, rows.by_ref().take(s.num_logits_rows()).collect::<Vec<_>>()))
+            })
+            .collect();
+        // Sequences are sampled in parallel: a softmax over the vocabulary per row.
         let sampled = wanted
             .into_par_iter()
-            .zip(rows)
-            .map(|((seq_id, req), mut row)| {
-                let (token_id, logprobs) = pagoda_engine::sampler::try_sample(&mut row, req)
+            .map(|(seq, req, rows)| {
+                let seq_id = seq.seq_id;
+                let (token_ids, logprobs) = try_verify(rows, req, seq.draft_tokens())
                     .map_err(|e| ExecutorError::InvalidSequence { seq_id, message: e.to_string() })?;
-                Ok(SampledToken { seq_id, token_id, logprobs })
+                Ok(SampledToken { seq_id, token_ids, logprobs })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;
         Ok(StepOutput { sampled })

@@ -3,56 +3,14 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use candle_core::{DType, Device};
+use common::real_engine::{chat_ids, engine, tokenizer};
 use common::*;
-use pagoda_engine::{
-    Engine, EngineConfig, EngineHandle, EngineObserver, Request, SamplingParams, Shutdown, StepStats,
-    StopConditions,
-};
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
-use pagoda_text::{ChatMessage, ChatTemplate, Tokenizer};
+use pagoda_engine::{EngineHandle, Request, SamplingParams, StopConditions};
+use pagoda_text::Tokenizer;
 
 const MAX_TOKENS: usize = 24;
-
-#[derive(Default)]
-struct StepLog(Mutex<Vec<StepStats>>);
-
-impl EngineObserver for StepLog {
-    fn on_step(&self, stats: &StepStats) {
-        self.0.lock().unwrap().push(*stats);
-    }
-}
-
-fn tokenizer() -> Arc<Tokenizer> {
-    Arc::new(Tokenizer::from_gguf(model_path()).unwrap())
-}
-
-fn chat_ids(tokenizer: &Tokenizer, system: Option<&str>, user: &str) -> Vec<u32> {
-    let template =
-        ChatTemplate::new(tokenizer.chat_template().unwrap(), tokenizer.bos_token(), tokenizer.eos_token())
-            .unwrap();
-    let mut messages = Vec::new();
-    if let Some(s) = system {
-        messages.push(ChatMessage::new("system", s));
-    }
-    messages.push(ChatMessage::new("user", user));
-    tokenizer.encode(&template.render(&messages, true).unwrap(), false).unwrap()
-}
-
-/// Starts an engine over the real model with `tweak` applied to a default config.
-fn engine(num_blocks: usize, tweak: impl FnOnce(&mut EngineConfig)) -> (EngineHandle, Arc<StepLog>) {
-    let loaded = load_model(&model_path(), &LoadOptions::default()).unwrap();
-    let cache =
-        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
-    let runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
-    let mut config = EngineConfig::new(BLOCK_SIZE, num_blocks, (num_blocks * BLOCK_SIZE).min(2048));
-    tweak(&mut config);
-    let log = Arc::new(StepLog::default());
-    let (handle, _thread) = Engine::spawn(config, runner, tokenizer(), log.clone(), Shutdown::new()).unwrap();
-    (handle, log)
-}
 
 /// The engine publishes its stats before it sends a step's events, so no waiting is needed.
 fn assert_all_blocks_free(handle: &EngineHandle) {

@@ -293,6 +293,11 @@ pub struct ServeArgs {
     /// llama.cpp's precision, on CPUs with AVX512-VNNI). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
+    /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",
+    /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+    /// "disable_by_batch_size": 4}`. Greedy and seeded outputs stay token-identical. [default: off]
+    #[arg(long, value_name = "JSON")]
+    pub speculative_config: Option<String>,
     /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub dequantize: Option<bool>,
@@ -363,6 +368,7 @@ pub struct ServerConfig {
     pub dtype: DtypeArg,
     pub kv_cache_dtype: DtypeArg,
     pub cpu_gemm_dtype: GemmDtypeArg,
+    pub speculative: Option<pagoda_engine::SpeculativeConfig>,
     pub dequantize: Option<bool>,
     pub device: DeviceArg,
     pub api_key: Option<String>,
@@ -436,6 +442,12 @@ impl ServerConfig {
             dtype: cli.dtype.or(file.dtype).unwrap_or_default(),
             kv_cache_dtype: cli.kv_cache_dtype.or(file.kv_cache_dtype).unwrap_or_default(),
             cpu_gemm_dtype: cli.cpu_gemm_dtype.or(file.cpu_gemm_dtype).unwrap_or_default(),
+            speculative: cli
+                .speculative_config
+                .or(file.speculative_config)
+                .map(|json| crate::speculative_config::parse(&json))
+                .transpose()
+                .map_err(|message| invalid("--speculative-config", message))?,
             dequantize: cli.dequantize.or(file.dequantize),
             device: cli.device.or(file.device).unwrap_or_default(),
             api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),

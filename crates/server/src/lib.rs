@@ -26,6 +26,7 @@ pub mod prompt;
 pub mod refuse;
 pub mod runtime;
 pub mod server;
+pub mod speculative_config;
 pub mod sse;
 pub mod state;
 pub mod structured;

@@ -82,6 +82,8 @@ pub struct EngineSnapshot {
     pub num_preemptions: u64,
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Speculative decoding's totals.
+    pub spec: pagoda_engine::SpecDecodeStats,
 }
 
 /// How one request went, for the per-request histograms and counters.
@@ -111,6 +113,10 @@ pub struct Metrics {
     num_preemptions: IntCounter,
     prefix_cache_queries: IntCounter,
     prefix_cache_hits: IntCounter,
+    spec_decode_num_drafts: IntCounter,
+    spec_decode_num_draft_tokens: IntCounter,
+    spec_decode_num_accepted_tokens: IntCounter,
+    spec_decode_num_accepted_tokens_per_pos: IntCounterVec,
     time_to_first_token: Histogram,
     inter_token_latency: Histogram,
     time_per_output_token: Histogram,
@@ -188,7 +194,23 @@ impl Metrics {
             ),
             &["kind", "cached"],
         )?)?;
+        let spec_decode_num_accepted_tokens_per_pos = b.register(IntCounterVec::new(
+            b.opts(
+                "spec_decode_num_accepted_tokens_per_pos_total",
+                "Accepted proposed tokens per position (0 is the first proposed token).",
+            ),
+            &["position"],
+        )?)?;
         Ok(Self {
+            spec_decode_num_drafts: b.counter(
+                "spec_decode_num_drafts_total",
+                "Number of proposals (sequences carrying drafts) verified.",
+            )?,
+            spec_decode_num_draft_tokens: b
+                .counter("spec_decode_num_draft_tokens_total", "Number of proposed tokens verified.")?,
+            spec_decode_num_accepted_tokens: b
+                .counter("spec_decode_num_accepted_tokens_total", "Number of proposed tokens accepted.")?,
+            spec_decode_num_accepted_tokens_per_pos,
             structured_output_requests,
             grammar_compile_time: b.histogram(
                 "structured_output_compile_seconds",
@@ -284,6 +306,21 @@ impl Metrics {
         self.num_preemptions.inc_by(now.num_preemptions.saturating_sub(seen.num_preemptions));
         self.prefix_cache_queries.inc_by(now.prefix_cache_queries.saturating_sub(seen.prefix_cache_queries));
         self.prefix_cache_hits.inc_by(now.prefix_cache_hits.saturating_sub(seen.prefix_cache_hits));
+        let (spec, seen_spec) = (&now.spec, &seen.spec);
+        self.spec_decode_num_drafts.inc_by(spec.num_drafts.saturating_sub(seen_spec.num_drafts));
+        self.spec_decode_num_draft_tokens
+            .inc_by(spec.num_draft_tokens.saturating_sub(seen_spec.num_draft_tokens));
+        self.spec_decode_num_accepted_tokens
+            .inc_by(spec.num_accepted_tokens.saturating_sub(seen_spec.num_accepted_tokens));
+        for (pos, (&n, &was)) in
+            spec.accepted_per_position.iter().zip(&seen_spec.accepted_per_position).enumerate()
+        {
+            if n > was {
+                self.spec_decode_num_accepted_tokens_per_pos
+                    .with_label_values(&[&pos.to_string()])
+                    .inc_by(n - was);
+            }
+        }
         *seen = *now;
     }
 
@@ -460,10 +497,33 @@ mod tests {
             num_preemptions: p,
             prefix_cache_queries: q,
             prefix_cache_hits: h,
+            spec: {
+                let mut s = pagoda_engine::SpecDecodeStats::default();
+                for _ in 0..p {
+                    s.record(3, 2);
+                }
+                s
+            },
         };
         m.record_engine(&snap(1, 10, 4));
         m.record_engine(&snap(3, 30, 4));
         assert_eq!(m.num_preemptions.get(), 3);
+        assert_eq!(
+            (
+                m.spec_decode_num_drafts.get(),
+                m.spec_decode_num_draft_tokens.get(),
+                m.spec_decode_num_accepted_tokens.get()
+            ),
+            (3, 9, 6)
+        );
+        let text = m.render();
+        assert!(
+            text.contains(
+                "pagoda:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"m\",position=\"1\"} 3"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("position=\"2\""), "{text}");
         assert_eq!(m.prefix_cache_queries.get(), 30);
         assert_eq!(m.prefix_cache_hits.get(), 4);
         assert_eq!(m.num_requests_running.get(), 2);

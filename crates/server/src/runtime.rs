@@ -62,6 +62,7 @@ pub struct RuntimeOptions {
     pub max_num_batched_tokens: usize,
     pub max_waiting_requests: usize,
     pub enable_prefix_caching: bool,
+    pub speculative: Option<pagoda_engine::SpeculativeConfig>,
 }
 
 impl RuntimeOptions {
@@ -84,6 +85,7 @@ impl RuntimeOptions {
             max_num_batched_tokens: 2048,
             max_waiting_requests: 1024,
             enable_prefix_caching: true,
+            speculative: None,
         }
     }
 }
@@ -238,6 +240,7 @@ impl LoadedRuntime {
         engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
         engine_config.max_waiting_requests = options.max_waiting_requests;
         engine_config.enable_prefix_caching = options.enable_prefix_caching;
+        engine_config.speculative = options.speculative;
         engine_config.validate().map_err(EngineError::from)?;
 
         Ok(Self {

@@ -137,6 +137,7 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.max_num_batched_tokens = config.max_num_batched_tokens;
     options.max_waiting_requests = config.max_waiting_requests;
     options.enable_prefix_caching = config.enable_prefix_caching;
+    options.speculative = config.speculative;
     Ok(options)
 }
 
@@ -241,6 +242,7 @@ impl Server {
             max_num_batched_tokens = ec.max_num_batched_tokens,
             max_waiting_requests = ec.max_waiting_requests,
             prefix_caching = ec.enable_prefix_caching,
+            speculative = ?ec.speculative,
             "engine started"
         );
 

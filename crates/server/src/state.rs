@@ -91,6 +91,7 @@ impl AppState {
             num_preemptions: s.num_preemptions,
             prefix_cache_queries: s.prefix_cache_queries,
             prefix_cache_hits: s.prefix_cache_hits,
+            spec: s.spec,
         });
     }
 }

@@ -268,6 +268,20 @@ impl BlockManager {
         }
     }
 
+    /// Releases the blocks past those holding the computed tokens (allocated for proposed
+    /// tokens that verification rejected). They were never full of computed tokens, so never
+    /// offered to the prefix cache, and no other sequence holds them.
+    pub fn release_tail(&mut self, seq: &mut Sequence) {
+        let keep = seq.num_computed_tokens.div_ceil(self.block_size);
+        for table in &mut seq.block_tables {
+            for b in table.drain(keep.min(table.len())..).rev() {
+                if b != NULL_BLOCK {
+                    self.pool.release(b);
+                }
+            }
+        }
+    }
+
     /// Adds a reference to every block of `tables` (a new sample sharing a parent's blocks).
     pub fn share(&mut self, tables: &[Vec<BlockId>]) {
         for &b in tables.iter().flatten().filter(|&&b| b != NULL_BLOCK) {

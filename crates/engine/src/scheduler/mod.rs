@@ -31,6 +31,7 @@ use crate::request::{Request, RequestError, RequestId, StopConditions};
 use crate::rng::{combine, sample_seed};
 use crate::sampling::SamplingParams;
 use crate::sequence::{SeqStatus, Sequence};
+use crate::speculative::{Proposer, SpecDecodeStats};
 use crate::stop::OutputProcessor;
 
 /// Why [`Scheduler::add_request`] refused a request.
@@ -49,6 +50,11 @@ pub enum UpdateError {
     SampleCount { expected: usize, got: usize },
     #[error("sampled token {index} belongs to sequence {got}, expected sequence {expected}")]
     SeqMismatch { index: usize, expected: SeqId, got: SeqId },
+    #[error(
+        "sequence {seq_id}: the executor returned {got} tokens with {logprobs} logprobs for {drafts} \
+         proposed tokens (1 to drafts + 1 tokens, all but the last the drafts' prefix)"
+    )]
+    BadVerification { seq_id: SeqId, drafts: usize, got: usize, logprobs: usize },
 }
 
 /// Events and finished-request metrics produced by one scheduler call. Reused across steps so
@@ -146,11 +152,14 @@ pub(crate) struct RequestState {
 }
 
 /// One scheduled sequence of the last step, as `update` needs it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Scheduled {
     pub seq_id: SeqId,
+    /// Tokens computed, proposed ones included.
     pub q: usize,
     pub sample: bool,
+    /// The proposed tokens at the end of the step's tokens (speculative decoding).
+    pub drafts: Vec<u32>,
 }
 
 pub struct Scheduler {
@@ -174,6 +183,10 @@ pub struct Scheduler {
     /// Samples (`n` each) of the requests none of whose sequences was ever scheduled.
     pub(crate) num_unstarted: usize,
     pub(crate) last_stats: ScheduleStats,
+    /// Speculative decoding's proposer, when configured.
+    pub(crate) proposer: Option<Proposer>,
+    /// What verification accepted in the last `update`.
+    pub(crate) last_spec_stats: SpecDecodeStats,
     /// Source of seeds for requests that bring none.
     seed_state: u64,
 }
@@ -187,6 +200,7 @@ impl Scheduler {
             config.kv_groups.clone(),
             config.enable_prefix_caching,
         );
+        let proposer = config.speculative.as_ref().map(Proposer::new);
         Ok(Self {
             config,
             decoder,
@@ -203,6 +217,8 @@ impl Scheduler {
             num_preemptions: 0,
             num_unstarted: 0,
             last_stats: ScheduleStats::default(),
+            proposer,
+            last_spec_stats: SpecDecodeStats::default(),
             seed_state: RandomState::new().hash_one(0x5EED_u64),
         })
     }
@@ -466,9 +482,14 @@ impl Scheduler {
         &self.last_stats
     }
 
-    /// Full consistency check (O(everything)), for tests: block reference counts match the
-    /// block tables, waiting sequences hold no blocks, running ones hold exactly what their
-    /// windows need, and the slot count is right.
+    /// Proposals verified by the last [`update`](Self::update).
+    pub fn last_spec_stats(&self) -> &SpecDecodeStats {
+        &self.last_spec_stats
+    }
+
+    /// Full consistency check (O(everything)), for tests, between steps: block reference counts
+    /// match the block tables, waiting sequences hold no blocks, running ones hold exactly what
+    /// their computed tokens and windows need, and the slot count is right.
     pub fn audit(&self) -> Result<(), String> {
         self.blocks.audit(self.seqs.values().map(|e| e.seq.block_tables.as_slice()))?;
         let slots: usize = self.running.iter().map(|id| self.seqs.get(id).map_or(0, SeqEntry::slots)).sum();
@@ -498,6 +519,16 @@ impl Scheduler {
                 return Err(format!("running sequence {id} is not marked running"));
             }
             self.blocks.audit_sequence(&e.seq).map_err(|err| format!("running sequence {id}: {err}"))?;
+            // Between steps a sequence holds blocks for its computed tokens only (what a step
+            // allocated for rejected proposals is back in the pool).
+            let needed = e.seq.num_computed_tokens.div_ceil(self.blocks.block_size());
+            if e.seq.num_table_blocks() != needed {
+                return Err(format!(
+                    "running sequence {id} holds {} blocks for {} computed tokens",
+                    e.seq.num_table_blocks(),
+                    e.seq.num_computed_tokens
+                ));
+            }
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ impl Scheduler {
         self.step += 1;
         self.scheduled.clear();
         self.last_stats = ScheduleStats::default();
+        self.last_spec_stats = Default::default();
         let queries_before = self.blocks.prefix_cache_queries();
         let hits_before = self.blocks.prefix_cache_hits();
         let preemptions_before = self.num_preemptions;
@@ -44,11 +45,18 @@ impl Scheduler {
         batch
     }
 
-    /// Running sequences: first every decode (one token left to compute), in admission order,
-    /// then the next chunk of each unfinished prefill in the budget that remains.
+    /// Running sequences: first every decode (one token left to compute, plus whatever the
+    /// proposer guesses after it), in admission order, then the next chunk of each unfinished
+    /// prefill in the budget that remains.
     fn schedule_running(&mut self, batch: &mut ScheduledBatch, budget: &mut usize) {
         let mut prefills = std::mem::take(&mut self.prefill_scratch);
         prefills.clear();
+        // Verification is compute a large batch no longer has to spare.
+        let speculate = self
+            .config
+            .speculative
+            .as_ref()
+            .is_some_and(|spec| self.running.len() <= spec.disable_by_batch_size);
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
@@ -68,17 +76,27 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            if self.blocks.max_tokens_fitting(&e.seq, 1) == 1 {
+            let mut drafts = Vec::new();
+            if let (true, Some(proposer)) = (speculate, &self.proposer) {
+                let limit = draft_limit(e, &self.config).min(*budget - 1);
+                proposer.propose(&e.seq.token_ids, limit, &mut drafts);
+            }
+            // Proposals shrink to the free blocks; only the token itself may preempt.
+            let fits = self.blocks.max_tokens_fitting(&e.seq, 1 + drafts.len());
+            if fits >= 1 {
+                drafts.truncate(fits - 1);
+                let q = 1 + drafts.len();
                 Self::push_entry(
                     e,
-                    1,
+                    q,
+                    drafts,
                     self.step,
                     &mut self.blocks,
                     batch,
                     &mut self.scheduled,
                     &mut self.last_stats,
                 );
-                *budget -= 1;
+                *budget -= q;
                 i += 1;
                 continue;
             }
@@ -235,13 +253,18 @@ impl Scheduler {
     /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch.
     fn push_scheduled(&mut self, id: SeqId, q: usize, batch: &mut ScheduledBatch) -> bool {
         let Some(e) = self.seqs.get_mut(&id) else { return false };
-        Self::push_entry(e, q, self.step, &mut self.blocks, batch, &mut self.scheduled, &mut self.last_stats)
+        let (step, blocks, scheduled, stats) =
+            (self.step, &mut self.blocks, &mut self.scheduled, &mut self.last_stats);
+        Self::push_entry(e, q, Vec::new(), step, blocks, batch, scheduled, stats)
     }
 
-    /// [`push_scheduled`](Self::push_scheduled) for an entry already looked up.
+    /// [`push_scheduled`](Self::push_scheduled) for an entry already looked up; the last
+    /// `drafts.len()` of the `q` tokens are `drafts`, proposed after the sequence's own tokens.
+    #[allow(clippy::too_many_arguments)]
     fn push_entry(
         e: &mut SeqEntry,
         q: usize,
+        drafts: Vec<u32>,
         step: u64,
         blocks: &mut BlockManager,
         batch: &mut ScheduledBatch,
@@ -253,22 +276,28 @@ impl Scheduler {
             return false;
         }
         let start = e.seq.num_computed_tokens;
-        let sample = start + q == e.target() && e.fork_into <= 1;
+        let own = q - drafts.len();
+        let sample = start + own == e.target() && e.fork_into <= 1;
+        debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
         let sample_request = sample.then(|| sample_request(e));
+        let mut token_ids = Vec::with_capacity(q);
+        token_ids.extend_from_slice(&e.seq.token_ids[start..start + own]);
+        token_ids.extend_from_slice(&drafts);
         batch.seqs.push(ScheduledSeq {
             seq_id: e.seq.id,
-            token_ids: e.seq.token_ids[start..start + q].to_vec(),
+            token_ids,
             start_pos: start,
             block_tables: e.seq.block_tables.clone(),
             sample: sample_request,
+            num_draft_tokens: drafts.len(),
         });
         e.last_scheduled = step;
-        scheduled.push(Scheduled { seq_id: e.seq.id, q, sample });
-        if q == 1 && sample && e.seq.output_len() > 0 {
-            stats.num_decode_tokens += 1;
+        if own == 1 && sample && e.seq.output_len() > 0 {
+            stats.num_decode_tokens += q;
         } else {
             stats.num_prefill_tokens += q;
         }
+        scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts });
         true
     }
 
@@ -364,6 +393,28 @@ impl Scheduler {
             "a scheduled sequence lacks blocks"
         );
     }
+}
+
+/// Most tokens a decoding sequence may propose: a verified step yields up to one more token than
+/// it proposed, which must stay within `max_tokens` and `max_model_len`; while `min_tokens` is
+/// not reached, every verified position must be one where the end-of-sequence bans hold (the
+/// sample request carries one ban list); a grammar masks one position only, so constrained
+/// sequences propose nothing.
+fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
+    let Some(spec) = &config.speculative else { return 0 };
+    if e.constraint.is_some() || e.fork_into > 1 {
+        return 0;
+    }
+    let output = e.seq.output_len();
+    let mut limit = spec
+        .num_speculative_tokens
+        .min(e.shared.max_tokens.saturating_sub(output + 1))
+        .min(config.max_model_len.saturating_sub(e.seq.len() + 1));
+    let min_tokens = e.shared.stop.min_tokens;
+    if output < min_tokens {
+        limit = limit.min(min_tokens - output - 1);
+    }
+    limit
 }
 
 /// What the sampler needs for this sequence's next token.

@@ -1,13 +1,15 @@
 //! After a step: advance `num_computed_tokens`, offer newly full blocks to the prefix cache,
-//! fork parents that reached their fork point, append sampled tokens, check stop conditions,
-//! free finished sequences and produce the step's [`TokenEvent`]s.
+//! fork parents that reached their fork point, append sampled tokens (several when proposals
+//! were accepted), check stop conditions after each, roll back rejected proposals, free finished
+//! sequences and produce the step's [`TokenEvent`]s.
 
 use std::time::Instant;
 
 use pagoda_text::TokenDecoder;
 
 use crate::event::{FinishReason, StopReason, TokenEvent};
-use crate::executor::{SampledToken, SeqId, StepOutput};
+use crate::executor::{SeqId, StepOutput, TopLogprobs};
+use crate::speculative::SpecDecodeStats;
 
 use super::{Scheduler, SeqEntry, StepEvents, UpdateError};
 
@@ -16,17 +18,8 @@ impl Scheduler {
     /// On a mismatch between batch and output nothing is changed; the caller should then
     /// [`fail_scheduled`](Self::fail_scheduled).
     pub fn update(&mut self, output: StepOutput, out: &mut StepEvents) -> Result<(), UpdateError> {
-        let expected = self.scheduled.iter().filter(|s| s.sample).count();
-        if output.sampled.len() != expected {
-            return Err(UpdateError::SampleCount { expected, got: output.sampled.len() });
-        }
-        let sampling = self.scheduled.iter().filter(|s| s.sample);
-        for (index, (s, t)) in sampling.zip(&output.sampled).enumerate() {
-            if s.seq_id != t.seq_id {
-                return Err(UpdateError::SeqMismatch { index, expected: s.seq_id, got: t.seq_id });
-            }
-        }
-
+        self.check_output(&output)?;
+        self.last_spec_stats = SpecDecodeStats::default();
         let now = Instant::now();
         let mut sampled = output.sampled.into_iter();
         let mut any_finished = false;
@@ -34,25 +27,46 @@ impl Scheduler {
         for s in &scheduled {
             let token = if s.sample { sampled.next() } else { None };
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
-            e.seq.num_computed_tokens += s.q;
-            self.blocks.commit_computed(&mut e.seq);
-            if e.fork_into > 1 && e.seq.num_computed_tokens >= e.target() {
-                self.fork(s.seq_id);
-                continue;
-            }
-            let Some(token) = token else { continue };
-            let request_id = e.seq.request_id;
-            let (mut event, finish) = Self::append_token(e, token, &*self.decoder, self.config.max_model_len);
-            if e.seq.output_len() == 1 {
-                if let Some(state) = self.requests.get_mut(&request_id) {
-                    state.timestamps.first_token.get_or_insert(now);
+            // Proposed tokens count as computed only once accepted.
+            e.seq.num_computed_tokens += s.q - s.drafts.len();
+            let Some(token) = token else {
+                self.blocks.commit_computed(&mut e.seq);
+                if e.fork_into > 1 && e.seq.num_computed_tokens >= e.target() {
+                    self.fork(s.seq_id);
                 }
+                continue;
+            };
+            let accepted = token.num_accepted();
+            self.last_spec_stats.record(s.drafts.len(), accepted);
+            let request_id = e.seq.request_id;
+            let mut logprobs = token.logprobs.map(Vec::into_iter);
+            let mut finish = None;
+            for &token_id in &token.token_ids {
+                let lp = logprobs.as_mut().and_then(Iterator::next);
+                let (event, reason) =
+                    Self::append_token(e, token_id, lp, &*self.decoder, self.config.max_model_len);
+                if e.seq.output_len() == 1 {
+                    if let Some(state) = self.requests.get_mut(&request_id) {
+                        state.timestamps.first_token.get_or_insert(now);
+                    }
+                }
+                if let Some(reason) = reason {
+                    // Tokens after a stop are dropped, accepted or not.
+                    finish = Some((reason, event));
+                    break;
+                }
+                out.events.push((request_id, event));
             }
-            if let Some(reason) = finish {
+            // The accepted proposals' KV is valid; the rejected ones' slots are overwritten by
+            // later steps, and blocks that held nothing else go back to the pool.
+            e.seq.num_computed_tokens = (e.seq.num_computed_tokens + accepted).min(e.seq.len());
+            self.blocks.release_tail(&mut e.seq);
+            self.blocks.commit_computed(&mut e.seq);
+            if let Some((reason, mut event)) = finish {
                 self.finish_seq(s.seq_id, reason, now, &mut event, out);
+                out.events.push((request_id, event));
                 any_finished = true;
             }
-            out.events.push((request_id, event));
         }
         self.scheduled = scheduled;
         self.scheduled.clear();
@@ -63,15 +77,46 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The output must hold, for each sequence that sampled and in batch order, one to
+    /// `drafts + 1` tokens of which all but the last are its proposals, and one logprobs entry
+    /// per token when any.
+    fn check_output(&self, output: &StepOutput) -> Result<(), UpdateError> {
+        let expected = self.scheduled.iter().filter(|s| s.sample).count();
+        if output.sampled.len() != expected {
+            return Err(UpdateError::SampleCount { expected, got: output.sampled.len() });
+        }
+        let sampling = self.scheduled.iter().filter(|s| s.sample);
+        for (index, (s, t)) in sampling.zip(&output.sampled).enumerate() {
+            if s.seq_id != t.seq_id {
+                return Err(UpdateError::SeqMismatch { index, expected: s.seq_id, got: t.seq_id });
+            }
+            let got = t.token_ids.len();
+            let logprobs = t.logprobs.as_ref().map_or(got, Vec::len);
+            if got == 0
+                || got > s.drafts.len() + 1
+                || t.token_ids[..got - 1] != s.drafts[..got - 1]
+                || logprobs != got
+            {
+                return Err(UpdateError::BadVerification {
+                    seq_id: s.seq_id,
+                    drafts: s.drafts.len(),
+                    got,
+                    logprobs,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Appends one sampled token and runs the stop checks; returns the token's event and the
     /// finish reason if a stop condition hit.
     fn append_token(
         e: &mut SeqEntry,
-        sampled: SampledToken,
+        token: u32,
+        logprobs: Option<TopLogprobs>,
         decoder: &dyn TokenDecoder,
         max_model_len: usize,
     ) -> (TokenEvent, Option<FinishReason>) {
-        let token = sampled.token_id;
         e.seq.token_ids.push(token);
         let output_len = e.seq.output_len();
         let grammar = Self::advance_constraint(e, token);
@@ -94,7 +139,7 @@ impl Scheduler {
             index: e.seq.sample_index,
             token_ids: vec![token],
             text: outcome.text,
-            logprobs: sampled.logprobs.map(|l| vec![l]),
+            logprobs: logprobs.map(|l| vec![l]),
             finished: outcome.finish.clone(),
             usage: None,
             timestamps: None,

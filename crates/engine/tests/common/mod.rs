@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
 use pagoda_engine::{
-    EngineConfig, FinishReason, KvGroups, ModelExecutor, Request, RequestId, Scheduler, StepEvents,
-    TokenEvent,
+    EngineConfig, FinishReason, KvGroups, ModelExecutor, Request, RequestId, Scheduler, SpecDecodeStats,
+    StepEvents, TokenEvent,
 };
 
 pub const VOCAB: usize = 32;
@@ -55,8 +55,19 @@ impl Collected {
 pub fn drive(
     sched: &mut Scheduler,
     exec: &mut FakeExecutor,
+    arrivals: Vec<(usize, Request)>,
+    aborts: Vec<(usize, RequestId)>,
+) -> (HashMap<RequestId, Collected>, usize) {
+    drive_counting(sched, exec, arrivals, aborts, &mut SpecDecodeStats::default())
+}
+
+/// [`drive`], adding what speculative decoding did to `spec`.
+pub fn drive_counting(
+    sched: &mut Scheduler,
+    exec: &mut FakeExecutor,
     mut arrivals: Vec<(usize, Request)>,
     mut aborts: Vec<(usize, RequestId)>,
+    spec: &mut SpecDecodeStats,
 ) -> (HashMap<RequestId, Collected>, usize) {
     arrivals.sort_by_key(|(s, _)| *s);
     aborts.sort_by_key(|(s, _)| *s);
@@ -77,6 +88,7 @@ pub fn drive(
         if !batch.is_empty() {
             let output = exec.execute(&batch).expect("the fake executor accepts every batch");
             sched.update(output, &mut events).expect("output matches the batch");
+            spec.add(sched.last_spec_stats());
         }
         for (id, ev) in events.events.drain(..) {
             out.entry(id).or_default().push(ev);

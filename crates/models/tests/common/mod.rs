@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod real_engine;
+
 use std::path::PathBuf;
 
 use candle_core::{DType, Device};
@@ -170,6 +172,7 @@ impl TestSeq {
                 })
                 .collect(),
             sample: Some(SampleRequest::greedy()),
+            num_draft_tokens: 0,
         }
     }
 }

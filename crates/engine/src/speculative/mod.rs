@@ -1,0 +1,177 @@
+//! Speculative decoding, the vLLM v1 way: a running sequence that is decoding may carry up to
+//! `k` proposed tokens into a step. They count against the step's token budget like any other
+//! token, the executor computes logits at all `k + 1` positions in the same varlen batch, and
+//! [`verify`] keeps the proposals the target model would have drawn itself, plus the one token
+//! it draws after them. Rejected proposals' KV slots are simply not counted as computed, and the
+//! blocks allocated only for them go back to the pool.
+//!
+//! - [`SpeculativeConfig`]: the method and its limits (`--speculative-config`).
+//! - [`Proposer`]: where proposals come from; [`ngram`] looks the sequence's last tokens up in
+//!   its own history (prompt lookup).
+//! - [`SpecDecodeStats`]: drafts, draft tokens and accepted tokens per position, for metrics.
+
+pub mod ngram;
+pub mod verify;
+
+pub use ngram::NgramProposer;
+pub use verify::{try_verify, verify};
+
+/// Most tokens one step may propose for a sequence (the per-position acceptance counters are
+/// a fixed array).
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+/// How proposals are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeculativeMethod {
+    /// Prompt lookup: the most recent earlier occurrence of the sequence's last `n` tokens
+    /// (`n` from `prompt_lookup_max` down to `prompt_lookup_min`) proposes what followed it.
+    Ngram { prompt_lookup_min: usize, prompt_lookup_max: usize },
+}
+
+/// `--speculative-config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    pub method: SpeculativeMethod,
+    /// Most tokens proposed per sequence and step.
+    pub num_speculative_tokens: usize,
+    /// Steps with more running sequences than this propose nothing: verifying costs compute
+    /// that a large batch no longer has spare (decode stops being memory-bound).
+    pub disable_by_batch_size: usize,
+}
+
+/// Why a [`SpeculativeConfig`] cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpeculativeConfigError {
+    #[error("num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {0}")]
+    NumTokens(usize),
+    #[error("prompt_lookup_min ({min}) must be at least 1 and at most prompt_lookup_max ({max})")]
+    Lookup { min: usize, max: usize },
+}
+
+impl SpeculativeConfig {
+    /// Prompt lookup with vLLM's defaults for the lookup window.
+    pub fn ngram(num_speculative_tokens: usize) -> Self {
+        Self {
+            method: SpeculativeMethod::Ngram { prompt_lookup_min: 2, prompt_lookup_max: 4 },
+            num_speculative_tokens,
+            disable_by_batch_size: usize::MAX,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), SpeculativeConfigError> {
+        if !(1..=MAX_SPECULATIVE_TOKENS).contains(&self.num_speculative_tokens) {
+            return Err(SpeculativeConfigError::NumTokens(self.num_speculative_tokens));
+        }
+        match self.method {
+            SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max } => {
+                if min == 0 || min > max {
+                    return Err(SpeculativeConfigError::Lookup { min, max });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes proposals for one sequence at a time (the scheduler asks while building a step).
+#[derive(Debug, Clone)]
+pub enum Proposer {
+    Ngram(NgramProposer),
+}
+
+impl Proposer {
+    pub fn new(config: &SpeculativeConfig) -> Self {
+        match config.method {
+            SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
+                Self::Ngram(NgramProposer::new(prompt_lookup_min, prompt_lookup_max))
+            }
+        }
+    }
+
+    /// Appends to `out` at most `max_tokens` proposed continuations of `tokens` (prompt then
+    /// output so far).
+    pub fn propose(&self, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
+        match self {
+            Self::Ngram(p) => p.propose(tokens, max_tokens, out),
+        }
+    }
+}
+
+/// What speculation did in one step (or in total).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecDecodeStats {
+    /// Sequences that carried at least one proposed token.
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    /// How often the proposal at each position was accepted.
+    pub accepted_per_position: [u64; MAX_SPECULATIVE_TOKENS],
+}
+
+impl SpecDecodeStats {
+    /// Counts one verified proposal of `proposed` tokens of which the first `accepted` held.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        self.num_drafts += 1;
+        self.num_draft_tokens += proposed as u64;
+        self.num_accepted_tokens += accepted as u64;
+        for slot in &mut self.accepted_per_position[..accepted.min(MAX_SPECULATIVE_TOKENS)] {
+            *slot += 1;
+        }
+    }
+
+    pub fn add(&mut self, other: &Self) {
+        self.num_drafts += other.num_drafts;
+        self.num_draft_tokens += other.num_draft_tokens;
+        self.num_accepted_tokens += other.num_accepted_tokens;
+        for (a, b) in self.accepted_per_position.iter_mut().zip(&other.accepted_per_position) {
+            *a += b;
+        }
+    }
+
+    /// Accepted over proposed tokens.
+    pub fn acceptance_rate(&self) -> f64 {
+        self.num_accepted_tokens as f64 / self.num_draft_tokens.max(1) as f64
+    }
+
+    /// Tokens produced per verified proposal: the accepted ones plus the one drawn after them.
+    pub fn mean_acceptance_length(&self) -> f64 {
+        1.0 + self.num_accepted_tokens as f64 / self.num_drafts.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_limits_are_named() {
+        assert_eq!(SpeculativeConfig::ngram(4).validate(), Ok(()));
+        assert_eq!(SpeculativeConfig::ngram(0).validate(), Err(SpeculativeConfigError::NumTokens(0)));
+        assert_eq!(SpeculativeConfig::ngram(17).validate(), Err(SpeculativeConfigError::NumTokens(17)));
+        let c = SpeculativeConfig {
+            method: SpeculativeMethod::Ngram { prompt_lookup_min: 3, prompt_lookup_max: 2 },
+            ..SpeculativeConfig::ngram(4)
+        };
+        assert_eq!(c.validate(), Err(SpeculativeConfigError::Lookup { min: 3, max: 2 }));
+    }
+
+    #[test]
+    fn stats_count_positions_and_lengths() {
+        let mut s = SpecDecodeStats::default();
+        s.record(4, 2);
+        s.record(3, 0);
+        s.record(0, 0);
+        s.record(2, 2);
+        assert_eq!((s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens), (3, 9, 4));
+        assert_eq!(&s.accepted_per_position[..4], &[2, 2, 0, 0]);
+        assert!((s.acceptance_rate() - 4.0 / 9.0).abs() < 1e-12);
+        assert!((s.mean_acceptance_length() - (1.0 + 4.0 / 3.0)).abs() < 1e-12);
+        let mut total = SpecDecodeStats::default();
+        total.add(&s);
+        total.add(&s);
+        assert_eq!((total.num_drafts, total.accepted_per_position[1]), (6, 4));
+    }
+}

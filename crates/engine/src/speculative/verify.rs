@@ -1,0 +1,75 @@
+//! Verification of proposed tokens against the target model's logits.
+//!
+//! Proposals here are single tokens (a point-mass draft distribution `q`). Rejection sampling
+//! against such a `q` accepts draft `x` with probability `min(1, p(x) / q(x)) = p(x)` and, on
+//! rejection, draws from `p` with `x` removed. Drawing `y ~ p` with the sampler and accepting
+//! exactly when `y == x` does both at once: `x` comes out with probability `p(x)`, and any
+//! `y != x` with probability `p(y)`. So each position is drawn by the ordinary sampler, with the
+//! request advanced past the accepted drafts (`output_index + i`, the drafts appended to the
+//! history for penalties), and verification stops at the first draw that differs from the
+//! draft. Because the sampler's draw is a function of `(seed, output_index)`, a sequence gets the
+//! very tokens it would have got without speculation, greedy or seeded, whatever was proposed.
+
+use crate::executor::{SampleRequest, TopLogprobs};
+use crate::sampler::{with_thread_sampler, SampleError, Sampler};
+
+/// The tokens a verified step produced: the accepted drafts then the drawn token.
+pub type Verified = (Vec<u32>, Option<Vec<TopLogprobs>>);
+
+/// Verifies `drafts`: `rows` yields the target's logits after the context, then after each
+/// draft in turn (`drafts.len() + 1` rows; only as many as needed are taken). Returns the
+/// accepted drafts followed by the token drawn at the first position whose draw differed (or
+/// after the last draft), with their logprobs when asked for.
+pub fn verify<R: AsMut<[f32]>>(
+    sampler: &mut Sampler,
+    rows: impl IntoIterator<Item = R>,
+    req: &SampleRequest,
+    drafts: &[u32],
+) -> Result<Verified, SampleError> {
+    // A grammar's mask covers the first position only; the scheduler proposes nothing to a
+    // constrained sequence.
+    debug_assert!(drafts.is_empty() || req.allowed.is_none(), "drafts under a grammar mask");
+    let mut tokens = Vec::with_capacity(drafts.len() + 1);
+    let mut logprobs = req.params.logprobs.map(|_| Vec::with_capacity(drafts.len() + 1));
+    let mut rows = rows.into_iter();
+    for i in 0..=drafts.len() {
+        let mut row = rows.next().ok_or(SampleError::EmptyLogits)?;
+        let (token, lp) = if i == 0 {
+            sampler.sample(row.as_mut(), req)?
+        } else {
+            sampler.sample(row.as_mut(), &advanced(req, &drafts[..i]))?
+        };
+        tokens.push(token);
+        if let (Some(all), Some(lp)) = (logprobs.as_mut(), lp) {
+            all.push(lp);
+        }
+        if drafts.get(i) != Some(&token) {
+            break;
+        }
+    }
+    Ok((tokens, logprobs))
+}
+
+/// [`verify`] with the calling thread's sampler.
+pub fn try_verify<R: AsMut<[f32]>>(
+    rows: impl IntoIterator<Item = R>,
+    req: &SampleRequest,
+    drafts: &[u32],
+) -> Result<Verified, SampleError> {
+    with_thread_sampler(|s| verify(s, rows, req, drafts))
+}
+
+/// The request for the position after `accepted` more tokens.
+fn advanced(req: &SampleRequest, accepted: &[u32]) -> SampleRequest {
+    let history = req.history.as_ref().map(|h| {
+        let mut extended = Vec::with_capacity(h.len() + accepted.len());
+        extended.extend_from_slice(h);
+        extended.extend_from_slice(accepted);
+        extended.into()
+    });
+    SampleRequest { output_index: req.output_index + accepted.len(), history, ..req.clone() }
+}
+
+#[cfg(test)]
+#[path = "verify_tests.rs"]
+mod tests;

@@ -1,0 +1,117 @@
+//! Speculative decoding over the real SmolLM2 model on the CPU: n-gram proposals verified in
+//! the same varlen batch must leave every output token-identical to decoding without them, on
+//! the golden prompts and on a batch of sixteen mixed requests, and must actually be accepted on
+//! input-grounded prompts.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::real_engine::{chat_ids, engine, tokenizer};
+use common::*;
+use pagoda_engine::{EngineHandle, Request, SamplingParams, SpeculativeConfig, StopConditions};
+use pagoda_text::Tokenizer;
+
+fn ngram() -> SpeculativeConfig {
+    SpeculativeConfig { disable_by_batch_size: usize::MAX, ..SpeculativeConfig::ngram(4) }
+}
+
+fn request(handle: &EngineHandle, prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> Request {
+    let stop = StopConditions { ignore_eos: true, ..StopConditions::default() };
+    Request::new(handle.next_request_id(), prompt, Arc::new(params))
+        .with_max_tokens(max_tokens)
+        .with_stop(stop)
+}
+
+/// Prompts whose answers repeat their input, where prompt lookup pays.
+fn grounded(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+    [
+        "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the river bank.",
+        "Copy the list: apples, oranges, pears, plums, cherries, grapes, lemons, limes.",
+        "Rewrite in capital letters: the meeting is moved to Tuesday at ten in the morning.",
+        "Repeat: To be or not to be, that is the question.",
+    ]
+    .iter()
+    .map(|q| chat_ids(tokenizer, None, q))
+    .collect()
+}
+
+fn chat(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+    [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "List three primary colors.",
+        "Why is the sky blue?",
+    ]
+    .iter()
+    .map(|q| chat_ids(tokenizer, None, q))
+    .collect()
+}
+
+#[test]
+fn golden_prompts_decode_the_same_with_ngram_proposals() {
+    let fixture = fixture();
+    let tokenizer = tokenizer();
+    let mut prompts: Vec<Vec<u32>> =
+        fixture["logits_cases"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).collect();
+    prompts.extend(grounded(&tokenizer));
+    let (plain, _) = engine(256, |_| {});
+    let (spec, _) = engine(256, |c| c.speculative = Some(ngram()));
+    for (i, prompt) in prompts.iter().enumerate() {
+        let want = generate_all(&plain, vec![request(&plain, prompt.clone(), SamplingParams::default(), 32)]);
+        let got = generate_all(&spec, vec![request(&spec, prompt.clone(), SamplingParams::default(), 32)]);
+        assert_eq!(got, want, "prompt {i}");
+    }
+    // The golden prompts' greedy continuations, as scripts/golden.py recorded them.
+    for (case, prompt) in fixture["logits_cases"].as_array().unwrap().iter().zip(&prompts) {
+        let greedy = ids(&case["greedy"]);
+        let got = generate_all(
+            &spec,
+            vec![request(&spec, prompt.clone(), SamplingParams::default(), greedy.len())],
+        );
+        assert_eq!(got[0], greedy, "{}", case["name"]);
+    }
+    let stats = spec.stats().spec;
+    assert!(stats.num_drafts > 20 && stats.num_accepted_tokens > 20, "{stats:?}");
+    assert_eq!(spec.stats().kv_blocks_used, 0, "blocks leaked");
+}
+
+#[test]
+fn sixteen_mixed_requests_keep_their_outputs_with_proposals() {
+    let tokenizer = tokenizer();
+    let mut prompts = grounded(&tokenizer);
+    prompts.extend(chat(&tokenizer));
+    let prompts: Vec<Vec<u32>> = prompts.iter().chain(&prompts).cloned().collect();
+    let params = |i: usize| {
+        if i < 8 {
+            SamplingParams::default()
+        } else {
+            SamplingParams { temperature: 0.8, top_p: 0.95, seed: Some(i as u64), ..Default::default() }
+        }
+    };
+    let requests = |handle: &EngineHandle| -> Vec<Request> {
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| request(handle, p.clone(), params(i), 12 + 3 * (i % 5)))
+            .collect()
+    };
+    let (plain, _) = engine(256, |_| {});
+    let alone: Vec<Vec<u32>> =
+        requests(&plain).into_iter().map(|r| generate_all(&plain, vec![r]).remove(0)).collect();
+    // Speculation on at every batch size, and a cache small enough to preempt.
+    let (spec, log) = engine(40, |c| {
+        c.speculative = Some(ngram());
+        c.max_model_len = 40 * BLOCK_SIZE;
+    });
+    let together = generate_all(&spec, requests(&spec));
+    for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(got, want, "request {i}");
+    }
+    let stats = spec.stats();
+    assert!(stats.spec.num_accepted_tokens > 10, "{:?}", stats.spec);
+    assert!(stats.num_preemptions > 0, "the small cache caused no preemption");
+    assert_eq!(stats.kv_blocks_used, 0, "blocks leaked");
+    let steps = log.0.lock().unwrap();
+    assert!(steps.iter().any(|s| s.num_seqs >= 8 && s.spec.num_drafts > 0), "no large step speculated");
+}
