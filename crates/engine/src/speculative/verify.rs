@@ -8,7 +8,10 @@
 //! request advanced past the accepted drafts (`output_index + i`, the drafts appended to the
 //! history for penalties), and verification stops at the first draw that differs from the
 //! draft. Because the sampler's draw is a function of `(seed, output_index)`, a sequence gets the
-//! very tokens it would have got without speculation, greedy or seeded, whatever was proposed.
+//! very tokens it would have got without speculation, greedy or seeded, whatever was proposed,
+//! given the same logits. (The model computes a verification step's positions together, so its
+//! logits can differ from one-token steps in the last bits, as with any change of batch: the
+//! logprobs show it, and a near-tie could flip.)
 
 use crate::executor::{SampleRequest, TopLogprobs};
 use crate::sampler::{with_thread_sampler, SampleError, Sampler};

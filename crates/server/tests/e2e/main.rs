@@ -17,6 +17,7 @@ mod reasoning;
 mod sdk;
 mod second_signal;
 mod shutdown;
+mod speculative;
 mod structured;
 mod tools;
 mod wire_details;

@@ -1,0 +1,102 @@
+//! `pagoda serve --speculative-config`: n-gram proposals must not change what clients get (greedy
+//! and seeded chats, logprobs, a stop string, `n = 2`, streamed or not), and the spec_decode
+//! metrics must count what was proposed and accepted.
+
+use anyhow::Result;
+use serde_json::{json, Value};
+
+use crate::harness::{client, metric, metrics_text, post_json, read_sse, TestServer};
+
+const SPEC: &str = r#"{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}"#;
+
+const PASSAGE: &str = "The harbour town grew up around a stone pier built in 1742. Fishing boats \
+    unloaded herring there every morning, and by noon the catch was salted and packed into barrels.";
+
+fn bodies() -> Vec<Value> {
+    let repeat = format!("Repeat the following text word for word:\n\n{PASSAGE}");
+    let msgs = |text: &str| json!([{"role": "user", "content": text}]);
+    vec![
+        json!({"model": "smol", "messages": msgs(&repeat), "max_tokens": 60, "temperature": 0}),
+        json!({"model": "smol", "messages": msgs(&repeat), "max_tokens": 40, "temperature": 0,
+               "logprobs": true, "top_logprobs": 2}),
+        json!({"model": "smol", "messages": msgs(&repeat), "max_tokens": 60, "temperature": 0,
+               "stop": ["herring"]}),
+        json!({"model": "smol", "messages": msgs(&repeat), "max_tokens": 50, "temperature": 0.8,
+               "seed": 11, "n": 2}),
+        json!({"model": "smol", "messages": msgs("Write a haiku about the sea."), "max_tokens": 30,
+               "temperature": 0}),
+    ]
+}
+
+/// Each body's answer: the choices' messages and finish reasons, the usage and the logprobs.
+async fn answers(server: &TestServer) -> Result<Vec<Value>> {
+    let c = client();
+    let mut out = Vec::new();
+    for body in bodies() {
+        let (status, resp) = post_json(&c, &server.url("/v1/chat/completions"), &body).await?;
+        assert_eq!(status, 200, "{resp}");
+        let choices: Vec<Value> = resp["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| json!([c["message"]["content"], c["finish_reason"], c["logprobs"]]))
+            .collect();
+        out.push(json!([choices, resp["usage"]["completion_tokens"]]));
+    }
+    // One streamed too: its deltas concatenate to the same text.
+    let mut body = bodies().remove(0);
+    body["stream"] = json!(true);
+    let resp = c.post(server.url("/v1/chat/completions")).json(&body).send().await?;
+    let (events, done) = read_sse(resp).await?;
+    assert!(done);
+    let text: String = events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
+    out.push(json!(text));
+    Ok(out)
+}
+
+/// Equal, except that logprobs may differ in their last bits: a step that verifies proposals
+/// computes several positions at once, and the small-step kernels sum in another order.
+fn assert_same(got: &Value, want: &Value, path: &str) {
+    match (got, want) {
+        (Value::Number(g), Value::Number(w)) if !(g.is_u64() && w.is_u64()) => {
+            let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+            assert!((g - w).abs() <= 1e-3 + 1e-3 * w.abs(), "{path}: {g} vs {w}");
+        }
+        (Value::Array(g), Value::Array(w)) => {
+            assert_eq!(g.len(), w.len(), "{path}: lengths");
+            for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                assert_same(g, w, &format!("{path}[{i}]"));
+            }
+        }
+        (Value::Object(g), Value::Object(w)) => {
+            assert_eq!(g.keys().collect::<Vec<_>>(), w.keys().collect::<Vec<_>>(), "{path}: keys");
+            for (k, g) in g {
+                assert_same(g, &w[k], &format!("{path}.{k}"));
+            }
+        }
+        _ => assert_eq!(got, want, "{path}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ngram_proposals_leave_answers_unchanged_and_are_counted() -> Result<()> {
+    let plain = TestServer::start(&[]);
+    let want = answers(&plain).await?;
+    plain.signal_stop();
+    plain.join()?;
+
+    let spec = TestServer::start(&["--speculative-config", SPEC]);
+    let got = answers(&spec).await?;
+    assert_same(&json!(got), &json!(want), "answers");
+    // The repeat prompts copy the passage: proposals are made and mostly accepted.
+    let text = metrics_text(&client(), &spec).await?;
+    let drafts = metric(&text, "pagoda:spec_decode_num_drafts_total", "").unwrap();
+    let proposed = metric(&text, "pagoda:spec_decode_num_draft_tokens_total", "").unwrap();
+    let accepted = metric(&text, "pagoda:spec_decode_num_accepted_tokens_total", "").unwrap();
+    let first =
+        metric(&text, "pagoda:spec_decode_num_accepted_tokens_per_pos_total", "position=\"0\"").unwrap();
+    assert!(drafts >= 10.0 && proposed >= drafts && accepted >= 10.0, "{text}");
+    assert!(accepted <= proposed && first <= drafts && first >= accepted / 4.0, "{text}");
+    spec.signal_stop();
+    spec.join()
+}
