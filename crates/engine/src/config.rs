@@ -33,7 +33,7 @@ pub enum ConfigError {
 
 /// Sizes and limits of one engine. `block_size` and `num_blocks` come from the executor (see
 /// [`EngineConfig::for_executor`]); the rest are policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// Tokens per KV block.
     pub block_size: usize,

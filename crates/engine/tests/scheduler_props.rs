@@ -131,17 +131,32 @@ fn check(config: EngineConfig, specs: &[Spec]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Off, or n-gram proposals of 1-6 tokens from suffixes of 1-4 tokens, switched off above 1, 3
-/// or any number of running sequences.
+/// Off, or n-gram proposals from suffixes of 1-4 tokens, or suffix decoding over the outputs of
+/// earlier requests: 1-6 tokens, switched off above 1, 3 or any number of running sequences.
 fn speculation() -> impl Strategy<Value = Option<SpeculativeConfig>> {
-    prop::option::of((1usize..7, 1usize..3, 0usize..3, prop::sample::select(vec![1usize, 3, usize::MAX])))
-        .prop_map(|spec| {
-            spec.map(|(k, min, extra, disable)| SpeculativeConfig {
-                method: SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: min + extra },
+    let method = prop_oneof![
+        (1usize..3, 0usize..3).prop_map(|(min, extra)| SpeculativeMethod::Ngram {
+            prompt_lookup_min: min,
+            prompt_lookup_max: min + extra
+        }),
+        (4usize..12, 1usize..4, prop::sample::select(vec![0.5f32, 1.0, 3.0])).prop_map(
+            |(depth, cached, factor)| SpeculativeMethod::Suffix {
+                max_tree_depth: depth,
+                max_cached_requests: cached,
+                max_spec_factor: factor,
+                min_token_prob: 0.05,
+            }
+        ),
+    ];
+    prop::option::of((method, 1usize..7, prop::sample::select(vec![1usize, 3, usize::MAX]))).prop_map(
+        |spec| {
+            spec.map(|(method, k, disable)| SpeculativeConfig {
+                method,
                 num_speculative_tokens: k,
                 disable_by_batch_size: disable,
             })
-        })
+        },
+    )
 }
 
 /// Layouts with windowed groups: beside a full group, alone, several.

@@ -78,7 +78,7 @@ fn mixed() -> Vec<Request> {
 fn heavy_rejection_keeps_outputs_and_returns_every_block() {
     let requests = mixed();
     // A cache of 40 blocks of 4 tokens: the batch preempts.
-    for spec in [ngram(5, 1, 1), ngram(3, 1, 3), ngram(16, 2, 4)] {
+    for spec in [ngram(5, 1, 1), ngram(3, 1, 3), ngram(16, 2, 4), SpeculativeConfig::suffix(6)] {
         let (out, _, stats) = run(config(40, Some(spec)), &requests);
         for r in &requests {
             let got = &out[&r.id];
@@ -121,6 +121,36 @@ fn accepted_runs_produce_several_tokens_per_step_and_stop_exactly() {
     assert!(stats.acceptance_rate() > 0.75, "{stats:?}");
     assert!(stats.mean_acceptance_length() > 3.5, "{stats:?}");
     assert!(spec_steps * 2 < plain_steps, "{spec_steps} steps with speculation, {plain_steps} without");
+}
+
+#[test]
+fn suffix_decoding_proposes_what_earlier_requests_answered() {
+    // The same greedy requests twice, one after the other: the second wave's outputs are
+    // proposed from the first wave's, cached when those finished.
+    let first = mixed();
+    let second: Vec<Request> = first
+        .iter()
+        .filter(|r| r.params.temperature == 0.0)
+        .map(|r| {
+            let mut again = r.clone();
+            again.id += 100;
+            again
+        })
+        .collect();
+    let mut sched =
+        Scheduler::new(config(400, Some(SpeculativeConfig::suffix(8))), Arc::new(FakeDecoder)).unwrap();
+    let mut exec = FakeExecutor::new(4, 400, VOCAB);
+    let mut cold = SpecDecodeStats::default();
+    let arrivals = first.iter().map(|r| (0, r.clone())).collect();
+    drive_counting(&mut sched, &mut exec, arrivals, vec![], &mut cold);
+    let mut warm = SpecDecodeStats::default();
+    let arrivals = second.iter().map(|r| (0, r.clone())).collect();
+    let (out, _) = drive_counting(&mut sched, &mut exec, arrivals, vec![], &mut warm);
+    for r in &second {
+        assert_eq!(out[&r.id].samples, reference(r, MAX_MODEL_LEN), "request {}", r.id);
+    }
+    assert!(warm.acceptance_rate() > 0.8, "second wave {warm:?}");
+    assert!(warm.num_accepted_tokens > 2 * cold.num_accepted_tokens, "cold {cold:?}, warm {warm:?}");
 }
 
 #[test]

@@ -295,7 +295,10 @@ pub struct ServeArgs {
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
     /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",
     /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
-    /// "disable_by_batch_size": 4}`. Greedy and seeded outputs stay token-identical. [default: off]
+    /// "disable_by_batch_size": 4}`, or `"method": "suffix"` (proposals also from recent
+    /// requests' outputs; `suffix_decoding_max_tree_depth`, `_max_cached_requests`,
+    /// `_max_spec_factor`, `_min_token_prob`). Outputs keep the target model's distribution;
+    /// greedy and seeded ones stay the same tokens. [default: off]
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
     /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.

@@ -1,6 +1,7 @@
 //! `--speculative-config`: vLLM's JSON object (`{"method": "ngram", "num_speculative_tokens":
-//! 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`), turned into the engine's
-//! [`SpeculativeConfig`]. Unknown keys and methods are refused by name rather than ignored.
+//! 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`, or `"method": "suffix"` with the
+//! `suffix_decoding_*` keys), turned into the engine's [`SpeculativeConfig`]. Unknown keys and
+//! methods, and keys of the other method, are refused by name rather than ignored.
 
 use pagoda_engine::{SpeculativeConfig, SpeculativeMethod};
 use serde::Deserialize;
@@ -18,6 +19,10 @@ struct SpeculativeJson {
     num_speculative_tokens: Option<usize>,
     prompt_lookup_max: Option<usize>,
     prompt_lookup_min: Option<usize>,
+    suffix_decoding_max_tree_depth: Option<usize>,
+    suffix_decoding_max_cached_requests: Option<usize>,
+    suffix_decoding_max_spec_factor: Option<f32>,
+    suffix_decoding_min_token_prob: Option<f32>,
     disable_by_batch_size: Option<usize>,
 }
 
@@ -32,16 +37,55 @@ pub fn parse(json: &str) -> Result<SpeculativeConfig, String> {
                 "draft models are not supported yet (model {other:?}); use \"method\": \"ngram\""
             ))
         }
-        (None, None) => return Err("\"method\" is required (supported: \"ngram\")".into()),
+        (None, None) => return Err("\"method\" is required (supported: \"ngram\", \"suffix\")".into()),
     };
-    if method != "ngram" {
-        return Err(format!("method {method:?} is not supported (supported: \"ngram\")"));
-    }
     let num_speculative_tokens = j.num_speculative_tokens.ok_or("\"num_speculative_tokens\" is required")?;
-    let max = j.prompt_lookup_max.or(j.prompt_lookup_min).unwrap_or(4);
-    let min = j.prompt_lookup_min.unwrap_or(max.min(2));
+    let suffix_keys = [
+        ("suffix_decoding_max_tree_depth", j.suffix_decoding_max_tree_depth.is_some()),
+        ("suffix_decoding_max_cached_requests", j.suffix_decoding_max_cached_requests.is_some()),
+        ("suffix_decoding_max_spec_factor", j.suffix_decoding_max_spec_factor.is_some()),
+        ("suffix_decoding_min_token_prob", j.suffix_decoding_min_token_prob.is_some()),
+    ];
+    let ngram_keys = [
+        ("prompt_lookup_max", j.prompt_lookup_max.is_some()),
+        ("prompt_lookup_min", j.prompt_lookup_min.is_some()),
+    ];
+    fn misplaced(keys: &[(&'static str, bool)]) -> Option<&'static str> {
+        keys.iter().find(|(_, given)| *given).map(|(k, _)| *k)
+    }
+    let method = match method {
+        "ngram" => {
+            if let Some(key) = misplaced(&suffix_keys) {
+                return Err(format!("{key} applies to method \"suffix\", not \"ngram\""));
+            }
+            let max = j.prompt_lookup_max.or(j.prompt_lookup_min).unwrap_or(4);
+            let min = j.prompt_lookup_min.unwrap_or(max.min(2));
+            SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max }
+        }
+        "suffix" => {
+            if let Some(key) = misplaced(&ngram_keys) {
+                return Err(format!("{key} applies to method \"ngram\", not \"suffix\""));
+            }
+            let SpeculativeMethod::Suffix {
+                max_tree_depth,
+                max_cached_requests,
+                max_spec_factor,
+                min_token_prob,
+            } = SpeculativeConfig::suffix(num_speculative_tokens).method
+            else {
+                unreachable!("suffix() makes a suffix config")
+            };
+            SpeculativeMethod::Suffix {
+                max_tree_depth: j.suffix_decoding_max_tree_depth.unwrap_or(max_tree_depth),
+                max_cached_requests: j.suffix_decoding_max_cached_requests.unwrap_or(max_cached_requests),
+                max_spec_factor: j.suffix_decoding_max_spec_factor.unwrap_or(max_spec_factor),
+                min_token_prob: j.suffix_decoding_min_token_prob.unwrap_or(min_token_prob),
+            }
+        }
+        other => return Err(format!("method {other:?} is not supported (supported: \"ngram\", \"suffix\")")),
+    };
     let config = SpeculativeConfig {
-        method: SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max },
+        method,
         num_speculative_tokens,
         disable_by_batch_size: j.disable_by_batch_size.unwrap_or(DEFAULT_DISABLE_BY_BATCH_SIZE),
     };
@@ -66,6 +110,20 @@ mod tests {
         .unwrap();
         assert_eq!(c.method, SpeculativeMethod::Ngram { prompt_lookup_min: 1, prompt_lookup_max: 1 });
         assert_eq!(c.disable_by_batch_size, 9);
+        let c = parse(
+            r#"{"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24,
+            "suffix_decoding_min_token_prob": 0.2}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.method,
+            SpeculativeMethod::Suffix {
+                max_tree_depth: 24,
+                max_cached_requests: 256,
+                max_spec_factor: 1.0,
+                min_token_prob: 0.2
+            }
+        );
     }
 
     #[test]
@@ -84,5 +142,15 @@ mod tests {
             "prompt_lookup_max": 3}"#)
         .contains("prompt_lookup_min (5)"));
         assert!(err("ngram").contains("expected"));
+        assert!(err(
+            r#"{"method": "ngram", "num_speculative_tokens": 2, "suffix_decoding_max_tree_depth": 8}"#
+        )
+        .contains("suffix_decoding_max_tree_depth applies to method \"suffix\""));
+        assert!(err(r#"{"method": "suffix", "num_speculative_tokens": 2, "prompt_lookup_max": 3}"#)
+            .contains("prompt_lookup_max applies to method \"ngram\""));
+        assert!(err(
+            r#"{"method": "suffix", "num_speculative_tokens": 2, "suffix_decoding_max_tree_depth": 2}"#
+        )
+        .contains("suffix_decoding_max_tree_depth must be in [4, 256]"));
     }
 }

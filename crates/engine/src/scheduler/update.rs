@@ -170,6 +170,9 @@ impl Scheduler {
         out: &mut StepEvents,
     ) {
         let Some(mut e) = self.seqs.remove(&id) else { return };
+        if let Some(proposer) = &mut self.proposer {
+            proposer.record_output(e.seq.output_token_ids());
+        }
         self.blocks.free(&mut e.seq);
         e.seq.status = crate::sequence::SeqStatus::Finished;
         self.running_slots -= e.slots();

@@ -7,13 +7,16 @@
 //!
 //! - [`SpeculativeConfig`]: the method and its limits (`--speculative-config`).
 //! - [`Proposer`]: where proposals come from; [`ngram`] looks the sequence's last tokens up in
-//!   its own history (prompt lookup).
+//!   its own history (prompt lookup); [`suffix`] also in a frequency trie of recent requests'
+//!   outputs.
 //! - [`SpecDecodeStats`]: drafts, draft tokens and accepted tokens per position, for metrics.
 
 pub mod ngram;
+pub mod suffix;
 pub mod verify;
 
 pub use ngram::NgramProposer;
+pub use suffix::SuffixProposer;
 pub use verify::{try_verify, verify};
 
 /// Most tokens one step may propose for a sequence (the per-position acceptance counters are
@@ -21,15 +24,20 @@ pub use verify::{try_verify, verify};
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 /// How proposals are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SpeculativeMethod {
     /// Prompt lookup: the most recent earlier occurrence of the sequence's last `n` tokens
     /// (`n` from `prompt_lookup_max` down to `prompt_lookup_min`) proposes what followed it.
     Ngram { prompt_lookup_min: usize, prompt_lookup_max: usize },
+    /// Suffix decoding over the outputs of the last `max_cached_requests` requests (substrings
+    /// of up to `max_tree_depth` tokens) and the sequence itself; a proposal is at most
+    /// `max_spec_factor` times as long as its match and stops where its probability falls
+    /// below `min_token_prob`.
+    Suffix { max_tree_depth: usize, max_cached_requests: usize, max_spec_factor: f32, min_token_prob: f32 },
 }
 
 /// `--speculative-config`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpeculativeMethod,
     /// Most tokens proposed per sequence and step.
@@ -46,6 +54,8 @@ pub enum SpeculativeConfigError {
     NumTokens(usize),
     #[error("prompt_lookup_min ({min}) must be at least 1 and at most prompt_lookup_max ({max})")]
     Lookup { min: usize, max: usize },
+    #[error("{name} must be {expected}")]
+    Suffix { name: &'static str, expected: &'static str },
 }
 
 impl SpeculativeConfig {
@@ -53,6 +63,20 @@ impl SpeculativeConfig {
     pub fn ngram(num_speculative_tokens: usize) -> Self {
         Self {
             method: SpeculativeMethod::Ngram { prompt_lookup_min: 2, prompt_lookup_max: 4 },
+            num_speculative_tokens,
+            disable_by_batch_size: usize::MAX,
+        }
+    }
+
+    /// Suffix decoding with vLLM's defaults, except a depth of 32 and 256 cached requests.
+    pub fn suffix(num_speculative_tokens: usize) -> Self {
+        Self {
+            method: SpeculativeMethod::Suffix {
+                max_tree_depth: 32,
+                max_cached_requests: 256,
+                max_spec_factor: 1.0,
+                min_token_prob: 0.1,
+            },
             num_speculative_tokens,
             disable_by_batch_size: usize::MAX,
         }
@@ -68,6 +92,18 @@ impl SpeculativeConfig {
                     return Err(SpeculativeConfigError::Lookup { min, max });
                 }
             }
+            SpeculativeMethod::Suffix { max_tree_depth, max_spec_factor, min_token_prob, .. } => {
+                let bad = |name, expected| Err(SpeculativeConfigError::Suffix { name, expected });
+                if !(4..=256).contains(&max_tree_depth) {
+                    return bad("suffix_decoding_max_tree_depth", "in [4, 256]");
+                }
+                if !(max_spec_factor > 0.0 && max_spec_factor.is_finite()) {
+                    return bad("suffix_decoding_max_spec_factor", "a positive number");
+                }
+                if !(0.0..=1.0).contains(&min_token_prob) {
+                    return bad("suffix_decoding_min_token_prob", "in [0, 1]");
+                }
+            }
         }
         Ok(())
     }
@@ -77,6 +113,7 @@ impl SpeculativeConfig {
 #[derive(Debug, Clone)]
 pub enum Proposer {
     Ngram(NgramProposer),
+    Suffix(SuffixProposer),
 }
 
 impl Proposer {
@@ -85,6 +122,24 @@ impl Proposer {
             SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
                 Self::Ngram(NgramProposer::new(prompt_lookup_min, prompt_lookup_max))
             }
+            SpeculativeMethod::Suffix {
+                max_tree_depth,
+                max_cached_requests,
+                max_spec_factor,
+                min_token_prob,
+            } => Self::Suffix(SuffixProposer::new(
+                max_tree_depth,
+                max_cached_requests,
+                max_spec_factor,
+                min_token_prob,
+            )),
+        }
+    }
+
+    /// A sequence finished normally with `output`: suffix decoding caches it.
+    pub fn record_output(&mut self, output: &[u32]) {
+        if let Self::Suffix(p) = self {
+            p.record_output(output);
         }
     }
 
@@ -93,6 +148,7 @@ impl Proposer {
     pub fn propose(&self, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
         match self {
             Self::Ngram(p) => p.propose(tokens, max_tokens, out),
+            Self::Suffix(p) => p.propose(tokens, max_tokens, out),
         }
     }
 }
@@ -156,6 +212,12 @@ mod tests {
             ..SpeculativeConfig::ngram(4)
         };
         assert_eq!(c.validate(), Err(SpeculativeConfigError::Lookup { min: 3, max: 2 }));
+        assert_eq!(SpeculativeConfig::suffix(8).validate(), Ok(()));
+        let mut c = SpeculativeConfig::suffix(8);
+        if let SpeculativeMethod::Suffix { min_token_prob, .. } = &mut c.method {
+            *min_token_prob = 1.5;
+        }
+        assert!(c.validate().unwrap_err().to_string().contains("suffix_decoding_min_token_prob"));
     }
 
     #[test]

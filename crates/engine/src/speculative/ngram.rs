@@ -16,15 +16,14 @@ impl NgramProposer {
         Self { min_n, max_n: max_n.max(min_n) }
     }
 
-    /// Appends to `out` the `max_tokens` tokens that followed the most recent earlier
-    /// occurrence of the longest matching suffix of `tokens`; nothing when no suffix of at
-    /// least `min_n` tokens occurs earlier. A continuation that runs into the end of `tokens`
-    /// goes on with what it has proposed itself (as an overlapping LZ77 copy does), so a period
-    /// of `p` tokens keeps proposing itself instead of stopping after `p`.
-    pub fn propose(&self, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
-        if max_tokens == 0 {
-            return;
-        }
+    /// Length of the longest suffix of `tokens` (within `min_n..=max_n`) that occurs earlier
+    /// with at least one token after it; 0 when none does.
+    pub fn longest_match_len(&self, tokens: &[u32]) -> usize {
+        self.find(tokens).map_or(0, |(_, n)| n)
+    }
+
+    /// The most recent earlier occurrence of the longest matching suffix: its start and length.
+    fn find(&self, tokens: &[u32]) -> Option<(usize, usize)> {
         let len = tokens.len();
         for n in (self.min_n..=self.max_n.min(len.saturating_sub(1))).rev() {
             let suffix = &tokens[len - n..];
@@ -34,14 +33,28 @@ impl NgramProposer {
             let found =
                 (0..=last_start).rev().find(|&j| tokens[j] == suffix[0] && tokens[j..j + n] == *suffix);
             if let Some(j) = found {
-                let first = out.len();
-                for from in j + n..j + n + max_tokens {
-                    // `from - len < from - (j + n)`: the proposal read here is already made.
-                    let t = if from < len { tokens[from] } else { out[first + from - len] };
-                    out.push(t);
-                }
-                return;
+                return Some((j, n));
             }
+        }
+        None
+    }
+
+    /// Appends to `out` the `max_tokens` tokens that followed the most recent earlier
+    /// occurrence of the longest matching suffix of `tokens`; nothing when no suffix of at
+    /// least `min_n` tokens occurs earlier. A continuation that runs into the end of `tokens`
+    /// goes on with what it has proposed itself (as an overlapping LZ77 copy does), so a period
+    /// of `p` tokens keeps proposing itself instead of stopping after `p`.
+    pub fn propose(&self, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
+        if max_tokens == 0 {
+            return;
+        }
+        let Some((j, n)) = self.find(tokens) else { return };
+        let len = tokens.len();
+        let first = out.len();
+        for from in j + n..j + n + max_tokens {
+            // `from - len < from - (j + n)`: the proposal read here is already made.
+            let t = if from < len { tokens[from] } else { out[first + from - len] };
+            out.push(t);
         }
     }
 }
