@@ -160,7 +160,8 @@ impl MaskSlot {
         slot
     }
 
-    /// Stores the result; the first one wins.
+    /// Stores the result; the first one wins (a slot filled with an error before the worker
+    /// runs keeps it).
     pub fn fill(&self, result: Result<TokenMask, ConstraintError>) {
         let mut value = self.value.lock().unwrap_or_else(|p| p.into_inner());
         if value.is_none() {
@@ -187,6 +188,9 @@ pub(crate) struct MaskJob {
     pub seq_id: SeqId,
     pub constraint: Box<dyn TokenConstraint>,
     pub slot: Arc<MaskSlot>,
+    /// The sequence's own grammar state (given back after the step), not a fork advanced past
+    /// proposals.
+    pub restore: bool,
 }
 
 /// Fills every job's slot, in order. Whatever happens (an error, a panic in the matcher), every
@@ -279,8 +283,8 @@ mod tests {
             }
         }
         let mut jobs = vec![
-            MaskJob { seq_id: 1, constraint: Box::new(Panicky), slot: MaskSlot::new() },
-            MaskJob { seq_id: 2, constraint: Box::new(Empty), slot: MaskSlot::new() },
+            MaskJob { seq_id: 1, constraint: Box::new(Panicky), slot: MaskSlot::new(), restore: true },
+            MaskJob { seq_id: 2, constraint: Box::new(Empty), slot: MaskSlot::new(), restore: true },
         ];
         compute_masks(&mut jobs);
         assert!(jobs[0].slot.with_mask(|_| ()).unwrap_err().0.contains("panicked"));

@@ -80,6 +80,9 @@ pub struct SampleRequest {
     /// The grammar's mask for this token (structured output), computed while the model runs:
     /// the sampler waits for it and applies it before anything else.
     pub allowed: Option<Arc<MaskSlot>>,
+    /// Structured output with speculation: the masks of the positions after each proposed
+    /// token (`draft_masks[i]` after `i + 1` of them), computed like `allowed`.
+    pub draft_masks: Vec<Arc<MaskSlot>>,
 }
 
 impl SampleRequest {
@@ -94,6 +97,7 @@ impl SampleRequest {
             prompt_len: 0,
             banned_token_ids: Vec::new(),
             allowed: None,
+            draft_masks: Vec::new(),
         }
     }
 }

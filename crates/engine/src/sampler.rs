@@ -305,6 +305,7 @@ mod tests {
             prompt_len: 0,
             banned_token_ids: Vec::new(),
             allowed: None,
+            draft_masks: Vec::new(),
         }
     }
 

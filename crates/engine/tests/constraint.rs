@@ -245,3 +245,43 @@ fn a_failing_grammar_fails_its_own_request_only() {
     assert_eq!(healthy_thread.join().unwrap().samples, reference(&healthy, MAX_MODEL_LEN));
     assert!(handle.is_alive());
 }
+
+#[test]
+fn proposals_under_a_grammar_are_cut_to_it_and_keep_outputs() {
+    // A pull towards token 4 makes runs that prompt lookup predicts; the prompts' odd tokens,
+    // which the grammar refuses, get proposed too and must be cut.
+    let requests: Vec<Request> = (50..58u64)
+        .map(|id| {
+            let prompt = (0..12u32).map(|i| [4, 4, 7, 4, 9, 4][(i as usize + id as usize) % 6]).collect();
+            let params = SamplingParams {
+                temperature: if id % 2 == 0 { 0.0 } else { 1.0 },
+                seed: Some(id),
+                logit_bias: [(4u32, 5.0f32)].into_iter().collect(),
+                ..Default::default()
+            };
+            let stop = StopConditions { eos_token_ids: vec![EOS], ..Default::default() };
+            Request::new(id, prompt, Arc::new(params))
+                .with_max_tokens(30)
+                .with_stop(stop)
+                .with_n(if id == 51 { 2 } else { 1 })
+                .with_constraint(SeqConstraint::new(EvenTokens::new(3, 24)))
+        })
+        .collect();
+    let run = |speculative| {
+        let mut config = EngineConfig::new(4, 96, MAX_MODEL_LEN);
+        config.speculative = speculative;
+        let (handle, _shutdown) = start(config, None);
+        let outputs: Vec<Collected> = requests.iter().map(|r| collect(&handle, r.clone())).collect();
+        (outputs, handle.stats())
+    };
+    let (plain, _) = run(None);
+    let mut spec = pagoda_engine::SpeculativeConfig::ngram(4);
+    spec.method = pagoda_engine::SpeculativeMethod::Ngram { prompt_lookup_min: 1, prompt_lookup_max: 2 };
+    let (with_spec, stats) = run(Some(spec));
+    for ((p, s), r) in plain.iter().zip(&with_spec).zip(&requests) {
+        assert_valid(s, 3);
+        assert_eq!(s.samples, p.samples, "request {}", r.id);
+    }
+    assert!(stats.spec.num_accepted_tokens > 20, "{:?}", stats.spec);
+    assert_eq!(stats.kv_blocks_used, 0);
+}

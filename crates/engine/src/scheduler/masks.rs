@@ -1,5 +1,6 @@
 //! Handing sequences' grammar constraints to the mask worker for one step and taking them back
-//! (see [`crate::constraint`]).
+//! (see [`crate::constraint`]). A sequence that verifies proposals gets one more job per
+//! proposal: a fork of its grammar advanced past the proposals before that position.
 
 use std::sync::Arc;
 
@@ -14,19 +15,32 @@ impl Scheduler {
     pub(crate) fn take_mask_jobs(&mut self, batch: &mut ScheduledBatch) -> Vec<MaskJob> {
         let mut jobs = Vec::new();
         for s in &mut batch.seqs {
+            let drafts = s.token_ids[s.token_ids.len() - s.num_draft_tokens..].to_vec();
             let Some(sample) = s.sample.as_mut() else { continue };
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
             let Some(SeqConstraint(constraint)) = e.constraint.take() else { continue };
+            // The scheduler cut the proposals to what the grammar accepts. The sequence's own
+            // position first: the sampler waits for it first.
+            let mut state = (!drafts.is_empty()).then(|| constraint.fork());
             let slot = MaskSlot::new();
             sample.allowed = Some(Arc::clone(&slot));
-            jobs.push(MaskJob { seq_id: s.seq_id, constraint, slot });
+            jobs.push(MaskJob { seq_id: s.seq_id, constraint, slot, restore: true });
+            for &token in &drafts {
+                let Some(state) = state.as_mut() else { break };
+                let slot = MaskSlot::new();
+                if let Err(err) = state.accept_token(token) {
+                    slot.fill(Err(err));
+                }
+                sample.draft_masks.push(Arc::clone(&slot));
+                jobs.push(MaskJob { seq_id: s.seq_id, constraint: state.fork(), slot, restore: false });
+            }
         }
         jobs
     }
 
     /// Gives the constraints back to their sequences (those that still exist).
     pub(crate) fn restore_constraints(&mut self, jobs: Vec<MaskJob>) {
-        for job in jobs {
+        for job in jobs.into_iter().filter(|j| j.restore) {
             if let Some(e) = self.seqs.get_mut(&job.seq_id) {
                 e.constraint = Some(SeqConstraint(job.constraint));
             }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::block_manager::BlockManager;
+use crate::constraint::{SeqConstraint, TokenConstraint};
 use crate::executor::{SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
@@ -80,6 +81,9 @@ impl Scheduler {
             if let (true, Some(proposer)) = (speculate, &self.proposer) {
                 let limit = draft_limit(e, &self.config).min(*budget - 1);
                 proposer.propose(&e.seq.token_ids, limit, &mut drafts);
+                if let Some(SeqConstraint(grammar)) = &e.constraint {
+                    cut_to_grammar(&**grammar, &e.shared.stop.eos_token_ids, &mut drafts);
+                }
             }
             // Proposals shrink to the free blocks; only the token itself may preempt.
             let fits = self.blocks.max_tokens_fitting(&e.seq, 1 + drafts.len());
@@ -398,11 +402,10 @@ impl Scheduler {
 /// Most tokens a decoding sequence may propose: a verified step yields up to one more token than
 /// it proposed, which must stay within `max_tokens` and `max_model_len`; while `min_tokens` is
 /// not reached, every verified position must be one where the end-of-sequence bans hold (the
-/// sample request carries one ban list); a grammar masks one position only, so constrained
-/// sequences propose nothing.
+/// sample request carries one ban list).
 fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
     let Some(spec) = &config.speculative else { return 0 };
-    if e.constraint.is_some() || e.fork_into > 1 {
+    if e.fork_into > 1 {
         return 0;
     }
     let output = e.seq.output_len();
@@ -415,6 +418,17 @@ fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
         limit = limit.min(min_tokens - output - 1);
     }
     limit
+}
+
+/// Cuts proposals at the first token the grammar would refuse (or an end-of-sequence id, which
+/// the grammar never takes): verifying past it could only reject.
+fn cut_to_grammar(grammar: &dyn TokenConstraint, eos: &[u32], drafts: &mut Vec<u32>) {
+    if drafts.is_empty() {
+        return;
+    }
+    let mut state = grammar.fork();
+    let valid = drafts.iter().take_while(|&&t| !eos.contains(&t) && state.accept_token(t).is_ok()).count();
+    drafts.truncate(valid);
 }
 
 /// What the sampler needs for this sequence's next token.
@@ -434,5 +448,6 @@ fn sample_request(e: &SeqEntry) -> SampleRequest {
         },
         // Attached by the engine when it hands the sequence's constraint to the mask worker.
         allowed: None,
+        draft_masks: Vec::new(),
     }
 }

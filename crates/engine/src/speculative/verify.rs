@@ -29,9 +29,9 @@ pub fn verify<R: AsMut<[f32]>>(
     req: &SampleRequest,
     drafts: &[u32],
 ) -> Result<Verified, SampleError> {
-    // A grammar's mask covers the first position only; the scheduler proposes nothing to a
-    // constrained sequence.
-    debug_assert!(drafts.is_empty() || req.allowed.is_none(), "drafts under a grammar mask");
+    if req.allowed.is_some() && req.draft_masks.len() < drafts.len() {
+        return Err(SampleError::Constraint("no grammar mask for a proposed token's position".into()));
+    }
     let mut tokens = Vec::with_capacity(drafts.len() + 1);
     let mut logprobs = req.params.logprobs.map(|_| Vec::with_capacity(drafts.len() + 1));
     let mut rows = rows.into_iter();
@@ -62,7 +62,7 @@ pub fn try_verify<R: AsMut<[f32]>>(
     with_thread_sampler(|s| verify(s, rows, req, drafts))
 }
 
-/// The request for the position after `accepted` more tokens.
+/// The request for the position after `accepted` (at least one) more tokens.
 fn advanced(req: &SampleRequest, accepted: &[u32]) -> SampleRequest {
     let history = req.history.as_ref().map(|h| {
         let mut extended = Vec::with_capacity(h.len() + accepted.len());
@@ -70,7 +70,13 @@ fn advanced(req: &SampleRequest, accepted: &[u32]) -> SampleRequest {
         extended.extend_from_slice(accepted);
         extended.into()
     });
-    SampleRequest { output_index: req.output_index + accepted.len(), history, ..req.clone() }
+    SampleRequest {
+        output_index: req.output_index + accepted.len(),
+        history,
+        allowed: req.draft_masks.get(accepted.len() - 1).cloned(),
+        draft_masks: Vec::new(),
+        ..req.clone()
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `pagoda serve --speculative-config`: n-gram proposals must not change what clients get (greedy
-//! and seeded chats, logprobs, a stop string, `n = 2`, streamed or not), and the spec_decode
-//! metrics must count what was proposed and accepted.
+//! and seeded chats, logprobs, a stop string, `n = 2`, a JSON schema, streamed or not), and the
+//! spec_decode metrics must count what was proposed and accepted.
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -25,6 +25,11 @@ fn bodies() -> Vec<Value> {
                "seed": 11, "n": 2}),
         json!({"model": "smol", "messages": msgs("Write a haiku about the sea."), "max_tokens": 30,
                "temperature": 0}),
+        // Under a grammar: proposals are cut to what it accepts and verified under its masks.
+        json!({"model": "smol", "messages": msgs(&format!("Answer in JSON with a field text. {repeat}")),
+               "max_tokens": 60, "temperature": 0,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "copy", "schema": {
+                   "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}}),
     ]
 }
 
