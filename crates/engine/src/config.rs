@@ -1,7 +1,7 @@
 //! Engine sizing and limits ([`EngineConfig`]) and their validation.
 
 use crate::kv_groups::KvGroups;
-use crate::speculative::{SpeculativeConfig, SpeculativeConfigError};
+use crate::speculative::{SpeculativeConfig, SpeculativeConfigError, SpeculativeMethod};
 
 /// Why an [`EngineConfig`] cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -148,6 +148,17 @@ impl EngineConfig {
                 config: self.kv_groups.windows().to_vec(),
                 executor: executor.kv_groups().windows().to_vec(),
             });
+        }
+        if let Some(SpeculativeConfig { method: SpeculativeMethod::DraftLayers { num_layers }, .. }) =
+            self.speculative
+        {
+            match executor.num_layers() {
+                None => return Err(SpeculativeConfigError::NoDraftLayers.into()),
+                Some(layers) if num_layers >= layers => {
+                    return Err(SpeculativeConfigError::DraftLayers { got: num_layers, layers }.into())
+                }
+                Some(_) => {}
+            }
         }
         if self.num_blocks > executor.num_blocks() {
             return Err(ConfigError::NumBlocksMismatch {

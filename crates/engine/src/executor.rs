@@ -30,7 +30,8 @@ pub struct ScheduledSeq {
     /// Speculative decoding: the last `num_draft_tokens` of `token_ids` are proposed, not yet
     /// accepted. The executor samples at each of the last `num_draft_tokens + 1` positions and
     /// keeps drafts while they equal what it drew (see [`crate::speculative::verify`]). 0 unless
-    /// `sample` is `Some`.
+    /// `sample` is `Some`. With [`ScheduledBatch::draft_layers`] they are placeholders
+    /// ([`DRAFT_PLACEHOLDER`](crate::speculative::DRAFT_PLACEHOLDER)) for the executor to draft.
     pub num_draft_tokens: usize,
 }
 
@@ -111,6 +112,9 @@ pub struct ScheduledBatch {
     /// prefix cache). `dst` is always a block no other sequence uses. A pair copies one whole
     /// page, every layer slot of it (a page belongs to one KV group at a time).
     pub block_copies: Vec<(u32, u32)>,
+    /// Self-speculative decoding: the executor drafts every sequence's proposals greedily with
+    /// its first this many layers before verifying them.
+    pub draft_layers: Option<usize>,
 }
 
 impl ScheduledBatch {
@@ -145,12 +149,15 @@ pub struct SampledToken {
     pub token_ids: Vec<u32>,
     /// One entry per token when logprobs were asked for.
     pub logprobs: Option<Vec<TopLogprobs>>,
+    /// The proposals the executor drafted itself (with [`ScheduledBatch::draft_layers`]); empty
+    /// otherwise.
+    pub drafted: Vec<u32>,
 }
 
 impl SampledToken {
     /// One drawn token (no speculation).
     pub fn single(seq_id: SeqId, token_id: u32, logprobs: Option<TopLogprobs>) -> Self {
-        Self { seq_id, token_ids: vec![token_id], logprobs: logprobs.map(|l| vec![l]) }
+        Self { seq_id, token_ids: vec![token_id], logprobs: logprobs.map(|l| vec![l]), drafted: Vec::new() }
     }
 
     /// Draft tokens accepted (all tokens but the last).
@@ -197,5 +204,11 @@ pub trait ModelExecutor: Send {
     /// has sliding-window layers whose pages it lets the engine release.
     fn kv_groups(&self) -> crate::KvGroups {
         crate::KvGroups::single()
+    }
+
+    /// Layers the executor could draft with ([`ScheduledBatch::draft_layers`] must be below
+    /// it); `None` when it cannot draft at all.
+    fn num_layers(&self) -> Option<usize> {
+        None
     }
 }

@@ -127,6 +127,46 @@ impl FakeExecutor {
     }
 }
 
+impl FakeExecutor {
+    /// The fake's self-speculative drafter: the model's greedy token after the history, except
+    /// where a hash of the history and `layers` says to be wrong (a quarter of the time). Returns
+    /// `batch` with every sequence's placeholders replaced by its drafts.
+    fn draft(&self, batch: &ScheduledBatch, layers: usize) -> Result<ScheduledBatch, ExecutorError> {
+        let full = (0..self.groups.len()).find(|&g| self.groups.window(g).is_none());
+        let (group, window) = match full {
+            Some(g) => (g, None),
+            None => (0, self.groups.window(0)),
+        };
+        let mut filled = batch.clone();
+        let mut logits = Vec::new();
+        for seq in &mut filled.seqs {
+            let k = seq.num_draft_tokens;
+            if k == 0 {
+                continue;
+            }
+            let own = seq.q_len() - k;
+            let first = window.map_or(0, |w| (seq.start_pos + own).saturating_sub(w));
+            let mut history = (first..seq.start_pos)
+                .map(|pos| self.read(seq, group, pos))
+                .collect::<Result<Vec<_>, _>>()?;
+            history.extend_from_slice(&seq.token_ids[..own]);
+            for j in 0..k {
+                let start = window.map_or(0, |w| history.len().saturating_sub(w));
+                Self::logits_for(&history[start..], self.vocab_size, &mut logits);
+                let best = (0..logits.len())
+                    .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+                    .unwrap_or(0);
+                let h = history.iter().fold(layers as u64, |h, &t| combine(h, u64::from(t)));
+                let token =
+                    if mix64(h).is_multiple_of(4) { (best + 1) % self.vocab_size } else { best } as u32;
+                seq.token_ids[own + j] = token;
+                history.push(token);
+            }
+        }
+        Ok(filled)
+    }
+}
+
 impl ModelExecutor for FakeExecutor {
     fn execute(&mut self, batch: &ScheduledBatch) -> Result<StepOutput, ExecutorError> {
         self.steps += 1;
@@ -138,6 +178,14 @@ impl ModelExecutor for FakeExecutor {
             }
             self.kv.copy_within(src * bs..(src + 1) * bs, dst * bs);
         }
+        let drafted_batch;
+        let batch = match batch.draft_layers {
+            Some(layers) => {
+                drafted_batch = self.draft(batch, layers)?;
+                &drafted_batch
+            }
+            None => batch,
+        };
         // Like a real forward pass: every new token's KV is written before anything attends.
         for seq in &batch.seqs {
             for g in 0..self.groups.len() {
@@ -185,7 +233,8 @@ impl ModelExecutor for FakeExecutor {
             let (token_ids, logprobs) = verify(&mut self.sampler, rows, req, seq.draft_tokens())
                 // As the model runner does: a row that cannot be sampled fails its sequence only.
                 .map_err(|e| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() })?;
-            sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs });
+            let drafted = if batch.draft_layers.is_some() { seq.draft_tokens().to_vec() } else { Vec::new() };
+            sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, drafted });
         }
         Ok(StepOutput { sampled })
     }
@@ -200,6 +249,11 @@ impl ModelExecutor for FakeExecutor {
 
     fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+
+    /// Any number of "layers" drafts (the fake has no real ones).
+    fn num_layers(&self) -> Option<usize> {
+        Some(usize::MAX)
     }
 }
 
@@ -260,7 +314,7 @@ mod tests {
         seqs: Vec<ScheduledSeq>,
         copies: Vec<(u32, u32)>,
     ) -> Result<Vec<u32>, ExecutorError> {
-        let out = exec.execute(&ScheduledBatch { seqs, block_copies: copies })?;
+        let out = exec.execute(&ScheduledBatch { seqs, block_copies: copies, ..Default::default() })?;
         Ok(out.sampled.iter().map(|s| s.token_ids[0]).collect())
     }
 

@@ -132,7 +132,8 @@ fn check(config: EngineConfig, specs: &[Spec]) -> Result<(), TestCaseError> {
 }
 
 /// Off, or n-gram proposals from suffixes of 1-4 tokens, or suffix decoding over the outputs of
-/// earlier requests: 1-6 tokens, switched off above 1, 3 or any number of running sequences.
+/// earlier requests, or the fake's own drafts: 1-6 tokens, switched off above 1, 3 or any number
+/// of running sequences.
 fn speculation() -> impl Strategy<Value = Option<SpeculativeConfig>> {
     let method = prop_oneof![
         (1usize..3, 0usize..3).prop_map(|(min, extra)| SpeculativeMethod::Ngram {
@@ -147,6 +148,7 @@ fn speculation() -> impl Strategy<Value = Option<SpeculativeConfig>> {
                 min_token_prob: 0.05,
             }
         ),
+        (1usize..4).prop_map(|num_layers| SpeculativeMethod::DraftLayers { num_layers }),
     ];
     prop::option::of((method, 1usize..7, prop::sample::select(vec![1usize, 3, usize::MAX]))).prop_map(
         |spec| {

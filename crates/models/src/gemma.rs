@@ -87,7 +87,7 @@ impl Gemma {
         let eps = c.rms_norm_eps;
         let mut hidden = self.embed_tokens.forward(input.input_ids)?.affine(self.embed_scale, 0.0)?;
         let mut residual: Option<Tensor> = None;
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(input.num_layers.unwrap_or(usize::MAX)) {
             let normed = join_residual(&hidden, &mut residual, &layer.attn_norm, eps)?;
             let rope = if c.layer_window(i).is_some() { &self.local_rope } else { &self.global_rope };
             let attn = layer.attention.forward(&normed, rope, input, cache, i)?;

@@ -111,7 +111,7 @@ impl Llama {
         let c = &self.config;
         let mut hidden = self.embed_tokens.forward(input.input_ids)?;
         let mut residual: Option<Tensor> = None;
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(input.num_layers.unwrap_or(usize::MAX)) {
             let normed = join_residual(&hidden, &mut residual, &layer.attn_norm, c.rms_norm_eps)?;
             let rope = match (&self.local_rope, c.layer_window(i)) {
                 (Some(local), Some(_)) => local,

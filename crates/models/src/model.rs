@@ -22,6 +22,9 @@ pub struct ForwardInput<'a> {
     pub attention: &'a [AttentionMetadata],
     /// u32 `[num_rows]`: the token rows whose logits are wanted.
     pub logits_rows: &'a Tensor,
+    /// Run only the first this many layers, then the final norm and the head (self-speculative
+    /// drafting); every layer when `None`.
+    pub num_layers: Option<usize>,
 }
 
 /// Adds `hidden` to the residual stream (which it starts, in the first layer) and returns the

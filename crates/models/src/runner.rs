@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use pagoda_engine::speculative::try_verify;
-use pagoda_engine::{ExecutorError, KvGroups, ModelExecutor, SampledToken, ScheduledBatch, StepOutput};
+use pagoda_engine::{
+    ExecutorError, KvGroups, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq,
+    StepOutput,
+};
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
@@ -134,13 +137,19 @@ impl ModelRunner {
     /// with `sample: Some`, one row per verified position (the last `num_draft_tokens + 1`).
     pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
         let flat = self.flatten(batch).map_err(|e| ModelError::InvalidOption(e.to_string()))?;
-        self.logits_of(batch, flat)
+        self.cache.copy_blocks(&batch.block_copies)?;
+        self.forward_flat(batch, flat, None)
     }
 
-    /// [`logits`](Self::logits) of a batch already checked and flattened. Block copies run only
-    /// after the check, so that a batch retried without a rejected sequence copies nothing twice.
-    fn logits_of(&mut self, batch: &ScheduledBatch, flat: FlatBatch) -> Result<Tensor> {
-        self.cache.copy_blocks(&batch.block_copies)?;
+    /// The forward pass over a batch already checked and flattened, its block copies done (they
+    /// run only after the check, so that a batch retried without a rejected sequence copies
+    /// nothing twice), through the first `num_layers` layers or all.
+    fn forward_flat(
+        &mut self,
+        batch: &ScheduledBatch,
+        flat: FlatBatch,
+        num_layers: Option<usize>,
+    ) -> Result<Tensor> {
         let dev = &self.device;
         let attention = flat
             .slot_mappings
@@ -167,8 +176,56 @@ impl ModelRunner {
             positions: &positions,
             attention: &attention,
             logits_rows: &logits_rows,
+            num_layers,
         };
         self.model.forward(&input, &self.cache)
+    }
+
+    /// Self-speculative drafting: fills every sequence's proposal placeholders with the greedy
+    /// tokens of the first `layers` layers, one pass per position. Each pass writes those layers'
+    /// K/V into the slots the verification pass then overwrites, so the draft needs no cache of
+    /// its own.
+    fn draft(
+        &mut self,
+        batch: &ScheduledBatch,
+        layers: usize,
+    ) -> std::result::Result<ScheduledBatch, ExecutorError> {
+        let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
+        let mut filled = batch.clone();
+        let passes = filled.seqs.iter().map(|s| s.num_draft_tokens).max().unwrap_or(0);
+        for j in 0..passes {
+            let members: Vec<usize> =
+                (0..filled.seqs.len()).filter(|&i| filled.seqs[i].num_draft_tokens > j).collect();
+            let seqs = members
+                .iter()
+                .map(|&i| {
+                    let s = &filled.seqs[i];
+                    // The sequence's own last token, then its drafts so far.
+                    let at = s.q_len() - s.num_draft_tokens - 1 + j;
+                    ScheduledSeq {
+                        seq_id: s.seq_id,
+                        token_ids: vec![s.token_ids[at]],
+                        start_pos: s.start_pos + at,
+                        block_tables: s.block_tables.clone(),
+                        sample: Some(SampleRequest::greedy()),
+                        num_draft_tokens: 0,
+                    }
+                })
+                .collect();
+            let pass = ScheduledBatch { seqs, ..ScheduledBatch::default() };
+            let flat = self.flatten(&pass)?;
+            let logits = self.forward_flat(&pass, flat, Some(layers)).map_err(failed)?;
+            let rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?;
+            for (&i, mut row) in members.iter().zip(rows) {
+                let s = &mut filled.seqs[i];
+                let token = pagoda_engine::sampler::try_sample(&mut row, &SampleRequest::greedy())
+                    .map_err(|e| ExecutorError::InvalidSequence { seq_id: s.seq_id, message: e.to_string() })?
+                    .0;
+                let at = s.q_len() - s.num_draft_tokens + j;
+                s.token_ids[at] = token;
+            }
+        }
+        Ok(filled)
     }
 }
 
@@ -189,23 +246,36 @@ impl ModelExecutor for ModelRunner {
     fn kv_groups(&self) -> KvGroups {
         self.cache.layout().kv_groups()
     }
+
+    fn num_layers(&self) -> Option<usize> {
+        Some(self.model.config().num_layers)
+    }
 }
 
 impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
+        let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
         let flat = self.flatten(batch)?;
-        let logits = self.logits_of(batch, flat).map_err(|e| ExecutorError::Execution(e.to_string()))?;
-        let mut rows =
-            logits.to_vec2::<f32>().map_err(|e| ExecutorError::Execution(e.to_string()))?.into_iter();
+        self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
+        let drafted;
+        let (batch, flat) = match batch.draft_layers {
+            Some(layers) if batch.seqs.iter().any(|s| s.num_draft_tokens > 0) => {
+                drafted = self.draft(batch, layers)?;
+                (&drafted, self.flatten(&drafted)?)
+            }
+            _ => (batch, flat),
+        };
+        let logits = self.forward_flat(batch, flat, None).map_err(failed)?;
+        let mut rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?.into_iter();
         let wanted: Vec<_> = batch
             .seqs
             .iter()
             .filter_map(|s| {
-                s.sample
-                    .as_ref()
-                    .map(|req| (s, req, rows.by_ref().take(s.num_logits_rows()).collect::<Vec<_>>()))
+                let req = s.sample.as_ref()?;
+                Some((s, req, rows.by_ref().take(s.num_logits_rows()).collect::<Vec<_>>()))
             })
             .collect();
+        let executor_drafts = batch.draft_layers.is_some();
         // Sequences are sampled in parallel: a softmax over the vocabulary per row.
         let sampled = wanted
             .into_par_iter()
@@ -213,7 +283,8 @@ impl ModelRunner {
                 let seq_id = seq.seq_id;
                 let (token_ids, logprobs) = try_verify(rows, req, seq.draft_tokens())
                     .map_err(|e| ExecutorError::InvalidSequence { seq_id, message: e.to_string() })?;
-                Ok(SampledToken { seq_id, token_ids, logprobs })
+                let drafted = if executor_drafts { seq.draft_tokens().to_vec() } else { Vec::new() };
+                Ok(SampledToken { seq_id, token_ids, logprobs, drafted })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;
         Ok(StepOutput { sampled })

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use common::real_engine::{chat_ids, engine, tokenizer};
 use common::*;
-use pagoda_engine::{EngineHandle, Request, SamplingParams, SpeculativeConfig, StopConditions};
+use pagoda_engine::{
+    EngineHandle, Request, SamplingParams, SpeculativeConfig, SpeculativeMethod, StopConditions,
+};
 use pagoda_text::Tokenizer;
 
 fn ngram() -> SpeculativeConfig {
@@ -114,4 +116,47 @@ fn sixteen_mixed_requests_keep_their_outputs_with_proposals() {
     assert_eq!(stats.kv_blocks_used, 0, "blocks leaked");
     let steps = log.0.lock().unwrap();
     assert!(steps.iter().any(|s| s.num_seqs >= 8 && s.spec.num_drafts > 0), "no large step speculated");
+}
+
+#[test]
+fn self_speculative_drafts_from_the_first_layers_keep_outputs() {
+    let fixture = fixture();
+    let tokenizer = tokenizer();
+    let mut prompts: Vec<Vec<u32>> =
+        fixture["logits_cases"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).collect();
+    prompts.extend(grounded(&tokenizer).into_iter().take(2));
+    let layer_skip = SpeculativeConfig {
+        method: SpeculativeMethod::DraftLayers { num_layers: 20 },
+        num_speculative_tokens: 3,
+        disable_by_batch_size: usize::MAX,
+    };
+    let (plain, _) = engine(256, |_| {});
+    let (spec, _) = engine(256, |c| c.speculative = Some(layer_skip));
+    let ask = |h: &EngineHandle| -> Vec<Request> {
+        prompts.iter().map(|p| request(h, p.clone(), SamplingParams::default(), 24)).collect()
+    };
+    // One at a time and all together (several drafting sequences per pass).
+    let want: Vec<Vec<u32>> =
+        ask(&plain).into_iter().map(|r| generate_all(&plain, vec![r]).remove(0)).collect();
+    let alone: Vec<Vec<u32>> =
+        ask(&spec).into_iter().map(|r| generate_all(&spec, vec![r]).remove(0)).collect();
+    assert_eq!(alone, want);
+    assert_eq!(generate_all(&spec, ask(&spec)), want);
+    let stats = spec.stats().spec;
+    assert!(stats.num_drafts > 20 && stats.num_accepted_tokens > 0, "{stats:?}");
+    assert_eq!(spec.stats().kv_blocks_used, 0, "blocks leaked");
+    // The draft must be shorter than the model: the engine refuses it at start-up.
+    let mut config = pagoda_engine::EngineConfig::new(BLOCK_SIZE, 64, 1024);
+    config.speculative =
+        Some(SpeculativeConfig { method: SpeculativeMethod::DraftLayers { num_layers: 30 }, ..layer_skip });
+    let refused = pagoda_engine::Engine::spawn(
+        config,
+        runner(false, 64),
+        tokenizer,
+        Arc::new(pagoda_engine::NoopObserver),
+        pagoda_engine::Shutdown::new(),
+    )
+    .err()
+    .expect("a 30-layer draft of a 30-layer model is refused");
+    assert!(refused.to_string().contains("below the model's 30 layers"), "{refused}");
 }

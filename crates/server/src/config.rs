@@ -297,7 +297,8 @@ pub struct ServeArgs {
     /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
     /// "disable_by_batch_size": 4}`, or `"method": "suffix"` (proposals also from recent
     /// requests' outputs; `suffix_decoding_max_tree_depth`, `_max_cached_requests`,
-    /// `_max_spec_factor`, `_min_token_prob`). Outputs keep the target model's distribution;
+    /// `_max_spec_factor`, `_min_token_prob`), or `"method": "draft_model", "model": "self",
+    /// "num_draft_layers": N` (the model's first N layers draft). Outputs keep the target model's distribution;
     /// greedy and seeded ones stay the same tokens. [default: off]
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,

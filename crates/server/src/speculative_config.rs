@@ -1,6 +1,8 @@
 //! `--speculative-config`: vLLM's JSON object (`{"method": "ngram", "num_speculative_tokens":
 //! 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`, or `"method": "suffix"` with the
-//! `suffix_decoding_*` keys), turned into the engine's [`SpeculativeConfig`]. Unknown keys and
+//! `suffix_decoding_*` keys, or `"method": "draft_model", "model": "self"` with
+//! `num_draft_layers`: the target drafting with its first layers), turned into the engine's
+//! [`SpeculativeConfig`]. Unknown keys and
 //! methods, and keys of the other method, are refused by name rather than ignored.
 
 use pagoda_engine::{SpeculativeConfig, SpeculativeMethod};
@@ -23,6 +25,8 @@ struct SpeculativeJson {
     suffix_decoding_max_cached_requests: Option<usize>,
     suffix_decoding_max_spec_factor: Option<f32>,
     suffix_decoding_min_token_prob: Option<f32>,
+    /// `draft_model` with `"model": "self"`: the target's first this many layers draft.
+    num_draft_layers: Option<usize>,
     disable_by_batch_size: Option<usize>,
 }
 
@@ -32,40 +36,33 @@ pub fn parse(json: &str) -> Result<SpeculativeConfig, String> {
     let method = match (j.method.as_deref(), j.model.as_deref()) {
         (Some(m), _) => m,
         (None, Some("[ngram]")) => "ngram",
-        (None, Some(other)) => {
-            return Err(format!(
-                "draft models are not supported yet (model {other:?}); use \"method\": \"ngram\""
-            ))
+        (None, Some(_)) => "draft_model",
+        (None, None) => {
+            return Err("\"method\" is required (supported: \"ngram\", \"suffix\", \"draft_model\")".into())
         }
-        (None, None) => return Err("\"method\" is required (supported: \"ngram\", \"suffix\")".into()),
     };
     let num_speculative_tokens = j.num_speculative_tokens.ok_or("\"num_speculative_tokens\" is required")?;
-    let suffix_keys = [
-        ("suffix_decoding_max_tree_depth", j.suffix_decoding_max_tree_depth.is_some()),
-        ("suffix_decoding_max_cached_requests", j.suffix_decoding_max_cached_requests.is_some()),
-        ("suffix_decoding_max_spec_factor", j.suffix_decoding_max_spec_factor.is_some()),
-        ("suffix_decoding_min_token_prob", j.suffix_decoding_min_token_prob.is_some()),
+    // Each key belongs to one method; another method's key is a mistake worth naming.
+    let owned = [
+        ("prompt_lookup_max", j.prompt_lookup_max.is_some(), "ngram"),
+        ("prompt_lookup_min", j.prompt_lookup_min.is_some(), "ngram"),
+        ("suffix_decoding_max_tree_depth", j.suffix_decoding_max_tree_depth.is_some(), "suffix"),
+        ("suffix_decoding_max_cached_requests", j.suffix_decoding_max_cached_requests.is_some(), "suffix"),
+        ("suffix_decoding_max_spec_factor", j.suffix_decoding_max_spec_factor.is_some(), "suffix"),
+        ("suffix_decoding_min_token_prob", j.suffix_decoding_min_token_prob.is_some(), "suffix"),
+        ("num_draft_layers", j.num_draft_layers.is_some(), "draft_model"),
+        ("model", j.model.as_deref().is_some_and(|m| m != "[ngram]"), "draft_model"),
     ];
-    let ngram_keys = [
-        ("prompt_lookup_max", j.prompt_lookup_max.is_some()),
-        ("prompt_lookup_min", j.prompt_lookup_min.is_some()),
-    ];
-    fn misplaced(keys: &[(&'static str, bool)]) -> Option<&'static str> {
-        keys.iter().find(|(_, given)| *given).map(|(k, _)| *k)
+    if let Some((key, _, owner)) = owned.iter().find(|(_, given, owner)| *given && *owner != method) {
+        return Err(format!("{key} applies to method \"{owner}\", not \"{method}\""));
     }
     let method = match method {
         "ngram" => {
-            if let Some(key) = misplaced(&suffix_keys) {
-                return Err(format!("{key} applies to method \"suffix\", not \"ngram\""));
-            }
             let max = j.prompt_lookup_max.or(j.prompt_lookup_min).unwrap_or(4);
             let min = j.prompt_lookup_min.unwrap_or(max.min(2));
             SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max }
         }
         "suffix" => {
-            if let Some(key) = misplaced(&ngram_keys) {
-                return Err(format!("{key} applies to method \"ngram\", not \"suffix\""));
-            }
             let SpeculativeMethod::Suffix {
                 max_tree_depth,
                 max_cached_requests,
@@ -82,7 +79,22 @@ pub fn parse(json: &str) -> Result<SpeculativeConfig, String> {
                 min_token_prob: j.suffix_decoding_min_token_prob.unwrap_or(min_token_prob),
             }
         }
-        other => return Err(format!("method {other:?} is not supported (supported: \"ngram\", \"suffix\")")),
+        "draft_model" => {
+            if let Some(model) = j.model.as_deref().filter(|&m| m != "self") {
+                return Err(format!(
+                    "separate draft models are not supported yet (model {model:?}); \"model\": \"self\" with \
+                     \"num_draft_layers\" drafts with the target's first layers"
+                ));
+            }
+            let num_layers =
+                j.num_draft_layers.ok_or("\"num_draft_layers\" is required with \"draft_model\"")?;
+            SpeculativeMethod::DraftLayers { num_layers }
+        }
+        other => {
+            return Err(format!(
+                "method {other:?} is not supported (supported: \"ngram\", \"suffix\", \"draft_model\")"
+            ))
+        }
     };
     let config = SpeculativeConfig {
         method,
@@ -110,6 +122,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.method, SpeculativeMethod::Ngram { prompt_lookup_min: 1, prompt_lookup_max: 1 });
         assert_eq!(c.disable_by_batch_size, 9);
+        let c = parse(r#"{"method": "draft_model", "model": "self", "num_draft_layers": 12, "num_speculative_tokens": 3}"#)
+            .unwrap();
+        assert_eq!(c.method, SpeculativeMethod::DraftLayers { num_layers: 12 });
         let c = parse(
             r#"{"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24,
             "suffix_decoding_min_token_prob": 0.2}"#,
@@ -132,7 +147,12 @@ mod tests {
         assert!(
             err(r#"{"method": "eagle", "num_speculative_tokens": 2}"#).contains("\"eagle\" is not supported")
         );
-        assert!(err(r#"{"model": "org/draft", "num_speculative_tokens": 2}"#).contains("draft models"));
+        assert!(
+            err(r#"{"model": "org/draft", "num_speculative_tokens": 2}"#).contains("separate draft models")
+        );
+        assert!(err(r#"{"method": "draft_model", "num_speculative_tokens": 2}"#).contains("num_draft_layers"));
+        assert!(err(r#"{"method": "ngram", "num_speculative_tokens": 2, "num_draft_layers": 3}"#)
+            .contains("num_draft_layers applies to method \"draft_model\""));
         assert!(err(r#"{"method": "ngram"}"#).contains("num_speculative_tokens"));
         assert!(
             err(r#"{"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}"#).contains("lookahead")

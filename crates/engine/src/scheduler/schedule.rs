@@ -11,6 +11,7 @@ use crate::constraint::{SeqConstraint, TokenConstraint};
 use crate::executor::{SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
+use crate::speculative::SpeculativeMethod;
 use crate::stop::OutputProcessor;
 
 use super::{ScheduleStats, Scheduled, Scheduler, SeqEntry};
@@ -26,7 +27,15 @@ impl Scheduler {
         let queries_before = self.blocks.prefix_cache_queries();
         let hits_before = self.blocks.prefix_cache_hits();
         let preemptions_before = self.num_preemptions;
-        let mut batch = ScheduledBatch { seqs: Vec::with_capacity(self.running.len()), ..Default::default() };
+        let draft_layers = match self.config.speculative.map(|s| s.method) {
+            Some(SpeculativeMethod::DraftLayers { num_layers }) => Some(num_layers),
+            _ => None,
+        };
+        let mut batch = ScheduledBatch {
+            seqs: Vec::with_capacity(self.running.len()),
+            draft_layers,
+            ..Default::default()
+        };
         let mut budget = self.config.max_num_batched_tokens;
 
         self.schedule_running(&mut batch, &mut budget);
@@ -402,10 +411,11 @@ impl Scheduler {
 /// Most tokens a decoding sequence may propose: a verified step yields up to one more token than
 /// it proposed, which must stay within `max_tokens` and `max_model_len`; while `min_tokens` is
 /// not reached, every verified position must be one where the end-of-sequence bans hold (the
-/// sample request carries one ban list).
+/// sample request carries one ban list). Executor-drafted proposals skip constrained sequences.
 fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
     let Some(spec) = &config.speculative else { return 0 };
-    if e.fork_into > 1 {
+    // The executor's drafts are not known before the step, so no grammar can check them.
+    if e.fork_into > 1 || (spec.method.drafts_in_executor() && e.constraint.is_some()) {
         return 0;
     }
     let output = e.seq.output_len();

@@ -85,16 +85,20 @@ impl Scheduler {
         if output.sampled.len() != expected {
             return Err(UpdateError::SampleCount { expected, got: output.sampled.len() });
         }
+        let executor_drafts = self.config.speculative.is_some_and(|s| s.method.drafts_in_executor());
         let sampling = self.scheduled.iter().filter(|s| s.sample);
         for (index, (s, t)) in sampling.zip(&output.sampled).enumerate() {
             if s.seq_id != t.seq_id {
                 return Err(UpdateError::SeqMismatch { index, expected: s.seq_id, got: t.seq_id });
             }
+            // The executor's own drafts stand where the scheduler left placeholders.
+            let drafts = if executor_drafts { &t.drafted } else { &s.drafts };
             let got = t.token_ids.len();
             let logprobs = t.logprobs.as_ref().map_or(got, Vec::len);
             if got == 0
-                || got > s.drafts.len() + 1
-                || t.token_ids[..got - 1] != s.drafts[..got - 1]
+                || drafts.len() != s.drafts.len()
+                || got > drafts.len() + 1
+                || t.token_ids[..got - 1] != drafts[..got - 1]
                 || logprobs != got
             {
                 return Err(UpdateError::BadVerification {

@@ -8,7 +8,8 @@
 //! - [`SpeculativeConfig`]: the method and its limits (`--speculative-config`).
 //! - [`Proposer`]: where proposals come from; [`ngram`] looks the sequence's last tokens up in
 //!   its own history (prompt lookup); [`suffix`] also in a frequency trie of recent requests'
-//!   outputs.
+//!   outputs; with [`SpeculativeMethod::DraftLayers`] the executor drafts them itself, running
+//!   the target's first layers (self-speculative), and the scheduler only reserves their places.
 //! - [`SpecDecodeStats`]: drafts, draft tokens and accepted tokens per position, for metrics.
 
 pub mod ngram;
@@ -34,7 +35,21 @@ pub enum SpeculativeMethod {
     /// `max_spec_factor` times as long as its match and stops where its probability falls
     /// below `min_token_prob`.
     Suffix { max_tree_depth: usize, max_cached_requests: usize, max_spec_factor: f32, min_token_prob: f32 },
+    /// Self-speculative (LayerSkip-style): the executor drafts greedily with the target's first
+    /// `num_layers` layers, its final norm and its head, `k` passes of one token, writing those
+    /// layers' KV into the very slots the verification then overwrites.
+    DraftLayers { num_layers: usize },
 }
+
+impl SpeculativeMethod {
+    /// Whether the executor makes the proposals (the scheduler sends placeholders).
+    pub fn drafts_in_executor(&self) -> bool {
+        matches!(self, Self::DraftLayers { .. })
+    }
+}
+
+/// The token in the places of proposals the executor is to draft.
+pub const DRAFT_PLACEHOLDER: u32 = u32::MAX;
 
 /// `--speculative-config`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,6 +71,10 @@ pub enum SpeculativeConfigError {
     Lookup { min: usize, max: usize },
     #[error("{name} must be {expected}")]
     Suffix { name: &'static str, expected: &'static str },
+    #[error("num_draft_layers must be at least 1 and below the model's {layers} layers, got {got}")]
+    DraftLayers { got: usize, layers: usize },
+    #[error("the executor cannot draft with its own layers")]
+    NoDraftLayers,
 }
 
 impl SpeculativeConfig {
@@ -104,6 +123,11 @@ impl SpeculativeConfig {
                     return bad("suffix_decoding_min_token_prob", "in [0, 1]");
                 }
             }
+            SpeculativeMethod::DraftLayers { num_layers } => {
+                if num_layers == 0 {
+                    return Err(SpeculativeConfigError::DraftLayers { got: 0, layers: 0 });
+                }
+            }
         }
         Ok(())
     }
@@ -114,6 +138,8 @@ impl SpeculativeConfig {
 pub enum Proposer {
     Ngram(NgramProposer),
     Suffix(SuffixProposer),
+    /// Places for the executor's drafts.
+    Executor,
 }
 
 impl Proposer {
@@ -133,6 +159,7 @@ impl Proposer {
                 max_spec_factor,
                 min_token_prob,
             )),
+            SpeculativeMethod::DraftLayers { .. } => Self::Executor,
         }
     }
 
@@ -149,6 +176,7 @@ impl Proposer {
         match self {
             Self::Ngram(p) => p.propose(tokens, max_tokens, out),
             Self::Suffix(p) => p.propose(tokens, max_tokens, out),
+            Self::Executor => out.resize(out.len() + max_tokens, DRAFT_PLACEHOLDER),
         }
     }
 }
