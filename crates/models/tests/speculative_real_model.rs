@@ -14,8 +14,17 @@ use pagoda_engine::{
 };
 use pagoda_text::Tokenizer;
 
-fn ngram() -> SpeculativeConfig {
-    SpeculativeConfig { disable_by_batch_size: usize::MAX, ..SpeculativeConfig::ngram(4) }
+/// Each proposer, on at every batch size.
+fn proposers() -> [SpeculativeConfig; 3] {
+    [
+        SpeculativeConfig { disable_by_batch_size: usize::MAX, ..SpeculativeConfig::ngram(4) },
+        SpeculativeConfig::suffix(6),
+        SpeculativeConfig {
+            method: SpeculativeMethod::DraftLayers { num_layers: 24 },
+            num_speculative_tokens: 2,
+            disable_by_batch_size: usize::MAX,
+        },
+    ]
 }
 
 fn request(handle: &EngineHandle, prompt: Vec<u32>, params: SamplingParams, max_tokens: usize) -> Request {
@@ -51,31 +60,36 @@ fn chat(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
 }
 
 #[test]
-fn golden_prompts_decode_the_same_with_ngram_proposals() {
+fn golden_prompts_decode_the_same_with_every_proposer() {
     let fixture = fixture();
     let tokenizer = tokenizer();
     let mut prompts: Vec<Vec<u32>> =
         fixture["logits_cases"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).collect();
     prompts.extend(grounded(&tokenizer));
     let (plain, _) = engine(256, |_| {});
-    let (spec, _) = engine(256, |c| c.speculative = Some(ngram()));
-    for (i, prompt) in prompts.iter().enumerate() {
-        let want = generate_all(&plain, vec![request(&plain, prompt.clone(), SamplingParams::default(), 32)]);
-        let got = generate_all(&spec, vec![request(&spec, prompt.clone(), SamplingParams::default(), 32)]);
-        assert_eq!(got, want, "prompt {i}");
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            generate_all(&plain, vec![request(&plain, p.clone(), SamplingParams::default(), 32)]).remove(0)
+        })
+        .collect();
+    for proposer in proposers() {
+        let (spec, _) = engine(256, |c| c.speculative = Some(proposer));
+        for (i, prompt) in prompts.iter().enumerate() {
+            let got =
+                generate_all(&spec, vec![request(&spec, prompt.clone(), SamplingParams::default(), 32)]);
+            assert_eq!(got[0], want[i], "prompt {i}, {proposer:?}");
+        }
+        // The golden prompts' greedy continuations, as scripts/golden.py recorded them.
+        for (case, prompt) in fixture["logits_cases"].as_array().unwrap().iter().zip(&prompts) {
+            let greedy = ids(&case["greedy"]);
+            let r = request(&spec, prompt.clone(), SamplingParams::default(), greedy.len());
+            assert_eq!(generate_all(&spec, vec![r])[0], greedy, "{}, {proposer:?}", case["name"]);
+        }
+        let stats = spec.stats().spec;
+        assert!(stats.num_drafts > 20 && stats.num_accepted_tokens > 5, "{stats:?}, {proposer:?}");
+        assert_eq!(spec.stats().kv_blocks_used, 0, "blocks leaked");
     }
-    // The golden prompts' greedy continuations, as scripts/golden.py recorded them.
-    for (case, prompt) in fixture["logits_cases"].as_array().unwrap().iter().zip(&prompts) {
-        let greedy = ids(&case["greedy"]);
-        let got = generate_all(
-            &spec,
-            vec![request(&spec, prompt.clone(), SamplingParams::default(), greedy.len())],
-        );
-        assert_eq!(got[0], greedy, "{}", case["name"]);
-    }
-    let stats = spec.stats().spec;
-    assert!(stats.num_drafts > 20 && stats.num_accepted_tokens > 20, "{stats:?}");
-    assert_eq!(spec.stats().kv_blocks_used, 0, "blocks leaked");
 }
 
 #[test]
@@ -101,21 +115,23 @@ fn sixteen_mixed_requests_keep_their_outputs_with_proposals() {
     let (plain, _) = engine(256, |_| {});
     let alone: Vec<Vec<u32>> =
         requests(&plain).into_iter().map(|r| generate_all(&plain, vec![r]).remove(0)).collect();
-    // Speculation on at every batch size, and a cache small enough to preempt.
-    let (spec, log) = engine(40, |c| {
-        c.speculative = Some(ngram());
-        c.max_model_len = 40 * BLOCK_SIZE;
-    });
-    let together = generate_all(&spec, requests(&spec));
-    for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
-        assert_eq!(got, want, "request {i}");
+    for proposer in proposers() {
+        // Speculation on at every batch size, and a cache small enough to preempt.
+        let (spec, log) = engine(40, |c| {
+            c.speculative = Some(SpeculativeConfig { disable_by_batch_size: usize::MAX, ..proposer });
+            c.max_model_len = 40 * BLOCK_SIZE;
+        });
+        let together = generate_all(&spec, requests(&spec));
+        for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
+            assert_eq!(got, want, "request {i}, {proposer:?}");
+        }
+        let stats = spec.stats();
+        assert!(stats.spec.num_accepted_tokens > 10, "{:?}, {proposer:?}", stats.spec);
+        assert!(stats.num_preemptions > 0, "the small cache caused no preemption");
+        assert_eq!(stats.kv_blocks_used, 0, "blocks leaked");
+        let steps = log.0.lock().unwrap();
+        assert!(steps.iter().any(|s| s.num_seqs >= 8 && s.spec.num_drafts > 0), "no large step speculated");
     }
-    let stats = spec.stats();
-    assert!(stats.spec.num_accepted_tokens > 10, "{:?}", stats.spec);
-    assert!(stats.num_preemptions > 0, "the small cache caused no preemption");
-    assert_eq!(stats.kv_blocks_used, 0, "blocks leaked");
-    let steps = log.0.lock().unwrap();
-    assert!(steps.iter().any(|s| s.num_seqs >= 8 && s.spec.num_drafts > 0), "no large step speculated");
 }
 
 #[test]
