@@ -185,6 +185,11 @@ impl CpuWeight for Int8Weight {
     }
 }
 
+/// Activation values below which rounding runs on the calling thread: a few rows take
+/// microseconds, less than waking another worker (which, per matmul of a few-token step, had
+/// made 4 rows cost three times 1 row).
+const PARALLEL_ROUNDING_MIN: usize = 1 << 16;
+
 /// Rounds each row to 8 bits per block of 32: `d = max|x| / 127`, `q = round(x / d)` (ties to
 /// even, which vectorises), with the corrections of `subs` sub-blocks per block.
 pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) -> Int8Activations {
@@ -195,28 +200,40 @@ pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) 
     let mut scales = vec![0f32; m * blocks];
     let mut corrections = vec![0i32; m * blocks * subs];
     let mut sums = vec![0f32; m * blocks];
-    if blocks > 0 {
+    let quantize_row = |((((codes, scales), corrections), sums), x): (
+        (((&mut [i8], &mut [f32]), &mut [i32]), &mut [f32]),
+        &&[f32],
+    )| {
+        let quantize_block = quantize_block();
+        for b in 0..blocks {
+            let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
+            let (d, [low, high]) = quantize_block(&x[span.clone()], &mut codes[span]);
+            scales[b] = d;
+            if subs == 1 {
+                corrections[b] = -128 * (low + high);
+            } else {
+                corrections[2 * b] = -128 * low;
+                corrections[2 * b + 1] = -128 * high;
+            }
+            sums[b] = d * (low + high) as f32;
+        }
+    };
+    if blocks > 0 && m * cols >= PARALLEL_ROUNDING_MIN {
         codes
             .par_chunks_mut(cols)
             .zip(scales.par_chunks_mut(blocks))
             .zip(corrections.par_chunks_mut(blocks * subs))
             .zip(sums.par_chunks_mut(blocks))
             .zip(x_rows.par_iter())
-            .for_each(|((((codes, scales), corrections), sums), x)| {
-                let quantize_block = quantize_block();
-                for b in 0..blocks {
-                    let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
-                    let (d, [low, high]) = quantize_block(&x[span.clone()], &mut codes[span]);
-                    scales[b] = d;
-                    if subs == 1 {
-                        corrections[b] = -128 * (low + high);
-                    } else {
-                        corrections[2 * b] = -128 * low;
-                        corrections[2 * b + 1] = -128 * high;
-                    }
-                    sums[b] = d * (low + high) as f32;
-                }
-            });
+            .for_each(quantize_row);
+    } else if blocks > 0 {
+        codes
+            .chunks_mut(cols)
+            .zip(scales.chunks_mut(blocks))
+            .zip(corrections.chunks_mut(blocks * subs))
+            .zip(sums.chunks_mut(blocks))
+            .zip(x_rows.iter())
+            .for_each(quantize_row);
     }
     Int8Activations { cols, subs, codes, scales, corrections, sums }
 }

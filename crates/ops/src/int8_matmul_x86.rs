@@ -101,6 +101,9 @@ fn tile_vnni(
     }
 }
 
+/// Bytes ahead of the current codes that the tile prefetches (two blocks of one panel).
+const PREFETCH_AHEAD: usize = 2 * QUANT_BLOCK * PANEL;
+
 /// `R` rows x 32 columns, `SUBS` scales per block.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn tile<const R: usize, const SUBS: usize>(
@@ -134,6 +137,10 @@ unsafe fn tile<const R: usize, const SUBS: usize>(
                 let mut sum_hi = sum_lo;
                 for quad in s * quads_per_sub..(s + 1) * quads_per_sub {
                     let w = codes.add((b * (QUANT_BLOCK / 4) + quad) * PANEL * 4);
+                    // Two blocks ahead: with several rows the loop issues its loads too slowly
+                    // for the hardware prefetcher alone to keep DRAM busy.
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PREFETCH_AHEAD).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PREFETCH_AHEAD + 64).cast());
                     let w_lo = _mm512_loadu_si512(w.cast());
                     let w_hi = _mm512_loadu_si512(w.add(64).cast());
                     for i in 0..R {
