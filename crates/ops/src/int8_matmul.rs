@@ -200,24 +200,6 @@ pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) 
     let mut scales = vec![0f32; m * blocks];
     let mut corrections = vec![0i32; m * blocks * subs];
     let mut sums = vec![0f32; m * blocks];
-    let quantize_row = |((((codes, scales), corrections), sums), x): (
-        (((&mut [i8], &mut [f32]), &mut [i32]), &mut [f32]),
-        &&[f32],
-    )| {
-        let quantize_block = quantize_block();
-        for b in 0..blocks {
-            let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
-            let (d, [low, high]) = quantize_block(&x[span.clone()], &mut codes[span]);
-            scales[b] = d;
-            if subs == 1 {
-                corrections[b] = -128 * (low + high);
-            } else {
-                corrections[2 * b] = -128 * low;
-                corrections[2 * b + 1] = -128 * high;
-            }
-            sums[b] = d * (low + high) as f32;
-        }
-    };
     if blocks > 0 && m * cols >= PARALLEL_ROUNDING_MIN {
         codes
             .par_chunks_mut(cols)
@@ -225,17 +207,46 @@ pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) 
             .zip(corrections.par_chunks_mut(blocks * subs))
             .zip(sums.par_chunks_mut(blocks))
             .zip(x_rows.par_iter())
-            .for_each(quantize_row);
+            .for_each(|((((codes, scales), corrections), sums), x)| {
+                round_row(x, codes, scales, corrections, sums, subs)
+            });
     } else if blocks > 0 {
-        codes
-            .chunks_mut(cols)
-            .zip(scales.chunks_mut(blocks))
-            .zip(corrections.chunks_mut(blocks * subs))
-            .zip(sums.chunks_mut(blocks))
-            .zip(x_rows.iter())
-            .for_each(quantize_row);
+        for (r, x) in x_rows.iter().enumerate() {
+            round_row(
+                x,
+                &mut codes[r * cols..(r + 1) * cols],
+                &mut scales[r * blocks..(r + 1) * blocks],
+                &mut corrections[r * blocks * subs..(r + 1) * blocks * subs],
+                &mut sums[r * blocks..(r + 1) * blocks],
+                subs,
+            );
+        }
     }
     Int8Activations { cols, subs, codes, scales, corrections, sums }
+}
+
+/// One row of [`quantize_activations`].
+fn round_row(
+    x: &[f32],
+    codes: &mut [i8],
+    scales: &mut [f32],
+    corrections: &mut [i32],
+    sums: &mut [f32],
+    subs: usize,
+) {
+    let quantize_block = quantize_block();
+    for (b, scale) in scales.iter_mut().enumerate() {
+        let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
+        let (d, [low, high]) = quantize_block(&x[span.clone()], &mut codes[span]);
+        *scale = d;
+        if subs == 1 {
+            corrections[b] = -128 * (low + high);
+        } else {
+            corrections[2 * b] = -128 * low;
+            corrections[2 * b + 1] = -128 * high;
+        }
+        sums[b] = d * (low + high) as f32;
+    }
 }
 
 /// Rounds one block of 32 into `codes`; returns its scale `d` and the sums of `q` over elements

@@ -130,6 +130,24 @@ fn activation_rounding_follows_the_definition() {
 }
 
 #[test]
+fn many_rows_round_in_parallel_to_the_bytes_of_one_row_at_a_time() {
+    let mut rng = StdRng::seed_from_u64(21);
+    // 40 x 2048 values: past the size below which rounding stays on the calling thread.
+    let rows = random_rows(&mut rng, 40, 2048);
+    let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+    for subs in [1, 2] {
+        let all = quantize_activations(&refs, 2048, subs);
+        for (r, row) in refs.iter().enumerate() {
+            let one = quantize_activations(&[row], 2048, subs);
+            assert_eq!(&all.codes[r * 2048..(r + 1) * 2048], one.codes.as_slice(), "row {r}");
+            assert_eq!(&all.scales[r * 64..(r + 1) * 64], one.scales.as_slice());
+            assert_eq!(&all.corrections[r * 64 * subs..(r + 1) * 64 * subs], one.corrections.as_slice());
+            assert_eq!(&all.sums[r * 64..(r + 1) * 64], one.sums.as_slice());
+        }
+    }
+}
+
+#[test]
 fn padding_columns_are_never_written_and_empty_inputs_work() {
     let mut rng = StdRng::seed_from_u64(13);
     let w = random_weight(&mut rng, QuantFormat::Q4_1, 40, 64);
