@@ -11,6 +11,8 @@
 //!   tensors; [`fake::FakeExecutor`] drives them in tests and benchmarks.
 //! - [`constraint`]: structured output's per-sequence grammar state ([`TokenConstraint`]), whose
 //!   token masks are computed while the model runs.
+//! - [`speculative`]: proposals a decoding sequence carries into a step (n-gram, suffix, or the
+//!   executor's own first layers), verified by the sampler's own draws; rejected KV rolls back.
 
 pub mod block_manager;
 pub mod block_pool;
