@@ -31,7 +31,7 @@ use crate::request::{Request, RequestError, RequestId, StopConditions};
 use crate::rng::{combine, sample_seed};
 use crate::sampling::SamplingParams;
 use crate::sequence::{SeqStatus, Sequence};
-use crate::speculative::{Proposer, SpecDecodeStats};
+use crate::speculative::{Proposer, SpecDecodeStats, MAX_SPECULATIVE_TOKENS};
 use crate::stop::OutputProcessor;
 
 /// Why [`Scheduler::add_request`] refused a request.
@@ -118,6 +118,10 @@ pub(crate) struct SeqEntry {
     /// Structured output: this sample's grammar state. Taken out by the engine while the mask
     /// worker has it (during `execute`), put back before `update`.
     pub constraint: Option<SeqConstraint>,
+    /// Most tokens to propose next step (speculative decoding): halved down to what the last
+    /// verification accepted plus one, doubled after a proposal held whole, so text that
+    /// proposals do not predict stops paying for verified positions.
+    pub draft_budget: usize,
 }
 
 impl SeqEntry {
@@ -266,7 +270,15 @@ impl Scheduler {
         let fork_into = if shared.n > 1 { shared.n } else { 0 };
         self.seqs.insert(
             seq_id,
-            SeqEntry { seq, shared: shared.clone(), output, fork_into, last_scheduled: 0, constraint },
+            SeqEntry {
+                seq,
+                shared: shared.clone(),
+                output,
+                fork_into,
+                last_scheduled: 0,
+                constraint,
+                draft_budget: MAX_SPECULATIVE_TOKENS,
+            },
         );
         self.requests.insert(
             request.id,

@@ -11,7 +11,7 @@ use crate::constraint::{SeqConstraint, TokenConstraint};
 use crate::executor::{SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
-use crate::speculative::SpeculativeMethod;
+use crate::speculative::{SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
 use crate::stop::OutputProcessor;
 
 use super::{ScheduleStats, Scheduled, Scheduler, SeqEntry};
@@ -372,6 +372,7 @@ impl Scheduler {
                     fork_into: 0,
                     last_scheduled,
                     constraint: constraint.clone(),
+                    draft_budget: MAX_SPECULATIVE_TOKENS,
                 },
             );
             self.running.push(id);
@@ -421,6 +422,7 @@ fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
     let output = e.seq.output_len();
     let mut limit = spec
         .num_speculative_tokens
+        .min(e.draft_budget)
         .min(e.shared.max_tokens.saturating_sub(output + 1))
         .min(config.max_model_len.saturating_sub(e.seq.len() + 1));
     let min_tokens = e.shared.stop.min_tokens;

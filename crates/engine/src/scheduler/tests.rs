@@ -425,3 +425,12 @@ fn unstarted_requests_count_their_samples() {
     assert!(h.sched.abort_request(3, FinishReason::Abort, &mut out));
     assert_eq!(h.sched.num_unstarted_seqs(), 0);
 }
+
+#[test]
+fn the_draft_budget_follows_what_verification_accepted() {
+    use super::update::next_draft_budget;
+    assert_eq!(next_draft_budget(4, 4), 8, "a whole success doubles");
+    assert_eq!(next_draft_budget(12, 12), 16, "up to the most a step may propose");
+    assert_eq!(next_draft_budget(8, 0), 1, "a miss at the first position probes with one");
+    assert_eq!(next_draft_budget(8, 3), 4, "one past the accepted prefix");
+}

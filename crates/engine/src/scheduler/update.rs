@@ -9,7 +9,7 @@ use pagoda_text::TokenDecoder;
 
 use crate::event::{FinishReason, StopReason, TokenEvent};
 use crate::executor::{SeqId, StepOutput, TopLogprobs};
-use crate::speculative::SpecDecodeStats;
+use crate::speculative::{SpecDecodeStats, MAX_SPECULATIVE_TOKENS};
 
 use super::{Scheduler, SeqEntry, StepEvents, UpdateError};
 
@@ -38,6 +38,9 @@ impl Scheduler {
             };
             let accepted = token.num_accepted();
             self.last_spec_stats.record(s.drafts.len(), accepted);
+            if !s.drafts.is_empty() {
+                e.draft_budget = next_draft_budget(s.drafts.len(), accepted);
+            }
             let request_id = e.seq.request_id;
             let mut logprobs = token.logprobs.map(Vec::into_iter);
             let mut finish = None;
@@ -192,5 +195,16 @@ impl Scheduler {
                 Self::finalize(&mut state, now, event, out);
             }
         }
+    }
+}
+
+/// The next proposal's length after `accepted` of `proposed` held: twice as long after a whole
+/// success, one past the accepted prefix otherwise (so a sequence whose text proposals miss
+/// verifies one position, not `k`).
+pub(super) fn next_draft_budget(proposed: usize, accepted: usize) -> usize {
+    if accepted >= proposed {
+        (2 * proposed).min(MAX_SPECULATIVE_TOKENS)
+    } else {
+        accepted + 1
     }
 }
