@@ -155,11 +155,6 @@ pub struct SampledToken {
 }
 
 impl SampledToken {
-    /// One drawn token (no speculation).
-    pub fn single(seq_id: SeqId, token_id: u32, logprobs: Option<TopLogprobs>) -> Self {
-        Self { seq_id, token_ids: vec![token_id], logprobs: logprobs.map(|l| vec![l]), drafted: Vec::new() }
-    }
-
     /// Draft tokens accepted (all tokens but the last).
     pub fn num_accepted(&self) -> usize {
         self.token_ids.len().saturating_sub(1)

@@ -15,7 +15,7 @@ impl Scheduler {
     pub(crate) fn take_mask_jobs(&mut self, batch: &mut ScheduledBatch) -> Vec<MaskJob> {
         let mut jobs = Vec::new();
         for s in &mut batch.seqs {
-            let drafts = s.token_ids[s.token_ids.len() - s.num_draft_tokens..].to_vec();
+            let drafts = &s.token_ids[s.token_ids.len() - s.num_draft_tokens..];
             let Some(sample) = s.sample.as_mut() else { continue };
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
             let Some(SeqConstraint(constraint)) = e.constraint.take() else { continue };
@@ -25,7 +25,7 @@ impl Scheduler {
             let slot = MaskSlot::new();
             sample.allowed = Some(Arc::clone(&slot));
             jobs.push(MaskJob { seq_id: s.seq_id, constraint, slot, restore: true });
-            for &token in &drafts {
+            for &token in drafts {
                 let Some(state) = state.as_mut() else { break };
                 let slot = MaskSlot::new();
                 if let Err(err) = state.accept_token(token) {

@@ -16,14 +16,9 @@ impl NgramProposer {
         Self { min_n, max_n: max_n.max(min_n) }
     }
 
-    /// Length of the longest suffix of `tokens` (within `min_n..=max_n`) that occurs earlier
-    /// with at least one token after it; 0 when none does.
-    pub fn longest_match_len(&self, tokens: &[u32]) -> usize {
-        self.find(tokens).map_or(0, |(_, n)| n)
-    }
-
-    /// The most recent earlier occurrence of the longest matching suffix: its start and length.
-    fn find(&self, tokens: &[u32]) -> Option<(usize, usize)> {
+    /// The most recent earlier occurrence of the longest suffix of `tokens` (within
+    /// `min_n..=max_n`) with at least one token after it: its start and length.
+    pub(crate) fn find(&self, tokens: &[u32]) -> Option<(usize, usize)> {
         let len = tokens.len();
         for n in (self.min_n..=self.max_n.min(len.saturating_sub(1))).rev() {
             let suffix = &tokens[len - n..];
@@ -48,7 +43,14 @@ impl NgramProposer {
         if max_tokens == 0 {
             return;
         }
-        let Some((j, n)) = self.find(tokens) else { return };
+        if let Some(found) = self.find(tokens) {
+            Self::copy_after(tokens, found, max_tokens, out);
+        }
+    }
+
+    /// Appends the `max_tokens` tokens after the occurrence `(j, n)` that [`find`](Self::find)
+    /// returned.
+    pub(crate) fn copy_after(tokens: &[u32], (j, n): (usize, usize), max_tokens: usize, out: &mut Vec<u32>) {
         let len = tokens.len();
         let first = out.len();
         for from in j + n..j + n + max_tokens {

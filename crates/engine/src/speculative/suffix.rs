@@ -173,13 +173,14 @@ impl SuffixProposer {
         // Leave room below the depth limit for the continuation.
         let max_match = self.trie.max_depth / 2;
         let cached = self.trie.longest_match(tokens, max_match);
-        let own_match = self.own.longest_match_len(tokens);
-        match cached {
-            Some((node, m)) if m > own_match => {
+        let own = self.own.find(tokens);
+        match (cached, own) {
+            (Some((node, m)), _) if m > own.map_or(0, |(_, n)| n) => {
                 let limit = max_tokens.min(((m as f32 * self.max_spec_factor).ceil() as usize).max(1));
                 self.trie.continue_from(node, limit, self.min_token_prob, out);
             }
-            _ => self.own.propose(tokens, max_tokens, out),
+            (_, Some(found)) => NgramProposer::copy_after(tokens, found, max_tokens, out),
+            _ => {}
         }
     }
 
