@@ -221,5 +221,9 @@ inline float __uint_as_float(unsigned u) { return sim::bits_f32(u); }
 inline float __int_as_float(int i) { return sim::bits_f32((uint32_t)i); }
 inline unsigned __float_as_uint(float f) { return sim::f32_bits(f); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// Round-to-nearest arithmetic that is never fused into an FMA (the host compiler targets no FMA).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

@@ -13,6 +13,7 @@
 #include "../reshape_and_cache.cu"
 #include "../rms_norm.cu"
 #include "../rotary.cu"
+#include "../sampling.cu"
 #include "../silu_and_mul.cu"
 
 // Launches kernel `name` like cuLaunchKernel (params[i] points at parameter i's value) and

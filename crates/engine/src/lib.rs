@@ -13,11 +13,14 @@
 //!   token masks are computed while the model runs.
 //! - [`speculative`]: proposals a decoding sequence carries into a step (n-gram, suffix, or the
 //!   executor's own first layers), verified by the sampler's own draws; rejected KV rolls back.
+//! - [`device_sampling`]: a batch's sampling requests flattened for the GPU sampler kernel, with
+//!   the CPU sampler's semantics.
 
 pub mod block_manager;
 pub mod block_pool;
 pub mod config;
 pub mod constraint;
+pub mod device_sampling;
 pub mod engine;
 pub mod event;
 pub mod executor;

@@ -10,6 +10,7 @@
 mod bench;
 mod model_check;
 mod ops_check;
+mod sampler_check;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

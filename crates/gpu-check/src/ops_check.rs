@@ -264,6 +264,7 @@ pub fn run(gpu: &Device, report: &mut Report) -> Result<()> {
         ("silu_and_mul", silu),
         ("reshape_and_cache", kv_write),
         ("paged_attention", attention),
+        ("sampler", crate::sampler_check::run),
     ] {
         if let Err(e) = check(&mut rng, gpu, report) {
             report.error(SECTION, name, format!("{e:#}"));

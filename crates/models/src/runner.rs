@@ -56,6 +56,15 @@ impl ModelRunner {
         &self.cache
     }
 
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Swaps in another cache (start-up sizes the real one after profiling with a scratch one).
+    pub fn replace_cache(&mut self, cache: KvCache) -> KvCache {
+        std::mem::replace(&mut self.cache, cache)
+    }
+
     /// Checks every sequence against the model and the cache; the first one that cannot run is
     /// reported on its own so that the engine fails only its request.
     fn flatten(&self, batch: &ScheduledBatch) -> std::result::Result<FlatBatch, ExecutorError> {
@@ -266,6 +275,12 @@ impl ModelRunner {
             _ => (batch, flat),
         };
         let logits = self.forward_flat(batch, flat, None).map_err(failed)?;
+        // On a GPU the logits stay there unless a sequence has proposals to verify.
+        if self.device.is_cuda() && batch.seqs.iter().all(|s| s.num_draft_tokens == 0) {
+            if let Some(sampled) = crate::device_sampling::sample_batch(batch, &logits)? {
+                return Ok(StepOutput { sampled });
+            }
+        }
         let mut rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?.into_iter();
         let wanted: Vec<_> = batch
             .seqs

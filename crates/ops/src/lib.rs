@@ -9,6 +9,10 @@
 //! launches our kernels from `kernels/*.cu` (see `cuda`), behind the same public functions. The
 //! KV-cache layout, metadata contract and launch shapes are documented in `kernels/README.md`.
 //!
+//! `device_memory` and the pool's peak (`reset_peak_memory`, `peak_memory`) size the KV cache from
+//! free GPU memory. `sample_on_device` is the GPU sampler (one token per row of logits that stay on the device);
+//! on the CPU the engine's sampler does that work.
+//!
 //! Errors are `candle_core::Error` values: bad shapes, dtypes, devices, out-of-range slots or
 //! positions, and inconsistent metadata are reported, never panicked on.
 
@@ -16,6 +20,8 @@ mod attention_group;
 mod check;
 mod cpu_matmul;
 mod cuda;
+mod device_memory;
+mod device_sampler;
 mod dtype;
 mod gated_activation;
 mod int8_matmul;
@@ -37,6 +43,8 @@ mod rotary;
 mod rotary_tables;
 mod simd;
 
+pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
+pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};

@@ -262,11 +262,13 @@ pub struct ServeArgs {
     /// Tokens per KV-cache block. [default: 16]
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// KV-cache size, e.g. 2GiB or 536870912. [default: 1GiB]
+    /// KV-cache size, e.g. 2GiB or 536870912. [default: 1GiB on the CPU; on a GPU, sized by
+    /// --gpu-memory-utilization]
     #[arg(long, value_name = "BYTES")]
     pub kv_cache_memory: Option<ByteSize>,
-    /// Fraction of GPU memory Pagoda may use, in (0, 1]. Checked, but the KV cache is sized by
-    /// --kv-cache-memory until sizing from free GPU memory lands. [default: 0.9]
+    /// Fraction of GPU memory Pagoda may use, in (0, 1]: the KV cache gets what is left of it
+    /// after the weights, everything else in use and the peak of a profiling step at
+    /// --max-num-batched-tokens. Unless --kv-cache-memory is given. [default: 0.9]
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
     /// Use exactly this many KV blocks, ignoring the memory settings.

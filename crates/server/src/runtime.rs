@@ -10,6 +10,7 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
+use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
 use pagoda_models::{
     load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner,
     PanelPrecision,
@@ -36,6 +37,8 @@ pub enum RuntimeError {
     MaxModelLenBeyondModel { requested: usize, model: usize },
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    KvSizing(#[from] KvSizingError),
 }
 
 /// What to load and how big to make the cache and the batches.
@@ -54,9 +57,13 @@ pub struct RuntimeOptions {
     /// What block-quantized weights' dense copies (the CPU's many-token GEMM) are stored in.
     pub panel_precision: PanelPrecision,
     pub block_size: usize,
-    /// Bytes of KV cache; ignored when `num_blocks` is set.
+    /// Bytes of KV cache; ignored when `num_blocks` is set or the cache is sized from device
+    /// memory.
     pub kv_cache_bytes: u64,
     pub num_blocks: Option<usize>,
+    /// On a GPU without `num_blocks`: size the cache to this fraction of device memory after a
+    /// profiling step (see `pagoda_models::kv_sizing`) instead of `kv_cache_bytes`.
+    pub gpu_memory_utilization: Option<f64>,
     pub max_model_len: Option<usize>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
@@ -80,6 +87,7 @@ impl RuntimeOptions {
             block_size: 16,
             kv_cache_bytes: 1 << 30,
             num_blocks: None,
+            gpu_memory_utilization: None,
             max_model_len: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
@@ -111,6 +119,8 @@ pub struct LoadedRuntime {
     /// model's `kv_bytes_per_token` when sliding-window layers keep only their windows).
     pub kv_bytes_per_token: f64,
     pub kv_cache_dtype: DType,
+    /// How the cache was sized from device memory, when it was.
+    pub gpu_kv_budget: Option<GpuKvBudget>,
     pub times: StartupTimes,
 }
 
@@ -195,13 +205,29 @@ impl LoadedRuntime {
             });
         }
         let cache_dtype = options.kv_cache_dtype;
-        let num_blocks = match options.num_blocks {
-            Some(n) => n,
-            None => {
+        let layout = KvLayout::for_config(&config);
+        let mut runner = ModelRunner::new(
+            loaded.model,
+            KvCache::new(&config, 1, options.block_size, cache_dtype, &options.device)?,
+            options.device.clone(),
+        )?;
+        let mut gpu_kv_budget = None;
+        let num_blocks = match (options.num_blocks, options.gpu_memory_utilization) {
+            (Some(n), _) => n,
+            (None, Some(utilization)) if options.device.is_cuda() => {
+                let shape = ProfileShape {
+                    max_num_batched_tokens: options.max_num_batched_tokens,
+                    max_num_seqs: options.max_num_seqs,
+                    block_size: options.block_size,
+                };
+                let budget = size_from_device_memory(&mut runner, &config, shape, cache_dtype, utilization)?;
+                gpu_kv_budget = Some(budget);
+                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, budget.kv_bytes)
+            }
+            (None, _) => {
                 KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, options.kv_cache_bytes)
             }
         };
-        let layout = KvLayout::for_config(&config);
         let groups = layout.kv_groups();
         // Without an explicit limit, the context is what both the model and the cache allow
         // (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
@@ -227,7 +253,13 @@ impl LoadedRuntime {
                 block_size: options.block_size,
             });
         }
-        let cache = KvCache::new(&config, num_blocks, options.block_size, cache_dtype, &options.device)?;
+        runner.replace_cache(KvCache::new(
+            &config,
+            num_blocks,
+            options.block_size,
+            cache_dtype,
+            &options.device,
+        )?);
         let dtype_size = cache_dtype.size_in_bytes();
         let kv_cache_bytes = (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;
         let kv_bytes_per_token =
@@ -245,13 +277,14 @@ impl LoadedRuntime {
 
         Ok(Self {
             model_config: config.clone(),
-            runner: ModelRunner::new(loaded.model, cache, options.device.clone())?,
+            runner,
             tokenizer,
             chat_template,
             engine_config,
             kv_cache_bytes,
             kv_bytes_per_token,
             kv_cache_dtype: cache_dtype,
+            gpu_kv_budget,
             times,
         })
     }

@@ -132,6 +132,9 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.block_size = config.block_size;
     options.kv_cache_bytes = config.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES);
     options.num_blocks = config.num_gpu_blocks_override;
+    // An explicit --kv-cache-memory wins; otherwise a GPU sizes its cache from free memory.
+    options.gpu_memory_utilization =
+        config.kv_cache_memory.is_none().then_some(config.gpu_memory_utilization);
     options.max_model_len = config.max_model_len;
     options.max_num_seqs = config.max_num_seqs;
     options.max_num_batched_tokens = config.max_num_batched_tokens;

@@ -18,11 +18,12 @@ pub(crate) enum KernelModule {
     AttentionSimt,
     AttentionMma,
     AttentionCombine,
+    Sampling,
 }
 
 impl KernelModule {
     #[cfg(test)]
-    pub const ALL: [KernelModule; 7] = [
+    pub const ALL: [KernelModule; 8] = [
         KernelModule::ReshapeAndCache,
         KernelModule::RmsNorm,
         KernelModule::Rotary,
@@ -30,6 +31,7 @@ impl KernelModule {
         KernelModule::AttentionSimt,
         KernelModule::AttentionMma,
         KernelModule::AttentionCombine,
+        KernelModule::Sampling,
     ];
 
     /// The source file's stem: `kernels/{stem}.cu`.
@@ -42,6 +44,7 @@ impl KernelModule {
             KernelModule::AttentionSimt => "paged_attention_simt",
             KernelModule::AttentionMma => "paged_attention_mma",
             KernelModule::AttentionCombine => "paged_attention_combine",
+            KernelModule::Sampling => "sampling",
         }
     }
 }
@@ -275,6 +278,69 @@ pub(crate) fn silu_and_mul(a: &SiluArgs) -> Result<Option<KernelLaunch>> {
             Arg::Ptr(a.out),
             Arg::I64(a.rows as i64),
             Arg::I32(to_i32(a.width, "width", OP)?),
+        ],
+    }))
+}
+
+/// Threads per row of the sampler (`SAMPLE_THREADS` in kernels/sampling.cu).
+pub(crate) const SAMPLE_THREADS: usize = 256;
+
+/// The device sampler over `rows` rows of f32 logits; addresses of a plan's arrays
+/// (`pagoda_engine::device_sampling::DeviceSamplingPlan`) and of the outputs. An array that
+/// no row's range reaches may be 0.
+pub(crate) struct SampleArgs {
+    pub logits: u64,
+    pub logits_row_stride: usize,
+    pub vocab: usize,
+    pub rows: usize,
+    pub row_params: u64,
+    pub bias_ids: u64,
+    pub bias_values: u64,
+    pub banned_ids: u64,
+    pub penalty_ids: u64,
+    pub penalty_counts: u64,
+    pub mask_words: u64,
+    /// `rows * vocab` f32 of scratch (rows that need no processing never touch theirs).
+    pub work: u64,
+    pub tokens: u64,
+    pub token_logprobs: u64,
+    pub top_ids: u64,
+    pub top_logprobs: u64,
+    pub max_logprobs: usize,
+}
+
+pub(crate) fn sample(a: &SampleArgs) -> Result<Option<KernelLaunch>> {
+    const OP: &str = "sample";
+    if a.rows == 0 {
+        return Ok(None);
+    }
+    // Each thread counts its share of a row in 16-bit histogram cells.
+    if a.vocab == 0 || a.vocab > SAMPLE_THREADS * u16::MAX as usize {
+        return Err(candle_core::Error::Msg(format!("{OP}: vocabulary of {} outside 1..=16.7M", a.vocab)));
+    }
+    Ok(Some(KernelLaunch {
+        module: KernelModule::Sampling,
+        function: "pagoda_sample_f32".into(),
+        grid: [to_grid(a.rows, "rows", OP)?, 1, 1],
+        block: [SAMPLE_THREADS as u32, 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(a.logits),
+            Arg::I64(a.logits_row_stride as i64),
+            Arg::I32(to_i32(a.vocab, "vocab", OP)?),
+            Arg::Ptr(a.row_params),
+            Arg::Ptr(a.bias_ids),
+            Arg::Ptr(a.bias_values),
+            Arg::Ptr(a.banned_ids),
+            Arg::Ptr(a.penalty_ids),
+            Arg::Ptr(a.penalty_counts),
+            Arg::Ptr(a.mask_words),
+            Arg::Ptr(a.work),
+            Arg::Ptr(a.tokens),
+            Arg::Ptr(a.token_logprobs),
+            Arg::Ptr(a.top_ids),
+            Arg::Ptr(a.top_logprobs),
+            Arg::I32(to_i32(a.max_logprobs, "max_logprobs", OP)?),
         ],
     }))
 }

@@ -26,8 +26,12 @@ pub(crate) mod norm;
 mod ptx;
 #[cfg(feature = "cuda")]
 pub(crate) mod rotary;
+#[cfg(feature = "cuda")]
+pub(crate) mod sampling;
 
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim;
+#[cfg(all(test, feature = "kernel-sim"))]
+mod sim_sampling_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_tests;

@@ -1,0 +1,137 @@
+//! The device sampler (`pagoda_ops::sample_on_device`) against the engine's CPU sampler on the
+//! same logits: every token equal, logprobs equal to rounding, at Llama-3-sized and
+//! SmolLM2-sized vocabularies over a mix of requests; then its time per step, greedy (the
+//! one-read fast path) and sampled with top-p, at 1, 32 and 128 rows.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::{Device, Tensor};
+use pagoda_engine::device_sampling::DeviceSamplingPlan;
+use pagoda_engine::sampler::Sampler;
+use pagoda_engine::{SampleRequest, SamplingParams};
+use pagoda_gpu_check::report::Report;
+use pagoda_gpu_check::timing::median;
+use pagoda_ops::{sample_on_device, DeviceSampleInput, DeviceSampleOutput};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+const SECTION: &str = "ops";
+
+/// Request `i` of a batch: greedy, greedy with logprobs, top-p, top-k, min-p with penalties,
+/// and a repetition penalty with logit bias, in turn.
+fn request(rng: &mut StdRng, i: usize, vocab: usize) -> SampleRequest {
+    let mut p = SamplingParams::default();
+    match i % 6 {
+        0 => {}
+        1 => p.logprobs = Some(5),
+        2 => (p.temperature, p.top_p) = (0.8, 0.95),
+        3 => (p.temperature, p.top_k, p.logprobs) = (1.0, 50, Some(2)),
+        4 => (p.temperature, p.min_p, p.frequency_penalty, p.presence_penalty) = (0.7, 0.05, 0.4, 0.2),
+        _ => {
+            (p.temperature, p.repetition_penalty) = (1.2, 1.3);
+            p.logit_bias = HashMap::from([(rng.random_range(0..vocab as u32), 5.0), (7, -100.0)]);
+        }
+    }
+    let history: Vec<u32> = (0..200).map(|_| rng.random_range(0..vocab as u32)).collect();
+    SampleRequest {
+        params: Arc::new(p),
+        seed: rng.random(),
+        output_index: i,
+        prompt_len: 150,
+        history: Some(Arc::from(history)),
+        ..SampleRequest::greedy()
+    }
+}
+
+fn run_plan(logits: &Tensor, plan: &DeviceSamplingPlan) -> Result<DeviceSampleOutput> {
+    let row_bytes = plan.row_bytes();
+    let input = DeviceSampleInput {
+        row_bytes: &row_bytes,
+        bias_ids: &plan.bias_ids,
+        bias_values: &plan.bias_values,
+        banned_ids: &plan.banned_ids,
+        penalty_ids: &plan.penalty_ids,
+        penalty_counts: &plan.penalty_counts,
+        mask_words: &plan.mask_words,
+        max_logprobs: plan.max_logprobs,
+    };
+    Ok(sample_on_device(logits, &input)?)
+}
+
+fn random_logits(rng: &mut StdRng, rows: usize, vocab: usize) -> Vec<f32> {
+    (0..rows * vocab)
+        .map(|_| (rng.random_range(-1.0f32..1.0) + rng.random_range(-1.0f32..1.0)) * 6.0)
+        .collect()
+}
+
+fn compare(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &mut Report) -> Result<()> {
+    let rows = 60;
+    let host = random_logits(rng, rows, vocab);
+    let logits = Tensor::from_slice(&host, (rows, vocab), gpu)?;
+    let requests: Vec<SampleRequest> = (0..rows).map(|i| request(rng, i, vocab)).collect();
+    let plan = DeviceSamplingPlan::build(&requests, vocab)?;
+    let out = run_plan(&logits, &plan)?;
+    let (mut mismatches, mut worst) = (0, 0f64);
+    let mut sampler = Sampler::new();
+    for (r, req) in requests.iter().enumerate() {
+        let mut row = host[r * vocab..(r + 1) * vocab].to_vec();
+        let (token, logprobs) = sampler.sample(&mut row, req)?;
+        mismatches += usize::from(out.tokens[r] != token);
+        if let Some(lp) = logprobs {
+            worst = worst.max(f64::from((out.token_logprobs[r] - lp.sampled.logprob).abs()));
+            for (j, want) in lp.top.iter().enumerate() {
+                let at = r * plan.max_logprobs + j;
+                mismatches += usize::from(out.top_ids[at] != want.token_id);
+                worst = worst.max(f64::from((out.top_logprobs[at] - want.logprob).abs()));
+            }
+        }
+    }
+    report.expect(
+        SECTION,
+        &format!("sampler vocab {vocab}: tokens and top ids equal the CPU sampler's ({rows} mixed rows)"),
+        mismatches == 0,
+        format!("{mismatches} differ"),
+    );
+    report.at_most(SECTION, &format!("sampler vocab {vocab}: logprob abs error"), worst, 1e-4);
+    Ok(())
+}
+
+/// Median milliseconds of one sampler call (upload, kernel, copy back) over `rows` rows.
+fn time_rows(rng: &mut StdRng, gpu: &Device, rows: usize, vocab: usize, sampled: bool) -> Result<f64> {
+    let logits = Tensor::from_vec(random_logits(rng, rows, vocab), (rows, vocab), gpu)?;
+    let params = Arc::new(if sampled {
+        SamplingParams { temperature: 0.8, top_p: 0.95, ..Default::default() }
+    } else {
+        SamplingParams::default()
+    });
+    let requests: Vec<SampleRequest> = (0..rows)
+        .map(|i| SampleRequest { params: params.clone(), output_index: i, ..SampleRequest::greedy() })
+        .collect();
+    let plan = DeviceSamplingPlan::build(&requests, vocab)?;
+    run_plan(&logits, &plan)?;
+    let mut times: Vec<f64> = (0..10)
+        .map(|_| {
+            let t = Instant::now();
+            run_plan(&logits, &plan).map(|_| t.elapsed().as_secs_f64() * 1e3)
+        })
+        .collect::<Result<_>>()?;
+    Ok(median(&mut times))
+}
+
+pub fn run(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
+    for vocab in [49152, 128256] {
+        compare(rng, gpu, vocab, report)?;
+    }
+    for sampled in [false, true] {
+        let times = [1, 32, 128]
+            .iter()
+            .map(|&rows| Ok(format!("{rows} rows {:.3} ms", time_rows(rng, gpu, rows, 128256, sampled)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let what = if sampled { "top-p 0.95" } else { "greedy" };
+        report.info(SECTION, &format!("sampler time, vocab 128256, {what}"), times.join(", "));
+    }
+    Ok(())
+}
