@@ -56,7 +56,8 @@ mod cuda {
 
     /// The device's default memory pool (where cuMemAllocAsync allocates).
     fn pool(dev: &CudaDevice) -> Result<sys::CUmemoryPool> {
-        let ctx = dev.cuda_stream().context();
+        let stream = dev.cuda_stream();
+        let ctx = stream.context();
         ctx.bind_to_thread().w()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `pool` is a valid out-pointer and the device handle comes from a live context.

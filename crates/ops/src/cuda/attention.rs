@@ -113,7 +113,7 @@ pub(crate) fn paged_attention(
     let esize = dtype.size_in_bytes();
     let (k0, _) = check::contiguous_range(k_l, OP)?;
     let (v0, _) = check::contiguous_range(v_l, OP)?;
-    if (k0 * esize) % 16 != 0 || (v0 * esize) % 16 != 0 {
+    if !(k0 * esize).is_multiple_of(16) || !(v0 * esize).is_multiple_of(16) {
         return Err(invalid(OP, "the caches must start at a 16-byte boundary"));
     }
     let rows = check::rows(q_l, 2, OP)?;

@@ -1,7 +1,9 @@
 //! CUDA side of the device sampler (kernels/sampling.cu): uploads a batch plan, launches one
 //! block per row on candle's stream, and copies back only ids and logprobs.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
+};
 use candle_core::{CudaDevice, DType, Result, Tensor};
 
 use super::launch::{self, SampleArgs};
@@ -13,6 +15,11 @@ fn upload<T: DeviceRepr + 'static>(dev: &CudaDevice, v: &[T]) -> Result<Option<C
         return Ok(None);
     }
     Ok(Some(dev.clone_htod(v)?))
+}
+
+/// The address of an uploaded list (0 when there is none), with its read guard.
+fn read_ptr<'a, T>(s: &'a Option<CudaSlice<T>>, stream: &'a CudaStream) -> Option<(u64, SyncOnDrop<'a>)> {
+    s.as_ref().map(|s| s.device_ptr(stream))
 }
 
 pub(crate) fn sample(
@@ -49,11 +56,15 @@ pub(crate) fn sample(
     {
         let (logits_ptr, _g0) = super::device::ptr(storage, layout.start_offset(), &stream)?;
         let (row_ptr, _g1) = row_params.device_ptr(&stream);
-        let opt = |s: &Option<CudaSlice<u32>>| s.as_ref().map(|s| s.device_ptr(&stream));
-        let (bias_ids_g, banned_g, pen_ids_g, pen_counts_g, mask_g) =
-            (opt(&bias_ids), opt(&banned_ids), opt(&penalty_ids), opt(&penalty_counts), opt(&mask_words));
-        let bias_values_g = bias_values.as_ref().map(|s| s.device_ptr(&stream));
-        let addr = |g: &Option<(u64, _)>| g.as_ref().map_or(0, |(p, _)| *p);
+        let (bias_ids_g, banned_g, pen_ids_g, pen_counts_g, mask_g) = (
+            read_ptr(&bias_ids, &stream),
+            read_ptr(&banned_ids, &stream),
+            read_ptr(&penalty_ids, &stream),
+            read_ptr(&penalty_counts, &stream),
+            read_ptr(&mask_words, &stream),
+        );
+        let bias_values_g = read_ptr(&bias_values, &stream);
+        let addr = |g: &Option<(u64, SyncOnDrop<'_>)>| g.as_ref().map_or(0, |(p, _)| *p);
         let (work_ptr, _g2) = work.device_ptr_mut(&stream);
         let (tokens_ptr, _g3) = tokens.device_ptr_mut(&stream);
         let (lp_ptr, _g4) = token_logprobs.device_ptr_mut(&stream);
