@@ -5,6 +5,7 @@
 #
 #   scripts/bench-vs-llamacpp.sh [--rounds 3] [--streams "1 8 32"] [--out FILE.md]
 #                                [--max-load L] [--model PATH] [--prompts-per-stream 4]
+#                                [--pagoda-args "ARGS"] [--llama-args "ARGS"]
 #
 # - Builds what it needs: Pagoda's release server and pagoda-bench (cargo), llama-server from
 #   the llama-cpp-python sdist (scripts/build-llama-server.sh), the model (scripts/fetch-model.sh).
@@ -28,6 +29,8 @@ cores="$(nproc)"
 max_load="$(python3 -c "print($cores / 4)")"
 model="$repo/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 per_stream=4
+pagoda_args=""
+llama_args=""
 port_pagoda=8461
 port_llama=8462
 
@@ -42,7 +45,9 @@ while [ $# -gt 0 ]; do
     --max-load) max_load="$2"; shift ;;
     --model) model="$2"; shift ;;
     --prompts-per-stream) per_stream="$2"; shift ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    --pagoda-args) pagoda_args="$2"; shift ;;
+    --llama-args) llama_args="$2"; shift ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
@@ -107,10 +112,12 @@ run_one() {
     local result="$work/$name-c$c-r$round.json"
     if [ "$name" = pagoda ]; then
         port=$port_pagoda
-        cmd=("$pagoda" serve --model "$model" --port "$port" --served-model-name smol)
+        # shellcheck disable=SC2206 # extra arguments are split on spaces on purpose
+        cmd=("$pagoda" serve --model "$model" --port "$port" --served-model-name smol $pagoda_args)
     else
         port=$port_llama
-        cmd=("$llama" -m "$model" --port "$port" --alias smol -t "$cores" -np "$c" -c $((c * 320)) "${llama_extra[@]}")
+        # shellcheck disable=SC2206
+        cmd=("$llama" -m "$model" --port "$port" --alias smol -t "$cores" -np "$c" -c $((c * 320)) "${llama_extra[@]}" $llama_args)
     fi
     if ! start_server "$port" "$work/$name-c$c-r$round.log" "${cmd[@]}"; then
         if [ "$name" = llama ] && [ ${#llama_extra[@]} -eq 0 ]; then
