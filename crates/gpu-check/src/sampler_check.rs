@@ -1,4 +1,4 @@
-//! The device sampler (`pagoda_ops::sample_on_device`) against the engine's CPU sampler on the
+//! The device sampler (`pagoda_models::device_sampling::sample_plan`) against the engine's CPU sampler on the
 //! same logits: every token equal, logprobs equal to rounding, at Llama-3-sized and
 //! SmolLM2-sized vocabularies over a mix of requests; then its time per step, greedy (the
 //! one-read fast path) and sampled with top-p, at 1, 32 and 128 rows.
@@ -14,7 +14,7 @@ use pagoda_engine::sampler::Sampler;
 use pagoda_engine::{SampleRequest, SamplingParams};
 use pagoda_gpu_check::report::Report;
 use pagoda_gpu_check::timing::median;
-use pagoda_ops::{sample_on_device, DeviceSampleInput, DeviceSampleOutput};
+use pagoda_ops::DeviceSampleOutput;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -47,18 +47,7 @@ fn request(rng: &mut StdRng, i: usize, vocab: usize) -> SampleRequest {
 }
 
 fn run_plan(logits: &Tensor, plan: &DeviceSamplingPlan) -> Result<DeviceSampleOutput> {
-    let row_bytes = plan.row_bytes();
-    let input = DeviceSampleInput {
-        row_bytes: &row_bytes,
-        bias_ids: &plan.bias_ids,
-        bias_values: &plan.bias_values,
-        banned_ids: &plan.banned_ids,
-        penalty_ids: &plan.penalty_ids,
-        penalty_counts: &plan.penalty_counts,
-        mask_words: &plan.mask_words,
-        max_logprobs: plan.max_logprobs,
-    };
-    Ok(sample_on_device(logits, &input)?)
+    Ok(pagoda_models::device_sampling::sample_plan(logits, plan)?)
 }
 
 fn random_logits(rng: &mut StdRng, rows: usize, vocab: usize) -> Vec<f32> {

@@ -7,7 +7,23 @@ use candle_core::Tensor;
 use pagoda_engine::device_sampling::DeviceSamplingPlan;
 use pagoda_engine::sampler::SampleError;
 use pagoda_engine::{ExecutorError, SampledToken, ScheduledBatch, TokenLogprob, TopLogprobs};
-use pagoda_ops::{sample_on_device, DeviceSampleInput};
+use pagoda_ops::{sample_on_device, DeviceSampleInput, DeviceSampleOutput};
+
+/// Runs `plan` over `logits` (one row per planned request) on their CUDA device.
+pub fn sample_plan(logits: &Tensor, plan: &DeviceSamplingPlan) -> candle_core::Result<DeviceSampleOutput> {
+    let row_bytes = plan.row_bytes();
+    let input = DeviceSampleInput {
+        row_bytes: &row_bytes,
+        bias_ids: &plan.bias_ids,
+        bias_values: &plan.bias_values,
+        banned_ids: &plan.banned_ids,
+        penalty_ids: &plan.penalty_ids,
+        penalty_counts: &plan.penalty_counts,
+        mask_words: &plan.mask_words,
+        max_logprobs: plan.max_logprobs,
+    };
+    sample_on_device(logits, &input)
+}
 
 /// One token per sequence of `batch` that asked for one, from `logits` (one row each, in
 /// batch order). `None` when a request cannot be planned (a failed grammar mask): the CPU
@@ -22,18 +38,7 @@ pub(crate) fn sample_batch(
     let Ok(plan) = DeviceSamplingPlan::build(wanted.iter().map(|&(_, req)| req), vocab) else {
         return Ok(None);
     };
-    let row_bytes = plan.row_bytes();
-    let input = DeviceSampleInput {
-        row_bytes: &row_bytes,
-        bias_ids: &plan.bias_ids,
-        bias_values: &plan.bias_values,
-        banned_ids: &plan.banned_ids,
-        penalty_ids: &plan.penalty_ids,
-        penalty_counts: &plan.penalty_counts,
-        mask_words: &plan.mask_words,
-        max_logprobs: plan.max_logprobs,
-    };
-    let out = sample_on_device(logits, &input).map_err(failed)?;
+    let out = sample_plan(logits, &plan).map_err(failed)?;
     let k = plan.max_logprobs;
     wanted
         .iter()

@@ -7,7 +7,7 @@ pub(crate) mod attention;
 pub mod config;
 mod config_gguf;
 mod config_hf;
-mod device_sampling;
+pub mod device_sampling;
 pub mod embedding;
 pub mod error;
 pub mod gemma;

@@ -116,8 +116,7 @@ pub enum DtypeArg {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum GemmDtypeArg {
-    /// int8 where the CPU multiplies it natively (AVX512-VNNI), else bfloat16 where it
-    /// multiplies that natively (AVX512-BF16), else float32.
+    /// bfloat16 where the CPU multiplies it natively (AVX512-BF16), else float32.
     #[default]
     Auto,
     #[value(alias = "f32", alias = "float")]
@@ -289,13 +288,11 @@ pub struct ServeArgs {
     /// the compute dtype. [default: auto]
     #[arg(long, value_enum)]
     pub kv_cache_dtype: Option<DtypeArg>,
-    /// CPU, GGUF models: what weights and activations multiply in, summing in float32 either
-    /// way. int8: every step multiplies the blocks' integer codes by activations rounded to 8
-    /// bits per block of 32 (llama.cpp's precision), on CPUs with AVX512-VNNI. float32 and
-    /// bfloat16: steps of more than 16 tokens (prefill chunks, large decode batches) multiply
-    /// in that dtype, smaller ones use exact activations. auto: int8 on CPUs with AVX512-VNNI
-    /// (2x the throughput at 32 streams), else bfloat16 with AVX512-BF16, else float32
-    /// (exact). [default: auto]
+    /// CPU, GGUF models: what steps of more than 16 tokens (prefill chunks, large decode
+    /// batches) multiply weights and activations in, summing in float32 either way. auto:
+    /// bfloat16 on CPUs with AVX512-BF16 (twice the throughput), else float32 (exact). Smaller
+    /// steps use exact activations, except with int8 (8-bit activations at every step size,
+    /// llama.cpp's precision, on CPUs with AVX512-VNNI). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
     /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",

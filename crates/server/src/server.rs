@@ -95,12 +95,9 @@ fn panel_precision(arg: GemmDtypeArg) -> PanelPrecision {
     match arg {
         GemmDtypeArg::Int8 if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int8,
         GemmDtypeArg::Int8 => {
-            tracing::warn!("--cpu-gemm-dtype int8 needs AVX512-VNNI, which this CPU lacks; using a float");
+            tracing::warn!("--cpu-gemm-dtype int8 needs AVX512-VNNI, which this CPU lacks; using auto");
             PanelPrecision::auto()
         }
-        // llama.cpp's precision where the CPU multiplies int8 natively: twice the throughput
-        // at 32 streams (benches/README.md, "Against llama.cpp, one command").
-        GemmDtypeArg::Auto if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int8,
         GemmDtypeArg::Auto => PanelPrecision::auto(),
         GemmDtypeArg::Float32 => PanelPrecision::F32,
         GemmDtypeArg::Bfloat16 => PanelPrecision::Bf16,
@@ -442,13 +439,13 @@ mod tests {
     }
 
     #[test]
-    fn cpu_gemm_dtype_auto_picks_what_the_cpu_multiplies_natively() {
+    fn cpu_gemm_dtype_auto_uses_bf16_only_where_the_cpu_multiplies_it() {
         assert_eq!(panel_precision(GemmDtypeArg::Float32), PanelPrecision::F32);
         assert_eq!(panel_precision(GemmDtypeArg::Bfloat16), PanelPrecision::Bf16);
-        let float =
+        let native =
             if PanelPrecision::cpu_has_native_bf16() { PanelPrecision::Bf16 } else { PanelPrecision::F32 };
-        let int8 = if PanelPrecision::cpu_has_native_int8() { PanelPrecision::Int8 } else { float };
-        assert_eq!(panel_precision(GemmDtypeArg::Auto), int8);
+        assert_eq!(panel_precision(GemmDtypeArg::Auto), native);
+        let int8 = if PanelPrecision::cpu_has_native_int8() { PanelPrecision::Int8 } else { native };
         assert_eq!(panel_precision(GemmDtypeArg::Int8), int8);
     }
 

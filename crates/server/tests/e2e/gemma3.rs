@@ -24,10 +24,8 @@ fn fixture() -> Value {
     serde_json::from_str(&text).expect("valid JSON")
 }
 
-/// Float activations: the golden continuations are 32 tokens of the float model (int8's drift
-/// is checked over 16 below).
 fn start() -> TestServer {
-    TestServer::start_with_model(&gemma3_path().display().to_string(), &["--cpu-gemm-dtype", "float32"])
+    TestServer::start_with_model(&gemma3_path().display().to_string(), &[])
 }
 
 fn ids(v: &Value) -> Vec<u64> {
@@ -103,8 +101,7 @@ async fn gemma3_completions_follow_the_golden_greedy_continuations() -> Result<(
     server.join()
 }
 
-/// `--cpu-gemm-dtype int8` (8-bit activations at every step, llama.cpp's precision, the default
-/// on CPUs with AVX512-VNNI): the four
+/// `--cpu-gemm-dtype int8` (8-bit activations at every step, llama.cpp's precision): the four
 /// golden prompts sent at once, so their prefills and decodes share steps, each continue with
 /// the reference's first 16 greedy tokens (the model test measures the logit drift: 0.62).
 #[tokio::test(flavor = "multi_thread")]
