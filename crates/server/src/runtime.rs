@@ -249,7 +249,7 @@ impl LoadedRuntime {
         });
         if num_blocks == 0 {
             return Err(RuntimeError::CacheTooSmall {
-                bytes: options.kv_cache_bytes,
+                bytes: gpu_kv_budget.map_or(options.kv_cache_bytes, |b| b.kv_bytes),
                 block_size: options.block_size,
             });
         }
