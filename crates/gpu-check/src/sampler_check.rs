@@ -14,7 +14,7 @@ use pagoda_engine::sampler::Sampler;
 use pagoda_engine::{SampleRequest, SamplingParams};
 use pagoda_gpu_check::report::Report;
 use pagoda_gpu_check::timing::median;
-use pagoda_ops::DeviceSampleOutput;
+use pagoda_models::device_sampling::sample_plan;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -46,10 +46,6 @@ fn request(rng: &mut StdRng, i: usize, vocab: usize) -> SampleRequest {
     }
 }
 
-fn run_plan(logits: &Tensor, plan: &DeviceSamplingPlan) -> Result<DeviceSampleOutput> {
-    Ok(pagoda_models::device_sampling::sample_plan(logits, plan)?)
-}
-
 fn random_logits(rng: &mut StdRng, rows: usize, vocab: usize) -> Vec<f32> {
     (0..rows * vocab)
         .map(|_| (rng.random_range(-1.0f32..1.0) + rng.random_range(-1.0f32..1.0)) * 6.0)
@@ -62,7 +58,7 @@ fn compare(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &mut Report) ->
     let logits = Tensor::from_slice(&host, (rows, vocab), gpu)?;
     let requests: Vec<SampleRequest> = (0..rows).map(|i| request(rng, i, vocab)).collect();
     let plan = DeviceSamplingPlan::build(&requests, vocab)?;
-    let out = run_plan(&logits, &plan)?;
+    let out = sample_plan(&logits, &plan)?;
     let (mut mismatches, mut worst) = (0, 0f64);
     let mut sampler = Sampler::new();
     for (r, req) in requests.iter().enumerate() {
@@ -100,11 +96,11 @@ fn time_rows(rng: &mut StdRng, gpu: &Device, rows: usize, vocab: usize, sampled:
         .map(|i| SampleRequest { params: params.clone(), output_index: i, ..SampleRequest::greedy() })
         .collect();
     let plan = DeviceSamplingPlan::build(&requests, vocab)?;
-    run_plan(&logits, &plan)?;
+    sample_plan(&logits, &plan)?;
     let mut times: Vec<f64> = (0..10)
         .map(|_| {
             let t = Instant::now();
-            run_plan(&logits, &plan).map(|_| t.elapsed().as_secs_f64() * 1e3)
+            sample_plan(&logits, &plan).map(|_| t.elapsed().as_secs_f64() * 1e3).map_err(Into::into)
         })
         .collect::<Result<_>>()?;
     Ok(median(&mut times))
