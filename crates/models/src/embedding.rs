@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::linear::{Linear, LinearWeight};
+use crate::linear::Linear;
 use crate::weights::{load_linear, WeightSource};
 
 /// The embedding table (`token_embd`) and the lm head (`output`, or the embedding table itself
@@ -27,8 +27,8 @@ pub(crate) fn load_embedding_and_head(
     // A tied table in a format the block matmul reads serves as lm head (blocks for small
     // steps, panels for large ones) and as embedding (rows dequantized from the blocks).
     let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
-        let precision = source.panel_precision();
-        source.blocks("token_embd.weight", c.vocab_size, h)?.map(|b| Linear::packed(b, precision))
+        let gemm = source.cpu_gemm();
+        source.blocks("token_embd.weight", c.vocab_size, h)?.map(|b| Linear::packed(b, gemm))
     } else {
         None
     };
@@ -45,8 +45,8 @@ pub(crate) fn load_embedding_and_head(
         }
         // Tied, dense: share the embedding tensor rather than load a second copy.
         None => match &embedding {
-            Embedding::Dense(table) => Linear::new(LinearWeight::Dense(table.clone()), None),
-            Embedding::Blocks(blocks) => Linear::packed((**blocks).clone(), source.panel_precision()),
+            Embedding::Dense(table) => Linear::dense(table.clone(), None, source.cpu_gemm())?,
+            Embedding::Blocks(blocks) => Linear::packed((**blocks).clone(), source.cpu_gemm()),
         },
     };
     Ok((embedding, head))

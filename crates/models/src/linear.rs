@@ -1,5 +1,10 @@
 //! A linear layer over quantized, dense or both forms of a weight, `y = x W^T (+ b)`, and
 //! [`StackedLinear`], several projections of one input run as one matmul.
+//!
+//! On the CPU, [`CpuGemm`] says which kernels run: by default the exact block kernel for
+//! steps of a few tokens and the panel GEMM for larger ones (two summation orders, so a row's
+//! last bits depend on the step's size); with `batch_invariant`, the panel GEMM for every step,
+//! whose sums per output run in one order whatever the number of rows.
 
 use std::sync::Arc;
 
@@ -15,6 +20,30 @@ use crate::error::Result;
 /// 1 / 8 / 16 / 24 tokens against 12.3 / 14.0 / 30.3 / 29.1 ms for the panel GEMM.
 pub const PACKED_MAX_TOKENS: usize = 16;
 
+/// How the CPU multiplies a layer's weight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuGemm {
+    /// What the panel copy of a block-quantized weight stores and multiplies in.
+    pub precision: PanelPrecision,
+    /// Every step, whatever its number of tokens, runs the panel GEMM (dense weights too, which
+    /// candle's GEMM would block differently by shape), so a row's output does not depend on
+    /// the rows beside it. Costs the block kernel's speed on steps of a few tokens.
+    pub batch_invariant: bool,
+}
+
+impl CpuGemm {
+    pub fn new(precision: PanelPrecision) -> Self {
+        Self { precision, batch_invariant: false }
+    }
+
+    /// Whether a packed weight's steps of `tokens` rows take the exact block kernel. Int8 panels
+    /// beat the blocks at every step size (benches/README.md); float ones only past
+    /// [`PACKED_MAX_TOKENS`].
+    fn uses_blocks(self, tokens: usize) -> bool {
+        !self.batch_invariant && self.precision != PanelPrecision::Int8 && tokens <= PACKED_MAX_TOKENS
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
     /// Quantized blocks multiplied by candle's quantized matmul (activations rounded to 8 bits).
@@ -24,7 +53,10 @@ pub enum LinearWeight {
     /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense form
     /// (the same values in f32, or rounded to bfloat16) packed in panels for large ones. CPU
     /// only.
-    Packed { blocks: Arc<QuantizedWeight>, panels: Arc<PanelWeight> },
+    Packed { blocks: Arc<QuantizedWeight>, panels: Arc<PanelWeight>, gemm: CpuGemm },
+    /// A dense weight packed in panels: what a batch-invariant CPU model multiplies dense
+    /// weights with.
+    Panels(Arc<PanelWeight>),
 }
 
 #[derive(Debug, Clone)]
@@ -43,16 +75,15 @@ impl Linear {
         let y = match &self.weight {
             LinearWeight::Quantized(q) => q.forward(x)?,
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
-            LinearWeight::Packed { blocks, panels } => {
+            LinearWeight::Packed { blocks, panels, gemm } => {
                 let x = &x.to_dtype(DType::F32)?;
-                // Int8 panels beat the blocks at every step size (benches/README.md); float ones
-                // only past PACKED_MAX_TOKENS. Int8 is a precision the user chose for all steps.
-                if panels.precision() != PanelPrecision::Int8 && x.dim(0)? <= PACKED_MAX_TOKENS {
+                if gemm.uses_blocks(x.dim(0)?) {
                     pagoda_ops::quant_matmul(x, blocks)?
                 } else {
                     pagoda_ops::panel_matmul(x, panels)?
                 }
             }
+            LinearWeight::Panels(panels) => pagoda_ops::panel_matmul(&x.to_dtype(DType::F32)?, panels)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -60,18 +91,30 @@ impl Linear {
         })
     }
 
-    /// Blocks for the few-token steps plus their dense form, packed in panels of `precision`,
-    /// for larger ones (dequantized here, in parallel).
-    pub fn packed(blocks: QuantizedWeight, precision: PanelPrecision) -> Self {
-        let panels = Arc::new(PanelWeight::from_quantized(&blocks, precision));
-        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels }, None)
+    /// Blocks for the few-token steps plus their dense form, packed in panels of
+    /// `gemm.precision`, for larger ones (dequantized here, in parallel).
+    pub fn packed(blocks: QuantizedWeight, gemm: CpuGemm) -> Self {
+        let panels = Arc::new(PanelWeight::from_quantized(&blocks, gemm.precision));
+        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels, gemm }, None)
+    }
+
+    /// A dense `[out, in]` weight: candle's matmul, or for a batch-invariant CPU model an f32
+    /// weight packed in panels (f32 panels, or bfloat16 when that is the chosen precision).
+    pub fn dense(weight: Tensor, bias: Option<Tensor>, gemm: CpuGemm) -> Result<Self> {
+        if !(gemm.batch_invariant && weight.device().is_cpu() && weight.dtype() == DType::F32) {
+            return Ok(Self::new(LinearWeight::Dense(weight), bias));
+        }
+        let (rows, cols) = weight.dims2()?;
+        let values = weight.flatten_all()?.to_vec1::<f32>()?;
+        let panels = PanelWeight::from_rows(rows, cols, &values, gemm.precision);
+        Ok(Self::new(LinearWeight::Panels(Arc::new(panels)), bias))
     }
 
     /// The GGUF blocks of a packed weight.
     pub fn blocks(&self) -> Option<&Arc<QuantizedWeight>> {
         match &self.weight {
             LinearWeight::Packed { blocks, .. } => Some(blocks),
-            LinearWeight::Dense(_) | LinearWeight::Quantized(_) => None,
+            LinearWeight::Dense(_) | LinearWeight::Quantized(_) | LinearWeight::Panels(_) => None,
         }
     }
 
@@ -86,6 +129,7 @@ impl Linear {
             LinearWeight::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t.dim(0)?,
             LinearWeight::Dense(t) => t.dim(0)?,
             LinearWeight::Packed { blocks, .. } => blocks.rows(),
+            LinearWeight::Panels(panels) => panels.rows(),
         })
     }
 
@@ -100,10 +144,10 @@ impl Linear {
             }
             _ => return Ok(None),
         };
-        let packed: Option<Vec<(&QuantizedWeight, PanelPrecision)>> = parts
+        let packed: Option<Vec<(&QuantizedWeight, CpuGemm)>> = parts
             .iter()
             .map(|p| match &p.weight {
-                LinearWeight::Packed { blocks, panels } => Some((&**blocks, panels.precision())),
+                LinearWeight::Packed { blocks, gemm, .. } => Some((&**blocks, *gemm)),
                 _ => None,
             })
             .collect();
@@ -118,7 +162,7 @@ impl Linear {
             .iter()
             .map(|p| match &p.weight {
                 LinearWeight::Dense(d) => Some(d),
-                LinearWeight::Packed { .. } | LinearWeight::Quantized(_) => None,
+                LinearWeight::Packed { .. } | LinearWeight::Quantized(_) | LinearWeight::Panels(_) => None,
             })
             .collect();
         let Some(denses) = denses else { return Ok(None) };
@@ -153,13 +197,13 @@ impl StackedLinear {
     }
 
     /// Block-quantized parts stacked into one weight, dequantized once.
-    pub fn from_blocks(parts: Vec<QuantizedWeight>, precision: PanelPrecision) -> Result<Self> {
+    pub fn from_blocks(parts: Vec<QuantizedWeight>, gemm: CpuGemm) -> Result<Self> {
         let widths: Vec<usize> = parts.iter().map(QuantizedWeight::rows).collect();
         let blocks = match parts.len() {
             1 => parts.into_iter().next().expect("one part"),
             _ => QuantizedWeight::concat_rows(&parts.iter().collect::<Vec<_>>())?,
         };
-        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks, precision), widths })
+        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks, gemm), widths })
     }
 
     /// The projection of a one-part stack.
@@ -245,7 +289,7 @@ mod tests {
         }
         Linear::packed(
             QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap(),
-            PanelPrecision::F32,
+            CpuGemm::default(),
         )
     }
 
@@ -282,6 +326,40 @@ mod tests {
             }
             let a = stacked.forward(&x).unwrap();
             assert_eq!(a.iter().map(|t| t.dim(1).unwrap()).collect::<Vec<_>>(), [64, 32, 32]);
+        }
+    }
+
+    /// Under `batch_invariant` every row's output has the same bits alone and among any number
+    /// of other rows, for each panel precision and for dense weights, across the step size at
+    /// which the default switches from the block kernel to the panels.
+    #[test]
+    fn batch_invariant_rows_do_not_depend_on_the_rows_beside_them() {
+        let x = Tensor::randn(0f32, 1.0, (2 * PACKED_MAX_TOKENS + 7, 64), &Device::Cpu).unwrap();
+        let bits = |t: &Tensor| -> Vec<Vec<u32>> {
+            t.to_vec2::<f32>().unwrap().iter().map(|r| r.iter().map(|v| v.to_bits()).collect()).collect()
+        };
+        let check = |l: &Linear, what: &str| {
+            let alone: Vec<Vec<u32>> = (0..x.dim(0).unwrap())
+                .map(|r| bits(&l.forward(&x.narrow(0, r, 1).unwrap()).unwrap()).remove(0))
+                .collect();
+            for tokens in [2, 5, PACKED_MAX_TOKENS, PACKED_MAX_TOKENS + 1, x.dim(0).unwrap()] {
+                for start in [0, 3] {
+                    let n = tokens.min(x.dim(0).unwrap() - start);
+                    let got = bits(&l.forward(&x.narrow(0, start, n).unwrap()).unwrap());
+                    for (i, row) in got.iter().enumerate() {
+                        assert_eq!(row, &alone[start + i], "{what}: row {} of a {n}-row step", start + i);
+                    }
+                }
+            }
+        };
+        let LinearWeight::Packed { blocks, .. } = &packed(48, 64, 1).weight else { unreachable!() };
+        for precision in [PanelPrecision::F32, PanelPrecision::Bf16, PanelPrecision::Int8] {
+            let gemm = CpuGemm { precision, batch_invariant: true };
+            check(&Linear::packed((**blocks).clone(), gemm), &format!("packed {precision:?}"));
+            let dense = Tensor::from_vec(blocks.dequantize(), (48, 64), &Device::Cpu).unwrap();
+            let linear = Linear::dense(dense, None, gemm).unwrap();
+            assert!(matches!(linear.weight, LinearWeight::Panels(_)));
+            check(&linear, &format!("dense {precision:?}"));
         }
     }
 

@@ -9,6 +9,7 @@ use pagoda_ops::PanelPrecision;
 
 use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::linear::CpuGemm;
 use crate::model::Model;
 use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
 
@@ -40,6 +41,10 @@ pub struct LoadOptions {
     /// What the dense copies of block-quantized CPU weights (the many-token GEMM's operand) are
     /// stored and multiplied in.
     pub panel_precision: PanelPrecision,
+    /// Every CPU matmul runs the panel GEMM, whatever the step's size, so a sequence's outputs
+    /// do not depend on what else is batched with it ([`CpuGemm::batch_invariant`]). CPU only;
+    /// GGUF projections are dequantized (candle's quantized matmul is not covered).
+    pub batch_invariant: bool,
 }
 
 impl Default for LoadOptions {
@@ -50,6 +55,7 @@ impl Default for LoadOptions {
             dequantize: None,
             format: LoadFormat::Auto,
             panel_precision: PanelPrecision::F32,
+            batch_invariant: false,
         }
     }
 }
@@ -106,14 +112,23 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         f => f,
     };
     let (dtype, device) = (options.dtype, &options.device);
+    if options.batch_invariant
+        && (!device.is_cpu() || dtype != DType::F32 || options.dequantize == Some(false))
+    {
+        return Err(ModelError::InvalidOption(
+            "batch-invariant kernels exist for f32 CPU models with dequantized weights only".into(),
+        ));
+    }
+    let gemm = CpuGemm { precision: options.panel_precision, batch_invariant: options.batch_invariant };
     let model = match format {
         LoadFormat::Gguf => {
             let mut weights = GgufWeights::open(path, device, dtype, false)?;
             let dequantize = options.dequantize.unwrap_or_else(|| {
-                weights.num_elements() * dtype.size_in_bytes() as u64 <= AUTO_DEQUANTIZE_MAX_BYTES
+                options.batch_invariant
+                    || weights.num_elements() * dtype.size_in_bytes() as u64 <= AUTO_DEQUANTIZE_MAX_BYTES
             });
             weights.set_dequantize(dequantize);
-            weights.set_panel_precision(options.panel_precision);
+            weights.set_cpu_gemm(gemm);
             let has_output = weights.contains("output.weight");
             let has_bias = weights.contains("blk.0.attn_q.bias");
             let mut config = ModelConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;
@@ -127,7 +142,11 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         LoadFormat::Safetensors => {
             let config = ModelConfig::from_hf_json(&path.join("config.json"))?;
             let mut weights = SafetensorsWeights::open(path, &config.architecture, device, dtype)?;
+            weights.set_cpu_gemm(gemm);
             Model::load(&mut weights, config, dtype, device)?
+        }
+        LoadFormat::Dummy if options.batch_invariant => {
+            return Err(ModelError::InvalidOption("dummy weights have no batch-invariant kernels".into()));
         }
         LoadFormat::Dummy => {
             let config_path = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };

@@ -6,8 +6,9 @@
 //! in its tile, so each K/V row it reads is converted once and used by `tile_tokens * group`
 //! query rows. Items take all kv heads of a sequence when there are enough items to keep the
 //! threads busy (decode batches): a position's K/V for all heads is then one contiguous read.
-//! Keys are visited in chunks of `KEY_CHUNK` positions (independent of the block size, so tiny
-//! blocks cost no extra rescaling); within a chunk it computes the scores, folds them into the
+//! Keys are visited in chunks of `KEY_CHUNK` positions on a fixed grid (independent of the block
+//! size, so tiny blocks cost no extra rescaling, and of the tile, so a query's sums do not
+//! depend on what else is in the step); within a chunk it computes the scores, folds them into the
 //! running max/sum of each row and accumulates `P V`, a token's query heads of one kv head at a
 //! time (`attention_group`: each K and V row is loaded once for the group). Items run in
 //! parallel with rayon and their output rows are scattered into the result afterwards.
@@ -245,11 +246,15 @@ fn attend_impl<T: Float, M: MulAdd>(
     let kv_buf = &mut scratch.kv[..];
     let offsets = &mut scratch.offsets[..];
 
-    // Keys before the first token's window are seen by no token of the tile.
-    for c0 in (window_start(0)..num_keys).step_by(KEY_CHUNK) {
+    // Keys before the first token's window are seen by no token of the tile. Chunks sit on a
+    // fixed grid of key positions, so the chunks a query is folded over (and its bits) depend on
+    // its own position only, not on which tile or step it shares (`--batch-invariant`).
+    for c0 in (window_start(0) / KEY_CHUNK * KEY_CHUNK..num_keys).step_by(KEY_CHUNK) {
         let n = KEY_CHUNK.min(num_keys - c0);
         for (j, off) in offsets[..n].iter_mut().enumerate() {
-            let p = c0 + j;
+            // Positions before every window of the tile are never scored, and their blocks may
+            // be released: point them at the first position some query sees.
+            let p = (c0 + j).max(window_start(0));
             let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
             *off = slot * row_stride + item.kv0 * hd;
         }

@@ -295,6 +295,11 @@ pub struct ServeArgs {
     /// llama.cpp's precision, on CPUs with AVX512-VNNI). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
+    /// CPU: every step runs the same kernels whatever its size, so a request's tokens and
+    /// logprobs are bit-identical however it is batched: alone or beside others, cached or
+    /// not, chunked, preempted or speculated. Slower on small batches (see the README).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub batch_invariant: Option<bool>,
     /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",
     /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
     /// "disable_by_batch_size": 4}`, or `"method": "suffix"` (proposals also from recent
@@ -374,6 +379,7 @@ pub struct ServerConfig {
     pub dtype: DtypeArg,
     pub kv_cache_dtype: DtypeArg,
     pub cpu_gemm_dtype: GemmDtypeArg,
+    pub batch_invariant: bool,
     pub speculative: Option<pagoda_engine::SpeculativeConfig>,
     pub dequantize: Option<bool>,
     pub device: DeviceArg,
@@ -448,6 +454,7 @@ impl ServerConfig {
             dtype: cli.dtype.or(file.dtype).unwrap_or_default(),
             kv_cache_dtype: cli.kv_cache_dtype.or(file.kv_cache_dtype).unwrap_or_default(),
             cpu_gemm_dtype: cli.cpu_gemm_dtype.or(file.cpu_gemm_dtype).unwrap_or_default(),
+            batch_invariant: cli.batch_invariant.or(file.batch_invariant).unwrap_or(false),
             speculative: cli
                 .speculative_config
                 .or(file.speculative_config)
@@ -510,6 +517,21 @@ impl ServerConfig {
         }
         if self.kv_cache_memory == Some(0) || self.num_gpu_blocks_override == Some(0) {
             return Err(invalid("--kv-cache-memory", "the KV cache needs at least one block"));
+        }
+        if self.batch_invariant {
+            let refused = match (self.device, self.dtype, self.dequantize) {
+                (DeviceArg::Cuda(_), _, _) => Some("runs on the CPU only (--device cpu)"),
+                (_, DtypeArg::Float16 | DtypeArg::Bfloat16, _) => {
+                    Some("computes in float32 only (--dtype float32)")
+                }
+                (_, _, Some(false)) => {
+                    Some("needs dequantized weights (candle's quantized matmul is not covered)")
+                }
+                _ => None,
+            };
+            if let Some(why) = refused {
+                return Err(invalid("--batch-invariant", why));
+            }
         }
         if self.max_request_body_bytes == 0 {
             return Err(invalid("--max-request-body-bytes", "must be at least 1"));

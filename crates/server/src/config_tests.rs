@@ -155,3 +155,25 @@ fn ipv6_bind_address() {
     let c = ServerConfig::merge(cli(&["--host", "::1", "--port", "0"]), ServeArgs::default()).unwrap();
     assert_eq!(c.bind_addr(), "[::1]:0");
 }
+
+#[test]
+fn batch_invariant_is_a_cpu_float32_flag() {
+    let on = |args: &[&str], file: &str| {
+        ServerConfig::merge(cli(args), toml::from_str::<ServeArgs>(file).unwrap())
+            .map(|c| c.batch_invariant)
+            .ok()
+    };
+    assert_eq!(on(&[], ""), Some(false));
+    assert_eq!(on(&["--batch-invariant"], ""), Some(true));
+    assert_eq!(on(&["--batch-invariant", "false"], "batch-invariant = true"), Some(false));
+    assert_eq!(on(&[], "batch-invariant = true"), Some(true));
+    assert_eq!(on(&["--batch-invariant", "--cpu-gemm-dtype", "int8", "--dtype", "float32"], ""), Some(true));
+    for args in [
+        &["--batch-invariant", "--device", "cuda"][..],
+        &["--batch-invariant", "--dtype", "bfloat16"],
+        &["--batch-invariant", "--dequantize", "false"],
+    ] {
+        let e = ServerConfig::merge(cli(args), ServeArgs::default()).unwrap_err();
+        assert!(e.to_string().contains("--batch-invariant"), "{args:?}: {e}");
+    }
+}

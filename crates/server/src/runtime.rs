@@ -56,6 +56,9 @@ pub struct RuntimeOptions {
     pub kv_cache_dtype: DType,
     /// What block-quantized weights' dense copies (the CPU's many-token GEMM) are stored in.
     pub panel_precision: PanelPrecision,
+    /// One kernel per op for every step size, so outputs do not depend on batching (CPU only;
+    /// see [`LoadOptions::batch_invariant`]).
+    pub batch_invariant: bool,
     pub block_size: usize,
     /// Bytes of KV cache; ignored when `num_blocks` is set or the cache is sized from device
     /// memory.
@@ -84,6 +87,7 @@ impl RuntimeOptions {
             dtype: DType::F32,
             kv_cache_dtype: DType::F16,
             panel_precision: PanelPrecision::F32,
+            batch_invariant: false,
             block_size: 16,
             kv_cache_bytes: 1 << 30,
             num_blocks: None,
@@ -178,6 +182,7 @@ impl LoadedRuntime {
             dequantize: options.dequantize,
             format: options.load_format,
             panel_precision: options.panel_precision,
+            batch_invariant: options.batch_invariant,
         };
         // The model (parallel over the rayon pool) and the text side (one thread) load at once.
         let tokenizer_path = tokenizer_source(options)?;

@@ -128,6 +128,7 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.dtype = dtype(config.dtype, &device);
     options.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, options.dtype);
     options.panel_precision = panel_precision(config.cpu_gemm_dtype);
+    options.batch_invariant = config.batch_invariant;
     options.device = device;
     options.block_size = config.block_size;
     options.kv_cache_bytes = config.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES);

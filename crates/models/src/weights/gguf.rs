@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
-use pagoda_ops::{PanelPrecision, QuantFormat, QuantizedWeight};
+use pagoda_ops::{QuantFormat, QuantizedWeight};
 
 use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
-use crate::linear::{Linear, LinearWeight};
+use crate::linear::{CpuGemm, Linear, LinearWeight};
 
 /// One file of the model.
 struct Part {
@@ -33,8 +33,8 @@ pub struct GgufWeights {
     dtype: DType,
     /// Dequantize every projection to `dtype` instead of keeping quantized blocks.
     dequantize: bool,
-    /// What packed weights' dense copies are stored in.
-    panel_precision: PanelPrecision,
+    /// How the CPU multiplies packed and dense weights.
+    cpu_gemm: CpuGemm,
 }
 
 impl GgufWeights {
@@ -72,7 +72,7 @@ impl GgufWeights {
             device: device.clone(),
             dtype,
             dequantize,
-            panel_precision: PanelPrecision::F32,
+            cpu_gemm: CpuGemm::default(),
         })
     }
 
@@ -86,8 +86,8 @@ impl GgufWeights {
         self.dequantize = dequantize;
     }
 
-    pub fn set_panel_precision(&mut self, precision: PanelPrecision) {
-        self.panel_precision = precision;
+    pub fn set_cpu_gemm(&mut self, gemm: CpuGemm) {
+        self.cpu_gemm = gemm;
     }
 
     pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
@@ -205,8 +205,8 @@ impl WeightSource for GgufWeights {
         self.part_of.contains_key(name)
     }
 
-    fn panel_precision(&self) -> PanelPrecision {
-        self.panel_precision
+    fn cpu_gemm(&self) -> CpuGemm {
+        self.cpu_gemm
     }
 
     fn keeps_quantized(&self, name: &str) -> bool {
@@ -242,29 +242,25 @@ impl WeightSource for GgufWeights {
                     let blocks = QuantizedWeight::from_gguf(format, rows, cols, bytes).map_err(|e| {
                         ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
                     })?;
-                    Ok(Linear::packed(blocks, self.panel_precision))
+                    Ok(Linear::packed(blocks, self.cpu_gemm))
                 })
                 .collect();
         }
         // Otherwise every expert is dequantized (candle's quantized matmul has no per-expert view).
         let dense = q.dequantize(&self.device)?.to_dtype(self.dtype)?;
-        (0..num_experts)
-            .map(|e| Ok(Linear::new(LinearWeight::Dense(dense.get(e)?.contiguous()?), None)))
-            .collect()
+        (0..num_experts).map(|e| Linear::dense(dense.get(e)?.contiguous()?, None, self.cpu_gemm)).collect()
     }
 
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear> {
         let q = self.qtensor(name)?;
         check_shape(&self.path, name, &[out_dim, in_dim], q.shape().dims())?;
-        let weight = if !self.keeps_quantized(name) {
-            LinearWeight::Dense(q.dequantize(&self.device)?.to_dtype(self.dtype)?)
-        } else {
-            LinearWeight::Quantized(QMatMul::from_arc(Arc::new(q))?)
-        };
         let bias = match bias {
             Some(b) if self.contains(b) => Some(self.dense(b, &[out_dim])?),
             _ => None,
         };
-        Ok(Linear::new(weight, bias))
+        if !self.keeps_quantized(name) {
+            return Linear::dense(q.dequantize(&self.device)?.to_dtype(self.dtype)?, bias, self.cpu_gemm);
+        }
+        Ok(Linear::new(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(q))?), bias))
     }
 }

@@ -9,14 +9,14 @@ mod safetensors;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use pagoda_ops::{PanelPrecision, QuantizedWeight};
+use pagoda_ops::QuantizedWeight;
 
 pub use dummy::DummyWeights;
 pub use gguf::GgufWeights;
 pub use safetensors::SafetensorsWeights;
 
 use crate::error::Result;
-use crate::linear::{Linear, StackedLinear};
+use crate::linear::{CpuGemm, Linear, StackedLinear};
 
 /// A store of named weights that the model builder reads from.
 pub trait WeightSource {
@@ -37,9 +37,10 @@ pub trait WeightSource {
     fn blocks(&mut self, _name: &str, _rows: usize, _cols: usize) -> Result<Option<QuantizedWeight>> {
         Ok(None)
     }
-    /// What the dense copy of [`WeightSource::blocks`] weights is packed in.
-    fn panel_precision(&self) -> PanelPrecision {
-        PanelPrecision::F32
+    /// How the CPU multiplies this source's weights: what the dense copy of
+    /// [`WeightSource::blocks`] weights is packed in, and whether every step size runs one kernel.
+    fn cpu_gemm(&self) -> CpuGemm {
+        CpuGemm::default()
     }
     /// A `[out, in]` projection, kept quantized when the source and options allow it.
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear>;
@@ -76,13 +77,13 @@ pub fn load_stacked(
             }
         }
         if blocks.len() == parts.len() {
-            let precision = source.panel_precision();
+            let gemm = source.cpu_gemm();
             // Parts in different formats (Gemma 3's Q5_0 Q/K and Q8_0 V) run as separate matmuls.
             if blocks.iter().any(|b| b.format() != blocks[0].format()) {
-                let linears = blocks.into_iter().map(|b| Linear::packed(b, precision)).collect();
+                let linears = blocks.into_iter().map(|b| Linear::packed(b, gemm)).collect();
                 return Ok(StackedLinear::Separate(linears));
             }
-            return StackedLinear::from_blocks(blocks, precision);
+            return StackedLinear::from_blocks(blocks, gemm);
         }
     }
     let linears = parts

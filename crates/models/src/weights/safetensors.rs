@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
-use crate::linear::{Linear, LinearWeight};
+use crate::linear::{CpuGemm, Linear};
 
 pub struct SafetensorsWeights {
     dir: PathBuf,
@@ -16,6 +16,8 @@ pub struct SafetensorsWeights {
     tensors: MmapedSafetensors,
     device: Device,
     dtype: DType,
+    /// How the CPU multiplies the (dense) projections.
+    cpu_gemm: CpuGemm,
 }
 
 /// Maps our GGUF-style tensor names to Hugging Face names for `architecture`.
@@ -103,7 +105,12 @@ impl SafetensorsWeights {
             tensors,
             device: device.clone(),
             dtype,
+            cpu_gemm: CpuGemm::default(),
         })
+    }
+
+    pub fn set_cpu_gemm(&mut self, gemm: CpuGemm) {
+        self.cpu_gemm = gemm;
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
@@ -135,6 +142,10 @@ impl SafetensorsWeights {
 }
 
 impl WeightSource for SafetensorsWeights {
+    fn cpu_gemm(&self) -> CpuGemm {
+        self.cpu_gemm
+    }
+
     fn path(&self) -> &Path {
         &self.dir
     }
@@ -163,18 +174,18 @@ impl WeightSource for SafetensorsWeights {
                         path: self.dir.clone(),
                         tensor: format!("{name} (expert {e})"),
                     })?;
-                Ok(Linear::new(LinearWeight::Dense(self.load_hf(hf, &[rows, cols])?), None))
+                Linear::dense(self.load_hf(hf, &[rows, cols])?, None, self.cpu_gemm)
             })
             .collect()
     }
 
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear> {
-        let weight = LinearWeight::Dense(self.load(name, &[out_dim, in_dim])?);
+        let weight = self.load(name, &[out_dim, in_dim])?;
         let bias = match bias {
             Some(b) if self.contains(b) => Some(self.load(b, &[out_dim])?),
             _ => None,
         };
-        Ok(Linear::new(weight, bias))
+        Linear::dense(weight, bias, self.cpu_gemm)
     }
 }
 

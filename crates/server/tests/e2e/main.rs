@@ -3,6 +3,7 @@
 //! it), spoken to over HTTP with a real client.
 
 mod api;
+mod batch_invariant;
 mod connections;
 mod errors;
 mod failure;
