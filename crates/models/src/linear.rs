@@ -25,22 +25,27 @@ pub const PACKED_MAX_TOKENS: usize = 16;
 pub struct CpuGemm {
     /// What the panel copy of a block-quantized weight stores and multiplies in.
     pub precision: PanelPrecision,
-    /// Every step, whatever its number of tokens, runs the panel GEMM (dense weights too, which
-    /// candle's GEMM would block differently by shape), so a row's output does not depend on
-    /// the rows beside it. Costs the block kernel's speed on steps of a few tokens.
+    /// Every step, whatever its number of tokens, runs one kernel (the row sums of each kernel
+    /// run in an order that does not depend on the number of rows), so a row's output does not
+    /// depend on the rows beside it: the exact block kernel for `F32`, else the panels of
+    /// `precision`. Dense weights are packed in panels (candle's GEMM blocks by shape).
     pub batch_invariant: bool,
 }
 
 impl CpuGemm {
-    pub fn new(precision: PanelPrecision) -> Self {
-        Self { precision, batch_invariant: false }
-    }
-
     /// Whether a packed weight's steps of `tokens` rows take the exact block kernel. Int8 panels
     /// beat the blocks at every step size (benches/README.md); float ones only past
     /// [`PACKED_MAX_TOKENS`].
     fn uses_blocks(self, tokens: usize) -> bool {
-        !self.batch_invariant && self.precision != PanelPrecision::Int8 && tokens <= PACKED_MAX_TOKENS
+        if self.batch_invariant {
+            return self.blocks_only();
+        }
+        self.precision != PanelPrecision::Int8 && tokens <= PACKED_MAX_TOKENS
+    }
+
+    /// Batch-invariant in f32: the blocks serve every step and no panel copy is made.
+    fn blocks_only(self) -> bool {
+        self.batch_invariant && self.precision == PanelPrecision::F32
     }
 }
 
@@ -53,7 +58,8 @@ pub enum LinearWeight {
     /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense form
     /// (the same values in f32, or rounded to bfloat16) packed in panels for large ones. CPU
     /// only.
-    Packed { blocks: Arc<QuantizedWeight>, panels: Arc<PanelWeight>, gemm: CpuGemm },
+    /// `panels` is `None` when the blocks serve every step ([`CpuGemm::batch_invariant`] in f32).
+    Packed { blocks: Arc<QuantizedWeight>, panels: Option<Arc<PanelWeight>>, gemm: CpuGemm },
     /// A dense weight packed in panels: what a batch-invariant CPU model multiplies dense
     /// weights with.
     Panels(Arc<PanelWeight>),
@@ -77,10 +83,10 @@ impl Linear {
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::Packed { blocks, panels, gemm } => {
                 let x = &x.to_dtype(DType::F32)?;
-                if gemm.uses_blocks(x.dim(0)?) {
-                    pagoda_ops::quant_matmul(x, blocks)?
-                } else {
-                    pagoda_ops::panel_matmul(x, panels)?
+                match panels {
+                    Some(panels) if !gemm.uses_blocks(x.dim(0)?) => pagoda_ops::panel_matmul(x, panels)?,
+                    _ if gemm.batch_invariant => pagoda_ops::quant_matmul_batch_invariant(x, blocks)?,
+                    _ => pagoda_ops::quant_matmul(x, blocks)?,
                 }
             }
             LinearWeight::Panels(panels) => pagoda_ops::panel_matmul(&x.to_dtype(DType::F32)?, panels)?,
@@ -92,9 +98,11 @@ impl Linear {
     }
 
     /// Blocks for the few-token steps plus their dense form, packed in panels of
-    /// `gemm.precision`, for larger ones (dequantized here, in parallel).
+    /// `gemm.precision`, for larger ones (dequantized here, in parallel); the blocks alone when
+    /// they serve every step.
     pub fn packed(blocks: QuantizedWeight, gemm: CpuGemm) -> Self {
-        let panels = Arc::new(PanelWeight::from_quantized(&blocks, gemm.precision));
+        let panels =
+            (!gemm.blocks_only()).then(|| Arc::new(PanelWeight::from_quantized(&blocks, gemm.precision)));
         Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels, gemm }, None)
     }
 
@@ -355,7 +363,11 @@ mod tests {
         let LinearWeight::Packed { blocks, .. } = &packed(48, 64, 1).weight else { unreachable!() };
         for precision in [PanelPrecision::F32, PanelPrecision::Bf16, PanelPrecision::Int8] {
             let gemm = CpuGemm { precision, batch_invariant: true };
-            check(&Linear::packed((**blocks).clone(), gemm), &format!("packed {precision:?}"));
+            let linear = Linear::packed((**blocks).clone(), gemm);
+            // f32: the exact block kernel at every size, without a panel copy.
+            let LinearWeight::Packed { panels, .. } = &linear.weight else { unreachable!() };
+            assert_eq!(panels.is_none(), precision == PanelPrecision::F32);
+            check(&linear, &format!("packed {precision:?}"));
             let dense = Tensor::from_vec(blocks.dequantize(), (48, 64), &Device::Cpu).unwrap();
             let linear = Linear::dense(dense, None, gemm).unwrap();
             assert!(matches!(linear.weight, LinearWeight::Panels(_)));

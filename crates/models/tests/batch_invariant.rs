@@ -1,19 +1,21 @@
-//! `--batch-invariant` over the real SmolLM2 model on the CPU: 64 requests (greedy and seeded
-//! sampling, with logprobs) give bit-identical token ids and logprobs when each runs alone on a
-//! cold cache, in random groups with chunked prefills and a warm prefix cache, all at once on a
-//! cache small enough to preempt, and verified in speculative steps.
+//! `--batch-invariant` over the real models on the CPU. SmolLM2: 64 requests (greedy and
+//! seeded sampling, with logprobs) give bit-identical token ids and logprobs when each runs
+//! alone on a cold cache, in random groups with chunked prefills and a warm prefix cache, all at
+//! once on a cache small enough to preempt, and verified in speculative steps. Gemma 3: prompts
+//! past its 512-token sliding window, alone and chunked together.
 
 mod common;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use common::real_engine::{chat_ids, tokenizer, StepLog};
-use common::{model_path, BLOCK_SIZE};
+use common::{gemma3_fixture, gemma3_path, ids, longest_logits_case, model_path, BLOCK_SIZE};
 use pagoda_engine::{
     Engine, EngineConfig, EngineHandle, FinishReason, Request, SamplingParams, Shutdown, SpeculativeConfig,
-    StopConditions,
+    StopConditions, TokenDecoder,
 };
 use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision};
 use rand::rngs::StdRng;
@@ -28,21 +30,33 @@ struct Output {
     logprobs: Vec<(u32, Vec<(u32, u32)>)>,
 }
 
+/// An engine over the model at `path` with batch-invariant kernels in `precision`.
+fn engine_for(
+    path: &Path,
+    decoder: Arc<dyn TokenDecoder>,
+    precision: PanelPrecision,
+    num_blocks: usize,
+    max_model_len: usize,
+    tweak: impl FnOnce(&mut EngineConfig),
+) -> (EngineHandle, Arc<StepLog>) {
+    let options = LoadOptions { panel_precision: precision, batch_invariant: true, ..LoadOptions::default() };
+    let loaded = load_model(path, &options).unwrap();
+    let cache =
+        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+    let runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
+    let mut config = EngineConfig::for_executor(&runner, max_model_len);
+    tweak(&mut config);
+    let log = Arc::new(StepLog::default());
+    let (handle, _thread) = Engine::spawn(config, runner, decoder, log.clone(), Shutdown::new()).unwrap();
+    (handle, log)
+}
+
 fn engine(
     precision: PanelPrecision,
     num_blocks: usize,
     tweak: impl FnOnce(&mut EngineConfig),
 ) -> (EngineHandle, Arc<StepLog>) {
-    let options = LoadOptions { panel_precision: precision, batch_invariant: true, ..LoadOptions::default() };
-    let loaded = load_model(&model_path(), &options).unwrap();
-    let cache =
-        KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
-    let runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
-    let mut config = EngineConfig::new(BLOCK_SIZE, num_blocks, 512);
-    tweak(&mut config);
-    let log = Arc::new(StepLog::default());
-    let (handle, _thread) = Engine::spawn(config, runner, tokenizer(), log.clone(), Shutdown::new()).unwrap();
-    (handle, log)
+    engine_for(&model_path(), tokenizer(), precision, num_blocks, 512, tweak)
 }
 
 /// 64 chat prompts, 16 to 300 tokens: three system prompts shared by many of them (prefix-cache
@@ -92,6 +106,7 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Request `i`: even ones greedy, odd ones seeded top-p; 6 to 12 tokens, 3 top logprobs.
 fn request(handle: &EngineHandle, i: usize, prompt: &[u32]) -> Request {
     let params = if i.is_multiple_of(2) {
         SamplingParams { logprobs: Some(3), ..SamplingParams::default() }
@@ -210,12 +225,16 @@ fn check(precision: PanelPrecision) {
     assert!(sum_steps(&log, |s| s.spec.num_draft_tokens) > 0, "proposals were verified");
 }
 
-/// Each precision the server multiplies in on this CPU: the float panels of `auto` (bfloat16
-/// or f32), and int8 (llama.cpp's precision) where the CPU multiplies it natively; elsewhere
-/// `--cpu-gemm-dtype int8` falls back to `auto`.
+/// Each precision the server's batch-invariant mode multiplies in on this CPU: f32 (`auto`: the
+/// exact block kernel at every step size), bfloat16 panels where the CPU multiplies bfloat16
+/// natively, and int8 (llama.cpp's precision) where it multiplies int8 natively; elsewhere the
+/// server falls back from those to `auto`.
 #[test]
 fn outputs_are_bit_identical_however_requests_are_batched() {
-    let mut precisions = vec![PanelPrecision::auto()];
+    let mut precisions = vec![PanelPrecision::F32];
+    if PanelPrecision::cpu_has_native_bf16() {
+        precisions.push(PanelPrecision::Bf16);
+    }
     if PanelPrecision::cpu_has_native_int8() {
         precisions.push(PanelPrecision::Int8);
     }
@@ -223,4 +242,30 @@ fn outputs_are_bit_identical_however_requests_are_batched() {
         eprintln!("checking {precision:?} panels");
         check(precision);
     }
+}
+
+/// Gemma 3's windowed layers: prompts of 520 to 742 tokens (past its 512-token window), so a
+/// chunk's queries see windows starting at different key positions. Each alone in one step on a
+/// cold cache, then together in 96-token chunks, cold and warm.
+#[test]
+fn gemma3_windowed_outputs_are_bit_identical_alone_and_chunked() {
+    let fixture = gemma3_fixture();
+    let long = ids(&longest_logits_case(&fixture)["prompt_ids"]);
+    let prompts: Vec<Vec<u32>> = [520, 601, 690, long.len()].iter().map(|&n| long[..n].to_vec()).collect();
+    let decoder: Arc<dyn TokenDecoder> = Arc::new(pagoda_engine::fake::FakeDecoder);
+    let precision = PanelPrecision::F32;
+    let (alone, _) = engine_for(&gemma3_path(), decoder.clone(), precision, 512, 784, |c| {
+        c.enable_prefix_caching = false;
+        c.max_num_batched_tokens = 784;
+    });
+    let reference: HashMap<usize, Output> =
+        (0..prompts.len()).flat_map(|i| run(&alone, &prompts, &[i])).collect();
+    let (chunked, log) = engine_for(&gemma3_path(), decoder, precision, 1024, 784, |c| {
+        c.max_num_batched_tokens = 96;
+        c.max_num_seqs = 4;
+    });
+    let all: Vec<usize> = (0..prompts.len()).collect();
+    assert_same(&reference, &run(&chunked, &prompts, &all), "Gemma 3, chunked together");
+    assert_same(&reference, &run(&chunked, &prompts, &all), "Gemma 3, chunked together, warm cache");
+    assert!(sum_steps(&log, |s| s.prefix_cache_hits) > 0, "the prefix cache was hit");
 }

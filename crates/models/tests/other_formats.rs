@@ -89,6 +89,21 @@ fn safetensors_directory_matches_the_gguf() {
     assert_eq!(argmax(&a), argmax(&b));
     let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
     assert!(diff < 1e-3, "safetensors vs GGUF logits differ by {diff}");
+
+    // Batch-invariant, the dense weights run the panel GEMM: the last position's logits have the
+    // same bits from a 24-token prefill and from a 23-token one followed by a 1-token step.
+    let options = LoadOptions { batch_invariant: true, ..LoadOptions::default() };
+    let loaded = load_model(dir.path(), &options).unwrap();
+    let cache = KvCache::new(loaded.model.config(), 16, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+    let mut invariant = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
+    let long: Vec<u32> = prompt.iter().cycle().take(24).copied().collect();
+    let whole = prompt_logits(&mut invariant, &long);
+    let mut seq = TestSeq::new(1, long.clone(), 0);
+    invariant.logits(&batch(vec![seq.chunk(23)])).unwrap();
+    seq.computed = 23;
+    let split = invariant.logits(&batch(vec![seq.chunk(1)])).unwrap().to_vec2::<f32>().unwrap().remove(0);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&whole) == bits(&split), "batch-invariant logits depend on the step's size");
 }
 
 #[test]

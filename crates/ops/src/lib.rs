@@ -50,7 +50,7 @@ pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
 pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams};
 pub use panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
-pub use quant_matmul::quant_matmul;
+pub use quant_matmul::{quant_matmul, quant_matmul_batch_invariant};
 pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};

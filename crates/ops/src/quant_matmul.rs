@@ -25,6 +25,10 @@ use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 /// Activation rows computed together per pass over the weights.
 pub(crate) const GROUP: usize = 8;
 
+/// The largest group whose kernels sum each row exactly as a group of one does (the AVX-512
+/// tile keeps two accumulators per row up to 4 rows and one past that).
+pub(crate) const INVARIANT_GROUP: usize = 4;
+
 /// Weight rows per rayon task at least: below this, splitting costs more than it saves.
 const MIN_ROWS_PER_TASK: usize = 32;
 
@@ -45,6 +49,32 @@ pub fn quant_matmul(x: &Tensor, w: &Arc<QuantizedWeight>) -> Result<Tensor> {
     cpu_matmul::apply(x, w)
 }
 
+/// [`quant_matmul`] computing every row in the same order whatever the number of rows (groups
+/// of at most [`INVARIANT_GROUP`]), so a row's bits do not depend on the rows beside it. Costs
+/// a block decode per 4 rows instead of per 8 on many-row steps.
+pub fn quant_matmul_batch_invariant(x: &Tensor, w: &Arc<QuantizedWeight>) -> Result<Tensor> {
+    cpu_matmul::apply(x, &Arc::new(InvariantBlocks(Arc::clone(w))))
+}
+
+/// A block-quantized weight multiplied in groups of [`INVARIANT_GROUP`] rows.
+struct InvariantBlocks(Arc<QuantizedWeight>);
+
+impl CpuWeight for InvariantBlocks {
+    const OP: &'static str = "quant_matmul";
+
+    fn rows(&self) -> usize {
+        self.0.rows()
+    }
+
+    fn cols(&self) -> usize {
+        self.0.cols()
+    }
+
+    fn matmul(&self, x_rows: &[&[f32]]) -> Vec<f32> {
+        matmul_grouped(&self.0, x_rows, kernel(self.0.format()), INVARIANT_GROUP)
+    }
+}
+
 impl CpuWeight for QuantizedWeight {
     const OP: &'static str = "quant_matmul";
 
@@ -63,6 +93,11 @@ impl CpuWeight for QuantizedWeight {
 
 /// `[x_rows.len(), w.rows()]` row-major.
 pub(crate) fn matmul(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel) -> Vec<f32> {
+    matmul_grouped(w, x_rows, kernel, GROUP)
+}
+
+/// [`matmul`] with activation rows taken `group` (at most [`GROUP`]) at a time.
+fn matmul_grouped(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel, group: usize) -> Vec<f32> {
     let (m, n) = (x_rows.len(), w.rows());
     let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
@@ -78,9 +113,9 @@ pub(crate) fn matmul(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel)
     let ptr = OutPtr(out.as_mut_ptr());
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
         let rows = t * per_task..((t + 1) * per_task).min(n);
-        let mut buf = vec![0f32; GROUP * rows.len()];
-        for g0 in (0..m).step_by(GROUP) {
-            let g1 = (g0 + GROUP).min(m);
+        let mut buf = vec![0f32; group * rows.len()];
+        for g0 in (0..m).step_by(group) {
+            let g1 = (g0 + group).min(m);
             let group = XGroup {
                 rows: &x_rows[g0..g1],
                 block_sums: if sum_refs.is_empty() { &[] } else { &sum_refs[g0..g1] },

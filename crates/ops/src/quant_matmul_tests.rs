@@ -130,3 +130,42 @@ fn bad_inputs_are_errors() {
     let empty = Tensor::zeros((0, 64), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(quant_matmul(&empty, &w).unwrap().dims(), &[0, 4]);
 }
+
+/// `quant_matmul_batch_invariant`: every format, every kernel this CPU runs, any number of rows
+/// and any thread count give each row the bits it gets alone, and match the dequantized matmul.
+#[test]
+fn batch_invariant_rows_have_the_bits_they_have_alone() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for format in ALL_FORMATS {
+        let cols = if format.gguf_block_elems() == QUANT_BLOCK { 96 } else { 512 };
+        let w = random_weight(&mut rng, format, 45, cols);
+        let x = random_rows(&mut rng, 21, cols);
+        let x_refs: Vec<&[f32]> = x.iter().map(Vec::as_slice).collect();
+        let want = reference(&w, &x);
+        for (name, k) in kernels(format) {
+            let alone: Vec<Vec<f32>> =
+                x_refs.iter().map(|r| matmul_grouped(&w, &[r], k, INVARIANT_GROUP)).collect();
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                for m in [2, 4, 5, 9, 21] {
+                    let got = pool.install(|| matmul_grouped(&w, &x_refs[..m], k, INVARIANT_GROUP));
+                    assert_close(&got, &want[..m * 45], &format!("{format:?} {name} m={m}"));
+                    for (i, row) in got.chunks_exact(45).enumerate() {
+                        let same = row.iter().zip(&alone[i]).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{format:?} {name}: row {i} of {m} ({threads} threads) differs from alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // The op itself takes the same path.
+    let w = Arc::new(random_weight(&mut rng, QuantFormat::Q4_1, 40, 64));
+    let x = Tensor::from_vec(random_rows(&mut rng, 9, 64).concat(), (9, 64), &Device::Cpu).unwrap();
+    let all = quant_matmul_batch_invariant(&x, &w).unwrap().to_vec2::<f32>().unwrap();
+    let last =
+        quant_matmul_batch_invariant(&x.narrow(0, 8, 1).unwrap(), &w).unwrap().to_vec2::<f32>().unwrap();
+    assert!(all[8].iter().zip(&last[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
+}

@@ -295,9 +295,10 @@ pub struct ServeArgs {
     /// llama.cpp's precision, on CPUs with AVX512-VNNI). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
-    /// CPU: every step runs the same kernels whatever its size, so a request's tokens and
-    /// logprobs are bit-identical however it is batched: alone or beside others, cached or
-    /// not, chunked, preempted or speculated. Slower on small batches (see the README).
+    /// CPU: every step runs the same kernels whatever its size (the exact f32 block kernel,
+    /// unless --cpu-gemm-dtype names bfloat16 or int8), so a request's tokens and logprobs are
+    /// bit-identical however it is batched: alone or beside others, cached or not, chunked,
+    /// preempted or speculated. Prefill is slower (see the README).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub batch_invariant: Option<bool>,
     /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",

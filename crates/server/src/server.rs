@@ -89,14 +89,17 @@ fn kv_cache_dtype(arg: DtypeArg, compute: DType) -> DType {
     }
 }
 
-/// `auto` is [`PanelPrecision::auto`]. `int8` needs AVX512-VNNI: without it the portable int8
-/// loop is slower than `auto`'s kernels.
-fn panel_precision(arg: GemmDtypeArg) -> PanelPrecision {
+/// `auto` is [`PanelPrecision::auto`], or f32 when `batch_invariant`: then f32 is the exact block
+/// kernel at every step size, as fast as the default at one stream and at 32
+/// (benches/README.md), where bfloat16 panels halve the one-stream speed. `int8` needs
+/// AVX512-VNNI: without it the portable int8 loop is slower than `auto`'s kernels.
+fn panel_precision(arg: GemmDtypeArg, batch_invariant: bool) -> PanelPrecision {
     match arg {
+        GemmDtypeArg::Auto if batch_invariant => PanelPrecision::F32,
         GemmDtypeArg::Int8 if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int8,
         GemmDtypeArg::Int8 => {
             tracing::warn!("--cpu-gemm-dtype int8 needs AVX512-VNNI, which this CPU lacks; using auto");
-            PanelPrecision::auto()
+            panel_precision(GemmDtypeArg::Auto, batch_invariant)
         }
         GemmDtypeArg::Auto => PanelPrecision::auto(),
         GemmDtypeArg::Float32 => PanelPrecision::F32,
@@ -127,7 +130,7 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.dequantize = config.dequantize;
     options.dtype = dtype(config.dtype, &device);
     options.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, options.dtype);
-    options.panel_precision = panel_precision(config.cpu_gemm_dtype);
+    options.panel_precision = panel_precision(config.cpu_gemm_dtype, config.batch_invariant);
     options.batch_invariant = config.batch_invariant;
     options.device = device;
     options.block_size = config.block_size;
@@ -441,13 +444,20 @@ mod tests {
 
     #[test]
     fn cpu_gemm_dtype_auto_uses_bf16_only_where_the_cpu_multiplies_it() {
-        assert_eq!(panel_precision(GemmDtypeArg::Float32), PanelPrecision::F32);
-        assert_eq!(panel_precision(GemmDtypeArg::Bfloat16), PanelPrecision::Bf16);
+        for invariant in [false, true] {
+            assert_eq!(panel_precision(GemmDtypeArg::Float32, invariant), PanelPrecision::F32);
+            assert_eq!(panel_precision(GemmDtypeArg::Bfloat16, invariant), PanelPrecision::Bf16);
+        }
         let native =
             if PanelPrecision::cpu_has_native_bf16() { PanelPrecision::Bf16 } else { PanelPrecision::F32 };
-        assert_eq!(panel_precision(GemmDtypeArg::Auto), native);
+        assert_eq!(panel_precision(GemmDtypeArg::Auto, false), native);
         let int8 = if PanelPrecision::cpu_has_native_int8() { PanelPrecision::Int8 } else { native };
-        assert_eq!(panel_precision(GemmDtypeArg::Int8), int8);
+        assert_eq!(panel_precision(GemmDtypeArg::Int8, false), int8);
+        // Batch-invariant, auto is the exact block kernel (f32), also int8's fallback.
+        assert_eq!(panel_precision(GemmDtypeArg::Auto, true), PanelPrecision::F32);
+        let int8 =
+            if PanelPrecision::cpu_has_native_int8() { PanelPrecision::Int8 } else { PanelPrecision::F32 };
+        assert_eq!(panel_precision(GemmDtypeArg::Int8, true), int8);
     }
 
     #[test]
