@@ -9,7 +9,9 @@
 //! per weight, so the model keeps both and chooses per step.
 //!
 //! Work is split over rayon by weight rows; each task walks its rows once for every group of up
-//! to [`GROUP`] activation rows, so a block is unpacked once per group. x86 kernels (AVX-512 or
+//! to [`GROUP`] activation rows, so a block is unpacked once per group. The batch-invariant
+//! variant caps groups at [`INVARIANT_GROUP`], below which every kernel sums a row in the same
+//! order whatever the group's size. x86 kernels (AVX-512 or
 //! AVX2 with FMA, chosen at run time) live in `quant_matmul_x86`; the portable kernel here is
 //! the fallback and the tests' reference.
 
@@ -50,7 +52,7 @@ pub fn quant_matmul(x: &Tensor, w: &Arc<QuantizedWeight>) -> Result<Tensor> {
 }
 
 /// [`quant_matmul`] computing every row in the same order whatever the number of rows (groups
-/// of at most [`INVARIANT_GROUP`]), so a row's bits do not depend on the rows beside it. Costs
+/// of at most 4), so a row's bits do not depend on the rows beside it. Costs
 /// a block decode per 4 rows instead of per 8 on many-row steps.
 pub fn quant_matmul_batch_invariant(x: &Tensor, w: &Arc<QuantizedWeight>) -> Result<Tensor> {
     cpu_matmul::apply(x, &Arc::new(InvariantBlocks(Arc::clone(w))))
