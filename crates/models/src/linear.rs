@@ -3,8 +3,9 @@
 //!
 //! On the CPU, [`CpuGemm`] says which kernels run: by default the exact block kernel for
 //! steps of a few tokens and the panel GEMM for larger ones (two summation orders, so a row's
-//! last bits depend on the step's size); with `batch_invariant`, the panel GEMM for every step,
-//! whose sums per output run in one order whatever the number of rows.
+//! last bits depend on the step's size); with `batch_invariant`, one kernel for every step
+//! (the blocks in f32, else the panels), whose sums per output run in one order whatever the
+//! number of rows.
 
 use std::sync::Arc;
 
@@ -107,7 +108,8 @@ impl Linear {
     }
 
     /// A dense `[out, in]` weight: candle's matmul, or for a batch-invariant CPU model an f32
-    /// weight packed in panels (f32 panels, or bfloat16 when that is the chosen precision).
+    /// weight packed in panels of the chosen precision (int8 has no codes to keep, so it packs
+    /// as [`PanelPrecision::auto`]).
     pub fn dense(weight: Tensor, bias: Option<Tensor>, gemm: CpuGemm) -> Result<Self> {
         if !(gemm.batch_invariant && weight.device().is_cpu() && weight.dtype() == DType::F32) {
             return Ok(Self::new(LinearWeight::Dense(weight), bias));
