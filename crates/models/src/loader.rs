@@ -41,9 +41,10 @@ pub struct LoadOptions {
     /// What the dense copies of block-quantized CPU weights (the many-token GEMM's operand) are
     /// stored and multiplied in.
     pub panel_precision: PanelPrecision,
-    /// Every CPU matmul runs the panel GEMM, whatever the step's size, so a sequence's outputs
-    /// do not depend on what else is batched with it ([`CpuGemm::batch_invariant`]). CPU only;
-    /// GGUF projections are dequantized (candle's quantized matmul is not covered).
+    /// Every CPU matmul runs one kernel whatever the step's size (the blocks for f32, else the
+    /// panels of `panel_precision`), so a sequence's outputs do not depend on what else is batched
+    /// with it ([`CpuGemm::batch_invariant`]). CPU only; GGUF projections are dequantized
+    /// (candle's quantized matmul is not covered).
     pub batch_invariant: bool,
 }
 

@@ -249,12 +249,13 @@ fn attend_impl<T: Float, M: MulAdd>(
     // Keys before the first token's window are seen by no token of the tile. Chunks sit on a
     // fixed grid of key positions, so the chunks a query is folded over (and its bits) depend on
     // its own position only, not on which tile or step it shares (`--batch-invariant`).
-    for c0 in (window_start(0) / KEY_CHUNK * KEY_CHUNK..num_keys).step_by(KEY_CHUNK) {
+    let first_visible = window_start(0);
+    for c0 in (first_visible / KEY_CHUNK * KEY_CHUNK..num_keys).step_by(KEY_CHUNK) {
         let n = KEY_CHUNK.min(num_keys - c0);
         for (j, off) in offsets[..n].iter_mut().enumerate() {
             // Positions before every window of the tile are never scored, and their blocks may
             // be released: point them at the first position some query sees.
-            let p = (c0 + j).max(window_start(0));
+            let p = (c0 + j).max(first_visible);
             let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
             *off = slot * row_stride + item.kv0 * hd;
         }

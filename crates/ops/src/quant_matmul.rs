@@ -98,8 +98,8 @@ pub(crate) fn matmul(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel)
     matmul_grouped(w, x_rows, kernel, GROUP)
 }
 
-/// [`matmul`] with activation rows taken `group` (at most [`GROUP`]) at a time.
-fn matmul_grouped(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel, group: usize) -> Vec<f32> {
+/// [`matmul`] with activation rows taken `group_rows` (at most [`GROUP`]) at a time.
+fn matmul_grouped(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel, group_rows: usize) -> Vec<f32> {
     let (m, n) = (x_rows.len(), w.rows());
     let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
@@ -115,9 +115,9 @@ fn matmul_grouped(w: &QuantizedWeight, x_rows: &[&[f32]], kernel: RowsKernel, gr
     let ptr = OutPtr(out.as_mut_ptr());
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
         let rows = t * per_task..((t + 1) * per_task).min(n);
-        let mut buf = vec![0f32; group * rows.len()];
-        for g0 in (0..m).step_by(group) {
-            let g1 = (g0 + group).min(m);
+        let mut buf = vec![0f32; group_rows * rows.len()];
+        for g0 in (0..m).step_by(group_rows) {
+            let g1 = (g0 + group_rows).min(m);
             let group = XGroup {
                 rows: &x_rows[g0..g1],
                 block_sums: if sum_refs.is_empty() { &[] } else { &sum_refs[g0..g1] },
