@@ -56,6 +56,7 @@ struct Weights {
     dense: Tensor,
     panels: Arc<PanelWeight>,
     bf16_panels: Arc<PanelWeight>,
+    int8_panels: Arc<PanelWeight>,
 }
 
 fn weights(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> Weights {
@@ -63,7 +64,8 @@ fn weights(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> W
     let dense = Tensor::from_vec(packed.dequantize(), (rows, cols), &Device::Cpu).expect("shape");
     let panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::F32));
     let bf16_panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::Bf16));
-    Weights { packed: Arc::new(packed), dense, panels, bf16_panels }
+    let int8_panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::Int8));
+    Weights { packed: Arc::new(packed), dense, panels, bf16_panels, int8_panels }
 }
 
 fn bench(c: &mut Criterion) {
@@ -83,51 +85,74 @@ fn bench(c: &mut Criterion) {
     let head = weights(&mut rng, QuantFormat::Q8_0, VOCAB, HIDDEN);
     let input = |m: usize, k: usize| Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).expect("randn");
 
+    // Each iteration runs inside a pool, as the model runner runs a step: called from outside,
+    // every matmul would also pay for waking the pool's threads.
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("thread pool");
     let mut group = c.benchmark_group("model_matmuls");
-    for m in [1usize, 4, 8, 12, 16, 24, 32, 64, 128] {
+    for m in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 64, 128] {
         let xs: Vec<Tensor> = layers.iter().map(|w| input(m, w.packed.cols())).collect();
         group.bench_with_input(BenchmarkId::new("quant", m), &m, |b, _| {
             b.iter(|| {
-                for (w, x) in layers.iter().zip(&xs) {
-                    quant_matmul(x, &w.packed).expect("matmul");
-                }
+                pool.install(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        quant_matmul(x, &w.packed).expect("matmul");
+                    }
+                })
             })
         });
         group.bench_with_input(BenchmarkId::new("dense_f32", m), &m, |b, _| {
             b.iter(|| {
-                for (w, x) in layers.iter().zip(&xs) {
-                    x.matmul(&w.dense.t().expect("t")).expect("matmul");
-                }
+                pool.install(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        x.matmul(&w.dense.t().expect("t")).expect("matmul");
+                    }
+                })
             })
         });
         group.bench_with_input(BenchmarkId::new("panel_f32", m), &m, |b, _| {
             b.iter(|| {
-                for (w, x) in layers.iter().zip(&xs) {
-                    panel_matmul(x, &w.panels).expect("matmul");
-                }
+                pool.install(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        panel_matmul(x, &w.panels).expect("matmul");
+                    }
+                })
             })
         });
         group.bench_with_input(BenchmarkId::new("panel_bf16", m), &m, |b, _| {
             b.iter(|| {
-                for (w, x) in layers.iter().zip(&xs) {
-                    panel_matmul(x, &w.bf16_panels).expect("matmul");
-                }
+                pool.install(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        panel_matmul(x, &w.bf16_panels).expect("matmul");
+                    }
+                })
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("panel_int8", m), &m, |b, _| {
+            b.iter(|| {
+                pool.install(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        panel_matmul(x, &w.int8_panels).expect("matmul");
+                    }
+                })
             })
         });
     }
     group.finish();
 
     let mut group = c.benchmark_group("lm_head");
-    for m in [1usize, 4, 16, 17, 32] {
+    for m in [1usize, 4, 5, 9, 16, 17, 32] {
         let x = input(m, HIDDEN);
         group.bench_with_input(BenchmarkId::new("quant", m), &m, |b, _| {
-            b.iter(|| quant_matmul(&x, &head.packed).expect("matmul"))
+            b.iter(|| pool.install(|| quant_matmul(&x, &head.packed).expect("matmul")))
         });
         group.bench_with_input(BenchmarkId::new("dense_f32", m), &m, |b, _| {
-            b.iter(|| x.matmul(&head.dense.t().expect("t")).expect("matmul"))
+            b.iter(|| pool.install(|| x.matmul(&head.dense.t().expect("t")).expect("matmul")))
         });
         group.bench_with_input(BenchmarkId::new("panel_f32", m), &m, |b, _| {
-            b.iter(|| panel_matmul(&x, &head.panels).expect("matmul"))
+            b.iter(|| pool.install(|| panel_matmul(&x, &head.panels).expect("matmul")))
+        });
+        group.bench_with_input(BenchmarkId::new("panel_int8", m), &m, |b, _| {
+            b.iter(|| pool.install(|| panel_matmul(&x, &head.int8_panels).expect("matmul")))
         });
     }
     group.finish();

@@ -138,6 +138,17 @@ pub enum DeviceArg {
     Cuda(usize),
 }
 
+/// The step token budget when none is given. On the CPU a step's time grows with its tokens,
+/// so a 2048-token prefill chunk stalls every running decode for seconds; 512 tokens keep the
+/// panel GEMMs as efficient, halve TTFT p50 and the longest stall at 32 streams, and cost
+/// decodes some TPOT (benches/README.md, "Step token budget on the CPU").
+pub fn default_max_num_batched_tokens(device: DeviceArg) -> usize {
+    match device {
+        DeviceArg::Cpu => 512,
+        DeviceArg::Cuda(_) => 2048,
+    }
+}
+
 impl std::str::FromStr for DeviceArg {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -253,7 +264,8 @@ pub struct ServeArgs {
     /// Most sequences in one engine step. [default: 256]
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
-    /// Token budget of one engine step (prefill chunks plus decodes). [default: 2048]
+    /// Token budget of one engine step (prefill chunks plus decodes). [default: 512 on the CPU,
+    /// 2048 on CUDA]
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
     /// Requests allowed to wait for admission; beyond that a request gets 429. [default: 1024]
@@ -429,6 +441,7 @@ impl ServerConfig {
             .served_model_name
             .or(file.served_model_name)
             .unwrap_or_else(|| vec![crate::state::default_served_name(&model)]);
+        let device = cli.device.or(file.device).unwrap_or_default();
         let config = Self {
             model_is_default,
             download_dir: cli.download_dir.or(file.download_dir),
@@ -445,7 +458,7 @@ impl ServerConfig {
             max_num_batched_tokens: cli
                 .max_num_batched_tokens
                 .or(file.max_num_batched_tokens)
-                .unwrap_or(2048),
+                .unwrap_or_else(|| default_max_num_batched_tokens(device)),
             max_waiting_requests: cli.max_waiting_requests.or(file.max_waiting_requests).unwrap_or(1024),
             block_size: cli.block_size.or(file.block_size).unwrap_or(16),
             kv_cache_memory: cli.kv_cache_memory.or(file.kv_cache_memory).map(|b| b.0),
@@ -463,7 +476,7 @@ impl ServerConfig {
                 .transpose()
                 .map_err(|message| invalid("--speculative-config", message))?,
             dequantize: cli.dequantize.or(file.dequantize),
-            device: cli.device.or(file.device).unwrap_or_default(),
+            device,
             api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             allowed_origins: cli
                 .allowed_origins

@@ -26,10 +26,24 @@ fn defaults() {
     assert!(c.enable_prefix_caching);
     assert_eq!(c.block_size, 16);
     assert_eq!(c.device, DeviceArg::Cpu);
+    assert_eq!(c.max_num_batched_tokens, 512);
     assert_eq!(c.metrics_prefix, MetricsPrefix::Pagoda);
     assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(75));
     assert_eq!(c.max_connections, 2048);
+}
+
+#[test]
+fn the_step_budget_defaults_by_device_and_a_given_one_wins() {
+    let budget =
+        |args: &[&str]| ServerConfig::merge(cli(args), ServeArgs::default()).unwrap().max_num_batched_tokens;
+    assert_eq!(budget(&[]), 512);
+    assert_eq!(budget(&["--device", "cuda"]), 2048);
+    assert_eq!(budget(&["--device", "cuda", "--max-num-batched-tokens", "300"]), 300);
+    assert_eq!(budget(&["--max-num-batched-tokens", "4096"]), 4096);
+    // From the file when the flag is absent, for either device.
+    let file = ServeArgs { max_num_batched_tokens: Some(1024), ..ServeArgs::default() };
+    assert_eq!(ServerConfig::merge(cli(&["--device", "cuda"]), file).unwrap().max_num_batched_tokens, 1024);
 }
 
 #[test]
