@@ -1,5 +1,6 @@
-//! Rough timing of the CPU paged-attention kernel for a decode batch and prefill chunks
-//! (SmolLM2-135M shape: 9 q heads, 3 kv heads, head_dim 64, block size 16).
+//! Rough timing of the CPU paged-attention kernel for a decode batch, prefill chunks and the
+//! few-position steps of speculative verification (SmolLM2-135M shape: 9 q heads, 3 kv heads,
+//! head_dim 64, block size 16), run inside a rayon pool as the model runner runs a step.
 //!
 //! Run: `cargo run --release -p pagoda-ops --example bench_attention [iterations] [name filter]`
 
