@@ -59,6 +59,7 @@ struct Weights {
     panels: Arc<PanelWeight>,
     bf16_panels: Arc<PanelWeight>,
     int8_panels: Arc<PanelWeight>,
+    int16_panels: Arc<PanelWeight>,
 }
 
 fn weights(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> Weights {
@@ -67,7 +68,8 @@ fn weights(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> W
     let panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::F32));
     let bf16_panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::Bf16));
     let int8_panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::Int8));
-    Weights { packed: Arc::new(packed), dense, panels, bf16_panels, int8_panels }
+    let int16_panels = Arc::new(PanelWeight::from_quantized(&packed, PanelPrecision::Int16));
+    Weights { packed: Arc::new(packed), dense, panels, bf16_panels, int8_panels, int16_panels }
 }
 
 fn bench(c: &mut Criterion) {
@@ -138,6 +140,15 @@ fn bench(c: &mut Criterion) {
                 })
             })
         });
+        group.bench_with_input(BenchmarkId::new("panel_int16", m), &m, |b, _| {
+            b.iter(|| {
+                pool.install(|| {
+                    for (w, x) in layers.iter().zip(&xs) {
+                        panel_matmul(x, &w.int16_panels).expect("matmul");
+                    }
+                })
+            })
+        });
     }
     group.finish();
 
@@ -155,6 +166,9 @@ fn bench(c: &mut Criterion) {
         });
         group.bench_with_input(BenchmarkId::new("panel_int8", m), &m, |b, _| {
             b.iter(|| pool.install(|| panel_matmul(&x, &head.int8_panels).expect("matmul")))
+        });
+        group.bench_with_input(BenchmarkId::new("panel_int16", m), &m, |b, _| {
+            b.iter(|| pool.install(|| panel_matmul(&x, &head.int16_panels).expect("matmul")))
         });
     }
     group.finish();
@@ -208,7 +222,7 @@ fn gemma(c: &mut Criterion) {
     }
     group.finish();
 
-    // The many-token steps: bfloat16 and int8 panels at Gemma 3's shapes (all 18 layers' seven
+    // The many-token steps: bfloat16, int8 and int16 panels at Gemma 3's shapes (all 18 layers' seven
     // matmuls as Q5_0, and the Q8_0 lm head), throughput in multiply-adds x 2 (flops).
     let mut group = c.benchmark_group("gemma3_270m_panels");
     let layer_shapes = [
@@ -242,7 +256,9 @@ fn gemma(c: &mut Criterion) {
             b.iter(|| quant_matmul(&x, &head).expect("matmul"))
         });
     }
-    for (name, precision) in [("bf16", PanelPrecision::Bf16), ("int8", PanelPrecision::Int8)] {
+    for (name, precision) in
+        [("bf16", PanelPrecision::Bf16), ("int8", PanelPrecision::Int8), ("int16", PanelPrecision::Int16)]
+    {
         let layers: Vec<Arc<PanelWeight>> =
             blocks.iter().map(|w| Arc::new(PanelWeight::from_quantized(w, precision))).collect();
         let head_panels = Arc::new(PanelWeight::from_quantized(&head, precision));

@@ -26,6 +26,7 @@ pub use config::{ModelConfig, MoeConfig};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use kv_layout::KvLayout;
+pub use linear::SmallSteps;
 pub use loader::{load_model, LoadFormat, LoadOptions, LoadedModel, AUTO_DEQUANTIZE_MAX_BYTES};
 pub use model::{ForwardInput, Model};
 pub use pagoda_ops::PanelPrecision;

@@ -1,11 +1,11 @@
 //! A linear layer over quantized, dense or both forms of a weight, `y = x W^T (+ b)`, and
 //! [`StackedLinear`], several projections of one input run as one matmul.
 //!
-//! On the CPU, [`CpuGemm`] says which kernels run: by default the exact block kernel for
-//! steps of a few tokens and the panel GEMM for larger ones (two summation orders, so a row's
-//! last bits depend on the step's size); with `batch_invariant`, one kernel for every step
-//! (the blocks in f32, else the panels), whose sums per output run in one order whatever the
-//! number of rows.
+//! On the CPU, [`CpuGemm`] says which kernels run: for steps of a few tokens the exact block
+//! kernel, or int8 panels with 16-bit activations ([`SmallSteps`]), and the panel GEMM for
+//! larger ones (two summation orders, so a row's last bits depend on the step's size); with
+//! `batch_invariant`, one kernel for every step (the blocks in f32, else the panels), whose
+//! sums per output run in one order whatever the number of rows.
 
 use std::sync::Arc;
 
@@ -21,11 +21,29 @@ use crate::error::Result;
 /// 1 / 8 / 16 / 24 tokens against 12.3 / 14.0 / 30.3 / 29.1 ms for the panel GEMM.
 pub const PACKED_MAX_TOKENS: usize = 16;
 
+/// What a block-quantized weight's steps of at most [`PACKED_MAX_TOKENS`] tokens run when its
+/// large steps use float panels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SmallSteps {
+    /// The GGUF blocks times exact f32 activations.
+    #[default]
+    Blocks,
+    /// The codes in int8 panels (two per byte for 4-bit formats) times activations rounded to
+    /// 16 bits per block of 32 ([`PanelPrecision::Int16`]), on CPUs with AVX512-VNNI: one
+    /// kernel from 1 to 16 tokens, so a speculative step's verified positions get a one-token
+    /// step's bits, at 0.8x the blocks' time for one token and 0.55x for five on SmolLM2
+    /// (benches/README.md).
+    Int16,
+}
+
 /// How the CPU multiplies a layer's weight.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuGemm {
     /// What the panel copy of a block-quantized weight stores and multiplies in.
     pub precision: PanelPrecision,
+    /// What steps of at most [`PACKED_MAX_TOKENS`] tokens run when `precision` is a float one
+    /// and `batch_invariant` is off.
+    pub small_steps: SmallSteps,
     /// Every step, whatever its number of tokens, runs one kernel (the row sums of each kernel
     /// run in an order that does not depend on the number of rows), so a row's output does not
     /// depend on the rows beside it: the exact block kernel for `F32`, else the panels of
@@ -34,19 +52,25 @@ pub struct CpuGemm {
 }
 
 impl CpuGemm {
-    /// Whether a packed weight's steps of `tokens` rows take the exact block kernel. Int8 panels
-    /// beat the blocks at every step size (benches/README.md); float ones only past
-    /// [`PACKED_MAX_TOKENS`].
+    /// Whether a packed weight's steps of `tokens` rows take the exact block kernel. Integer
+    /// panels serve every step size (int8 beats the blocks everywhere, int16 from a few rows
+    /// on, and one kernel keeps a row's bits independent of its neighbours: benches/README.md);
+    /// float ones only past [`PACKED_MAX_TOKENS`].
     fn uses_blocks(self, tokens: usize) -> bool {
         if self.batch_invariant {
             return self.blocks_only();
         }
-        self.precision != PanelPrecision::Int8 && tokens <= PACKED_MAX_TOKENS
+        !self.precision.is_integer() && tokens <= PACKED_MAX_TOKENS
     }
 
     /// Batch-invariant in f32: the blocks serve every step and no panel copy is made.
     fn blocks_only(self) -> bool {
         self.batch_invariant && self.precision == PanelPrecision::F32
+    }
+
+    /// Whether small steps take int16 panels of their own.
+    fn small_int16(self) -> bool {
+        self.small_steps == SmallSteps::Int16 && !self.batch_invariant && !self.precision.is_integer()
     }
 }
 
@@ -59,8 +83,14 @@ pub enum LinearWeight {
     /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense form
     /// (the same values in f32, or rounded to bfloat16) packed in panels for large ones. CPU
     /// only.
-    /// `panels` is `None` when the blocks serve every step ([`CpuGemm::batch_invariant`] in f32).
-    Packed { blocks: Arc<QuantizedWeight>, panels: Option<Arc<PanelWeight>>, gemm: CpuGemm },
+    /// `panels` is `None` when the blocks serve every step ([`CpuGemm::batch_invariant`] in f32);
+    /// `small`, int16 panels for the small steps ([`SmallSteps::Int16`]).
+    Packed {
+        blocks: Arc<QuantizedWeight>,
+        panels: Option<Arc<PanelWeight>>,
+        small: Option<Arc<PanelWeight>>,
+        gemm: CpuGemm,
+    },
     /// A dense weight packed in panels: what a batch-invariant CPU model multiplies dense
     /// weights with.
     Panels(Arc<PanelWeight>),
@@ -82,10 +112,12 @@ impl Linear {
         let y = match &self.weight {
             LinearWeight::Quantized(q) => q.forward(x)?,
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
-            LinearWeight::Packed { blocks, panels, gemm } => {
+            LinearWeight::Packed { blocks, panels, small, gemm } => {
                 let x = &x.to_dtype(DType::F32)?;
-                match panels {
-                    Some(panels) if !gemm.uses_blocks(x.dim(0)?) => pagoda_ops::panel_matmul(x, panels)?,
+                let tokens = x.dim(0)?;
+                match (panels, small) {
+                    (_, Some(small)) if tokens <= PACKED_MAX_TOKENS => pagoda_ops::panel_matmul(x, small)?,
+                    (Some(panels), _) if !gemm.uses_blocks(tokens) => pagoda_ops::panel_matmul(x, panels)?,
                     _ if gemm.batch_invariant => pagoda_ops::quant_matmul_batch_invariant(x, blocks)?,
                     _ => pagoda_ops::quant_matmul(x, blocks)?,
                 }
@@ -98,13 +130,15 @@ impl Linear {
         })
     }
 
-    /// Blocks for the few-token steps plus their dense form, packed in panels of
-    /// `gemm.precision`, for larger ones (dequantized here, in parallel); the blocks alone when
-    /// they serve every step.
+    /// Blocks for the few-token steps (or their int16 panels, [`SmallSteps::Int16`]) plus their
+    /// dense form, packed in panels of `gemm.precision`, for larger ones (dequantized here, in
+    /// parallel); the blocks alone when they serve every step.
     pub fn packed(blocks: QuantizedWeight, gemm: CpuGemm) -> Self {
         let panels =
             (!gemm.blocks_only()).then(|| Arc::new(PanelWeight::from_quantized(&blocks, gemm.precision)));
-        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels, gemm }, None)
+        let small =
+            gemm.small_int16().then(|| Arc::new(PanelWeight::from_quantized(&blocks, PanelPrecision::Int16)));
+        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels, small, gemm }, None)
     }
 
     /// A dense `[out, in]` weight: candle's matmul, or for a batch-invariant CPU model an f32
@@ -363,8 +397,10 @@ mod tests {
             }
         };
         let LinearWeight::Packed { blocks, .. } = &packed(48, 64, 1).weight else { unreachable!() };
-        for precision in [PanelPrecision::F32, PanelPrecision::Bf16, PanelPrecision::Int8] {
-            let gemm = CpuGemm { precision, batch_invariant: true };
+        for precision in
+            [PanelPrecision::F32, PanelPrecision::Bf16, PanelPrecision::Int8, PanelPrecision::Int16]
+        {
+            let gemm = CpuGemm { precision, batch_invariant: true, ..CpuGemm::default() };
             let linear = Linear::packed((**blocks).clone(), gemm);
             // f32: the exact block kernel at every size, without a panel copy.
             let LinearWeight::Packed { panels, .. } = &linear.weight else { unreachable!() };
@@ -375,6 +411,39 @@ mod tests {
             assert!(matches!(linear.weight, LinearWeight::Panels(_)));
             check(&linear, &format!("dense {precision:?}"));
         }
+    }
+
+    /// With int16 small steps, every step of up to 16 tokens gives each row the bits it gets
+    /// alone (the verified positions of a speculative step equal one-token steps), within the
+    /// 16-bit rounding of the exact product; larger steps take the float panels.
+    #[test]
+    fn int16_small_steps_give_a_row_its_one_token_bits() {
+        let x = Tensor::randn(0f32, 1.0, (PACKED_MAX_TOKENS + 8, 64), &Device::Cpu).unwrap();
+        let LinearWeight::Packed { blocks, .. } = &packed(48, 64, 3).weight else { unreachable!() };
+        let gemm =
+            CpuGemm { precision: PanelPrecision::F32, small_steps: SmallSteps::Int16, ..CpuGemm::default() };
+        let linear = Linear::packed((**blocks).clone(), gemm);
+        let LinearWeight::Packed { small, .. } = &linear.weight else { unreachable!() };
+        assert_eq!(small.as_ref().map(|p| p.precision()), Some(PanelPrecision::Int16));
+        let exact = Linear::packed((**blocks).clone(), CpuGemm::default());
+        let rows = |n: usize| linear.forward(&x.narrow(0, 0, n).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        let alone: Vec<Vec<f32>> = (0..PACKED_MAX_TOKENS)
+            .map(|r| linear.forward(&x.narrow(0, r, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap().remove(0))
+            .collect();
+        for n in [2, 5, 9, PACKED_MAX_TOKENS] {
+            for (r, row) in rows(n).iter().enumerate() {
+                let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "row {r} of a {n}-token step");
+            }
+        }
+        let small_step = x.narrow(0, 0, 4).unwrap();
+        let diff = max_diff(&linear.forward(&small_step).unwrap(), &exact.forward(&small_step).unwrap());
+        assert!(diff > 0.0 && diff < 1e-3, "16-bit activations: {diff}");
+        // Past 16 tokens both take the f32 panels.
+        assert_eq!(max_diff(&linear.forward(&x).unwrap(), &exact.forward(&x).unwrap()), 0.0);
+        // Under batch_invariant one kernel serves every step: no int16 copy.
+        let invariant = Linear::packed((**blocks).clone(), CpuGemm { batch_invariant: true, ..gemm });
+        assert!(matches!(&invariant.weight, LinearWeight::Packed { small: None, .. }));
     }
 
     #[test]

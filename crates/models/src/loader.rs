@@ -9,7 +9,7 @@ use pagoda_ops::PanelPrecision;
 
 use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::linear::CpuGemm;
+use crate::linear::{CpuGemm, SmallSteps};
 use crate::model::Model;
 use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
 
@@ -41,6 +41,9 @@ pub struct LoadOptions {
     /// What the dense copies of block-quantized CPU weights (the many-token GEMM's operand) are
     /// stored and multiplied in.
     pub panel_precision: PanelPrecision,
+    /// What steps of at most 16 tokens run when `panel_precision` is a float one
+    /// ([`CpuGemm::small_steps`]).
+    pub small_steps: SmallSteps,
     /// Every CPU matmul runs one kernel whatever the step's size (the blocks for f32, else the
     /// panels of `panel_precision`), so a sequence's outputs do not depend on what else is batched
     /// with it ([`CpuGemm::batch_invariant`]). CPU only; GGUF projections are dequantized
@@ -56,6 +59,7 @@ impl Default for LoadOptions {
             dequantize: None,
             format: LoadFormat::Auto,
             panel_precision: PanelPrecision::F32,
+            small_steps: SmallSteps::Blocks,
             batch_invariant: false,
         }
     }
@@ -120,7 +124,11 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             "batch-invariant kernels exist for f32 CPU models with dequantized weights only".into(),
         ));
     }
-    let gemm = CpuGemm { precision: options.panel_precision, batch_invariant: options.batch_invariant };
+    let gemm = CpuGemm {
+        precision: options.panel_precision,
+        small_steps: options.small_steps,
+        batch_invariant: options.batch_invariant,
+    };
     let model = match format {
         LoadFormat::Gguf => {
             let mut weights = GgufWeights::open(path, device, dtype, false)?;

@@ -13,9 +13,15 @@
 //! - codes: 8 quads of 4 consecutive inputs, each quad as 32 columns x 4 bytes, so one 64-byte
 //!   load feeds `vpdpbusd` for 16 columns. The instruction multiplies unsigned by signed bytes,
 //!   so the codes are stored as `c + 128` and the activations as signed bytes; each int32 sum
-//!   starts from the activations' correction `-128 * sum(q)` (per row and sub-block, computed
-//!   when they are rounded), which keeps the panels at 1.125 bytes per weight (Q8_0: 1.06 in
-//!   the file) instead of carrying a correction per column;
+//!   starts from the correction `-128 * sum(q)` (per row and sub-block, from the sums of `q`
+//!   kept when the activations are rounded), which keeps the panels at 1.125 bytes per weight
+//!   (Q8_0: 1.06 in the file) instead of carrying a correction per column;
+//! - 4-bit formats (Q4_0, Q4_1, Q4_K) store `c + offset` (8 for Q4_0, else 0) as nibbles: quad
+//!   `p` in the low and quad `p + 4` in the high half of the same byte, in the byte layout's
+//!   order, so a block takes 512 bytes per panel and the kernel masks or shifts a nibble out
+//!   after the load. At one token a step reads every weight once, so the 0.75 bytes per weight
+//!   of codes, scales and minimums (those of the GGUF blocks in memory) instead of 1.25 are
+//!   what a decode step saves;
 //! - per sub-block (one, or two of 16 elements for Q6_K) and column: the f32 scale;
 //! - formats with minimums (Q4_1, Q4_K, Q5_K): the f32 minimum per block and column, multiplied
 //!   by the block's activation sum.
@@ -28,7 +34,7 @@ use rayon::prelude::*;
 
 use crate::cpu_matmul::CpuWeight;
 use crate::panel_matmul::{for_each_tile, PANEL};
-use crate::quant_weight::{QuantizedWeight, QUANT_BLOCK};
+use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 
 /// Quads of 4 inputs per block.
 const QUADS: usize = QUANT_BLOCK / 4;
@@ -45,7 +51,13 @@ pub struct Int8Weight {
     /// Scales per block: 1, or 2 for Q6_K's 16-element sub-blocks.
     subs: usize,
     has_mins: bool,
-    /// `[panel][block][quad][PANEL][4]`: `c + 128`.
+    /// Two codes per byte (4-bit formats).
+    nibbles: bool,
+    /// What the stored codes add to the signed ones: 128 for bytes, the format's offset for
+    /// nibbles.
+    offset: i32,
+    /// `[panel][block][quad][PANEL][4]`: `c + 128`; for nibbles `[panel][block][quad % 4][PANEL][4]`
+    /// with quads 4..8 in the high nibbles.
     codes: Vec<u8>,
     /// `[panel][block][sub][PANEL]`.
     scales: Vec<f32>,
@@ -57,6 +69,10 @@ pub struct Int8Weight {
 pub(crate) struct Int8Panel<'a> {
     pub blocks: usize,
     pub subs: usize,
+    /// Two codes per byte.
+    pub nibbles: bool,
+    /// What the stored codes add to the signed ones.
+    pub offset: i32,
     pub codes: &'a [u8],
     pub scales: &'a [f32],
     /// Empty without minimums.
@@ -72,8 +88,9 @@ pub(crate) struct Int8Activations {
     pub codes: Vec<i8>,
     /// `[rows][blocks]`: the scale `d` of each block.
     pub scales: Vec<f32>,
-    /// `[rows][blocks][subs]`: `-128 * sum(q over the sub-block)`, where the int32 sums start.
-    pub corrections: Vec<i32>,
+    /// `[rows][blocks][subs]`: `sum(q over the sub-block)`; an int32 sum starts from
+    /// `-offset` times it.
+    pub code_sums: Vec<i32>,
     /// `[rows][blocks]`: `d * sum(q)`, the block's rounded sum (for minimums).
     pub sums: Vec<f32>,
 }
@@ -89,6 +106,25 @@ pub(crate) type Int8TileKernel = fn(
     width: usize,
 );
 
+impl<'a> Int8Panel<'a> {
+    /// The stored code (`c + offset`) of block `b`'s input `k` (0..32) for column `j`.
+    #[inline]
+    pub(crate) fn code(&self, b: usize, k: usize, j: usize) -> i32 {
+        let (quad, t) = (k / 4, k % 4);
+        if self.nibbles {
+            let byte = self.codes[((b * QUADS / 2 + quad % 4) * PANEL + j) * 4 + t];
+            i32::from((byte >> (4 * (quad / 4))) & 0x0F)
+        } else {
+            i32::from(self.codes[((b * QUADS + quad) * PANEL + j) * 4 + t])
+        }
+    }
+}
+
+/// Whether a format's codes fit 4 bits (then panels keep two per byte).
+fn nibble_format(format: QuantFormat) -> bool {
+    matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4K)
+}
+
 impl Int8Weight {
     /// The int8 panels of `w` (any format: every code fits a signed byte). In parallel.
     pub fn from_quantized(w: &QuantizedWeight) -> Self {
@@ -96,10 +132,13 @@ impl Int8Weight {
         let blocks = cols / QUANT_BLOCK;
         let subs = w.format().scales_per_block();
         let has_mins = w.format().has_mins();
+        let nibbles = nibble_format(w.format());
+        let offset = if nibbles { i32::from(w.format().code_offset()) } else { 128 };
         let panels = rows.div_ceil(PANEL);
-        let code_len = blocks * QUADS * PANEL * 4;
+        let code_len = block_code_bytes(nibbles) * blocks;
         let sub_len = blocks * subs * PANEL;
-        let mut codes = vec![128u8; panels * code_len];
+        let pad = if nibbles { (offset | offset << 4) as u8 } else { 128 };
+        let mut codes = vec![pad; panels * code_len];
         let mut scales = vec![0f32; panels * sub_len];
         let mut mins = vec![0f32; if has_mins { panels * blocks * PANEL } else { 0 }];
         if panels > 0 && blocks > 0 {
@@ -121,8 +160,15 @@ impl Int8Weight {
                             let block = row * blocks + b;
                             let c = w.block_codes(block);
                             for (k, &v) in c.iter().enumerate() {
-                                codes[((b * QUADS + k / 4) * PANEL + j) * 4 + k % 4] =
-                                    (i16::from(v) + 128) as u8;
+                                let stored = (i32::from(v) + offset) as u8;
+                                let (quad, t) = (k / 4, k % 4);
+                                if nibbles {
+                                    let at = ((b * QUADS / 2 + quad % 4) * PANEL + j) * 4 + t;
+                                    let keep = if quad < 4 { 0xF0 } else { 0x0F };
+                                    codes[at] = (codes[at] & keep) | (stored << (4 * (quad / 4)));
+                                } else {
+                                    codes[((b * QUADS + quad) * PANEL + j) * 4 + t] = stored;
+                                }
                             }
                             let (s0, s1) = w.block_scales(block);
                             for s in 0..subs {
@@ -135,7 +181,7 @@ impl Int8Weight {
                     }
                 });
         }
-        Self { rows, cols, subs, has_mins, codes, scales, mins }
+        Self { rows, cols, subs, has_mins, nibbles, offset, codes, scales, mins }
     }
 
     /// Bytes held in memory.
@@ -143,14 +189,21 @@ impl Int8Weight {
         self.codes.len() + 4 * (self.scales.len() + self.mins.len())
     }
 
+    /// Scales per block: 1, or 2 for Q6_K's sub-blocks.
+    pub(crate) fn subs(&self) -> usize {
+        self.subs
+    }
+
     pub(crate) fn panel(&self, p: usize) -> Int8Panel<'_> {
         let blocks = self.cols / QUANT_BLOCK;
-        let code_len = blocks * QUADS * PANEL * 4;
+        let code_len = block_code_bytes(self.nibbles) * blocks;
         let sub_len = blocks * self.subs * PANEL;
         let min_len = if self.has_mins { blocks * PANEL } else { 0 };
         Int8Panel {
             blocks,
             subs: self.subs,
+            nibbles: self.nibbles,
+            offset: self.offset,
             codes: &self.codes[p * code_len..(p + 1) * code_len],
             scales: &self.scales[p * sub_len..(p + 1) * sub_len],
             mins: &self.mins[p * min_len..(p + 1) * min_len],
@@ -167,6 +220,11 @@ impl Int8Weight {
             kernel(&acts, rows, &self.panel(pi), out_rows, width)
         })
     }
+}
+
+/// Code bytes of one block in one panel.
+pub(crate) fn block_code_bytes(nibbles: bool) -> usize {
+    QUANT_BLOCK * PANEL / if nibbles { 2 } else { 1 }
 }
 
 impl CpuWeight for Int8Weight {
@@ -191,24 +249,24 @@ impl CpuWeight for Int8Weight {
 const PARALLEL_ROUNDING_MIN: usize = 1 << 16;
 
 /// Rounds each row to 8 bits per block of 32: `d = max|x| / 127`, `q = round(x / d)` (ties to
-/// even, which vectorises), with the corrections of `subs` sub-blocks per block.
+/// even, which vectorises), with the sums of `q` over each of `subs` sub-blocks per block.
 pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) -> Int8Activations {
     assert!(subs == 1 || subs == 2, "one or two sub-blocks");
     let blocks = cols / QUANT_BLOCK;
     let m = x_rows.len();
     let mut codes = vec![0i8; m * cols];
     let mut scales = vec![0f32; m * blocks];
-    let mut corrections = vec![0i32; m * blocks * subs];
+    let mut code_sums = vec![0i32; m * blocks * subs];
     let mut sums = vec![0f32; m * blocks];
     if blocks > 0 && m * cols >= PARALLEL_ROUNDING_MIN {
         codes
             .par_chunks_mut(cols)
             .zip(scales.par_chunks_mut(blocks))
-            .zip(corrections.par_chunks_mut(blocks * subs))
+            .zip(code_sums.par_chunks_mut(blocks * subs))
             .zip(sums.par_chunks_mut(blocks))
             .zip(x_rows.par_iter())
-            .for_each(|((((codes, scales), corrections), sums), x)| {
-                round_row(x, codes, scales, corrections, sums, subs)
+            .for_each(|((((codes, scales), code_sums), sums), x)| {
+                round_row(x, codes, scales, code_sums, sums, subs)
             });
     } else if blocks > 0 {
         for (r, x) in x_rows.iter().enumerate() {
@@ -216,13 +274,13 @@ pub(crate) fn quantize_activations(x_rows: &[&[f32]], cols: usize, subs: usize) 
                 x,
                 &mut codes[r * cols..(r + 1) * cols],
                 &mut scales[r * blocks..(r + 1) * blocks],
-                &mut corrections[r * blocks * subs..(r + 1) * blocks * subs],
+                &mut code_sums[r * blocks * subs..(r + 1) * blocks * subs],
                 &mut sums[r * blocks..(r + 1) * blocks],
                 subs,
             );
         }
     }
-    Int8Activations { cols, subs, codes, scales, corrections, sums }
+    Int8Activations { cols, subs, codes, scales, code_sums, sums }
 }
 
 /// One row of [`quantize_activations`].
@@ -230,7 +288,7 @@ fn round_row(
     x: &[f32],
     codes: &mut [i8],
     scales: &mut [f32],
-    corrections: &mut [i32],
+    code_sums: &mut [i32],
     sums: &mut [f32],
     subs: usize,
 ) {
@@ -240,10 +298,10 @@ fn round_row(
         let (d, [low, high]) = quantize_block(&x[span.clone()], &mut codes[span]);
         *scale = d;
         if subs == 1 {
-            corrections[b] = -128 * (low + high);
+            code_sums[b] = low + high;
         } else {
-            corrections[2 * b] = -128 * low;
-            corrections[2 * b + 1] = -128 * high;
+            code_sums[2 * b] = low;
+            code_sums[2 * b + 1] = high;
         }
         sums[b] = d * (low + high) as f32;
     }
@@ -304,12 +362,9 @@ pub(crate) fn portable_kernel(
                 let d = acts.scales[r * blocks + b];
                 for s in 0..panel.subs {
                     let idx = (b * panel.subs + s) * PANEL + j;
-                    let mut sum = acts.corrections[(r * blocks + b) * panel.subs + s];
-                    for quad in s * per_sub..(s + 1) * per_sub {
-                        for t in 0..4 {
-                            let w = panel.codes[((b * QUADS + quad) * PANEL + j) * 4 + t];
-                            sum += i32::from(a[b * QUANT_BLOCK + quad * 4 + t]) * i32::from(w);
-                        }
+                    let mut sum = -panel.offset * acts.code_sums[(r * blocks + b) * panel.subs + s];
+                    for k in s * per_sub * 4..(s + 1) * per_sub * 4 {
+                        sum += i32::from(a[b * QUANT_BLOCK + k]) * panel.code(b, k, j);
                     }
                     acc += sum as f32 * (panel.scales[idx] * d);
                 }

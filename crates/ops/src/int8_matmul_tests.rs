@@ -123,10 +123,10 @@ fn activation_rounding_follows_the_definition() {
     assert_eq!(acts.codes[31], 127, "the largest magnitude maps to 127");
     let low: i32 = acts.codes[..16].iter().map(|&c| i32::from(c)).sum();
     let high: i32 = acts.codes[16..32].iter().map(|&c| i32::from(c)).sum();
-    assert_eq!(acts.corrections, vec![-128 * low, -128 * high, 0, 0]);
+    assert_eq!(acts.code_sums, vec![low, high, 0, 0]);
     assert!((acts.sums[0] - d * (low + high) as f32).abs() < 1e-6);
     let one_sub = quantize_activations(&[&x], 64, 1);
-    assert_eq!(one_sub.corrections, vec![-128 * (low + high), 0]);
+    assert_eq!(one_sub.code_sums, vec![low + high, 0]);
 }
 
 #[test]
@@ -141,7 +141,7 @@ fn many_rows_round_in_parallel_to_the_bytes_of_one_row_at_a_time() {
             let one = quantize_activations(&[row], 2048, subs);
             assert_eq!(&all.codes[r * 2048..(r + 1) * 2048], one.codes.as_slice(), "row {r}");
             assert_eq!(&all.scales[r * 64..(r + 1) * 64], one.scales.as_slice());
-            assert_eq!(&all.corrections[r * 64 * subs..(r + 1) * 64 * subs], one.corrections.as_slice());
+            assert_eq!(&all.code_sums[r * 64 * subs..(r + 1) * 64 * subs], one.code_sums.as_slice());
             assert_eq!(&all.sums[r * 64..(r + 1) * 64], one.sums.as_slice());
         }
     }
@@ -165,6 +165,11 @@ fn padding_columns_are_never_written_and_empty_inputs_work() {
     // Q8_0 codes plus a scale per block and column: 1.125 bytes per weight.
     let q8 = Int8Weight::from_quantized(&random_weight(&mut rng, QuantFormat::Q8_0, 64, 256));
     assert_eq!(q8.size_in_bytes(), 64 * 256 + 4 * 64 * 8);
+    // 4-bit formats keep two codes per byte: with scales and minimums, 0.75 bytes per weight,
+    // as their GGUF blocks in memory.
+    let q4 = random_weight(&mut rng, QuantFormat::Q4_1, 64, 256);
+    assert_eq!(Int8Weight::from_quantized(&q4).size_in_bytes(), 64 * 256 / 2 + 2 * 4 * 64 * 8);
+    assert_eq!(Int8Weight::from_quantized(&q4).size_in_bytes(), q4.size_in_bytes());
 }
 
 #[test]

@@ -1,11 +1,14 @@
 //! The AVX512-VNNI kernel of [`crate::int8_matmul`]: per block and tile row, `vpdpbusd` sums
 //! the unsigned (offset) codes of 16 columns times 32 signed activation bytes into int32 lanes
 //! (starting from the row's correction), then one convert and one fused multiply-add scale the
-//! block into the row's f32 accumulators.
+//! block into the row's f32 accumulators. [`quad_codes`] loads a quad's codes from either
+//! panel layout (bytes, or nibbles masked or shifted out), for this kernel and the int16 one.
 
 use std::arch::x86_64::*;
 
-use crate::int8_matmul::{Int8Activations, Int8Panel, Int8TileKernel, QuantizeBlock, INT8_TILE_ROWS};
+use crate::int8_matmul::{
+    block_code_bytes, Int8Activations, Int8Panel, Int8TileKernel, QuantizeBlock, INT8_TILE_ROWS,
+};
 use crate::panel_matmul::PANEL;
 use crate::quant_weight::QUANT_BLOCK;
 use crate::simd::{level, Level};
@@ -73,40 +76,87 @@ fn tile_vnni(
     assert!((1..=PANEL).contains(&width) && out_rows.iter().all(|r| r.len() >= width));
     assert!(subs == 1 || subs == 2);
     assert!(acts.cols == blocks * QUANT_BLOCK && acts.codes.len() >= rows.end * acts.cols);
-    assert!(acts.subs == subs && acts.corrections.len() >= rows.end * blocks * subs);
+    assert!(acts.subs == subs && acts.code_sums.len() >= rows.end * blocks * subs);
     assert!(acts.scales.len() >= rows.end * blocks && acts.sums.len() >= rows.end * blocks);
-    assert!(panel.codes.len() == blocks * QUANT_BLOCK * PANEL);
+    assert!(panel.codes.len() == blocks * block_code_bytes(panel.nibbles) && (subs == 1 || !panel.nibbles));
     assert!(panel.scales.len() == blocks * subs * PANEL);
     assert!(panel.mins.is_empty() || panel.mins.len() == blocks * PANEL);
     assert!(kernel().is_some());
     macro_rules! run {
-        ($subs:literal) => {
+        ($subs:literal, $nib:literal) => {
             // SAFETY: the CPU has the features (checked above) and the asserts bound every access.
             unsafe {
                 match rows.len() {
-                    1 => tile::<1, $subs>(acts, rows.start, panel, out_rows, width),
-                    2 => tile::<2, $subs>(acts, rows.start, panel, out_rows, width),
-                    3 => tile::<3, $subs>(acts, rows.start, panel, out_rows, width),
-                    4 => tile::<4, $subs>(acts, rows.start, panel, out_rows, width),
-                    5 => tile::<5, $subs>(acts, rows.start, panel, out_rows, width),
-                    _ => tile::<6, $subs>(acts, rows.start, panel, out_rows, width),
+                    1 => tile::<1, $subs, $nib>(acts, rows.start, panel, out_rows, width),
+                    2 => tile::<2, $subs, $nib>(acts, rows.start, panel, out_rows, width),
+                    3 => tile::<3, $subs, $nib>(acts, rows.start, panel, out_rows, width),
+                    4 => tile::<4, $subs, $nib>(acts, rows.start, panel, out_rows, width),
+                    5 => tile::<5, $subs, $nib>(acts, rows.start, panel, out_rows, width),
+                    _ => tile::<6, $subs, $nib>(acts, rows.start, panel, out_rows, width),
                 }
             }
         };
     }
-    if subs == 1 {
-        run!(1)
-    } else {
-        run!(2)
+    match (subs, panel.nibbles) {
+        (1, true) => run!(1, true),
+        (1, false) => run!(1, false),
+        _ => run!(2, false),
     }
 }
 
-/// Bytes ahead of the current codes that the tile prefetches (two blocks of one panel).
-const PREFETCH_AHEAD: usize = 2 * QUANT_BLOCK * PANEL;
+/// Blocks ahead of the current one that a tile prefetches.
+const PREFETCH_BLOCKS: usize = 2;
 
-/// `R` rows x 32 columns, `SUBS` scales per block.
+/// Prefetches the codes of quad `quad` of the block `PREFETCH_BLOCKS` ahead of `b` (nibble
+/// panels: both cache lines of a quad pair, once per pair).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn prefetch_codes<const NIB: bool>(codes: *const u8, b: usize, quad: usize) {
+    if NIB && quad >= 4 {
+        return;
+    }
+    let quads_per_block = if NIB { 4 } else { QUANT_BLOCK / 4 };
+    let at = codes.wrapping_add(((b + PREFETCH_BLOCKS) * quads_per_block + quad) * PANEL * 4);
+    _mm_prefetch::<_MM_HINT_T0>(at.cast());
+    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64).cast());
+}
+
+/// The stored codes of quad `quad` of block `b`, for columns 0..16 and 16..32 (64 bytes each,
+/// 4 per column).
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512BW, and block `b` lies inside `codes`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+pub(crate) unsafe fn quad_codes<const NIB: bool>(
+    codes: *const u8,
+    b: usize,
+    quad: usize,
+) -> (__m512i, __m512i) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if NIB {
+            let w = codes.add((b * 4 + quad % 4) * PANEL * 4);
+            let (v0, v1) = (_mm512_loadu_si512(w.cast()), _mm512_loadu_si512(w.add(64).cast()));
+            let mask = _mm512_set1_epi8(0x0F);
+            if quad < 4 {
+                (_mm512_and_si512(v0, mask), _mm512_and_si512(v1, mask))
+            } else {
+                (
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(v0), mask),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(v1), mask),
+                )
+            }
+        } else {
+            let w = codes.add((b * (QUANT_BLOCK / 4) + quad) * PANEL * 4);
+            (_mm512_loadu_si512(w.cast()), _mm512_loadu_si512(w.add(64).cast()))
+        }
+    }
+}
+
+/// `R` rows x 32 columns, `SUBS` scales per block, nibble codes when `NIB`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const R: usize, const SUBS: usize>(
+unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
     acts: &Int8Activations,
     row0: usize,
     panel: &Int8Panel<'_>,
@@ -116,8 +166,9 @@ unsafe fn tile<const R: usize, const SUBS: usize>(
     let blocks = panel.blocks;
     let quads_per_sub = QUANT_BLOCK / 4 / SUBS;
     let a: [*const i8; R] = std::array::from_fn(|i| acts.codes[(row0 + i) * acts.cols..].as_ptr());
-    let corr: [*const i32; R] =
-        std::array::from_fn(|i| acts.corrections[(row0 + i) * blocks * SUBS..].as_ptr());
+    let code_sums: [*const i32; R] =
+        std::array::from_fn(|i| acts.code_sums[(row0 + i) * blocks * SUBS..].as_ptr());
+    let offset = panel.offset;
     let d: [*const f32; R] = std::array::from_fn(|i| acts.scales[(row0 + i) * blocks..].as_ptr());
     let sums: [*const f32; R] = std::array::from_fn(|i| acts.sums[(row0 + i) * blocks..].as_ptr());
     let (codes, scales) = (panel.codes.as_ptr(), panel.scales.as_ptr());
@@ -132,17 +183,14 @@ unsafe fn tile<const R: usize, const SUBS: usize>(
                 let at = (b * SUBS + s) * PANEL;
                 let mut sum_lo = [_mm512_setzero_si512(); R];
                 for i in 0..R {
-                    sum_lo[i] = _mm512_set1_epi32(*corr[i].add(b * SUBS + s));
+                    sum_lo[i] = _mm512_set1_epi32(-offset * *code_sums[i].add(b * SUBS + s));
                 }
                 let mut sum_hi = sum_lo;
                 for quad in s * quads_per_sub..(s + 1) * quads_per_sub {
-                    let w = codes.add((b * (QUANT_BLOCK / 4) + quad) * PANEL * 4);
-                    // Two blocks ahead: with several rows the loop issues its loads too slowly
-                    // for the hardware prefetcher alone to keep DRAM busy.
-                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PREFETCH_AHEAD).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PREFETCH_AHEAD + 64).cast());
-                    let w_lo = _mm512_loadu_si512(w.cast());
-                    let w_hi = _mm512_loadu_si512(w.add(64).cast());
+                    // Ahead of use: with several rows the loop issues its loads too slowly for
+                    // the hardware prefetcher alone to keep DRAM busy.
+                    prefetch_codes::<NIB>(codes, b, quad);
+                    let (w_lo, w_hi) = quad_codes::<NIB>(codes, b, quad);
                     for i in 0..R {
                         let four = (a[i].add(b * QUANT_BLOCK + quad * 4) as *const i32).read_unaligned();
                         let x = _mm512_set1_epi32(four);

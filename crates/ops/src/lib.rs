@@ -1,7 +1,7 @@
 //! `pagoda-ops`: the custom tensor ops of the model's forward pass (paged attention, KV-cache
 //! write, rotary embedding, RMSNorm, SiLU- and GELU-and-mul, a matmul over GGUF-quantized weights with
 //! f32 activations, and a GEMM over weights packed once into panels: f32, bfloat16, or the
-//! blocks' int8 codes with 8-bit activations), as candle custom ops.
+//! blocks' int8 codes with 8- or 16-bit activations), as candle custom ops.
 //!
 //! Each op is a candle `CustomOp*` / `InplaceOp*` with a multi-threaded CPU implementation in
 //! Rust (the reference, used by tests and the CPU backend). Math is always f32; tensors may be
@@ -24,6 +24,9 @@ mod device_memory;
 mod device_sampler;
 mod dtype;
 mod gated_activation;
+mod int16_matmul;
+#[cfg(target_arch = "x86_64")]
+mod int16_matmul_x86;
 mod int8_matmul;
 #[cfg(target_arch = "x86_64")]
 mod int8_matmul_x86;

@@ -11,7 +11,9 @@
 //! Panels hold f32 values (exact) or bfloat16 pairs ([`PanelPrecision`]). On a CPU that
 //! multiplies bfloat16 natively the second does twice the work per instruction and reads half
 //! the bytes; on 2 cores of f32 FMAs the exact GEMM is compute-bound, so this is what large
-//! batches gain most from.
+//! batches gain most from. A block-quantized weight can instead keep its integer codes in int8
+//! panels, multiplied with 8-bit ([`crate::int8_matmul`]) or 16-bit
+//! ([`crate::int16_matmul`]) activations on AVX512-VNNI.
 //!
 //! Work is split over rayon by panels; each task runs every activation row against its panels
 //! (a panel stays in L1/L2 while the activations stream past it). x86 kernels (AVX-512,
@@ -48,8 +50,13 @@ pub enum PanelPrecision {
     Bf16,
     /// A block-quantized weight's own integer codes (exact) times activations rounded to 8 bits
     /// per block of 32, as llama.cpp multiplies ([`crate::int8_matmul`]). A weight given as
-    /// dense rows has no codes and is packed as [`PanelPrecision::auto`].
+    /// dense rows has no codes and is packed as [`PanelPrecision::auto_float`].
     Int8,
+    /// The same int8 panels times activations rounded to 16 bits per block of 32
+    /// ([`crate::int16_matmul`]): about 2^-15 of each block's largest value, finer than
+    /// bfloat16's 8 significant bits, at twice `Int8`'s multiply-adds. A dense weight packs as
+    /// [`PanelPrecision::auto_float`].
+    Int16,
 }
 
 impl PanelPrecision {
@@ -73,10 +80,15 @@ impl PanelPrecision {
         false
     }
 
+    /// Whether this precision multiplies a block-quantized weight's own codes (int8 panels).
+    pub fn is_integer(self) -> bool {
+        matches!(self, PanelPrecision::Int8 | PanelPrecision::Int16)
+    }
+
     /// The float precision to use unless told otherwise: bfloat16 where the CPU multiplies it
     /// natively (elsewhere the portable bfloat16 loops are slower than the exact f32 kernels),
-    /// else f32. Also what an `Int8` request packs a dense (not block-quantized) weight as.
-    pub fn auto() -> Self {
+    /// else f32. Also what an integer request packs a dense (not block-quantized) weight as.
+    pub fn auto_float() -> Self {
         if Self::cpu_has_native_bf16() {
             PanelPrecision::Bf16
         } else {
@@ -91,6 +103,8 @@ enum PanelData {
     F32(Vec<f32>),
     Bf16(Vec<u32>),
     Int8(Int8Weight),
+    /// The int8 panels, multiplied with 16-bit activations.
+    Int16(Int8Weight),
 }
 
 /// A dense `[rows (outputs), cols (inputs)]` matrix stored as `ceil(rows / PANEL)` panels, zero
@@ -105,7 +119,7 @@ pub struct PanelWeight {
 
 impl PanelWeight {
     /// Packs a matrix given row by row: `fill_row(r, out)` writes row `r` (`cols` values).
-    /// `Int8` packs as [`PanelPrecision::auto`].
+    /// `Int8` and `Int16` pack as [`PanelPrecision::auto_float`].
     pub fn from_row_fn(
         rows: usize,
         cols: usize,
@@ -114,8 +128,10 @@ impl PanelWeight {
     ) -> Self {
         let panels = rows.div_ceil(PANEL);
         let data = match precision {
-            // Never `Int8` again, so this recursion ends.
-            PanelPrecision::Int8 => return Self::from_row_fn(rows, cols, PanelPrecision::auto(), fill_row),
+            // Never an integer precision again, so this recursion ends.
+            PanelPrecision::Int8 | PanelPrecision::Int16 => {
+                return Self::from_row_fn(rows, cols, PanelPrecision::auto_float(), fill_row)
+            }
             PanelPrecision::F32 => PanelData::F32(pack(
                 rows,
                 cols,
@@ -152,10 +168,14 @@ impl PanelWeight {
 
     /// The dequantized form of a block-quantized weight (the same values as
     /// [`QuantizedWeight::dequantize`], rounded to bfloat16 for `Bf16`).
-    /// `Int8` keeps the blocks' integer codes and scales instead.
+    /// `Int8` and `Int16` keep the blocks' integer codes and scales instead.
     pub fn from_quantized(w: &QuantizedWeight, precision: PanelPrecision) -> Self {
-        if precision == PanelPrecision::Int8 {
-            let data = PanelData::Int8(Int8Weight::from_quantized(w));
+        let integer = match precision {
+            PanelPrecision::Int8 => Some(PanelData::Int8(Int8Weight::from_quantized(w))),
+            PanelPrecision::Int16 => Some(PanelData::Int16(Int8Weight::from_quantized(w))),
+            PanelPrecision::F32 | PanelPrecision::Bf16 => None,
+        };
+        if let Some(data) = integer {
             return Self { rows: w.rows(), cols: w.cols(), data };
         }
         Self::from_row_fn(w.rows(), w.cols(), precision, |r, out| w.dequantize_row(r, out))
@@ -184,6 +204,7 @@ impl PanelWeight {
             PanelData::F32(_) => PanelPrecision::F32,
             PanelData::Bf16(_) => PanelPrecision::Bf16,
             PanelData::Int8(_) => PanelPrecision::Int8,
+            PanelData::Int16(_) => PanelPrecision::Int16,
         }
     }
 
@@ -196,7 +217,9 @@ impl PanelWeight {
     pub(crate) fn panel(&self, p: usize) -> &[f32] {
         match &self.data {
             PanelData::F32(d) => &d[p * self.cols * PANEL..(p + 1) * self.cols * PANEL],
-            PanelData::Bf16(_) | PanelData::Int8(_) => panic!("panel() of a non-f32 weight"),
+            PanelData::Bf16(_) | PanelData::Int8(_) | PanelData::Int16(_) => {
+                panic!("panel() of a non-f32 weight")
+            }
         }
     }
 
@@ -205,7 +228,9 @@ impl PanelWeight {
         let len = self.cols.div_ceil(2) * PANEL;
         match &self.data {
             PanelData::Bf16(d) => &d[p * len..(p + 1) * len],
-            PanelData::F32(_) | PanelData::Int8(_) => panic!("bf16_panel() of a non-bfloat16 weight"),
+            PanelData::F32(_) | PanelData::Int8(_) | PanelData::Int16(_) => {
+                panic!("bf16_panel() of a non-bfloat16 weight")
+            }
         }
     }
 
@@ -214,7 +239,7 @@ impl PanelWeight {
         match &self.data {
             PanelData::F32(d) => std::mem::size_of_val(d.as_slice()),
             PanelData::Bf16(d) => std::mem::size_of_val(d.as_slice()),
-            PanelData::Int8(w) => w.size_in_bytes(),
+            PanelData::Int8(w) | PanelData::Int16(w) => w.size_in_bytes(),
         }
     }
 }
@@ -286,6 +311,7 @@ impl CpuWeight for PanelWeight {
             PanelData::F32(_) => matmul(self, x_rows, kernel()),
             PanelData::Bf16(_) => matmul_bf16(self, x_rows, bf16_kernel()),
             PanelData::Int8(w) => w.matmul(x_rows),
+            PanelData::Int16(w) => w.matmul_int16(x_rows),
         }
     }
 }

@@ -116,7 +116,8 @@ pub enum DtypeArg {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum GemmDtypeArg {
-    /// bfloat16 where the CPU multiplies it natively (AVX512-BF16), else float32.
+    /// bfloat16 where the CPU multiplies it natively (AVX512-BF16), else float32; steps of up
+    /// to 16 tokens on int16 panels where the CPU has AVX512-VNNI.
     #[default]
     Auto,
     #[value(alias = "f32", alias = "float")]
@@ -128,6 +129,9 @@ pub enum GemmDtypeArg {
     /// GGUF weights' integer codes times activations rounded to 8 bits per block of 32
     /// (llama.cpp's precision), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
     Int8,
+    /// GGUF weights' integer codes times activations rounded to 16 bits per block of 32 (finer
+    /// than bfloat16), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
+    Int16,
 }
 
 /// `cpu`, `cuda` or `cuda:N`.
@@ -302,9 +306,12 @@ pub struct ServeArgs {
     pub kv_cache_dtype: Option<DtypeArg>,
     /// CPU, GGUF models: what steps of more than 16 tokens (prefill chunks, large decode
     /// batches) multiply weights and activations in, summing in float32 either way. auto:
-    /// bfloat16 on CPUs with AVX512-BF16 (twice the throughput), else float32 (exact). Smaller
-    /// steps use exact activations, except with int8 (8-bit activations at every step size,
-    /// llama.cpp's precision, on CPUs with AVX512-VNNI). [default: auto]
+    /// bfloat16 on CPUs with AVX512-BF16 (twice the throughput), else float32 (exact), and on
+    /// CPUs with AVX512-VNNI steps of up to 16 tokens multiply the weights' codes by
+    /// activations rounded to 16 bits per block of 32 (faster than the exact blocks, one kernel
+    /// for a speculative step's positions). float32 and bfloat16 keep exact activations for
+    /// the small steps; int8 and int16 run at every step size (int8: llama.cpp's 8-bit
+    /// activations). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
     /// CPU: every step runs the same kernels whatever its size (the exact f32 block kernel,

@@ -13,7 +13,7 @@ use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
 use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
 use pagoda_models::{
     load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner,
-    PanelPrecision,
+    PanelPrecision, SmallSteps,
 };
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
@@ -56,6 +56,8 @@ pub struct RuntimeOptions {
     pub kv_cache_dtype: DType,
     /// What block-quantized weights' dense copies (the CPU's many-token GEMM) are stored in.
     pub panel_precision: PanelPrecision,
+    /// What the CPU's steps of at most 16 tokens run (see [`LoadOptions::small_steps`]).
+    pub small_steps: SmallSteps,
     /// One kernel per op for every step size, so outputs do not depend on batching (CPU only;
     /// see [`LoadOptions::batch_invariant`]).
     pub batch_invariant: bool,
@@ -87,6 +89,7 @@ impl RuntimeOptions {
             dtype: DType::F32,
             kv_cache_dtype: DType::F16,
             panel_precision: PanelPrecision::F32,
+            small_steps: SmallSteps::Blocks,
             batch_invariant: false,
             block_size: 16,
             kv_cache_bytes: 1 << 30,
@@ -182,6 +185,7 @@ impl LoadedRuntime {
             dequantize: options.dequantize,
             format: options.load_format,
             panel_precision: options.panel_precision,
+            small_steps: options.small_steps,
             batch_invariant: options.batch_invariant,
         };
         // The model (parallel over the rayon pool) and the text side (one thread) load at once.

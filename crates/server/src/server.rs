@@ -16,7 +16,7 @@ use axum::Router;
 use candle_core::{DType, Device};
 use futures_util::{Stream, StreamExt};
 use pagoda_engine::{EngineObserver, Shutdown};
-use pagoda_models::{LoadFormat, PanelPrecision};
+use pagoda_models::{LoadFormat, PanelPrecision, SmallSteps};
 use pagoda_text::ChatTemplate;
 use tokio::net::TcpListener;
 
@@ -89,7 +89,7 @@ fn kv_cache_dtype(arg: DtypeArg, compute: DType) -> DType {
     }
 }
 
-/// `auto` is [`PanelPrecision::auto`], or f32 when `batch_invariant`: then f32 is the exact block
+/// `auto` is [`PanelPrecision::auto_float`], or f32 when `batch_invariant`: then f32 is the exact block
 /// kernel at every step size, as fast as the default at one stream and at 32
 /// (benches/README.md), where bfloat16 panels halve the one-stream speed. `int8` needs
 /// AVX512-VNNI: without it the portable int8 loop is slower than `auto`'s kernels.
@@ -97,13 +97,26 @@ fn panel_precision(arg: GemmDtypeArg, batch_invariant: bool) -> PanelPrecision {
     match arg {
         GemmDtypeArg::Auto if batch_invariant => PanelPrecision::F32,
         GemmDtypeArg::Int8 if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int8,
-        GemmDtypeArg::Int8 => {
-            tracing::warn!("--cpu-gemm-dtype int8 needs AVX512-VNNI, which this CPU lacks; using auto");
+        GemmDtypeArg::Int16 if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int16,
+        GemmDtypeArg::Int8 | GemmDtypeArg::Int16 => {
+            let name = format!("{arg:?}").to_lowercase();
+            tracing::warn!("--cpu-gemm-dtype {name} needs AVX512-VNNI, which this CPU lacks; using auto");
             panel_precision(GemmDtypeArg::Auto, batch_invariant)
         }
-        GemmDtypeArg::Auto => PanelPrecision::auto(),
+        GemmDtypeArg::Auto => PanelPrecision::auto_float(),
         GemmDtypeArg::Float32 => PanelPrecision::F32,
         GemmDtypeArg::Bfloat16 => PanelPrecision::Bf16,
+    }
+}
+
+/// `auto` on CPUs with AVX512-VNNI runs steps of up to 16 tokens on int16 panels, faster than
+/// the exact blocks from one token on and one kernel for a speculative step's positions
+/// (benches/README.md); the named float dtypes and `--batch-invariant` keep the blocks.
+fn small_steps(arg: GemmDtypeArg, batch_invariant: bool) -> SmallSteps {
+    if arg == GemmDtypeArg::Auto && !batch_invariant && PanelPrecision::cpu_has_native_int8() {
+        SmallSteps::Int16
+    } else {
+        SmallSteps::Blocks
     }
 }
 
@@ -131,6 +144,7 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.dtype = dtype(config.dtype, &device);
     options.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, options.dtype);
     options.panel_precision = panel_precision(config.cpu_gemm_dtype, config.batch_invariant);
+    options.small_steps = small_steps(config.cpu_gemm_dtype, config.batch_invariant);
     options.batch_invariant = config.batch_invariant;
     options.device = device;
     options.block_size = config.block_size;
@@ -458,6 +472,13 @@ mod tests {
         let int8 =
             if PanelPrecision::cpu_has_native_int8() { PanelPrecision::Int8 } else { PanelPrecision::F32 };
         assert_eq!(panel_precision(GemmDtypeArg::Int8, true), int8);
+        // Small steps: int16 panels under auto where the CPU has VNNI, else the exact blocks.
+        let vnni = PanelPrecision::cpu_has_native_int8();
+        assert_eq!(small_steps(GemmDtypeArg::Auto, false) == SmallSteps::Int16, vnni);
+        for arg in [GemmDtypeArg::Float32, GemmDtypeArg::Bfloat16, GemmDtypeArg::Int8, GemmDtypeArg::Int16] {
+            assert_eq!(small_steps(arg, false), SmallSteps::Blocks);
+        }
+        assert_eq!(small_steps(GemmDtypeArg::Auto, true), SmallSteps::Blocks);
     }
 
     #[test]

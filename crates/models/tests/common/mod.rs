@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device};
 use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision};
+use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision, SmallSteps};
 
 pub const BLOCK_SIZE: usize = 16;
 
@@ -121,8 +121,23 @@ pub fn runner_with_panels(
     cache_dtype: DType,
     panels: PanelPrecision,
 ) -> ModelRunner {
-    let options =
-        LoadOptions { dequantize: Some(dequantize), panel_precision: panels, ..LoadOptions::default() };
+    runner_with_gemm(dequantize, num_blocks, cache_dtype, panels, SmallSteps::Blocks)
+}
+
+/// The same with the few-token steps on `small_steps`.
+pub fn runner_with_gemm(
+    dequantize: bool,
+    num_blocks: usize,
+    cache_dtype: DType,
+    panels: PanelPrecision,
+    small_steps: SmallSteps,
+) -> ModelRunner {
+    let options = LoadOptions {
+        dequantize: Some(dequantize),
+        panel_precision: panels,
+        small_steps,
+        ..LoadOptions::default()
+    };
     let loaded = load_model(&model_path(), &options).expect("the default model loads");
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, cache_dtype, &Device::Cpu).unwrap();
