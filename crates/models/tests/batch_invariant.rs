@@ -227,8 +227,8 @@ fn check(precision: PanelPrecision) {
 
 /// Each precision the server's batch-invariant mode multiplies in on this CPU: f32 (`auto`: the
 /// exact block kernel at every step size), bfloat16 panels where the CPU multiplies bfloat16
-/// natively, and int8 (llama.cpp's precision) where it multiplies int8 natively; elsewhere the
-/// server falls back from those to `auto`.
+/// natively, and int8 (llama.cpp's precision) and int16 where it multiplies int8 natively;
+/// elsewhere the server falls back from those to `auto`.
 #[test]
 fn outputs_are_bit_identical_however_requests_are_batched() {
     let mut precisions = vec![PanelPrecision::F32];
@@ -236,7 +236,7 @@ fn outputs_are_bit_identical_however_requests_are_batched() {
         precisions.push(PanelPrecision::Bf16);
     }
     if PanelPrecision::cpu_has_native_int8() {
-        precisions.push(PanelPrecision::Int8);
+        precisions.extend([PanelPrecision::Int8, PanelPrecision::Int16]);
     }
     for precision in precisions {
         eprintln!("checking {precision:?} panels");

@@ -315,7 +315,7 @@ pub struct ServeArgs {
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
     /// CPU: every step runs the same kernels whatever its size (the exact f32 block kernel,
-    /// unless --cpu-gemm-dtype names bfloat16 or int8), so a request's tokens and logprobs are
+    /// unless --cpu-gemm-dtype names bfloat16, int8 or int16), so a request's tokens and logprobs are
     /// bit-identical however it is batched: alone or beside others, cached or not, chunked,
     /// preempted or speculated. Prefill is slower (see the README).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
