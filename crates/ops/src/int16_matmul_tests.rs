@@ -7,18 +7,16 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::int8_matmul::tests as int8_tests;
+use crate::int8_matmul::tests::reference;
 use crate::quant_matmul::tests::random_weight;
 use crate::quant_weight::tests::ALL_FORMATS;
-use crate::quant_weight::{QuantFormat, QuantizedWeight};
+use crate::quant_weight::QuantFormat;
 
 /// Rows of random activations; row 1 (when present) has an all-zero first block, row 2 one
 /// large outlier per block.
 fn random_rows(rng: &mut StdRng, m: usize, cols: usize) -> Vec<Vec<f32>> {
-    let mut x: Vec<Vec<f32>> =
-        (0..m).map(|_| (0..cols).map(|_| rng.random_range(-2.0..2.0)).collect()).collect();
-    if m > 1 {
-        x[1][..QUANT_BLOCK].fill(0.0);
-    }
+    let mut x = int8_tests::random_rows(rng, m, cols);
     if m > 2 {
         for b in 0..cols / QUANT_BLOCK {
             x[2][b * QUANT_BLOCK + b % QUANT_BLOCK] = -300.0;
@@ -38,19 +36,6 @@ fn rounded(x: &[f32]) -> Vec<f64> {
             )
         })
         .collect()
-}
-
-/// `(x @ w^T, sum of |terms|)` in f64 over the exact weights, `x` given per row.
-fn reference(w: &QuantizedWeight, x: &[Vec<f64>]) -> Vec<(f64, f64)> {
-    let dense = w.dequantize();
-    let mut out = Vec::new();
-    for xr in x {
-        for row in dense.chunks_exact(w.cols()) {
-            let terms = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b);
-            out.push(terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs())));
-        }
-    }
-    out
 }
 
 fn kernels() -> Vec<(&'static str, Int16TileKernel)> {

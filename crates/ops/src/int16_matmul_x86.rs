@@ -10,7 +10,7 @@ use crate::int16_matmul::{
     Int16Activations, Int16TileKernel, QuantizeBlock16, INT16_MAX_CODE, INT16_TILE_ROWS,
 };
 use crate::int8_matmul::{block_code_bytes, Int8Panel};
-use crate::int8_matmul_x86::{prefetch_codes, quad_codes};
+use crate::int8_matmul_x86::{add_mins, prefetch_codes, quad_codes, scale_sums, store_rows};
 use crate::panel_matmul::PANEL;
 use crate::quant_weight::QUANT_BLOCK;
 
@@ -159,31 +159,14 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
                         sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, x);
                     }
                 }
-                let s0 = _mm512_loadu_ps(scales.add(at));
-                let s1 = _mm512_loadu_ps(scales.add(at + 16));
-                for i in 0..R {
-                    let di = _mm512_set1_ps(*d[i].add(b));
-                    acc0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum0[i]), _mm512_mul_ps(s0, di), acc0[i]);
-                    acc1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum1[i]), _mm512_mul_ps(s1, di), acc1[i]);
-                }
+                let di = std::array::from_fn(|i| *d[i].add(b));
+                scale_sums::<R>((sum0, sum1), scales.add(at), di, (&mut acc0, &mut acc1));
             }
             if has_mins {
-                let m = panel.mins.as_ptr().add(b * PANEL);
-                let (m0, m1) = (_mm512_loadu_ps(m), _mm512_loadu_ps(m.add(16)));
-                for i in 0..R {
-                    let si = _mm512_set1_ps(*sums[i].add(b));
-                    acc0[i] = _mm512_fmadd_ps(m0, si, acc0[i]);
-                    acc1[i] = _mm512_fmadd_ps(m1, si, acc1[i]);
-                }
+                let row_sums = std::array::from_fn(|i| *sums[i].add(b));
+                add_mins::<R>(panel.mins.as_ptr().add(b * PANEL), row_sums, (&mut acc0, &mut acc1));
             }
         }
-        let mask0: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
-        let mask1: __mmask16 =
-            if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
-        for i in 0..R {
-            let out = out_rows[i].as_mut_ptr();
-            _mm512_mask_storeu_ps(out, mask0, acc0[i]);
-            _mm512_mask_storeu_ps(out.add(16), mask1, acc1[i]);
-        }
+        store_rows::<R>((&acc0, &acc1), out_rows, width);
     }
 }

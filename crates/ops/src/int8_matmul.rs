@@ -379,4 +379,4 @@ pub(crate) fn portable_kernel(
 
 #[cfg(test)]
 #[path = "int8_matmul_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -11,7 +11,7 @@ use crate::quant_weight::tests::ALL_FORMATS;
 use crate::quant_weight::QuantFormat;
 
 /// Rows of random activations; row 1 (when present) has an all-zero first block.
-fn random_rows(rng: &mut StdRng, m: usize, cols: usize) -> Vec<Vec<f32>> {
+pub(crate) fn random_rows(rng: &mut StdRng, m: usize, cols: usize) -> Vec<Vec<f32>> {
     let mut x: Vec<Vec<f32>> =
         (0..m).map(|_| (0..cols).map(|_| rng.random_range(-2.0..2.0)).collect()).collect();
     if m > 1 {
@@ -33,7 +33,7 @@ fn rounded(x: &[f32]) -> Vec<f64> {
 }
 
 /// `(x @ w^T, sum of |terms|)` in f64 over the exact weights, `x` given per row.
-fn reference(w: &QuantizedWeight, x: &[Vec<f64>]) -> Vec<(f64, f64)> {
+pub(crate) fn reference(w: &QuantizedWeight, x: &[Vec<f64>]) -> Vec<(f64, f64)> {
     let dense = w.dequantize();
     let mut out = Vec::new();
     for xr in x {

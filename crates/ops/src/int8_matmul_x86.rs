@@ -154,6 +154,78 @@ pub(crate) unsafe fn quad_codes<const NIB: bool>(
     }
 }
 
+/// `acc += float(sum) * (scale * d)` for each row: a sub-block's int32 sums of 32 columns
+/// (halves `0` and `1`) scaled by the column scales at `scales` and the rows' activation scales.
+///
+/// # Safety
+/// The CPU has AVX-512F; `scales` holds 32 values.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn scale_sums<const R: usize>(
+    sums: ([__m512i; R], [__m512i; R]),
+    scales: *const f32,
+    d: [f32; R],
+    acc: (&mut [__m512; R], &mut [__m512; R]),
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (s0, s1) = (_mm512_loadu_ps(scales), _mm512_loadu_ps(scales.add(16)));
+        let rows = acc.0.iter_mut().zip(acc.1.iter_mut()).zip(sums.0.iter().zip(&sums.1)).zip(d);
+        for (((a0, a1), (&sum0, &sum1)), di) in rows {
+            let di = _mm512_set1_ps(di);
+            *a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum0), _mm512_mul_ps(s0, di), *a0);
+            *a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum1), _mm512_mul_ps(s1, di), *a1);
+        }
+    }
+}
+
+/// `acc += min * row_sum` for each row: a block's column minimums at `mins` (32 values) times
+/// the rows' rounded activation sums.
+///
+/// # Safety
+/// The CPU has AVX-512F; `mins` holds 32 values.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn add_mins<const R: usize>(
+    mins: *const f32,
+    row_sums: [f32; R],
+    acc: (&mut [__m512; R], &mut [__m512; R]),
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (m0, m1) = (_mm512_loadu_ps(mins), _mm512_loadu_ps(mins.add(16)));
+        for ((a0, a1), si) in acc.0.iter_mut().zip(acc.1.iter_mut()).zip(row_sums) {
+            let si = _mm512_set1_ps(si);
+            *a0 = _mm512_fmadd_ps(m0, si, *a0);
+            *a1 = _mm512_fmadd_ps(m1, si, *a1);
+        }
+    }
+}
+
+/// Stores each row's accumulators into the first `width` columns of its out row.
+///
+/// # Safety
+/// The CPU has AVX-512F; every out row holds at least `width` (at most 32) values.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn store_rows<const R: usize>(
+    acc: (&[__m512; R], &[__m512; R]),
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    let mask0: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
+    let mask1: __mmask16 =
+        if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
+    // SAFETY: the caller's contract bounds the masked stores.
+    unsafe {
+        for ((out, &a0), &a1) in out_rows.iter_mut().zip(acc.0).zip(acc.1) {
+            let out = out.as_mut_ptr();
+            _mm512_mask_storeu_ps(out, mask0, a0);
+            _mm512_mask_storeu_ps(out.add(16), mask1, a1);
+        }
+    }
+}
+
 /// `R` rows x 32 columns, `SUBS` scales per block, nibble codes when `NIB`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
@@ -198,31 +270,14 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
                         sum_hi[i] = _mm512_dpbusd_epi32(sum_hi[i], w_hi, x);
                     }
                 }
-                let s_lo = _mm512_loadu_ps(scales.add(at));
-                let s_hi = _mm512_loadu_ps(scales.add(at + 16));
-                for i in 0..R {
-                    let di = _mm512_set1_ps(*d[i].add(b));
-                    lo[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_lo[i]), _mm512_mul_ps(s_lo, di), lo[i]);
-                    hi[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_hi[i]), _mm512_mul_ps(s_hi, di), hi[i]);
-                }
+                let di = std::array::from_fn(|i| *d[i].add(b));
+                scale_sums::<R>((sum_lo, sum_hi), scales.add(at), di, (&mut lo, &mut hi));
             }
             if has_mins {
-                let m = panel.mins.as_ptr().add(b * PANEL);
-                let (m_lo, m_hi) = (_mm512_loadu_ps(m), _mm512_loadu_ps(m.add(16)));
-                for i in 0..R {
-                    let si = _mm512_set1_ps(*sums[i].add(b));
-                    lo[i] = _mm512_fmadd_ps(m_lo, si, lo[i]);
-                    hi[i] = _mm512_fmadd_ps(m_hi, si, hi[i]);
-                }
+                let row_sums = std::array::from_fn(|i| *sums[i].add(b));
+                add_mins::<R>(panel.mins.as_ptr().add(b * PANEL), row_sums, (&mut lo, &mut hi));
             }
         }
-        let mask_lo: __mmask16 = if width >= 16 { 0xFFFF } else { (1u16 << width) - 1 };
-        let mask_hi: __mmask16 =
-            if width >= PANEL { 0xFFFF } else { ((1u32 << width.saturating_sub(16)) - 1) as u16 };
-        for i in 0..R {
-            let out = out_rows[i].as_mut_ptr();
-            _mm512_mask_storeu_ps(out, mask_lo, lo[i]);
-            _mm512_mask_storeu_ps(out.add(16), mask_hi, hi[i]);
-        }
+        store_rows::<R>((&lo, &hi), out_rows, width);
     }
 }
