@@ -8,9 +8,11 @@
 //! 2^-15 of the block's largest value, while the multiply still runs on AVX512-VNNI's
 //! `vpdpbusd`: a 16-bit code `q` is split into two signed bytes, `q = 256 * high + low`, and
 //! the block's int32 sum is `256 * sum(c * high) + sum(c * low)`, two byte passes over the
-//! same panel. That is twice the int8 kernel's multiply-adds, the same number per weight as
-//! `vdpbf16ps`, which on the measured CPUs issues at a lower rate than `vpdpbusd`
-//! (benches/README.md).
+//! same panel. That is twice the int8 kernel's multiply-adds, as many instructions per weight
+//! as `vdpbf16ps` (on the Intel VM of benches/README.md `vpdpbusd` issues about 1.6x as fast;
+//! on the AMD one int16 and bfloat16 panels tie at 32 tokens). It pays most for the small steps:
+//! with 4-bit codes kept two per byte, a one-token step reads 0.75 bytes per weight, as the
+//! blocks do, and beats their exact f32 kernel from one token on.
 //!
 //! Codes are rounded to at most 32639 = 127 * 256 + 127 in magnitude so that both bytes of
 //! the split stay in -128..=127: `low = ((q + 128) mod 256) - 128`, `high = (q - low) / 256`.
