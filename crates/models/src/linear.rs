@@ -53,8 +53,8 @@ pub struct CpuGemm {
 
 impl CpuGemm {
     /// Whether a packed weight's steps of `tokens` rows take the exact block kernel. Integer
-    /// panels serve every step size (int8 beats the blocks everywhere, int16 from a few rows
-    /// on, and one kernel keeps a row's bits independent of its neighbours: benches/README.md);
+    /// panels serve every step size (both beat the blocks from one token on, and one kernel
+    /// keeps a row's bits independent of its neighbours: benches/README.md);
     /// float ones only past [`PACKED_MAX_TOKENS`].
     fn uses_blocks(self, tokens: usize) -> bool {
         if self.batch_invariant {
