@@ -68,6 +68,8 @@ sdk-tools: ## The official OpenAI Python SDK, pydantic and jsonschema (PyPI, pin
 script-check: ## The benchmark scripts: shell syntax, and the peer-comparison table renderer's self-test.
 	bash -n scripts/bench-vs-llamacpp.sh
 	bash -n scripts/bench-speculative.sh
+	bash -n scripts/gpu-bench.sh
+	bash -n scripts/gpu-check.sh
 	python3 scripts/bench_vs_llamacpp_table.py --self-test
 
 bench-vs-llamacpp: model ## Pagoda next to llama.cpp's server, 1/8/32 streams x 3 rounds, into bench-vs-llamacpp.md (refuses a busy machine).

@@ -29,6 +29,8 @@ die() {
 
 MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 BINARIES=(pagoda pagoda-gpu-check)
+# Packed too, for scripts/gpu-bench.sh (the load generator; `run` does not need it).
+PACKED=("${BINARIES[@]}" pagoda-bench)
 
 build() {
     local repo dir="" with_model=1 part_mib=40
@@ -56,11 +58,11 @@ build() {
     export CARGO_TARGET_DIR="${PAGODA_CUDA_TARGET_DIR:-$HOME/.cache/pagoda-target-cuda}"
     log "building (candle's own CUDA kernels take ~25 minutes on 2 cores the first time; CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
     (cd "$repo" && nice -n 19 cargo build --release --locked -j "${JOBS:-2}" \
-        -p pagoda-server -p pagoda-gpu-check --features pagoda-server/cuda,pagoda-gpu-check/cuda)
+        -p pagoda-server -p pagoda-gpu-check -p pagoda-bench --features pagoda-server/cuda,pagoda-gpu-check/cuda)
 
     rm -rf "$dir/bin"
     mkdir -p "$dir/bin"
-    for b in "${BINARIES[@]}"; do
+    for b in "${PACKED[@]}"; do
         local src="$CARGO_TARGET_DIR/release/$b"
         strip -o "$dir/bin/$b" "$src"
         xz -9 -T0 -f "$dir/bin/$b"

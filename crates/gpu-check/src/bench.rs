@@ -41,14 +41,19 @@ fn time_calls(gpu: &Device, rounds: usize, calls: usize, mut f: impl FnMut() -> 
     Ok(median(&mut samples))
 }
 
-/// Device-to-device copy of 1 GiB, in bytes (read + written) per second.
+/// Device-to-device copy of 1 GiB with the driver's copy engine path (`cuMemcpyDtoDAsync`) into
+/// a buffer allocated once, in bytes (read + written) per second. Candle's `Tensor::copy` would
+/// time its strided-copy kernel plus an allocation, and gave well under half the card's rate.
 fn copy_bandwidth(gpu: &Device) -> Result<f64> {
-    let x = Tensor::zeros(1usize << 28, DType::F32, gpu)?;
+    let stream = gpu.as_cuda_device()?.cuda_stream();
+    let len = 1usize << 28;
+    let src = stream.alloc_zeros::<f32>(len)?;
+    let mut dst = stream.alloc_zeros::<f32>(len)?;
     let seconds = time_calls(gpu, 5, 4, || {
-        drop(x.copy()?);
+        stream.memcpy_dtod(&src, &mut dst)?;
         Ok(())
     })?;
-    Ok(2.0 * (1u64 << 30) as f64 / seconds)
+    Ok(2.0 * (len * 4) as f64 / seconds)
 }
 
 /// A batch of `batch` sequences with `q_len` new tokens and `context` tokens each, their
