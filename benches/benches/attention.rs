@@ -1,5 +1,6 @@
 //! CPU paged attention at SmolLM2-135M's shapes (9 query heads, 3 kv heads, head_dim 64):
-//! decode steps of 32 sequences and a 128-token prefill chunk, over f32 and f16 caches.
+//! decode steps of 32 sequences and a 128-token prefill chunk, over f32 and f16 caches, and a
+//! decode step over 30 layers' caches (DRAM-resident, as when serving).
 
 use candle_core::{DType, Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -55,6 +56,16 @@ fn bench(c: &mut Criterion) {
             });
         }
     }
+    // A whole decode step's attention: 30 layers' caches (as SmolLM2 has), 189 MB in f16, far
+    // more than the last-level cache, so the K/V reads come from DRAM as they do when serving.
+    let layers: Vec<_> = (0..30).map(|_| setup(32, 1, 256, DType::F16)).collect();
+    group.bench_with_input(BenchmarkId::new("decode_32x256_30_layers", "F16"), &(), |b, _| {
+        b.iter(|| {
+            for (q, k, v, meta) in &layers {
+                paged_attention(q, k, v, meta, scale).unwrap();
+            }
+        })
+    });
     group.finish();
 }
 

@@ -251,17 +251,31 @@ pub(crate) fn exp_nonpositive(xs: &mut [f32]) {
 #[inline(always)]
 pub(crate) fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let bytes = std::mem::size_of_val(data);
-        let start = data.as_ptr().cast::<i8>();
-        for line in (0..bytes).step_by(64) {
-            // SAFETY: the address lies inside `data`; prefetching never faults or writes.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(line)) };
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(data);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// [`prefetch`] into the level-2 cache only: for data wanted a while from now, whose lines in
+/// level 1 would evict what is being worked on (attention's next chunk of K/V rows is 48 KB on
+/// an f16 cache, more than level 1 holds).
+#[inline(always)]
+pub(crate) fn prefetch_l2<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(data);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<const HINT: i32, T>(data: &[T]) {
+    let bytes = std::mem::size_of_val(data);
+    let start = data.as_ptr().cast::<i8>();
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: the address lies inside `data`; prefetching never faults or writes.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(start.add(line)) };
+    }
 }
 
 /// The widest x86 vector level the kernels use on this CPU (checked once).
