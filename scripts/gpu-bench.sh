@@ -23,6 +23,9 @@
 #            $SERVE_RATES (default "4 16 inf")
 set -euo pipefail
 
+# stage_binaries, export_cuda_libs (the pack's layout is gpu-check.sh's).
+# shellcheck source=scripts/gpu-check.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-check.sh"
 log() { echo "gpu-bench: $*" >&2; }
 die() {
     log "$*"
@@ -50,23 +53,10 @@ runs="$stage/bench-runs"
 mkdir -p "$stage/bin" "$runs"
 rm -f "$runs"/*.json
 
-for b in pagoda pagoda-gpu-check pagoda-bench; do
-    if [ -f "$pack/bin/$b.xz" ]; then
-        xz -dc "$pack/bin/$b.xz" >"$stage/bin/$b.tmp"
-        chmod +x "$stage/bin/$b.tmp"
-        mv "$stage/bin/$b.tmp" "$stage/bin/$b"
-    fi
-    [ -x "$stage/bin/$b" ] || die "no $b: $pack/bin/$b.xz is missing and nothing is staged"
-done
+stage_binaries "$pack" "$stage" pagoda pagoda-gpu-check pagoda-bench
 bin="$stage/bin"
-
 # The CUDA 13 libraries (cuBLAS, cuRAND, NVRTC) from PyTorch's wheels or a toolkit.
-libs=""
-for d in $(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true); do
-    for l in "$d"/cu13/lib "$d"/*/lib; do [ -d "$l" ] && libs="$libs:$l"; done
-done
-[ -d /usr/local/cuda/lib64 ] && libs="$libs:/usr/local/cuda/lib64"
-export LD_LIBRARY_PATH="${libs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export_cuda_libs
 
 nvidia-smi -L >&2 || true
 log "timings (gpu-check)"

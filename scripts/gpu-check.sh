@@ -112,6 +112,29 @@ cuda_lib_dirs() {
     return 0
 }
 
+# Unpacks PACK/bin/NAME.xz into STAGE/bin for each NAME; a pack without one keeps what an
+# earlier call staged.
+stage_binaries() {
+    local pack="$1" stage="$2" b
+    shift 2
+    mkdir -p "$stage/bin"
+    for b in "$@"; do
+        if [ -f "$pack/bin/$b.xz" ]; then
+            xz -dc "$pack/bin/$b.xz" >"$stage/bin/$b.tmp"
+            chmod +x "$stage/bin/$b.tmp"
+            mv "$stage/bin/$b.tmp" "$stage/bin/$b"
+        fi
+        [ -x "$stage/bin/$b" ] || die "no $b: $pack/bin/$b.xz is missing and nothing is staged"
+    done
+}
+
+# Puts the CUDA library folders first on LD_LIBRARY_PATH.
+export_cuda_libs() {
+    local libs
+    libs="$(cuda_lib_dirs | awk '!seen[$0]++' | paste -sd:)"
+    export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
 run() {
     local here out="" model="" stage
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -142,14 +165,7 @@ run() {
     mkdir -p "$stage/bin" "$stage/parts"
 
     local b
-    for b in "${BINARIES[@]}"; do
-        if [ -f "$pack/bin/$b.xz" ]; then
-            xz -dc "$pack/bin/$b.xz" >"$stage/bin/$b.tmp"
-            chmod +x "$stage/bin/$b.tmp"
-            mv "$stage/bin/$b.tmp" "$stage/bin/$b"
-        fi
-        [ -x "$stage/bin/$b" ] || die "no $b: $pack/bin/$b.xz is missing and nothing is staged"
-    done
+    stage_binaries "$pack" "$stage" "${BINARIES[@]}"
 
     if [ -z "$model" ]; then
         [ -f "$pack/model/MANIFEST" ] && cp "$pack/model/MANIFEST" "$stage/parts/MANIFEST"
@@ -177,9 +193,7 @@ run() {
         fi
     fi
 
-    local libs
-    libs="$(cuda_lib_dirs | awk '!seen[$0]++' | paste -sd:)"
-    export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export_cuda_libs
     log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     local missing
     missing="$(ldd "$stage/bin/pagoda-gpu-check" | awk '/not found/ {print $1}' | paste -sd' ')"
@@ -194,13 +208,16 @@ run() {
     return "$status"
 }
 
-cmd="${1:-}"
-shift || true
-case "$cmd" in
-build) build "$@" ;;
-run) run "$@" ;;
-*)
-    sed -n '2,22p' "$0" >&2
-    exit 2
-    ;;
-esac
+# Sourced (scripts/gpu-bench.sh uses the functions above), it runs nothing.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    cmd="${1:-}"
+    shift || true
+    case "$cmd" in
+    build) build "$@" ;;
+    run) run "$@" ;;
+    *)
+        sed -n '2,22p' "$0" >&2
+        exit 2
+        ;;
+    esac
+fi
