@@ -4,8 +4,9 @@
 #   scripts/gpu-check.sh build [DIR] [--no-model] [--part-mib N]
 #       On any machine (no GPU needed): installs the CUDA 13.0 toolchain from PyPI into a cache
 #       (scripts/install-cuda-toolchain.sh), builds the release server and the check binary
-#       with --features cuda (target dir $PAGODA_CUDA_TARGET_DIR, default
-#       ~/.cache/pagoda-target-cuda), strips and xz-compresses them into DIR/bin (default ./gpu-check),
+#       with --features cuda, and the load generator for scripts/gpu-bench.sh (target dir
+#       $PAGODA_CUDA_TARGET_DIR, default ~/.cache/pagoda-target-cuda), strips and
+#       xz-compresses them into DIR/bin (default ./gpu-check),
 #       and adds the default model, xz-compressed and split into parts of N MiB (default 40) so
 #       that no transfer of the folder exceeds a small limit. DIR/gpu-check.sh is this script.
 #
@@ -164,7 +165,6 @@ run() {
     stage="${PAGODA_GPU_CHECK_STAGE:-/var/tmp/pagoda-gpu-check}"
     mkdir -p "$stage/bin" "$stage/parts"
 
-    local b
     stage_binaries "$pack" "$stage" "${BINARIES[@]}"
 
     if [ -z "$model" ]; then
