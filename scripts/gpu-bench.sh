@@ -60,6 +60,7 @@ export_cuda_libs
 
 nvidia-smi -L >&2 || true
 log "timings (gpu-check)"
+rm -rf "$stage/timings" # a failed section must not leave an earlier run's copy bandwidth behind
 "$bin/pagoda-gpu-check" --model /dev/null --out "$stage/timings" --sections timings >&2 ||
     log "the timings section failed (see $out/timings.md)"
 cp "$stage/timings/results.md" "$out/timings.md" 2>/dev/null || echo "no timings" >"$out/timings.md"
