@@ -70,6 +70,7 @@ script-check: ## The benchmark scripts: shell syntax, and the peer-comparison ta
 	bash -n scripts/bench-speculative.sh
 	bash -n scripts/gpu-bench.sh
 	bash -n scripts/gpu-check.sh
+	bash -n scripts/server-lifecycle.sh
 	python3 scripts/bench_vs_llamacpp_table.py --self-test
 
 bench-vs-llamacpp: model ## Pagoda next to llama.cpp's server, 1/8/32 streams x 3 rounds, into bench-vs-llamacpp.md (refuses a busy machine).

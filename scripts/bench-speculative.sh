@@ -43,14 +43,8 @@ pagoda="$CARGO_TARGET_DIR/release/pagoda"
 bench="$CARGO_TARGET_DIR/release/pagoda-bench"
 mkdir -p "$out"
 
-server_pid=""
-stop_server() {
-    if [ -n "$server_pid" ]; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-        server_pid=""
-    fi
-}
+# shellcheck source=scripts/server-lifecycle.sh
+source "$repo/scripts/server-lifecycle.sh"
 trap stop_server EXIT
 
 prompts="$(wc -l < "$dataset")"
@@ -63,14 +57,9 @@ for round in $(seq 1 "$rounds"); do
         # shellcheck disable=SC2086
         set -- ${flags[$i]}
         set +f
-        "$pagoda" serve --model "$model" --host 127.0.0.1 --port "$port" --served-model-name smol "$@" \
-            > "$tag.server.log" 2>&1 &
-        server_pid=$!
-        for _ in $(seq 1 600); do
-            curl -sf "127.0.0.1:$port/health" > /dev/null 2>&1 && break
-            kill -0 "$server_pid" 2>/dev/null || { cat "$tag.server.log" >&2; exit 1; }
-            sleep 0.2
-        done
+        start_server "$port" "$tag.server.log" \
+            "$pagoda" serve --model "$model" --host 127.0.0.1 --port "$port" --served-model-name smol "$@" ||
+            { cat "$tag.server.log" >&2; exit 1; }
         echo "$(cut -d' ' -f1 /proc/loadavg)" > "$tag.load"
         "$bench" serve --base-url "http://127.0.0.1:$port" --model smol --endpoint chat \
             --dataset "$dataset" --num-prompts "$prompts" --max-concurrency 1 --temperature 0 \

@@ -71,34 +71,9 @@ log "building llama-server"
 llama="$("$repo/scripts/build-llama-server.sh")"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/bench-vs-llamacpp.XXXXXX")"
-server_pid=""
-stop_server() {
-    if [ -n "$server_pid" ]; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-        server_pid=""
-    fi
-}
+# shellcheck source=scripts/server-lifecycle.sh
+source "$repo/scripts/server-lifecycle.sh"
 trap stop_server EXIT
-
-# Starts "$@" in the background and waits for GET /health on $1's port; fails if it exits.
-start_server() {
-    local port="$1" log_file="$2"
-    shift 2
-    "$@" >"$log_file" 2>&1 &
-    server_pid=$!
-    for _ in $(seq 1 600); do
-        if ! kill -0 "$server_pid" 2>/dev/null; then
-            wait "$server_pid" 2>/dev/null || true
-            server_pid=""
-            return 1
-        fi
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    stop_server
-    return 1
-}
 
 # Hypervisor-stolen and total CPU ticks so far (from /proc/stat's first line).
 cpu_ticks() { awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }

@@ -26,6 +26,10 @@ set -euo pipefail
 # stage_binaries, export_cuda_libs (the pack's layout is gpu-check.sh's).
 # shellcheck source=scripts/gpu-check.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-check.sh"
+# start_server, stop_server.
+# shellcheck source=scripts/server-lifecycle.sh
+source "$(dirname "${BASH_SOURCE[0]}")/server-lifecycle.sh"
+trap stop_server EXIT
 log() { echo "gpu-bench: $*" >&2; }
 die() {
     log "$*"
@@ -91,16 +95,9 @@ json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens"
 EOF_TOKENIZER
 port="${PORT:-8765}"
 # shellcheck disable=SC2086 # SERVE_ARGS: extra flags, split on purpose (e.g. a CPU smoke test).
-"$bin/pagoda" serve --config "$config" --model "$model_config" --tokenizer "$tokenizer" --port "$port" ${SERVE_ARGS:-} >"$out/server.log" 2>&1 &
-server=$!
-trap 'kill "$server" 2>/dev/null || true' EXIT
-healthy() { python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; }
-for _ in $(seq 600); do
-    healthy && break
-    kill -0 "$server" 2>/dev/null || die "the server exited: $(tail -5 "$out/server.log")"
-    sleep 0.5
-done
-healthy || die "the server did not get ready"
+start_server "$port" "$out/server.log" \
+    "$bin/pagoda" serve --config "$config" --model "$model_config" --tokenizer "$tokenizer" --port "$port" ${SERVE_ARGS:-} ||
+    die "the server did not get ready: $(tail -5 "$out/server.log")"
 
 load() { # NAME ARGS...: one load generator run, its summary saved as runs/NAME.json
     local name="$1"
