@@ -1,6 +1,7 @@
 //! CPU paged attention at SmolLM2-135M's shapes (9 query heads, 3 kv heads, head_dim 64):
-//! decode steps of 32 sequences and a 128-token prefill chunk, over f32 and f16 caches, and a
-//! decode step over 30 layers' caches (DRAM-resident, as when serving).
+//! decode steps of 32 sequences, a 128-token prefill chunk and a speculative step's 9 verified
+//! positions, over f32 and f16 caches, and a decode step over 30 layers' caches (DRAM-resident,
+//! as when serving).
 
 use candle_core::{DType, Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -48,7 +49,11 @@ fn setup(
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("paged_attention");
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-    for (name, seqs, q_len, context) in [("decode_32x256", 32, 1, 256), ("prefill_128", 1, 128, 128)] {
+    // `verify_1x9_224`: a speculative step at one stream, 8 proposals and the last token
+    // verified at once over a 224-token context.
+    for (name, seqs, q_len, context) in
+        [("decode_32x256", 32, 1, 256), ("prefill_128", 1, 128, 128), ("verify_1x9_224", 1, 9, 224)]
+    {
         for dtype in [DType::F32, DType::F16] {
             let (q, k, v, meta) = setup(seqs, q_len, context, dtype);
             group.bench_with_input(BenchmarkId::new(name, format!("{dtype:?}")), &(), |b, _| {

@@ -6,6 +6,8 @@
 //! in its tile, so each K/V row it reads is converted once and used by `tile_tokens * group`
 //! query rows. Items take all kv heads of a sequence when there are enough items to keep the
 //! threads busy (decode batches): a position's K/V for all heads is then one contiguous read.
+//! With few sequences the kv heads are split, then the token tiles made smaller (a speculative
+//! step's 9 positions at one stream: 9 items of 3 tokens and one kv head, not 3 of 9).
 //! Keys are visited in chunks of `KEY_CHUNK` positions on a fixed grid (independent of the block
 //! size, so tiny blocks cost no extra rescaling, and of the tile, so a query's sums do not
 //! depend on what else is in the step); within a chunk it computes the scores, folds them into the
@@ -120,20 +122,30 @@ pub(crate) fn paged_attention<T: Float>(
 }
 
 /// Splits the batch into items: all kv heads per item unless that leaves too few items for the
-/// thread pool, then the kv heads are split in as few parts as needed. Longest items first, so
-/// a big one does not start last and leave the other threads idle.
-fn plan(meta: &HostAttentionMetadata, kv_heads: usize, tile_tokens: usize) -> Vec<Item> {
-    let tiles: usize = (0..meta.num_seqs()).map(|s| meta.query_range(s).len().div_ceil(tile_tokens)).sum();
+/// thread pool, then the kv heads are split in as few parts as needed, then the tiles of query
+/// tokens made smaller (tiles of at most `max_tile_tokens`). Longest items first, so a big one
+/// does not start last and leave the other threads idle. The split changes no bits: a query's
+/// sums depend on its own position only.
+fn plan(meta: &HostAttentionMetadata, kv_heads: usize, max_tile_tokens: usize) -> Vec<Item> {
+    let tiles_of =
+        |t: usize| -> usize { (0..meta.num_seqs()).map(|s| meta.query_range(s).len().div_ceil(t)).sum() };
     let wanted = MIN_ITEMS_PER_THREAD * rayon::current_num_threads();
+    let tiles = tiles_of(max_tile_tokens);
     let parts = (1..=kv_heads).find(|p| tiles * p >= wanted).unwrap_or(kv_heads);
+    // Still too few items (a few sequences of several tokens, as a speculative step verifies):
+    // smaller tiles of tokens, down to one token per item.
+    let tile_tokens = (1..=max_tile_tokens).rev().find(|&t| tiles_of(t) * parts >= wanted).unwrap_or(1);
+    let tiles = tiles_of(tile_tokens);
     let heads_per_part = kv_heads.div_ceil(parts);
     let mut items = Vec::with_capacity(tiles * parts);
     for seq in 0..meta.num_seqs() {
         let q_len = meta.query_range(seq).len();
+        // As many tiles as `tile_tokens` needs, of even sizes (9 tokens in 3 tiles: 3, 3, 3).
+        let tile = q_len.div_ceil(q_len.div_ceil(tile_tokens).max(1)).max(1);
         for kv0 in (0..kv_heads).step_by(heads_per_part) {
             let kv1 = (kv0 + heads_per_part).min(kv_heads);
-            for t0 in (0..q_len).step_by(tile_tokens) {
-                items.push(Item { seq, kv0, kv1, t0, t1: (t0 + tile_tokens).min(q_len) });
+            for t0 in (0..q_len).step_by(tile) {
+                items.push(Item { seq, kv0, kv1, t0, t1: (t0 + tile).min(q_len) });
             }
         }
     }
@@ -419,6 +431,12 @@ mod tests {
         let one = meta(&[1], &[100]);
         let items = pool(8).install(|| assert_partition(&one, 3, 10));
         assert_eq!(items.len(), 3);
+        // A speculative step's verification (one sequence, 9 tokens) on two threads: kv heads
+        // split and the tokens tiled finer, so both threads get several items.
+        let verify = meta(&[9], &[224]);
+        let items = pool(2).install(|| assert_partition(&verify, 3, 10));
+        assert!(items.len() >= MIN_ITEMS_PER_THREAD * 2, "{} items", items.len());
+        assert!(items.iter().all(|i| i.kv1 - i.kv0 == 1 && i.t1 - i.t0 == 3));
         // Mixed, with q_len 0 and tiles that do not divide the chunk.
         let mixed = meta(&[0, 25, 1, 7], &[5, 40, 9, 7]);
         for threads in [1, 2, 16] {
@@ -426,7 +444,7 @@ mod tests {
         }
         let items = pool(1).install(|| plan(&mixed, 4, 8));
         // Longest work first.
-        assert_eq!((items[0].seq, items[0].t1 - items[0].t0), (1, 8));
+        assert_eq!((items[0].seq, items[0].t1 - items[0].t0), (1, 7));
     }
 
     /// The portable build of the kernel (what CPUs without AVX2/FMA run) agrees with the one
