@@ -98,7 +98,7 @@ pub(crate) fn paged_attention<T: Float>(
                 scores: vec![0.0; rows_cap * KEY_CHUNK],
                 max: vec![0.0; rows_cap],
                 sum: vec![0.0; rows_cap],
-                offsets: vec![0; KEY_CHUNK],
+                offsets: vec![0; 2 * KEY_CHUNK],
                 kv: vec![0.0; KEY_CHUNK * hd],
             },
             |scratch, item| {
@@ -272,16 +272,19 @@ fn attend_impl<T: Float, M: MulAdd>(
             *off = slot * row_stride + item.kv0 * hd;
         }
         // Block tables scatter a sequence's rows over the cache, beyond what the hardware
-        // prefetcher follows: request the next chunk's K/V rows while this one is computed,
-        // into level 2 (into level 1 they would evict this chunk's V rows: 13% slower over 30
-        // layers of 32 x 256 f16 rows).
+        // prefetcher follows: `chunk_rows` requests the next chunk's K/V rows while it reads
+        // this chunk's, one row per row read, into level 2 (into level 1 they would evict this
+        // chunk's V rows: 13% slower over 30 layers of 32 x 256 f16 rows). Requested in one
+        // burst at the chunk's start instead, they stalled the loads behind them: 10-13%
+        // slower on the same bench.
         let next = c0 + KEY_CHUNK..(c0 + 2 * KEY_CHUNK).min(num_keys);
-        for p in next {
+        let ahead_len = next.len();
+        for (p, off) in next.zip(&mut offsets[KEY_CHUNK..]) {
             let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
-            let at = slot * row_stride + item.kv0 * hd;
-            prefetch_l2(&cache.k[at..at + kv_count * hd]);
-            prefetch_l2(&cache.v[at..at + kv_count * hd]);
+            *off = slot * row_stride + item.kv0 * hd;
         }
+        let (offsets, ahead) = offsets.split_at(KEY_CHUNK);
+        let ahead = &ahead[..ahead_len];
         // Keys `lo..hi` of this chunk are visible to tile token `ti`: the chunk's part of its
         // window, empty when `lo >= hi`.
         let visible = |ti: usize| {
@@ -293,7 +296,7 @@ fn attend_impl<T: Float, M: MulAdd>(
         // of one kv head are adjacent, so they are scored as one group. A row's scores for key
         // `j` of the chunk sit at `r * KEY_CHUNK + j`.
         for kv in 0..kv_count {
-            let keys = chunk_rows(cache.k, &offsets[..n], kv * hd, hd, kv_buf);
+            let keys = chunk_rows(cache.k, &offsets[..n], ahead, kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let (lo, hi) = visible(ti);
                 if lo >= hi {
@@ -336,7 +339,7 @@ fn attend_impl<T: Float, M: MulAdd>(
 
         // Accumulate P V, one kv head and one token's group of rows at a time.
         for kv in 0..kv_count {
-            let values = chunk_rows(cache.v, &offsets[..n], kv * hd, hd, kv_buf);
+            let values = chunk_rows(cache.v, &offsets[..n], ahead, kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let (lo, hi) = visible(ti);
                 if lo >= hi {
@@ -356,25 +359,37 @@ fn attend_impl<T: Float, M: MulAdd>(
 }
 
 /// The `head_dim`-wide rows at `offsets[j] + head_offset` of one cache (K or V) as f32: slices
-/// of the cache itself when it stores f32 (no copy), else converted into `buf`.
+/// of the cache itself when it stores f32 (no copy), else converted into `buf`. Row `j` of
+/// `ahead` (the next chunk's offsets) is prefetched with row `j` of this one.
 #[inline(always)]
 fn chunk_rows<'a, T: Float>(
     src: &'a [T],
     offsets: &[usize],
+    ahead: &[usize],
     head_offset: usize,
     head_dim: usize,
     buf: &'a mut [f32],
 ) -> [&'a [f32]; KEY_CHUNK] {
     let mut rows: [&[f32]; KEY_CHUNK] = [&[]; KEY_CHUNK];
+    let prefetch = |j: usize| {
+        if let Some(off) = ahead.get(j) {
+            let at = off + head_offset;
+            prefetch_l2(&src[at..at + head_dim]);
+        }
+    };
     match T::as_f32(src) {
         Some(src) => {
-            for (row, off) in rows.iter_mut().zip(offsets) {
+            for (j, (row, off)) in rows.iter_mut().zip(offsets).enumerate() {
+                prefetch(j);
                 let at = off + head_offset;
                 *row = &src[at..at + head_dim];
             }
         }
         None => {
-            for ((row, off), dst) in rows.iter_mut().zip(offsets).zip(buf.chunks_exact_mut(head_dim)) {
+            for (j, ((row, off), dst)) in
+                rows.iter_mut().zip(offsets).zip(buf.chunks_exact_mut(head_dim)).enumerate()
+            {
+                prefetch(j);
                 let at = off + head_offset;
                 T::to_f32_slice(&src[at..at + head_dim], dst);
                 *row = dst;
@@ -490,7 +505,7 @@ mod tests {
             scores: vec![0.0; 4 * kv_heads * group * KEY_CHUNK],
             max: vec![0.0; 4 * kv_heads * group],
             sum: vec![0.0; 4 * kv_heads * group],
-            offsets: vec![0; KEY_CHUNK],
+            offsets: vec![0; 2 * KEY_CHUNK],
             kv: vec![0.0; KEY_CHUNK * hd],
         };
         for item in items {
@@ -543,7 +558,7 @@ mod tests {
                         scores: vec![0.0; rows * KEY_CHUNK],
                         max: vec![0.0; rows],
                         sum: vec![0.0; rows],
-                        offsets: vec![0; KEY_CHUNK],
+                        offsets: vec![0; 2 * KEY_CHUNK],
                         kv: vec![0.0; KEY_CHUNK * c.head_dim],
                     };
                     let mut out = vec![0f32; rows * c.head_dim];
