@@ -17,6 +17,7 @@
 //! positions, and inconsistent metadata are reported, never panicked on.
 
 mod attention_group;
+mod attention_plan;
 mod check;
 mod cpu_matmul;
 mod cuda;
