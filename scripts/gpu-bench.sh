@@ -52,7 +52,7 @@ done
 [ -n "$out" ] || die "usage: gpu-bench.sh OUT [--pack DIR]"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-stage="${PAGODA_GPU_CHECK_STAGE:-/var/tmp/pagoda-gpu-check}"
+stage="$STAGE"
 runs="$stage/bench-runs"
 mkdir -p "$stage/bin" "$runs"
 rm -f "$runs"/*.json

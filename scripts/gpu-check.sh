@@ -32,6 +32,8 @@ MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 BINARIES=(pagoda pagoda-gpu-check)
 # Packed too, for scripts/gpu-bench.sh (the load generator; `run` does not need it).
 PACKED=("${BINARIES[@]}" pagoda-bench)
+# Where `run` (and gpu-bench.sh) unpack binaries and the model on the GPU machine.
+STAGE="${PAGODA_GPU_CHECK_STAGE:-/var/tmp/pagoda-gpu-check}"
 
 build() {
     local repo dir="" with_model=1 part_mib=40
@@ -162,7 +164,7 @@ run() {
     [ -n "$out" ] || die "usage: gpu-check.sh run OUT [--model PATH] [-- CHECK-ARGS]"
     mkdir -p "$out"
     out="$(cd "$out" && pwd)"
-    stage="${PAGODA_GPU_CHECK_STAGE:-/var/tmp/pagoda-gpu-check}"
+    stage="$STAGE"
     mkdir -p "$stage/bin" "$stage/parts"
 
     stage_binaries "$pack" "$stage" "${BINARIES[@]}"
