@@ -23,12 +23,50 @@ __device__ __forceinline__ void normalize_row(const T *__restrict__ x, const W *
     }
 }
 
+// Rows of up to NORM_REGS elements per thread stay in registers between the two passes, and
+// every global load (row, residual, weight) is issued before the reduction waits: at one row
+// per step (decode at batch 1) the kernel is a chain of memory latencies, not a stream.
+constexpr int NORM_REGS = 8;
+
+// normalize_row with the row already in registers (v[j] is element threadIdx.x + j*blockDim.x):
+// the same sums in the same order, so the same bits.
+template <typename T, typename W>
+__device__ __forceinline__ void normalize_regs(const float (&v)[NORM_REGS], const W *__restrict__ weight,
+                                               T *__restrict__ out, int hidden, float eps, float *scratch) {
+    float w[NORM_REGS];
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        w[j] = i < hidden ? Float<W>::to_f32(weight[i]) : 0.f;
+        if (i < hidden) sum_sq += v[j] * v[j];
+    }
+    sum_sq = block_sum(sum_sq, scratch);
+    const float inv = rsqrtf(sum_sq / (float)hidden + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < hidden) out[i] = Float<T>::from_f32(v[j] * inv * w[j]);
+    }
+}
+
 template <typename T, typename W>
 __device__ __forceinline__ void rms_norm(const T *__restrict__ x, long long x_row_stride, const W *__restrict__ weight,
                                          T *__restrict__ out, int hidden, float eps) {
     __shared__ float scratch[32];
     const long long row = blockIdx.x;
-    normalize_row(x + row * x_row_stride, weight, out + row * hidden, hidden, eps, scratch);
+    const T *xr = x + row * x_row_stride;
+    if (hidden <= NORM_REGS * (int)blockDim.x) {
+        float v[NORM_REGS];
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            v[j] = i < hidden ? Float<T>::to_f32(xr[i]) : 0.f;
+        }
+        normalize_regs(v, weight, out + row * hidden, hidden, eps, scratch);
+        return;
+    }
+    normalize_row(xr, weight, out + row * hidden, hidden, eps, scratch);
 }
 
 template <typename T, typename W>
@@ -40,6 +78,23 @@ __device__ __forceinline__ void add_rms_norm(const T *__restrict__ x, long long 
     const T *xr = x + row * x_row_stride;
     const T *rr = residual + row * r_row_stride;
     T *summed = out + (rows + row) * hidden;
+    if (hidden <= NORM_REGS * (int)blockDim.x) {
+        float v[NORM_REGS];
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < hidden) {
+                // The sum rounded to the dtype, as stored, is what gets normalised.
+                const T sum = Float<T>::from_f32(Float<T>::to_f32(xr[i]) + Float<T>::to_f32(rr[i]));
+                summed[i] = sum;
+                v[j] = Float<T>::to_f32(sum);
+            } else {
+                v[j] = 0.f;
+            }
+        }
+        normalize_regs(v, weight, out + row * hidden, hidden, eps, scratch);
+        return;
+    }
     // Each thread later re-reads only the elements it wrote here, so no barrier is needed
     // between the two passes beyond the one inside the reduction.
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {

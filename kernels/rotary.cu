@@ -1,7 +1,8 @@
 // rotary_embedding: rotates each head's pairs by the angle of its token's position.
 //
-// Launch: grid (num_tokens), block 128; threads walk the token's (head, pair) items. Input
-// token rows may be strided; the output is contiguous [num_tokens, num_heads, head_dim].
+// Launch: grid (num_tokens), any block size (the host gives about four pairs per thread);
+// threads walk the token's (head, pair) items. Input token rows may be strided; the output
+// is contiguous [num_tokens, num_heads, head_dim].
 // `interleaved` pairs (2i, 2i+1) (GGUF), otherwise (i, i + head_dim/2) (Hugging Face). A
 // position >= max_positions is never read: its row is written as NaN so the error shows.
 #include "common.cuh"

@@ -14,7 +14,8 @@
 //          In the order score descending, then id ascending, top-k keeps the first k and
 //          top-p the shortest prefix whose mass reaches top_p of the rest; the draw takes the
 //          first candidate whose running mass exceeds uniform * total, walking the candidates
-//          as the CPU sampler does: in that order once top-k or top-p sorted them, else by id.
+//          as the CPU sampler does: in that order once top-k or top-p sorted them, else by id
+//          (then by contiguous ranges of ids, one per thread, and a walk of one range).
 //
 // Nothing is sorted. Each candidate gets a unique 64-bit key whose ascending order is the
 // walking order (the score's order bits, inverted, then the id; or the id), and "the first key whose
@@ -264,6 +265,68 @@ __device__ unsigned long long select_key(const Candidates &c, int vocab, unsigne
     return prefix;
 }
 
+// The draw when candidates are walked by id (neither top-k nor top-p cut them): the first id
+// whose running mass exceeds `uniform` * total. Thread t sums the masses of the t-th contiguous
+// range of ids; thread 0 adds the ranges' sums left to right, which gives the total and the
+// range holding the target; that range's thread walks it id by id. Three passes over the row
+// at most, where the radix descent by id made ten.
+__device__ unsigned draw_by_id(const Candidates &c, int vocab, double uniform, SampleShared &sh) {
+    const int t = threadIdx.x;
+    const int per = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int lo = min(t * per, vocab), hi = min(lo + per, vocab);
+    double mass = 0.0;
+    for (int i = lo; i < hi; ++i) {
+        float s;
+        if (c.at(i, s)) mass += exp((double)s);
+    }
+    __syncthreads();  // a previous reduction may still be reading sh.mass
+    sh.mass[t] = mass;
+    __syncthreads();
+    if (t == 0) {
+        double total = 0.0;
+        for (int j = 0; j < SAMPLE_THREADS; ++j) total += sh.mass[j];
+        const double target = uniform * total;
+        double run = 0.0;
+        int chosen = -1;
+        for (int j = 0; j < SAMPLE_THREADS; ++j) {
+            if (sh.mass[j] > 0.0 && run + sh.mass[j] > target) {
+                chosen = j;
+                break;
+            }
+            run += sh.mass[j];
+        }
+        sh.bin_mass[0] = run;
+        sh.bin_mass[1] = target;
+        if (chosen < 0) {
+            // Rounding left the target at the very top of the mass: the last candidate owns
+            // it (its range walks to its end without reaching the target).
+            chosen = SAMPLE_THREADS - 1;
+            while (chosen > 0 && sh.mass[chosen] == 0.0) --chosen;
+            sh.bin_mass[1] = INFINITY;
+        }
+        sh.bin_count[0] = (unsigned)chosen;
+    }
+    __syncthreads();
+    if (t == (int)sh.bin_count[0]) {
+        double run = sh.bin_mass[0];
+        const double target = sh.bin_mass[1];
+        unsigned found = NO_TOKEN, last = NO_TOKEN;
+        for (int i = lo; i < hi && found == NO_TOKEN; ++i) {
+            float s;
+            if (!c.at(i, s)) continue;
+            run += exp((double)s);
+            last = (unsigned)i;
+            if (run > target) found = (unsigned)i;
+        }
+        // Within rounding of the range's end: its last candidate owns the target.
+        sh.bin_count[1] = found != NO_TOKEN ? found : last;
+    }
+    __syncthreads();
+    const unsigned token = sh.bin_count[1];
+    __syncthreads();  // everyone has read it before the shared memory is reused
+    return token;
+}
+
 // Temperature, min-p, top-k, top-p and the draw over a processed row.
 __device__ unsigned draw(const float *work, int vocab, const SampleRow &p, SampleShared &sh) {
     const unsigned long long best = row_argmax(RawRow{work, nullptr, 0}, vocab, sh);
@@ -282,6 +345,7 @@ __device__ unsigned draw(const float *work, int vocab, const SampleRow &p, Sampl
             limit = select_key(c, vocab, limit, true, (double)p.top_k, false, sh);
         }
     }
+    if (!c.sorted) return draw_by_id(c, vocab, p.uniform, sh);
     if (p.top_p < 1.0f) {
         const double target = (double)p.top_p * candidate_mass(c, vocab, limit, sh);
         const unsigned long long k = select_key(c, vocab, limit, false, target, false, sh);

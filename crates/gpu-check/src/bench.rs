@@ -25,7 +25,12 @@ const SECTION: &str = "timings";
 const BLOCK_SIZE: usize = 16;
 
 /// Seconds per call of `f`: median over `rounds` rounds of `calls` calls each.
-fn time_calls(gpu: &Device, rounds: usize, calls: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn time_calls(
+    gpu: &Device,
+    rounds: usize,
+    calls: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     f()?;
     f()?;
     gpu.synchronize()?;
@@ -44,7 +49,7 @@ fn time_calls(gpu: &Device, rounds: usize, calls: usize, mut f: impl FnMut() -> 
 /// Device-to-device copy of 1 GiB with the driver's copy engine path (`cuMemcpyDtoDAsync`) into
 /// a buffer allocated once, in bytes (read + written) per second. Candle's `Tensor::copy` would
 /// time its strided-copy kernel plus an allocation, and gave well under half the card's rate.
-fn copy_bandwidth(gpu: &Device) -> Result<f64> {
+pub(crate) fn copy_bandwidth(gpu: &Device) -> Result<f64> {
     let stream = gpu.as_cuda_device()?.cuda_stream();
     let len = 1usize << 28;
     let src = stream.alloc_zeros::<f32>(len)?;

@@ -3,7 +3,8 @@
 //! Sections, each recorded even if another fails: `ops` (every CUDA op against its CPU op on
 //! fresh random inputs), `model` (the default model on CUDA against the CPU, greedy), `server`
 //! (the release server on CUDA answering chat requests), `timings` (paged decode attention
-//! bandwidth against a device-to-device copy, prefill attention TFLOP/s). Results go to
+//! bandwidth against a device-to-device copy, prefill attention TFLOP/s), and on request `steps`
+//! (where a decode step's time goes, on random Llama-3.1-8B weights). Results go to
 //! `OUT/results.md` and `OUT/results.json`, logs beside them. Exit status 0 only when every
 //! check passed.
 
@@ -11,6 +12,7 @@ mod bench;
 mod model_check;
 mod ops_check;
 mod sampler_check;
+mod step_profile;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -36,7 +38,11 @@ struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
-    /// Sections to run (comma-separated): ops, model, server, timings.
+    /// Model shape for the `steps` section (random weights).
+    #[arg(long, default_value = "configs/models/llama-3.1-8b.json")]
+    dummy_config: PathBuf,
+    /// Sections to run (comma-separated): ops, model, server, timings, steps (not in the
+    /// default set: it loads 16 GB of random weights).
     #[arg(long, value_delimiter = ',', default_value = "ops,model,server,timings")]
     sections: Vec<String>,
 }
@@ -124,6 +130,7 @@ fn main() -> Result<()> {
             "model" => model_check::run(&args.model, &device, &mut report),
             "server" => server_section(&args, &mut report),
             "timings" => bench::run(&device, &mut report),
+            "steps" => step_profile::run(&args.dummy_config, &device, &mut report),
             other => Err(anyhow::anyhow!("unknown section {other:?}")),
         };
         if let Err(e) = result {

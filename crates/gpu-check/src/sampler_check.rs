@@ -85,13 +85,15 @@ fn compare(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &mut Report) ->
 }
 
 /// Median milliseconds of one sampler call (upload, kernel, copy back) over `rows` rows.
-fn time_rows(rng: &mut StdRng, gpu: &Device, rows: usize, vocab: usize, sampled: bool) -> Result<f64> {
+fn time_rows(
+    rng: &mut StdRng,
+    gpu: &Device,
+    rows: usize,
+    vocab: usize,
+    params: &SamplingParams,
+) -> Result<f64> {
     let logits = Tensor::from_vec(random_logits(rng, rows, vocab), (rows, vocab), gpu)?;
-    let params = Arc::new(if sampled {
-        SamplingParams { temperature: 0.8, top_p: 0.95, ..Default::default() }
-    } else {
-        SamplingParams::default()
-    });
+    let params = Arc::new(params.clone());
     let requests: Vec<SampleRequest> = (0..rows)
         .map(|i| SampleRequest { params: params.clone(), output_index: i, ..SampleRequest::greedy() })
         .collect();
@@ -110,12 +112,19 @@ pub fn run(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
     for vocab in [49152, 128256] {
         compare(rng, gpu, vocab, report)?;
     }
-    for sampled in [false, true] {
+    let sampled =
+        |temperature, top_k, top_p| SamplingParams { temperature, top_k, top_p, ..Default::default() };
+    let cases = [
+        ("greedy", SamplingParams::default()),
+        ("temperature 1 (the OpenAI defaults)", sampled(1.0, 0, 1.0)),
+        ("temperature 0.8, top-k 50", sampled(0.8, 50, 1.0)),
+        ("temperature 0.8, top-p 0.95", sampled(0.8, 0, 0.95)),
+    ];
+    for (what, params) in &cases {
         let times = [1, 32, 128]
             .iter()
-            .map(|&rows| Ok(format!("{rows} rows {:.3} ms", time_rows(rng, gpu, rows, 128256, sampled)?)))
+            .map(|&rows| Ok(format!("{rows} rows {:.3} ms", time_rows(rng, gpu, rows, 128256, params)?)))
             .collect::<Result<Vec<_>>>()?;
-        let what = if sampled { "top-p 0.95" } else { "greedy" };
         report.info(SECTION, &format!("sampler time, vocab 128256, {what}"), times.join(", "));
     }
     Ok(())

@@ -228,7 +228,9 @@ pub(crate) fn rotary(a: &RotaryArgs) -> Result<Option<KernelLaunch>> {
         module: KernelModule::Rotary,
         function: format!("pagoda_rotary_{}", dtype_suffix(a.dtype, OP)?),
         grid: [to_grid(a.num_tokens, "tokens", OP)?, 1, 1],
-        block: [128, 1, 1],
+        // About four pairs per thread: a decode step's one token per block is a chain of
+        // memory latencies, one per pair a thread walks.
+        block: [row_threads(a.num_heads * a.head_dim), 1, 1],
         shared_mem_bytes: 0,
         args: vec![
             Arg::Ptr(a.x),

@@ -1,0 +1,177 @@
+//! Where a decode step's time goes, on random weights of Llama-3.1-8B's shape in bf16
+//! (`configs/models/llama-3.1-8b.json`), so that the gap between a step and the weight-read
+//! floor can be pinned on the host or on the kernels before either is worked on.
+//!
+//! For batch B in 1/8/32/128, each sequence holding a 128-token context and decoding one token:
+//! - **step**: `ModelExecutor::execute` (the forward, the device sampler, the ids back), as the
+//!   engine calls it, wall time per step;
+//! - **host enqueue**: the time `ModelRunner::logits` takes to return without anything waiting
+//!   for the GPU; close to the step, the host is the limit (launches, allocations, hidden syncs);
+//! - **matmuls alone**: every projection of one layer and the lm head at M = B, each timed on
+//!   its own, summed over the layers; their share of the step is what faster GEMVs could win;
+//! - **one small op**: host cost of a candle op on a tiny tensor, for a count of launches.
+//!
+//! The floor is the weight bytes over the measured device-to-device copy bandwidth.
+//!
+//! Last, one step at each batch in `PAGODA_PROFILE_BATCHES` (default 1) runs inside
+//! `cuProfilerStart`/`cuProfilerStop`, so that `ncu --profile-from-start off` records the kernels
+//! of exactly those steps (`scripts/gpu-step-kernels.sh`); without a profiler attached it is
+//! one more step.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::cuda_backend::cudarc::driver::Profiler;
+use candle_core::{DType, Device, Tensor};
+use pagoda_engine::{ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
+use pagoda_gpu_check::report::Report;
+use pagoda_gpu_check::timing::median;
+use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, ModelRunner};
+
+use crate::bench::{copy_bandwidth, time_calls};
+
+const SECTION: &str = "steps";
+const BLOCK_SIZE: usize = 16;
+const CONTEXT: usize = 128;
+const BATCHES: [usize; 4] = [1, 8, 32, 128];
+const TIMED_STEPS: usize = 20;
+
+/// B sequences, each decoding the token after a `CONTEXT`-token context, on blocks of its own.
+fn decode_batch(batch: usize) -> ScheduledBatch {
+    let per_seq = (CONTEXT + 1).div_ceil(BLOCK_SIZE) as u32;
+    let seqs = (0..batch as u32)
+        .map(|i| ScheduledSeq {
+            seq_id: i as u64,
+            token_ids: vec![1000 + i],
+            start_pos: CONTEXT,
+            block_tables: vec![(i * per_seq..(i + 1) * per_seq).collect()],
+            sample: Some(SampleRequest::greedy()),
+            num_draft_tokens: 0,
+        })
+        .collect();
+    ScheduledBatch { seqs, ..ScheduledBatch::default() }
+}
+
+/// Seconds per call of `f`, each call waited for: the median of `n` calls after two warm-ups.
+fn per_call(gpu: &Device, n: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    f()?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f()?;
+        gpu.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(&mut samples))
+}
+
+/// Seconds of host time `logits` takes to return (median), then waited for before the next.
+fn enqueue_time(runner: &mut ModelRunner, batch: &ScheduledBatch, gpu: &Device) -> Result<f64> {
+    let mut samples = Vec::with_capacity(TIMED_STEPS);
+    for _ in 0..TIMED_STEPS {
+        gpu.synchronize()?;
+        let t = Instant::now();
+        let logits = runner.logits(batch)?;
+        samples.push(t.elapsed().as_secs_f64());
+        gpu.synchronize()?;
+        drop(logits);
+    }
+    Ok(median(&mut samples))
+}
+
+/// Seconds of the matmuls of one decode step at M = `rows`, each projection timed alone:
+/// `(per-layer projections, lm head, weight bytes of the step)`.
+fn matmul_time(c: &ModelConfig, rows: usize, gpu: &Device) -> Result<(f64, f64, f64)> {
+    let (h, ffn) = (c.hidden_size, c.intermediate_size);
+    let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    // [out, in] of each projection as the model stacks them: QKV, O, gate+up, down.
+    let layer = [(q + 2 * kv, h), (h, q), (2 * ffn, h), (h, ffn)];
+    let mut layer_seconds = 0.0;
+    let mut bytes = 0.0;
+    let time = |out: usize, inp: usize| -> Result<f64> {
+        let w = Tensor::randn(0f32, 0.02, (out, inp), gpu)?.to_dtype(DType::BF16)?;
+        let x = Tensor::randn(0f32, 1.0, (rows, inp), gpu)?.to_dtype(DType::BF16)?;
+        time_calls(gpu, 5, 10, || {
+            drop(x.matmul(&w.t()?)?);
+            Ok(())
+        })
+    };
+    for &(out, inp) in &layer {
+        layer_seconds += time(out, inp)?;
+        bytes += (out * inp * 2) as f64;
+    }
+    let head = time(c.vocab_size, h)?;
+    let bytes = bytes * c.num_layers as f64 + (c.vocab_size * h * 2) as f64;
+    Ok((layer_seconds * c.num_layers as f64, head, bytes))
+}
+
+pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> {
+    let copy = copy_bandwidth(gpu)?;
+    report.info(SECTION, "device-to-device copy, 1 GiB (read + written)", format!("{:.0} GB/s", copy / 1e9));
+
+    // Host cost of one tiny op: launches per step are about enqueue time over this.
+    let tiny = Tensor::zeros((1, 4096), DType::BF16, gpu)?;
+    let op_seconds = time_calls(gpu, 5, 1000, || {
+        drop(tiny.affine(1.0, 0.5)?);
+        Ok(())
+    })?;
+    report.info(
+        SECTION,
+        "one small op (affine on 4096 bf16), host and GPU",
+        format!("{:.1} us", op_seconds * 1e6),
+    );
+
+    let options = LoadOptions {
+        device: gpu.clone(),
+        dtype: DType::BF16,
+        format: LoadFormat::Dummy,
+        ..LoadOptions::default()
+    };
+    let loaded =
+        load_model(config_path, &options).with_context(|| format!("loading {}", config_path.display()))?;
+    let config = loaded.model.config().clone();
+    let max_batch = *BATCHES.iter().max().unwrap_or(&1);
+    let blocks = max_batch * (CONTEXT + 1).div_ceil(BLOCK_SIZE);
+    let cache = KvCache::new(&config, blocks, BLOCK_SIZE, DType::BF16, gpu)?;
+    let mut runner = ModelRunner::new(loaded.model, cache, gpu.clone())?;
+
+    for batch_size in BATCHES {
+        let batch = decode_batch(batch_size);
+        let step = per_call(gpu, TIMED_STEPS, || {
+            runner.execute(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(())
+        })?;
+        let enqueue = enqueue_time(&mut runner, &batch, gpu)?;
+        let (layers, head, bytes) = matmul_time(&config, batch_size, gpu)?;
+        let floor = bytes / copy;
+        report.info(
+            SECTION,
+            &format!("decode step, batch {batch_size}"),
+            format!(
+                "step {:.2} ms (MBU {:.0}%); host enqueue {:.2} ms (~{:.0} ops); matmuls alone {:.2} ms \
+                 (layers {:.2} + lm head {:.2}, {:.0}% of copy); floor {:.2} ms",
+                step * 1e3,
+                100.0 * floor / step,
+                enqueue * 1e3,
+                enqueue / op_seconds,
+                (layers + head) * 1e3,
+                layers * 1e3,
+                head * 1e3,
+                100.0 * floor / (layers + head),
+                floor * 1e3,
+            ),
+        );
+    }
+    let profiled = std::env::var("PAGODA_PROFILE_BATCHES").unwrap_or_else(|_| "1".into());
+    for batch_size in profiled.split_whitespace() {
+        let batch = decode_batch(batch_size.parse().context("PAGODA_PROFILE_BATCHES")?);
+        gpu.synchronize()?;
+        let profiler = Profiler::new()?;
+        runner.execute(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
+        gpu.synchronize()?;
+        drop(profiler);
+    }
+    Ok(())
+}
