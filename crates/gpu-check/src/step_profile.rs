@@ -53,20 +53,6 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
     ScheduledBatch { seqs, ..ScheduledBatch::default() }
 }
 
-/// Seconds per call of `f`, each call waited for: the median of `n` calls after two warm-ups.
-fn per_call(gpu: &Device, n: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    f()?;
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        f()?;
-        gpu.synchronize()?;
-        samples.push(t.elapsed().as_secs_f64());
-    }
-    Ok(median(&mut samples))
-}
-
 /// Seconds of host time `logits` takes to return (median), then waited for before the next.
 fn enqueue_time(runner: &mut ModelRunner, batch: &ScheduledBatch, gpu: &Device) -> Result<f64> {
     let mut samples = Vec::with_capacity(TIMED_STEPS);
@@ -139,7 +125,8 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
 
     for batch_size in BATCHES {
         let batch = decode_batch(batch_size);
-        let step = per_call(gpu, TIMED_STEPS, || {
+        // One call per round: each step waited for, the median of TIMED_STEPS.
+        let step = time_calls(gpu, TIMED_STEPS, 1, || {
             runner.execute(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
             Ok(())
         })?;
