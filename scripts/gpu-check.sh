@@ -138,6 +138,35 @@ export_cuda_libs() {
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
+# stage_model PACK STAGE: the packed model, reassembled from its parts into STAGE (once; later
+# calls reuse it), its path in $staged_model. Parts may come over several calls: with some still
+# missing it stages those it finds, says which it has and exits 3.
+stage_model() {
+    local pack="$1" stage="$2" name sha parts have p
+    mkdir -p "$stage/parts"
+    [ -f "$pack/model/MANIFEST" ] && cp "$pack/model/MANIFEST" "$stage/parts/MANIFEST"
+    [ -f "$stage/parts/MANIFEST" ] || die "no model: pass --model PATH or pack one with build"
+    name="$(sed -n 's/^name=//p' "$stage/parts/MANIFEST")"
+    sha="$(sed -n 's/^sha256=//p' "$stage/parts/MANIFEST")"
+    parts="$(sed -n 's/^parts=//p' "$stage/parts/MANIFEST")"
+    staged_model="$stage/$name"
+    if [ -f "$staged_model" ] && [ "$(sha256sum "$staged_model" | cut -d' ' -f1)" = "$sha" ]; then
+        return 0
+    fi
+    for p in "$pack"/model/model.gguf.xz.part*; do
+        [ -f "$p" ] && cp "$p" "$stage/parts/"
+    done
+    have="$(find "$stage/parts" -name 'model.gguf.xz.part*' | wc -l)"
+    if [ "$have" -lt "$parts" ]; then
+        log "staged $have of $parts model parts in $stage/parts ($(cd "$stage/parts" && ls model.gguf.xz.part* | tr '\n' ' ')); run again with the others"
+        exit 3
+    fi
+    cat "$stage"/parts/model.gguf.xz.part* | xz -dc >"$staged_model.tmp"
+    [ "$(sha256sum "$staged_model.tmp" | cut -d' ' -f1)" = "$sha" ] || die "the reassembled model does not match its sha256"
+    mv "$staged_model.tmp" "$staged_model"
+    log "model reassembled: $staged_model"
+}
+
 run() {
     local here out="" model="" stage
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -165,34 +194,13 @@ run() {
     mkdir -p "$out"
     out="$(cd "$out" && pwd)"
     stage="$STAGE"
-    mkdir -p "$stage/bin" "$stage/parts"
+    mkdir -p "$stage/bin"
 
     stage_binaries "$pack" "$stage" "${BINARIES[@]}"
 
     if [ -z "$model" ]; then
-        [ -f "$pack/model/MANIFEST" ] && cp "$pack/model/MANIFEST" "$stage/parts/MANIFEST"
-        [ -f "$stage/parts/MANIFEST" ] || die "no model: pass --model PATH or pack one with build"
-        local name sha parts
-        name="$(sed -n 's/^name=//p' "$stage/parts/MANIFEST")"
-        sha="$(sed -n 's/^sha256=//p' "$stage/parts/MANIFEST")"
-        parts="$(sed -n 's/^parts=//p' "$stage/parts/MANIFEST")"
-        model="$stage/$name"
-        if [ ! -f "$model" ] || [ "$(sha256sum "$model" | cut -d' ' -f1)" != "$sha" ]; then
-            local p
-            for p in "$pack"/model/model.gguf.xz.part*; do
-                [ -f "$p" ] && cp "$p" "$stage/parts/"
-            done
-            local have
-            have="$(find "$stage/parts" -name 'model.gguf.xz.part*' | wc -l)"
-            if [ "$have" -lt "$parts" ]; then
-                log "staged $have of $parts model parts in $stage/parts ($(cd "$stage/parts" && ls model.gguf.xz.part* | tr '\n' ' ')); run again with the others"
-                exit 3
-            fi
-            cat "$stage"/parts/model.gguf.xz.part* | xz -dc >"$model.tmp"
-            [ "$(sha256sum "$model.tmp" | cut -d' ' -f1)" = "$sha" ] || die "the reassembled model does not match its sha256"
-            mv "$model.tmp" "$model"
-            log "model reassembled: $model"
-        fi
+        stage_model "$pack" "$stage"
+        model="$staged_model"
     fi
 
     export_cuda_libs

@@ -195,6 +195,10 @@ pub struct ServeArgs {
     /// with --json-schema; `--validate false` keeps no answer text and checks nothing.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", requires = "json_schema")]
     pub validate: Option<bool>,
+    /// Keep every answer's text and write it into --save-result as the request's `text` (to
+    /// compare two servers' or configurations' outputs request by request).
+    #[arg(long, requires = "save_result")]
+    pub save_text: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }

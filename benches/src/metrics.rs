@@ -50,6 +50,9 @@ pub struct RequestResult {
     /// request's `schema`, `valid`, `invalid_reason` and `invalid_text`).
     #[serde(flatten)]
     pub schema_check: Option<SchemaCheck>,
+    /// The answer text, under `--save-text` (for comparing servers' or configurations' outputs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 pub fn ms(d: Duration) -> f64 {
@@ -215,6 +218,7 @@ mod tests {
             e2el_ms: 500.0,
             finish_reason: Some("length".into()),
             schema_check: None,
+            text: None,
         }
     }
 

@@ -177,6 +177,7 @@ mod tests {
             e2el_ms: 20.0,
             finish_reason: Some("length".into()),
             schema_check: None,
+            text: None,
         };
         let failed = RequestResult {
             index: 1,

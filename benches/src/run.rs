@@ -145,6 +145,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
         progress: !args.output.no_progress,
         test_request: !args.skip_test_request,
         schemas: schemas.clone(),
+        save_text: args.save_text,
     };
     let run = crate::serve::run(client, &dataset, &options).await?;
     let summary = summarize(&run.results, run.duration, &args.output.percentiles.0);

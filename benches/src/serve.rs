@@ -40,6 +40,8 @@ pub struct ServeOptions {
     pub test_request: bool,
     /// `--json-schema`: request `i` asks for schema `i % n`.
     pub schemas: Option<Arc<SchemaSet>>,
+    /// `--save-text`: keep every answer's text in its [`RequestResult::text`].
+    pub save_text: bool,
 }
 
 /// A finished run.
@@ -93,6 +95,7 @@ pub fn to_result(index: usize, prompt: &Prompt, outcome: Outcome, sent: Duration
         e2el_ms,
         finish_reason: outcome.finish_reason,
         schema_check: None,
+        text: None,
     }
 }
 
@@ -139,6 +142,7 @@ pub async fn run(client: Arc<Client>, dataset: &Dataset, options: &ServeOptions)
         let limit = limit.clone();
         let bar = bar.clone();
         let schemas = options.schemas.clone();
+        let save_text = options.save_text;
         tasks.spawn(async move {
             let _permit = match &limit {
                 Some(s) => Some(s.acquire().await.expect("the semaphore is never closed")),
@@ -147,9 +151,9 @@ pub async fn run(client: Arc<Client>, dataset: &Dataset, options: &ServeOptions)
             let extras = match &schemas {
                 Some(set) => RequestExtras {
                     response_format: Some(set.for_request(index).response_format()),
-                    keep_text: set.validate,
+                    keep_text: set.validate || save_text,
                 },
-                None => RequestExtras::default(),
+                None => RequestExtras { keep_text: save_text, ..RequestExtras::default() },
             };
             let sent = start.elapsed();
             let outcome = client.send_with(&prompt.text, prompt.output_len, extras).await;
@@ -159,7 +163,8 @@ pub async fn run(client: Arc<Client>, dataset: &Dataset, options: &ServeOptions)
             }
             bar.inc(1);
             let schema_check = schemas.as_ref().map(|set| set.check(index, &outcome));
-            let result = RequestResult { schema_check, ..to_result(index, &prompt, outcome, sent) };
+            let text = if save_text { outcome.text.clone() } else { None };
+            let result = RequestResult { schema_check, text, ..to_result(index, &prompt, outcome, sent) };
             (result, finished)
         });
     }

@@ -236,6 +236,30 @@ async fn timing_usage_and_body_against_a_scripted_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn save_text_keeps_each_answer_in_the_saved_result() {
+    let mock =
+        Mock::start(Script { answer: Some("Paris is the capital."), usage: true, ..Script::default() }).await;
+    let saved = std::env::temp_dir().join(format!("pagoda-bench-text-{}.json", std::process::id()));
+    let path = saved.to_str().unwrap();
+    let base = ["--model", "m", "--endpoint", "chat", "--num-prompts", "2", "--output-len", "3"];
+    let with_text = [&base[..], &["--save-text", "--save-result", path]].concat();
+    let report = pagoda_bench::run::serve(serve_args(&mock.url(), &with_text)).await.unwrap();
+    // max_tokens 3 of 4-character pieces: the first 12 characters, in every request.
+    assert!(report.results.iter().all(|r| r.text.as_deref() == Some("Paris is the")), "{:?}", report.results);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert_eq!(v["requests"][1]["text"], "Paris is the");
+
+    let without = [&base[..], &["--save-result", path]].concat();
+    let report = pagoda_bench::run::serve(serve_args(&mock.url(), &without)).await.unwrap();
+    assert!(report.results.iter().all(|r| r.text.is_none()));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    std::fs::remove_file(&saved).unwrap();
+    assert!(v["requests"][0].get("text").is_none(), "{v}");
+    // Text is only kept to be saved.
+    assert!(Cli::try_parse_from(["pagoda-bench", "serve", "--save-text"]).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_counted_with_their_errors() {
     let script = Script { usage: true, fail_every: Some(3), error_event_every: Some(4), ..Script::default() };
     let mock = Mock::start(script).await;

@@ -1,7 +1,8 @@
 //! The device sampler (`pagoda_models::device_sampling::sample_plan`) against the engine's CPU sampler on the
 //! same logits: every token equal, logprobs equal to rounding, at Llama-3-sized and
-//! SmolLM2-sized vocabularies over a mix of requests; then its time per step, greedy (the
-//! one-read fast path) and sampled with top-p, at 1, 32 and 128 rows.
+//! SmolLM2-sized vocabularies over a mix of requests; speculative verification on the device
+//! (`sample_batch` with proposals) against the CPU's `verify`; then its time per step, greedy
+//! (the one-read fast path) and sampled with top-p, at 1, 32 and 128 rows.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,10 +12,11 @@ use anyhow::Result;
 use candle_core::{Device, Tensor};
 use pagoda_engine::device_sampling::DeviceSamplingPlan;
 use pagoda_engine::sampler::Sampler;
-use pagoda_engine::{SampleRequest, SamplingParams};
+use pagoda_engine::speculative::try_verify;
+use pagoda_engine::{SampleRequest, SamplingParams, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::report::Report;
 use pagoda_gpu_check::timing::median;
-use pagoda_models::device_sampling::sample_plan;
+use pagoda_models::device_sampling::{sample_batch, sample_plan};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -84,6 +86,55 @@ fn compare(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &mut Report) ->
     Ok(())
 }
 
+/// A batch of 24 sequences with 0-8 proposals each (the mixed requests above), verified on the
+/// device in one sampler call and on the CPU by `verify`, over the same logits. Half the
+/// proposals copy each row's largest logit, so greedy rows accept some and sampled rows a few.
+fn compare_verification(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &mut Report) -> Result<()> {
+    let mut seqs = Vec::new();
+    let mut host = Vec::new();
+    for i in 0..24 {
+        let drafts_len = i % 9;
+        let rows = random_logits(rng, drafts_len + 1, vocab);
+        let argmax = |r: usize| {
+            let row = &rows[r * vocab..(r + 1) * vocab];
+            (0..vocab).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap_or(0) as u32
+        };
+        let drafts: Vec<u32> = (0..drafts_len)
+            .map(|d| if rng.random_bool(0.5) { argmax(d) } else { rng.random_range(0..vocab as u32) })
+            .collect();
+        host.extend_from_slice(&rows);
+        seqs.push(ScheduledSeq {
+            seq_id: i as u64,
+            token_ids: [&[1u32][..], &drafts].concat(),
+            start_pos: 0,
+            block_tables: Vec::new(),
+            sample: Some(request(rng, i, vocab)),
+            num_draft_tokens: drafts_len,
+        });
+    }
+    let rows = host.len() / vocab;
+    let logits = Tensor::from_slice(&host, (rows, vocab), gpu)?;
+    let batch = ScheduledBatch { seqs, ..ScheduledBatch::default() };
+    let device =
+        sample_batch(&batch, &logits)?.ok_or_else(|| anyhow::anyhow!("the batch could not be planned"))?;
+    let (mut mismatches, mut accepted, mut first) = (0, 0, 0);
+    for (seq, got) in batch.seqs.iter().zip(&device) {
+        let n = seq.num_logits_rows();
+        let seq_rows = (first..first + n).map(|r| host[r * vocab..(r + 1) * vocab].to_vec());
+        first += n;
+        let (tokens, _) = try_verify(seq_rows, seq.sample.as_ref().expect("sampled"), seq.draft_tokens())?;
+        mismatches += usize::from(got.token_ids != tokens);
+        accepted += tokens.len() - 1;
+    }
+    report.expect(
+        SECTION,
+        &format!("speculative verification vocab {vocab}: the device keeps the CPU's tokens (24 sequences, {rows} rows)"),
+        mismatches == 0 && accepted > 0,
+        format!("{mismatches} sequences differ, {accepted} proposals accepted"),
+    );
+    Ok(())
+}
+
 /// Median milliseconds of one sampler call (upload, kernel, copy back) over `rows` rows.
 fn time_rows(
     rng: &mut StdRng,
@@ -111,6 +162,7 @@ fn time_rows(
 pub fn run(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
     for vocab in [49152, 128256] {
         compare(rng, gpu, vocab, report)?;
+        compare_verification(rng, gpu, vocab, report)?;
     }
     let sampled =
         |temperature, top_k, top_p| SamplingParams { temperature, top_k, top_p, ..Default::default() };

@@ -275,8 +275,8 @@ impl ModelRunner {
             _ => (batch, flat),
         };
         let logits = self.forward_flat(batch, flat, None).map_err(failed)?;
-        // On a GPU the logits stay there unless a sequence has proposals to verify.
-        if self.device.is_cuda() && batch.seqs.iter().all(|s| s.num_draft_tokens == 0) {
+        // On a GPU the logits stay there: only ids and logprobs come back.
+        if self.device.is_cuda() {
             if let Some(sampled) = crate::device_sampling::sample_batch(batch, &logits)? {
                 return Ok(StepOutput { sampled });
             }

@@ -326,7 +326,8 @@ pub struct ServeArgs {
     /// requests' outputs; `suffix_decoding_max_tree_depth`, `_max_cached_requests`,
     /// `_max_spec_factor`, `_min_token_prob`), or `"method": "draft_model", "model": "self",
     /// "num_draft_layers": N` (the model's first N layers draft). Outputs keep the target model's distribution;
-    /// greedy and seeded ones stay the same tokens. [default: off]
+    /// greedy and seeded ones stay the same tokens. `disable_by_batch_size` defaults to 4 on the
+    /// CPU and 32 on CUDA. [default: off]
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
     /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.
@@ -479,7 +480,7 @@ impl ServerConfig {
             speculative: cli
                 .speculative_config
                 .or(file.speculative_config)
-                .map(|json| crate::speculative_config::parse(&json))
+                .map(|json| crate::speculative_config::parse(&json, device))
                 .transpose()
                 .map_err(|message| invalid("--speculative-config", message))?,
             dequantize: cli.dequantize.or(file.dequantize),

@@ -18,7 +18,7 @@ pub mod verify;
 
 pub use ngram::NgramProposer;
 pub use suffix::SuffixProposer;
-pub use verify::{try_verify, verify};
+pub use verify::{kept, position_requests, try_verify, verify};
 
 /// Most tokens one step may propose for a sequence (the per-position acceptance counters are
 /// a fixed array).

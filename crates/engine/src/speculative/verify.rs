@@ -29,9 +29,7 @@ pub fn verify<R: AsMut<[f32]>>(
     req: &SampleRequest,
     drafts: &[u32],
 ) -> Result<Verified, SampleError> {
-    if req.allowed.is_some() && req.draft_masks.len() < drafts.len() {
-        return Err(SampleError::Constraint("no grammar mask for a proposed token's position".into()));
-    }
+    check_masks(req, drafts)?;
     let mut tokens = Vec::with_capacity(drafts.len() + 1);
     let mut logprobs = req.params.logprobs.map(|_| Vec::with_capacity(drafts.len() + 1));
     let mut rows = rows.into_iter();
@@ -51,6 +49,28 @@ pub fn verify<R: AsMut<[f32]>>(
         }
     }
     Ok((tokens, logprobs))
+}
+
+/// The request of each position of a verification, for a sampler that draws them all at once
+/// (the GPU's): `drafts.len() + 1` requests, the `i`-th for the position after `i` drafts, as
+/// [`verify`] draws it. With [`kept`] on the tokens drawn, this gives exactly [`verify`]'s
+/// tokens: each draw depends only on its own request and row.
+pub fn position_requests(req: &SampleRequest, drafts: &[u32]) -> Result<Vec<SampleRequest>, SampleError> {
+    check_masks(req, drafts)?;
+    Ok((0..=drafts.len()).map(|i| if i == 0 { req.clone() } else { advanced(req, &drafts[..i]) }).collect())
+}
+
+/// How many of `drawn` (one token per position of [`position_requests`]) a verification keeps:
+/// the drafts up to and including the first position whose draw differs from its draft.
+pub fn kept(drawn: &[u32], drafts: &[u32]) -> usize {
+    drawn.iter().zip(drafts).take_while(|(d, p)| d == p).count() + 1
+}
+
+fn check_masks(req: &SampleRequest, drafts: &[u32]) -> Result<(), SampleError> {
+    if req.allowed.is_some() && req.draft_masks.len() < drafts.len() {
+        return Err(SampleError::Constraint("no grammar mask for a proposed token's position".into()));
+    }
+    Ok(())
 }
 
 /// [`verify`] with the calling thread's sampler.

@@ -205,3 +205,59 @@ fn logprobs_come_one_per_token() {
     let req = request(&params, 0, &prompt, &[]);
     assert_eq!(verify(&mut Sampler::new(), short, &req, &greedy[..2]).unwrap_err(), SampleError::EmptyLogits);
 }
+
+/// Drawing every position's request at once (as the GPU sampler does) and keeping
+/// [`kept`] of them gives [`verify`]'s tokens and logprobs, for right and wrong drafts, greedy
+/// and seeded draws, penalties included.
+#[test]
+fn all_positions_drawn_at_once_then_kept_equal_verify() {
+    let prompt = [3u32, 1, 4];
+    for params in [
+        SamplingParams { logprobs: Some(2), ..Default::default() },
+        SamplingParams { temperature: 1.0, ..Default::default() },
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 4,
+            frequency_penalty: 0.5,
+            logprobs: Some(1),
+            ..Default::default()
+        },
+    ] {
+        let params = Arc::new(params);
+        for seed in 0..40u64 {
+            let rng = mix64(seed);
+            let output: Vec<u32> =
+                (0..(rng % 4) as usize).map(|i| ((rng >> (4 * i)) % VOCAB as u64) as u32).collect();
+            let drafts: Vec<u32> = (0..(rng >> 20) as usize % 5)
+                .map(|i| ((rng >> (24 + 3 * i)) % VOCAB as u64) as u32)
+                .collect();
+            let context: Vec<u32> = prompt.iter().chain(&output).copied().collect();
+            let rows: Vec<Vec<f32>> =
+                (0..=drafts.len()).map(|i| target_logits(&[&context[..], &drafts[..i]].concat())).collect();
+            let req = request(&params, seed, &prompt, &output);
+            let expected = verify(&mut Sampler::new(), rows.clone(), &req, &drafts).unwrap();
+
+            let requests = position_requests(&req, &drafts).unwrap();
+            assert_eq!(requests.len(), drafts.len() + 1);
+            let mut sampler = Sampler::new();
+            let drawn: Vec<_> = rows
+                .into_iter()
+                .zip(&requests)
+                .map(|(mut row, r)| sampler.sample(&mut row, r).unwrap())
+                .collect();
+            let tokens: Vec<u32> = drawn.iter().map(|d| d.0).collect();
+            let n = kept(&tokens, &drafts);
+            let logprobs =
+                params.logprobs.map(|_| drawn[..n].iter().map(|d| d.1.clone().unwrap()).collect::<Vec<_>>());
+            assert_eq!(
+                (tokens[..n].to_vec(), logprobs),
+                expected,
+                "seed {seed}, drafts {drafts:?}, {params:?}"
+            );
+        }
+    }
+    // A structured request without a mask for each proposed position is refused, as by verify.
+    let slot = crate::constraint::MaskSlot::ready(crate::constraint::TokenMask::all(VOCAB));
+    let req = SampleRequest { allowed: Some(slot), ..SampleRequest::greedy() };
+    assert!(matches!(position_requests(&req, &[1]), Err(SampleError::Constraint(_))));
+}
