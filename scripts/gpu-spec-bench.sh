@@ -11,7 +11,7 @@
 # At every stream count: bf16 (CUDA's default dtype) off and n-gram k, with no batch-size
 # switch-off (disable_by_batch_size 1024), so the crossover shows. At the first stream count
 # also f32 off and n-gram k, where the verification's larger matmuls should not change a greedy
-# token. Writes OUT/streams-N.md (the tables) and OUT/streams-N/ (every run's result, texts
+# token, and the model drafting for itself as a separate draft model (k = 3) in both dtypes. Writes OUT/streams-N.md (the tables) and OUT/streams-N/ (every run's result, texts
 # included, and server log). The model may arrive in parts over several calls, as for
 # gpu-check.sh run (exit 3 until all are staged).
 set -euo pipefail
@@ -49,11 +49,15 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 
 export PAGODA_BIN="$STAGE/bin/pagoda" PAGODA_BENCH_BIN="$STAGE/bin/pagoda-bench"
 spec="--speculative-config {\"method\":\"ngram\",\"num_speculative_tokens\":$k,\"disable_by_batch_size\":1024}"
+draft="--speculative-config {\"method\":\"draft_model\",\"model\":\"$staged_model\",\"num_speculative_tokens\":3,\"disable_by_batch_size\":1024}"
 first=1
 for streams in $streams_list; do
     configs=("bf16-off=--device cuda" "bf16-ngram$k=--device cuda $spec")
     if [ "$first" = 1 ]; then
         configs+=("f32-off=--device cuda --dtype float32" "f32-ngram$k=--device cuda --dtype float32 $spec")
+        # The model as its own draft: every greedy proposal should hold, unless the draft's
+        # cache falls out of step with the target's.
+        configs+=("bf16-draft3=--device cuda $draft" "f32-draft3=--device cuda --dtype float32 $draft")
         first=0
     fi
     log "$streams stream(s): ${configs[*]}"

@@ -149,16 +149,18 @@ impl EngineConfig {
                 executor: executor.kv_groups().windows().to_vec(),
             });
         }
-        if let Some(SpeculativeConfig { method: SpeculativeMethod::DraftLayers { num_layers }, .. }) =
-            self.speculative
-        {
-            match executor.num_layers() {
+        match self.speculative.map(|s| s.method) {
+            Some(SpeculativeMethod::DraftLayers { num_layers }) => match executor.num_layers() {
                 None => return Err(SpeculativeConfigError::NoDraftLayers.into()),
                 Some(layers) if num_layers >= layers => {
                     return Err(SpeculativeConfigError::DraftLayers { got: num_layers, layers }.into())
                 }
                 Some(_) => {}
+            },
+            Some(SpeculativeMethod::DraftModel) if !executor.has_draft_model() => {
+                return Err(SpeculativeConfigError::NoDraftModel.into())
             }
+            _ => {}
         }
         if self.num_blocks > executor.num_blocks() {
             return Err(ConfigError::NumBlocksMismatch {

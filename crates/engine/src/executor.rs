@@ -30,7 +30,7 @@ pub struct ScheduledSeq {
     /// Speculative decoding: the last `num_draft_tokens` of `token_ids` are proposed, not yet
     /// accepted. The executor samples at each of the last `num_draft_tokens + 1` positions and
     /// keeps drafts while they equal what it drew (see [`crate::speculative::verify`]). 0 unless
-    /// `sample` is `Some`. With [`ScheduledBatch::draft_layers`] they are placeholders
+    /// `sample` is `Some`. With [`ScheduledBatch::executor_draft`] they are placeholders
     /// ([`DRAFT_PLACEHOLDER`](crate::speculative::DRAFT_PLACEHOLDER)) for the executor to draft.
     pub num_draft_tokens: usize,
 }
@@ -112,9 +112,19 @@ pub struct ScheduledBatch {
     /// prefix cache). `dst` is always a block no other sequence uses. A pair copies one whole
     /// page, every layer slot of it (a page belongs to one KV group at a time).
     pub block_copies: Vec<(u32, u32)>,
-    /// Self-speculative decoding: the executor drafts every sequence's proposals greedily with
-    /// its first this many layers before verifying them.
-    pub draft_layers: Option<usize>,
+    /// The executor drafts every sequence's proposals itself, greedily, before verifying them.
+    pub executor_draft: Option<ExecutorDraft>,
+}
+
+/// What an executor drafts proposals with ([`ScheduledBatch::executor_draft`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutorDraft {
+    /// The target's own first this many layers (self-speculative).
+    Layers(usize),
+    /// A separate, smaller model with the same vocabulary. It computes every token of every
+    /// step (prefill chunks included), so its own KV cache, paged by the same block tables, stays
+    /// in step with the target's.
+    Model,
 }
 
 impl ScheduledBatch {
@@ -149,8 +159,8 @@ pub struct SampledToken {
     pub token_ids: Vec<u32>,
     /// One entry per token when logprobs were asked for.
     pub logprobs: Option<Vec<TopLogprobs>>,
-    /// The proposals the executor drafted itself (with [`ScheduledBatch::draft_layers`]); empty
-    /// otherwise.
+    /// The proposals the executor drafted itself (with [`ScheduledBatch::executor_draft`]);
+    /// empty otherwise.
     pub drafted: Vec<u32>,
 }
 
@@ -201,9 +211,14 @@ pub trait ModelExecutor: Send {
         crate::KvGroups::single()
     }
 
-    /// Layers the executor could draft with ([`ScheduledBatch::draft_layers`] must be below
-    /// it); `None` when it cannot draft at all.
+    /// Layers the executor could draft with ([`ExecutorDraft::Layers`] must be below it);
+    /// `None` when it cannot draft with its own layers.
     fn num_layers(&self) -> Option<usize> {
         None
+    }
+
+    /// Whether the executor holds a separate draft model ([`ExecutorDraft::Model`]).
+    fn has_draft_model(&self) -> bool {
+        false
     }
 }

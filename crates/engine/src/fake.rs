@@ -16,7 +16,9 @@
 
 use pagoda_text::TokenDecoder;
 
-use crate::executor::{ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, ScheduledSeq, StepOutput};
+use crate::executor::{
+    ExecutorDraft, ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, ScheduledSeq, StepOutput,
+};
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
 use crate::sampler::Sampler;
@@ -179,9 +181,14 @@ impl ModelExecutor for FakeExecutor {
             self.kv.copy_within(src * bs..(src + 1) * bs, dst * bs);
         }
         let drafted_batch;
-        let batch = match batch.draft_layers {
-            Some(layers) => {
-                drafted_batch = self.draft(batch, layers)?;
+        let batch = match batch.executor_draft {
+            Some(how) => {
+                // The fake's drafts differ by what drafts them, not by what it computes.
+                let salt = match how {
+                    ExecutorDraft::Layers(layers) => layers,
+                    ExecutorDraft::Model => usize::MAX,
+                };
+                drafted_batch = self.draft(batch, salt)?;
                 &drafted_batch
             }
             None => batch,
@@ -233,7 +240,8 @@ impl ModelExecutor for FakeExecutor {
             let (token_ids, logprobs) = verify(&mut self.sampler, rows, req, seq.draft_tokens())
                 // As the model runner does: a row that cannot be sampled fails its sequence only.
                 .map_err(|e| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() })?;
-            let drafted = if batch.draft_layers.is_some() { seq.draft_tokens().to_vec() } else { Vec::new() };
+            let drafted =
+                if batch.executor_draft.is_some() { seq.draft_tokens().to_vec() } else { Vec::new() };
             sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, drafted });
         }
         Ok(StepOutput { sampled })
@@ -254,6 +262,11 @@ impl ModelExecutor for FakeExecutor {
     /// Any number of "layers" drafts (the fake has no real ones).
     fn num_layers(&self) -> Option<usize> {
         Some(usize::MAX)
+    }
+
+    /// Drafts "with a model" too.
+    fn has_draft_model(&self) -> bool {
+        true
     }
 }
 

@@ -44,8 +44,8 @@ pub use constraint::{ConstraintError, MaskSlot, SeqConstraint, TokenConstraint, 
 pub use engine::Engine;
 pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{
-    ExecutorError, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId,
-    StepOutput, TokenLogprob, TopLogprobs,
+    ExecutorDraft, ExecutorError, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq,
+    SeqId, StepOutput, TokenLogprob, TopLogprobs,
 };
 pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};

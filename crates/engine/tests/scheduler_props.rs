@@ -149,6 +149,7 @@ fn speculation() -> impl Strategy<Value = Option<SpeculativeConfig>> {
             }
         ),
         (1usize..4).prop_map(|num_layers| SpeculativeMethod::DraftLayers { num_layers }),
+        Just(SpeculativeMethod::DraftModel),
     ];
     prop::option::of((method, 1usize..7, prop::sample::select(vec![1usize, 3, usize::MAX]))).prop_map(
         |spec| {

@@ -53,7 +53,7 @@ pub fn sample_batch(
     };
     let out = sample_plan(logits, &plan).map_err(failed)?;
     let k = plan.max_logprobs;
-    let executor_drafts = batch.draft_layers.is_some();
+    let executor_drafts = batch.executor_draft.is_some();
     wanted
         .iter()
         .map(|&(seq, req, first)| {

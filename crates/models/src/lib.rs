@@ -8,6 +8,7 @@ pub mod config;
 mod config_gguf;
 mod config_hf;
 pub mod device_sampling;
+pub mod draft_model;
 pub mod embedding;
 pub mod error;
 pub mod gemma;
@@ -23,6 +24,7 @@ pub mod runner;
 pub mod weights;
 
 pub use config::{ModelConfig, MoeConfig};
+pub use draft_model::DraftModel;
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use kv_layout::KvLayout;

@@ -8,12 +8,13 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{
-    ExecutorError, KvGroups, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq,
-    StepOutput,
+    ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch,
+    ScheduledSeq, StepOutput,
 };
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
+use crate::draft_model::DraftModel;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardInput, Model};
@@ -22,9 +23,11 @@ use crate::model::{ForwardInput, Model};
 const _: () = assert!(pagoda_engine::NULL_BLOCK == pagoda_ops::NULL_BLOCK);
 
 pub struct ModelRunner {
-    model: Model,
-    cache: KvCache,
-    device: Device,
+    pub(crate) model: Model,
+    pub(crate) cache: KvCache,
+    pub(crate) device: Device,
+    /// A separate draft model for speculative decoding ([`ExecutorDraft::Model`]).
+    pub(crate) draft: Option<DraftModel>,
     /// Runs each whole step, so that the CPU ops' parallel loops start on a pool thread. Called
     /// from the engine thread instead, every op would hand its work to the pool and sleep until
     /// it is done: two thread wake-ups per op, hundreds per step (a fifth of a decode step).
@@ -32,7 +35,7 @@ pub struct ModelRunner {
 }
 
 /// Host-side flattening of one batch.
-struct FlatBatch {
+pub(crate) struct FlatBatch {
     input_ids: Vec<u32>,
     positions: Vec<u32>,
     /// Per KV group.
@@ -45,7 +48,19 @@ struct FlatBatch {
 impl ModelRunner {
     pub fn new(model: Model, cache: KvCache, device: Device) -> Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("pagoda-cpu-{i}")).build()?;
-        Ok(Self { model, cache, device, pool: Arc::new(pool) })
+        Ok(Self { model, cache, device, draft: None, pool: Arc::new(pool) })
+    }
+
+    /// Attaches a draft model, whose cache must have this runner's block size and number of
+    /// blocks (the block tables page both caches alike).
+    pub fn set_draft(&mut self, draft: DraftModel) -> Result<()> {
+        self.check_draft_cache(draft.cache())?;
+        self.draft = Some(draft);
+        Ok(())
+    }
+
+    pub fn draft(&self) -> Option<&DraftModel> {
+        self.draft.as_ref()
     }
 
     pub fn model(&self) -> &Model {
@@ -61,13 +76,38 @@ impl ModelRunner {
     }
 
     /// Swaps in another cache (start-up sizes the real one after profiling with a scratch one).
+    /// With a draft model, give it a cache of the same geometry next
+    /// ([`Self::replace_draft_cache`]).
     pub fn replace_cache(&mut self, cache: KvCache) -> KvCache {
         std::mem::replace(&mut self.cache, cache)
     }
 
+    /// Swaps in the draft model's cache of the geometry of the current one.
+    pub fn replace_draft_cache(&mut self, cache: KvCache) -> Result<()> {
+        self.check_draft_cache(&cache)?;
+        match &mut self.draft {
+            Some(draft) => draft.cache = cache,
+            None => return Err(ModelError::InvalidOption("no draft model to give a cache".into())),
+        }
+        Ok(())
+    }
+
+    fn check_draft_cache(&self, cache: &KvCache) -> Result<()> {
+        let (ours, theirs) =
+            ((self.cache.block_size(), self.cache.num_blocks()), (cache.block_size(), cache.num_blocks()));
+        if ours != theirs || cache.layout().num_groups() != 1 || self.cache.layout().num_groups() != 1 {
+            return Err(ModelError::InvalidOption(format!(
+                "the draft model's cache (block size, blocks) {theirs:?} in {} KV groups must match the \
+                 target's {ours:?} in one group",
+                cache.layout().num_groups()
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks every sequence against the model and the cache; the first one that cannot run is
     /// reported on its own so that the engine fails only its request.
-    fn flatten(&self, batch: &ScheduledBatch) -> std::result::Result<FlatBatch, ExecutorError> {
+    pub(crate) fn flatten(&self, batch: &ScheduledBatch) -> std::result::Result<FlatBatch, ExecutorError> {
         let block_size = self.cache.block_size();
         let num_blocks = self.cache.num_blocks() as u32;
         let max_len = self.model.config().max_position_embeddings;
@@ -159,42 +199,14 @@ impl ModelRunner {
         flat: FlatBatch,
         num_layers: Option<usize>,
     ) -> Result<Tensor> {
-        let dev = &self.device;
-        let attention = flat
-            .slot_mappings
-            .into_iter()
-            .enumerate()
-            .map(|(g, slots)| {
-                let tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_tables[g].as_slice()).collect();
-                AttentionMetadata::new(
-                    slots,
-                    flat.cu_seqlens_q.clone(),
-                    flat.context_lens.clone(),
-                    &tables,
-                    dev,
-                )
-            })
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let num_tokens = flat.input_ids.len();
-        let num_rows = flat.logits_rows.len();
-        let input_ids = Tensor::from_vec(flat.input_ids, num_tokens, dev)?;
-        let positions = Tensor::from_vec(flat.positions, num_tokens, dev)?;
-        let logits_rows = Tensor::from_vec(flat.logits_rows, num_rows, dev)?;
-        let input = ForwardInput {
-            input_ids: &input_ids,
-            positions: &positions,
-            attention: &attention,
-            logits_rows: &logits_rows,
-            num_layers,
-        };
-        self.model.forward(&input, &self.cache)
+        forward_with(&self.model, &self.cache, &self.device, batch, flat, num_layers)
     }
 
     /// Self-speculative drafting: fills every sequence's proposal placeholders with the greedy
     /// tokens of the first `layers` layers, one pass per position. Each pass writes those layers'
     /// K/V into the slots the verification pass then overwrites, so the draft needs no cache of
     /// its own.
-    fn draft(
+    fn draft_with_layers(
         &mut self,
         batch: &ScheduledBatch,
         layers: usize,
@@ -238,6 +250,40 @@ impl ModelRunner {
     }
 }
 
+/// The forward pass of `model` over its `cache` for a batch already checked and flattened,
+/// through the first `num_layers` layers or all.
+pub(crate) fn forward_with(
+    model: &Model,
+    cache: &KvCache,
+    dev: &Device,
+    batch: &ScheduledBatch,
+    flat: FlatBatch,
+    num_layers: Option<usize>,
+) -> Result<Tensor> {
+    let attention = flat
+        .slot_mappings
+        .into_iter()
+        .enumerate()
+        .map(|(g, slots)| {
+            let tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_tables[g].as_slice()).collect();
+            AttentionMetadata::new(slots, flat.cu_seqlens_q.clone(), flat.context_lens.clone(), &tables, dev)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let num_tokens = flat.input_ids.len();
+    let num_rows = flat.logits_rows.len();
+    let input_ids = Tensor::from_vec(flat.input_ids, num_tokens, dev)?;
+    let positions = Tensor::from_vec(flat.positions, num_tokens, dev)?;
+    let logits_rows = Tensor::from_vec(flat.logits_rows, num_rows, dev)?;
+    let input = ForwardInput {
+        input_ids: &input_ids,
+        positions: &positions,
+        attention: &attention,
+        logits_rows: &logits_rows,
+        num_layers,
+    };
+    model.forward(&input, cache)
+}
+
 impl ModelExecutor for ModelRunner {
     fn execute(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let pool = Arc::clone(&self.pool);
@@ -259,6 +305,10 @@ impl ModelExecutor for ModelRunner {
     fn num_layers(&self) -> Option<usize> {
         Some(self.model.config().num_layers)
     }
+
+    fn has_draft_model(&self) -> bool {
+        self.draft.is_some()
+    }
 }
 
 impl ModelRunner {
@@ -266,19 +316,41 @@ impl ModelRunner {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
         let flat = self.flatten(batch)?;
         self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
+        if let Some(draft) = &self.draft {
+            draft.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
+        }
         let drafted;
-        let (batch, flat) = match batch.draft_layers {
-            Some(layers) if batch.seqs.iter().any(|s| s.num_draft_tokens > 0) => {
-                drafted = self.draft(batch, layers)?;
+        let (batch, flat) = match batch.executor_draft {
+            Some(ExecutorDraft::Layers(layers)) if batch.seqs.iter().any(|s| s.num_draft_tokens > 0) => {
+                drafted = self.draft_with_layers(batch, layers)?;
+                (&drafted, self.flatten(&drafted)?)
+            }
+            // The draft model runs every step, drafting or not, to keep its cache complete.
+            Some(ExecutorDraft::Model) => {
+                drafted = self.draft_with_model(batch)?;
                 (&drafted, self.flatten(&drafted)?)
             }
             _ => (batch, flat),
         };
+        let sampled = self.verify(batch, flat)?;
+        if batch.executor_draft == Some(ExecutorDraft::Model) {
+            self.complete_draft_cache(batch, &sampled)?;
+        }
+        Ok(StepOutput { sampled })
+    }
+
+    /// The target's forward pass over `batch` and its sampled (verified) tokens.
+    fn verify(
+        &mut self,
+        batch: &ScheduledBatch,
+        flat: FlatBatch,
+    ) -> std::result::Result<Vec<SampledToken>, ExecutorError> {
+        let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
         let logits = self.forward_flat(batch, flat, None).map_err(failed)?;
         // On a GPU the logits stay there: only ids and logprobs come back.
         if self.device.is_cuda() {
             if let Some(sampled) = crate::device_sampling::sample_batch(batch, &logits)? {
-                return Ok(StepOutput { sampled });
+                return Ok(sampled);
             }
         }
         let mut rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?.into_iter();
@@ -290,7 +362,7 @@ impl ModelRunner {
                 Some((s, req, rows.by_ref().take(s.num_logits_rows()).collect::<Vec<_>>()))
             })
             .collect();
-        let executor_drafts = batch.draft_layers.is_some();
+        let executor_drafts = batch.executor_draft.is_some();
         // Sequences are sampled in parallel: a softmax over the vocabulary per row.
         let sampled = wanted
             .into_par_iter()
@@ -302,6 +374,6 @@ impl ModelRunner {
                 Ok(SampledToken { seq_id, token_ids, logprobs, drafted })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;
-        Ok(StepOutput { sampled })
+        Ok(sampled)
     }
 }

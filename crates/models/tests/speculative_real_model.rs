@@ -15,13 +15,19 @@ use pagoda_engine::{
 use pagoda_text::Tokenizer;
 
 /// Each proposer, on at every batch size.
-fn proposers() -> [SpeculativeConfig; 3] {
+fn proposers() -> [SpeculativeConfig; 4] {
     [
         SpeculativeConfig { disable_by_batch_size: usize::MAX, ..SpeculativeConfig::ngram(4) },
         SpeculativeConfig::suffix(6),
         SpeculativeConfig {
             method: SpeculativeMethod::DraftLayers { num_layers: 24 },
             num_speculative_tokens: 2,
+            disable_by_batch_size: usize::MAX,
+        },
+        // The model as its own draft (see `common::real_engine::engine`).
+        SpeculativeConfig {
+            method: SpeculativeMethod::DraftModel,
+            num_speculative_tokens: 4,
             disable_by_batch_size: usize::MAX,
         },
     ]
@@ -88,6 +94,11 @@ fn golden_prompts_decode_the_same_with_every_proposer() {
         }
         let stats = spec.stats().spec;
         assert!(stats.num_drafts > 20 && stats.num_accepted_tokens > 5, "{stats:?}, {proposer:?}");
+        if proposer.method == SpeculativeMethod::DraftModel {
+            // A draft equal to the target, greedy: a proposal it rejects is one the draft made
+            // from KV out of step with the target's (prefill, bonus tokens, fully kept steps).
+            assert!(stats.acceptance_rate() > 0.95, "{stats:?}");
+        }
         assert_eq!(spec.stats().kv_blocks_used, 0, "blocks leaked");
     }
 }

@@ -325,7 +325,9 @@ pub struct ServeArgs {
     /// "disable_by_batch_size": 4}`, or `"method": "suffix"` (proposals also from recent
     /// requests' outputs; `suffix_decoding_max_tree_depth`, `_max_cached_requests`,
     /// `_max_spec_factor`, `_min_token_prob`), or `"method": "draft_model", "model": "self",
-    /// "num_draft_layers": N` (the model's first N layers draft). Outputs keep the target model's distribution;
+    /// "num_draft_layers": N` (the model's first N layers draft), or `"method": "draft_model",
+    /// "model": PATH` (a smaller model with the same vocabulary drafts, with its own KV cache
+    /// sharing the target's blocks). Outputs keep the target model's distribution;
     /// greedy and seeded ones stay the same tokens. `disable_by_batch_size` defaults to 4 on the
     /// CPU and 32 on CUDA. [default: off]
     #[arg(long, value_name = "JSON")]
@@ -401,7 +403,7 @@ pub struct ServerConfig {
     pub kv_cache_dtype: DtypeArg,
     pub cpu_gemm_dtype: GemmDtypeArg,
     pub batch_invariant: bool,
-    pub speculative: Option<pagoda_engine::SpeculativeConfig>,
+    pub speculative: Option<crate::speculative_config::SpeculativeSetting>,
     pub dequantize: Option<bool>,
     pub device: DeviceArg,
     pub api_key: Option<String>,

@@ -46,7 +46,8 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let model = match args.model.to_str() {
         Some(id) if !args.model.exists() && crate::hub::is_hub_id(id) => {
-            crate::hub::resolve(id, None, crate::hub::offline_from_env())?
+            crate::hub::resolve(id, None, crate::hub::offline_from_env())
+                .map_err(|e| anyhow::anyhow!("--model {e}"))?
         }
         _ => args.model.clone(),
     };

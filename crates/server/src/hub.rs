@@ -9,11 +9,13 @@ use hf_hub::{Cache, Repo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
-    #[error("--model {id}: no such local path, and `{file}` is not in the Hugging Face cache at {cache} (HF_HUB_OFFLINE is set)")]
+    #[error("{id}: no such local path, and `{file}` is not in the Hugging Face cache at {cache} (HF_HUB_OFFLINE is set)")]
     NotCached { id: String, file: String, cache: PathBuf },
-    #[error("--model {id}: no such local path, and downloading `{file}` from the Hugging Face hub failed: {message}")]
+    #[error(
+        "{id}: no such local path, and downloading `{file}` from the Hugging Face hub failed: {message}"
+    )]
     Download { id: String, file: String, message: String },
-    #[error("--model {id}: {file}: {message}")]
+    #[error("{id}: {file}: {message}")]
     BadIndex { id: String, file: String, message: String },
 }
 

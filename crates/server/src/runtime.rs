@@ -12,8 +12,8 @@ use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
 use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
 use pagoda_models::{
-    load_model, KvCache, KvLayout, LoadFormat, LoadOptions, ModelConfig, ModelError, ModelRunner,
-    PanelPrecision, SmallSteps,
+    load_model, DraftModel, KvCache, KvLayout, LoadFormat, LoadOptions, Model, ModelConfig, ModelError,
+    ModelRunner, PanelPrecision, SmallSteps,
 };
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
@@ -39,6 +39,8 @@ pub enum RuntimeError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     KvSizing(#[from] KvSizingError),
+    #[error("draft model {path}: {reason}")]
+    DraftIncompatible { path: PathBuf, reason: String },
 }
 
 /// What to load and how big to make the cache and the batches.
@@ -75,6 +77,8 @@ pub struct RuntimeOptions {
     pub max_waiting_requests: usize,
     pub enable_prefix_caching: bool,
     pub speculative: Option<pagoda_engine::SpeculativeConfig>,
+    /// A separate draft model (`SpeculativeMethod::DraftModel`), loaded like the target.
+    pub draft_model: Option<PathBuf>,
 }
 
 impl RuntimeOptions {
@@ -101,6 +105,7 @@ impl RuntimeOptions {
             max_waiting_requests: 1024,
             enable_prefix_caching: true,
             speculative: None,
+            draft_model: None,
         }
     }
 }
@@ -215,6 +220,11 @@ impl LoadedRuntime {
         }
         let cache_dtype = options.kv_cache_dtype;
         let layout = KvLayout::for_config(&config);
+        let draft = match &options.draft_model {
+            Some(path) => Some(load_draft(path, &load, &config, &tokenizer)?),
+            None => None,
+        };
+        let draft_config = draft.as_ref().map(|d| d.config().clone());
         let mut runner = ModelRunner::new(
             loaded.model,
             KvCache::new(&config, 1, options.block_size, cache_dtype, &options.device)?,
@@ -231,10 +241,24 @@ impl LoadedRuntime {
                 };
                 let budget = size_from_device_memory(&mut runner, &config, shape, cache_dtype, utilization)?;
                 gpu_kv_budget = Some(budget);
-                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, budget.kv_bytes)
+                let bytes = target_share(
+                    budget.kv_bytes,
+                    &config,
+                    draft_config.as_ref(),
+                    options.block_size,
+                    cache_dtype,
+                );
+                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, bytes)
             }
             (None, _) => {
-                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, options.kv_cache_bytes)
+                let bytes = target_share(
+                    options.kv_cache_bytes,
+                    &config,
+                    draft_config.as_ref(),
+                    options.block_size,
+                    cache_dtype,
+                );
+                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, bytes)
             }
         };
         let groups = layout.kv_groups();
@@ -270,7 +294,32 @@ impl LoadedRuntime {
             &options.device,
         )?);
         let dtype_size = cache_dtype.size_in_bytes();
-        let kv_cache_bytes = (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;
+        let mut kv_cache_bytes =
+            (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;
+        if let Some(draft) = draft {
+            let path = options.draft_model.clone().unwrap_or_default();
+            let draft_config = draft.config().clone();
+            if draft_config.max_position_embeddings < max_model_len {
+                return Err(RuntimeError::DraftIncompatible {
+                    path,
+                    reason: format!(
+                        "its {} positions are fewer than the server's max_model_len {max_model_len}",
+                        draft_config.max_position_embeddings
+                    ),
+                });
+            }
+            let cache =
+                KvCache::new(&draft_config, num_blocks, options.block_size, cache_dtype, &options.device)?;
+            kv_cache_bytes += (num_blocks
+                * KvLayout::for_config(&draft_config).page_bytes(
+                    &draft_config,
+                    options.block_size,
+                    dtype_size,
+                )) as u64;
+            runner
+                .set_draft(DraftModel::new(draft, cache))
+                .map_err(|e| RuntimeError::DraftIncompatible { path, reason: e.to_string() })?;
+        }
         let kv_bytes_per_token =
             layout.bytes_per_token(&config, max_model_len.max(1), options.block_size, dtype_size);
         times.cache_seconds = started.elapsed().as_secs_f64();
@@ -316,4 +365,57 @@ impl LoadedRuntime {
             model_config: self.model_config,
         })
     }
+}
+
+/// The KV budget's part for the target's cache when a draft's cache takes a page of the same
+/// blocks beside each of the target's.
+fn target_share(
+    bytes: u64,
+    target: &ModelConfig,
+    draft: Option<&ModelConfig>,
+    block_size: usize,
+    dtype: DType,
+) -> u64 {
+    let Some(draft) = draft else { return bytes };
+    let page =
+        |c: &ModelConfig| KvLayout::for_config(c).page_bytes(c, block_size, dtype.size_in_bytes()) as u128;
+    (u128::from(bytes) * page(target) / (page(target) + page(draft))) as u64
+}
+
+/// Loads the draft model at `path` as the target was loaded, and checks that it can draft for
+/// it: the same vocabulary (and tokenizer, where the draft carries one), every layer attending to
+/// the whole context (one KV group, so the target's block tables page its cache), as the target.
+fn load_draft(
+    path: &Path,
+    load: &LoadOptions,
+    target: &ModelConfig,
+    tokenizer: &Tokenizer,
+) -> Result<Model, RuntimeError> {
+    let refuse = |reason: String| RuntimeError::DraftIncompatible { path: path.to_path_buf(), reason };
+    let draft = load_model(path, load)?.model;
+    let config = draft.config();
+    if config.vocab_size != target.vocab_size {
+        return Err(refuse(format!(
+            "its vocabulary of {} ids is not the target's {}",
+            config.vocab_size, target.vocab_size
+        )));
+    }
+    for (which, c) in [("the draft", config), ("the target", target)] {
+        if KvLayout::for_config(c).num_groups() != 1 {
+            return Err(refuse(format!(
+                "{which} has sliding-window layers; a draft model needs both to attend to the whole context"
+            )));
+        }
+    }
+    // A draft without a tokenizer of its own (dummy weights) is taken at its vocabulary's word.
+    if let Ok(theirs) = load_tokenizer(path) {
+        let probe = "Speculative decoding: 12 drafts, 3.5 accepted; ok?";
+        let same = theirs.vocab_size() == tokenizer.vocab_size()
+            && theirs.eos_token() == tokenizer.eos_token()
+            && theirs.encode(probe, false).ok() == tokenizer.encode(probe, false).ok();
+        if !same {
+            return Err(refuse("its tokenizer differs from the target's".into()));
+        }
+    }
+    Ok(draft)
 }

@@ -42,12 +42,16 @@ pub enum ServeError {
          --load-format dummy a config.json)"
     )]
     ModelMissing(String),
+    #[error("--speculative-config: draft model {0}: no such file or directory (pass a GGUF file, a Hugging Face model directory or a hub id)")]
+    DraftModelMissing(String),
     #[error("--device {device}: {message}")]
     Device { device: DeviceArg, message: String },
     #[error("--chat-template {path}: {message}")]
     ChatTemplate { path: PathBuf, message: String },
-    #[error(transparent)]
+    #[error("--model {0}")]
     Hub(#[from] hub::HubError),
+    #[error("--speculative-config: draft model {0}")]
+    DraftHub(hub::HubError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error("setting up metrics failed: {0}")]
@@ -158,7 +162,20 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.max_num_batched_tokens = config.max_num_batched_tokens;
     options.max_waiting_requests = config.max_waiting_requests;
     options.enable_prefix_caching = config.enable_prefix_caching;
-    options.speculative = config.speculative;
+    if let Some(setting) = &config.speculative {
+        options.speculative = Some(setting.config);
+        options.draft_model = match &setting.draft_model {
+            Some(path) if path.exists() => Some(path.clone()),
+            Some(path) => match path.to_str().filter(|id| hub::is_hub_id(id)) {
+                Some(id) => Some(
+                    hub::resolve(id, config.download_dir.as_deref(), hub::offline_from_env())
+                        .map_err(ServeError::DraftHub)?,
+                ),
+                None => return Err(ServeError::DraftModelMissing(path.display().to_string())),
+            },
+            None => None,
+        };
+    }
     Ok(options)
 }
 

@@ -1,9 +1,12 @@
 //! `--speculative-config`: vLLM's JSON object (`{"method": "ngram", "num_speculative_tokens":
 //! 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`, or `"method": "suffix"` with the
-//! `suffix_decoding_*` keys, or `"method": "draft_model", "model": "self"` with
-//! `num_draft_layers`: the target drafting with its first layers), turned into the engine's
-//! [`SpeculativeConfig`]. Unknown keys and
-//! methods, and keys of the other method, are refused by name rather than ignored.
+//! `suffix_decoding_*` keys, or `"method": "draft_model"` with `"model"`: a smaller model with
+//! the same vocabulary, or `"self"` with `num_draft_layers`, the target drafting with its first
+//! layers), turned into the engine's [`SpeculativeConfig`] and, for a draft model, its path.
+//! Unknown keys and methods, and keys of the other method, are refused by name rather than
+//! ignored.
+
+use std::path::PathBuf;
 
 use pagoda_engine::{SpeculativeConfig, SpeculativeMethod};
 use serde::Deserialize;
@@ -41,8 +44,16 @@ struct SpeculativeJson {
     disable_by_batch_size: Option<usize>,
 }
 
+/// What `--speculative-config` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculativeSetting {
+    pub config: SpeculativeConfig,
+    /// With [`SpeculativeMethod::DraftModel`]: the draft's `"model"` (a path or a hub id).
+    pub draft_model: Option<PathBuf>,
+}
+
 /// Parses and checks the JSON for a server on `device`; the message names what is wrong.
-pub fn parse(json: &str, device: DeviceArg) -> Result<SpeculativeConfig, String> {
+pub fn parse(json: &str, device: DeviceArg) -> Result<SpeculativeSetting, String> {
     let j: SpeculativeJson = serde_json::from_str(json).map_err(|e| e.to_string())?;
     let method = match (j.method.as_deref(), j.model.as_deref()) {
         (Some(m), _) => m,
@@ -67,6 +78,7 @@ pub fn parse(json: &str, device: DeviceArg) -> Result<SpeculativeConfig, String>
     if let Some((key, _, owner)) = owned.iter().find(|(_, given, owner)| *given && *owner != method) {
         return Err(format!("{key} applies to method \"{owner}\", not \"{method}\""));
     }
+    let mut draft_model = None;
     let method = match method {
         "ngram" => {
             let max = j.prompt_lookup_max.or(j.prompt_lookup_min).unwrap_or(4);
@@ -90,17 +102,27 @@ pub fn parse(json: &str, device: DeviceArg) -> Result<SpeculativeConfig, String>
                 min_token_prob: j.suffix_decoding_min_token_prob.unwrap_or(min_token_prob),
             }
         }
-        "draft_model" => {
-            if let Some(model) = j.model.as_deref().filter(|&m| m != "self") {
-                return Err(format!(
-                    "separate draft models are not supported yet (model {model:?}); \"model\": \"self\" with \
-                     \"num_draft_layers\" drafts with the target's first layers"
-                ));
+        "draft_model" => match (j.model.as_deref(), j.num_draft_layers) {
+            (Some("self"), Some(num_layers)) => SpeculativeMethod::DraftLayers { num_layers },
+            (Some("self"), None) => {
+                return Err("\"num_draft_layers\" is required with \"model\": \"self\"".into())
             }
-            let num_layers =
-                j.num_draft_layers.ok_or("\"num_draft_layers\" is required with \"draft_model\"")?;
-            SpeculativeMethod::DraftLayers { num_layers }
-        }
+            (Some(path), None) => {
+                draft_model = Some(PathBuf::from(path));
+                SpeculativeMethod::DraftModel
+            }
+            (Some(_), Some(_)) => {
+                return Err(
+                    "num_draft_layers applies to \"model\": \"self\" only, not to a separate draft model"
+                        .into(),
+                )
+            }
+            (None, _) => {
+                return Err("\"model\" is required with \"draft_model\": a draft model's path or hub id, or \
+                            \"self\" with \"num_draft_layers\""
+                    .into())
+            }
+        },
         other => {
             return Err(format!(
                 "method {other:?} is not supported (supported: \"ngram\", \"suffix\", \"draft_model\")"
@@ -115,7 +137,7 @@ pub fn parse(json: &str, device: DeviceArg) -> Result<SpeculativeConfig, String>
             .unwrap_or_else(|| default_disable_by_batch_size(device)),
     };
     config.validate().map_err(|e| e.to_string())?;
-    Ok(config)
+    Ok(SpeculativeSetting { config, draft_model })
 }
 
 #[cfg(test)]
@@ -123,17 +145,17 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<SpeculativeConfig, String> {
-        super::parse(json, DeviceArg::Cpu)
+        super::parse(json, DeviceArg::Cpu).map(|s| s.config)
     }
 
     #[test]
     fn the_batch_size_switch_off_defaults_by_device() {
         let json = r#"{"method": "ngram", "num_speculative_tokens": 8}"#;
-        assert_eq!(super::parse(json, DeviceArg::Cpu).unwrap().disable_by_batch_size, 4);
-        assert_eq!(super::parse(json, DeviceArg::Cuda(1)).unwrap().disable_by_batch_size, 32);
+        assert_eq!(parse(json).unwrap().disable_by_batch_size, 4);
+        assert_eq!(super::parse(json, DeviceArg::Cuda(1)).unwrap().config.disable_by_batch_size, 32);
         let set = r#"{"method": "ngram", "num_speculative_tokens": 8, "disable_by_batch_size": 7}"#;
         for device in [DeviceArg::Cpu, DeviceArg::Cuda(0)] {
-            assert_eq!(super::parse(set, device).unwrap().disable_by_batch_size, 7);
+            assert_eq!(super::parse(set, device).unwrap().config.disable_by_batch_size, 7);
         }
     }
 
@@ -153,6 +175,21 @@ mod tests {
         let c = parse(r#"{"method": "draft_model", "model": "self", "num_draft_layers": 12, "num_speculative_tokens": 3}"#)
             .unwrap();
         assert_eq!(c.method, SpeculativeMethod::DraftLayers { num_layers: 12 });
+        // A separate draft: vLLM's `"model"` key, or its older shape without `"method"`.
+        for json in [
+            r#"{"method": "draft_model", "model": "models/draft.gguf", "num_speculative_tokens": 5}"#,
+            r#"{"model": "models/draft.gguf", "num_speculative_tokens": 5}"#,
+        ] {
+            let s = super::parse(json, DeviceArg::Cpu).unwrap();
+            assert_eq!(s.config.method, SpeculativeMethod::DraftModel);
+            assert_eq!(s.draft_model, Some(PathBuf::from("models/draft.gguf")));
+        }
+        assert_eq!(
+            super::parse(r#"{"method": "ngram", "num_speculative_tokens": 2}"#, DeviceArg::Cpu)
+                .unwrap()
+                .draft_model,
+            None
+        );
         let c = parse(
             r#"{"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24,
             "suffix_decoding_min_token_prob": 0.2}"#,
@@ -175,10 +212,12 @@ mod tests {
         assert!(
             err(r#"{"method": "eagle", "num_speculative_tokens": 2}"#).contains("\"eagle\" is not supported")
         );
-        assert!(
-            err(r#"{"model": "org/draft", "num_speculative_tokens": 2}"#).contains("separate draft models")
-        );
-        assert!(err(r#"{"method": "draft_model", "num_speculative_tokens": 2}"#).contains("num_draft_layers"));
+        assert!(err(r#"{"method": "draft_model", "num_speculative_tokens": 2}"#)
+            .contains("\"model\" is required"));
+        assert!(err(r#"{"method": "draft_model", "model": "self", "num_speculative_tokens": 2}"#)
+            .contains("num_draft_layers"));
+        assert!(err(r#"{"method": "draft_model", "model": "d.gguf", "num_draft_layers": 2, "num_speculative_tokens": 2}"#)
+            .contains("not to a separate draft model"));
         assert!(err(r#"{"method": "ngram", "num_speculative_tokens": 2, "num_draft_layers": 3}"#)
             .contains("num_draft_layers applies to method \"draft_model\""));
         assert!(err(r#"{"method": "ngram"}"#).contains("num_speculative_tokens"));

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::block_manager::BlockManager;
 use crate::constraint::{SeqConstraint, TokenConstraint};
-use crate::executor::{SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
+use crate::executor::{ExecutorDraft, SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
 use crate::speculative::{SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
@@ -27,13 +27,14 @@ impl Scheduler {
         let queries_before = self.blocks.prefix_cache_queries();
         let hits_before = self.blocks.prefix_cache_hits();
         let preemptions_before = self.num_preemptions;
-        let draft_layers = match self.config.speculative.map(|s| s.method) {
-            Some(SpeculativeMethod::DraftLayers { num_layers }) => Some(num_layers),
+        let executor_draft = match self.config.speculative.map(|s| s.method) {
+            Some(SpeculativeMethod::DraftLayers { num_layers }) => Some(ExecutorDraft::Layers(num_layers)),
+            Some(SpeculativeMethod::DraftModel) => Some(ExecutorDraft::Model),
             _ => None,
         };
         let mut batch = ScheduledBatch {
             seqs: Vec::with_capacity(self.running.len()),
-            draft_layers,
+            executor_draft,
             ..Default::default()
         };
         let mut budget = self.config.max_num_batched_tokens;

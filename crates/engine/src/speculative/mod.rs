@@ -39,12 +39,15 @@ pub enum SpeculativeMethod {
     /// `num_layers` layers, its final norm and its head, `k` passes of one token, writing those
     /// layers' KV into the very slots the verification then overwrites.
     DraftLayers { num_layers: usize },
+    /// A separate draft model held by the executor (same vocabulary, its own KV cache paged by
+    /// the target's block tables): `k` greedy one-token passes per step.
+    DraftModel,
 }
 
 impl SpeculativeMethod {
     /// Whether the executor makes the proposals (the scheduler sends placeholders).
     pub fn drafts_in_executor(&self) -> bool {
-        matches!(self, Self::DraftLayers { .. })
+        matches!(self, Self::DraftLayers { .. } | Self::DraftModel)
     }
 }
 
@@ -75,6 +78,8 @@ pub enum SpeculativeConfigError {
     DraftLayers { got: usize, layers: usize },
     #[error("the executor cannot draft with its own layers")]
     NoDraftLayers,
+    #[error("the executor holds no draft model")]
+    NoDraftModel,
 }
 
 impl SpeculativeConfig {
@@ -128,6 +133,7 @@ impl SpeculativeConfig {
                     return Err(SpeculativeConfigError::DraftLayers { got: 0, layers: 0 });
                 }
             }
+            SpeculativeMethod::DraftModel => {}
         }
         Ok(())
     }
@@ -159,7 +165,7 @@ impl Proposer {
                 max_spec_factor,
                 min_token_prob,
             )),
-            SpeculativeMethod::DraftLayers { .. } => Self::Executor,
+            SpeculativeMethod::DraftLayers { .. } | SpeculativeMethod::DraftModel => Self::Executor,
         }
     }
 

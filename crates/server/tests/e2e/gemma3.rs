@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::harness::*;
 
-fn gemma3_path() -> std::path::PathBuf {
+pub fn gemma3_path() -> std::path::PathBuf {
     let path = std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from)
         .join("../../models/gemma-3-270m-q4_k_m.gguf");

@@ -1,11 +1,17 @@
-//! `pagoda serve --speculative-config`: n-gram proposals must not change what clients get (greedy
-//! and seeded chats, logprobs, a stop string, `n = 2`, a JSON schema, streamed or not), and the
-//! spec_decode metrics must count what was proposed and accepted.
+//! `pagoda serve --speculative-config`: n-gram proposals and a separate draft model must not
+//! change what clients get (greedy and seeded chats, logprobs, a stop string, `n = 2`, a JSON
+//! schema, streamed or not), and the spec_decode metrics must count what was proposed and
+//! accepted. A draft model that cannot draft for the target is a start-up error.
 
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use crate::harness::{client, metric, metrics_text, post_json, read_sse, TestServer};
+use clap::Parser;
+use pagoda_server::config::ServerConfig;
+use pagoda_server::server::Server;
+
+use crate::gemma3::gemma3_path;
+use crate::harness::{client, metric, metrics_text, model_path, post_json, read_sse, Cli, TestServer};
 
 const SPEC: &str = r#"{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}"#;
 
@@ -104,4 +110,66 @@ async fn ngram_proposals_leave_answers_unchanged_and_are_counted() -> Result<()>
     assert!(accepted <= proposed && first <= drafts && first >= accepted / 4.0, "{text}");
     spec.signal_stop();
     spec.join()
+}
+
+/// The default model drafting for itself (the only same-tokenizer draft at hand): answers
+/// unchanged, and greedy proposals accepted nearly always, which they are only while the
+/// draft's own KV cache keeps in step with the target's over prefills, prefix-cache hits and
+/// verified steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_model_leaves_answers_unchanged_and_is_counted() -> Result<()> {
+    let plain = TestServer::start(&[]);
+    let want = answers(&plain).await?;
+    plain.signal_stop();
+    plain.join()?;
+
+    let config = json!({"method": "draft_model", "model": model_path(), "num_speculative_tokens": 3,
+                        "disable_by_batch_size": 64})
+    .to_string();
+    let spec = TestServer::start(&["--speculative-config", &config]);
+    let got = answers(&spec).await?;
+    assert_same(&json!(got), &json!(want), "answers");
+    let text = metrics_text(&client(), &spec).await?;
+    let drafts = metric(&text, "pagoda:spec_decode_num_drafts_total", "").unwrap();
+    let proposed = metric(&text, "pagoda:spec_decode_num_draft_tokens_total", "").unwrap();
+    let accepted = metric(&text, "pagoda:spec_decode_num_accepted_tokens_total", "").unwrap();
+    assert!(drafts >= 50.0 && proposed >= drafts, "{text}");
+    // Sampled requests (n = 2 at temperature 0.8) reject some of the greedy draft's proposals.
+    assert!(accepted >= 0.8 * proposed && accepted <= proposed, "{accepted} of {proposed} accepted\n{text}");
+    spec.signal_stop();
+    spec.join()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_model_of_another_vocabulary_is_a_startup_error() -> Result<()> {
+    let draft =
+        json!({"method": "draft_model", "model": gemma3_path(), "num_speculative_tokens": 3}).to_string();
+    // Not a hub id either (those are fetched), so nothing is looked up online.
+    let missing =
+        json!({"method": "draft_model", "model": "/no/such/draft.gguf", "num_speculative_tokens": 3})
+            .to_string();
+    let model = model_path().display().to_string();
+    for (config, expected) in [
+        (&draft, "vocabulary of 262144 ids is not the target's 49152"),
+        (&missing, "draft model /no/such/draft.gguf: no such file"),
+    ] {
+        let argv = [
+            "pagoda",
+            "--model",
+            &model,
+            "--port",
+            "0",
+            "--kv-cache-memory",
+            "64MiB",
+            "--speculative-config",
+            config,
+        ];
+        let config = ServerConfig::from_args(Cli::try_parse_from(argv)?.args)?;
+        let err = match Server::build(&config).await {
+            Ok(_) => anyhow::bail!("{argv:?} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(expected), "{err}");
+    }
+    Ok(())
 }

@@ -1,0 +1,160 @@
+//! A separate draft model for speculative decoding ([`ExecutorDraft::Model`]): a smaller model
+//! with the target's vocabulary, drafting greedily, with a KV cache of its own that the
+//! target's block tables page too. Both caches have the same block size and number of blocks,
+//! so slot `s` holds the same position in each, and the engine's block manager, prefix cache
+//! and copy-on-write serve both without knowing about the draft.
+//!
+//! For that the draft must compute every position the target computes, with the same token:
+//! - each step it first runs the step's tokens up to each sequence's proposals (prefill chunks,
+//!   plain decodes, and the last real token of every drafting sequence, whose logits give its
+//!   first proposal), then one one-token pass per further proposal;
+//! - after verification, a sequence that kept all `k` proposals has its last one run through
+//!   the draft as well: the passes fed it the proposals before it, not that one.
+//!
+//! Positions of rejected proposals hold the draft's guesses in both caches until the next steps
+//! overwrite them, as in the target's. Blocks filled this way and then shared through the prefix
+//! cache hold the right entries in both caches, since both computed the same tokens.
+//!
+//! [`ExecutorDraft::Model`]: pagoda_engine::ExecutorDraft::Model
+
+use pagoda_engine::sampler::try_sample;
+use pagoda_engine::{ExecutorError, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq};
+
+use crate::error::ModelError;
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::runner::{forward_with, ModelRunner};
+
+/// The draft model and its cache (see the module docs).
+pub struct DraftModel {
+    pub(crate) model: Model,
+    pub(crate) cache: KvCache,
+}
+
+impl DraftModel {
+    pub fn new(model: Model, cache: KvCache) -> Self {
+        Self { model, cache }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+}
+
+type StepResult<T> = std::result::Result<T, ExecutorError>;
+
+impl ModelRunner {
+    /// Runs the draft model over `batch`'s tokens before its proposals and fills every
+    /// proposal placeholder with the draft's greedy token, one pass per position.
+    pub(crate) fn draft_with_model(&mut self, batch: &ScheduledBatch) -> StepResult<ScheduledBatch> {
+        let mut filled = batch.clone();
+        let context = ScheduledBatch {
+            seqs: batch
+                .seqs
+                .iter()
+                .map(|s| ScheduledSeq {
+                    token_ids: s.token_ids[..s.q_len() - s.num_draft_tokens].to_vec(),
+                    sample: (s.num_draft_tokens > 0).then(SampleRequest::greedy),
+                    num_draft_tokens: 0,
+                    ..s.clone()
+                })
+                .collect(),
+            ..ScheduledBatch::default()
+        };
+        let drafting: Vec<usize> =
+            (0..batch.seqs.len()).filter(|&i| batch.seqs[i].num_draft_tokens > 0).collect();
+        let first = self.draft_pass(context)?;
+        for (&i, token) in drafting.iter().zip(first) {
+            let s = &mut filled.seqs[i];
+            let at = s.q_len() - s.num_draft_tokens;
+            s.token_ids[at] = token;
+        }
+        let passes = batch.seqs.iter().map(|s| s.num_draft_tokens).max().unwrap_or(0);
+        for j in 1..passes {
+            let members: Vec<usize> =
+                drafting.iter().copied().filter(|&i| filled.seqs[i].num_draft_tokens > j).collect();
+            // Proposal j - 1 in, proposal j out.
+            let at = |s: &ScheduledSeq| s.q_len() - s.num_draft_tokens + j - 1;
+            let pass = ScheduledBatch {
+                seqs: members.iter().map(|&i| one_token(&filled.seqs[i], at(&filled.seqs[i]))).collect(),
+                ..ScheduledBatch::default()
+            };
+            for (&i, token) in members.iter().zip(self.draft_pass(pass)?) {
+                let s = &mut filled.seqs[i];
+                let at = at(s) + 1;
+                s.token_ids[at] = token;
+            }
+        }
+        Ok(filled)
+    }
+
+    /// After verification: runs the last proposal of each sequence that kept all of them
+    /// through the draft, the one position of the step the draft has not computed.
+    pub(crate) fn complete_draft_cache(
+        &mut self,
+        batch: &ScheduledBatch,
+        sampled: &[SampledToken],
+    ) -> StepResult<()> {
+        // `sampled` has one entry per sequence that sampled, in batch order.
+        let seqs: Vec<ScheduledSeq> = batch
+            .seqs
+            .iter()
+            .filter(|s| s.sample.is_some())
+            .zip(sampled)
+            .filter(|(s, t)| {
+                s.num_draft_tokens > 0 && s.seq_id == t.seq_id && t.num_accepted() == s.num_draft_tokens
+            })
+            .map(|(s, _)| one_token(s, s.q_len() - 1))
+            .collect();
+        if !seqs.is_empty() {
+            self.draft_pass(ScheduledBatch { seqs, ..ScheduledBatch::default() })?;
+        }
+        Ok(())
+    }
+
+    /// One forward pass of the draft model over `pass`, writing its cache; the greedy token
+    /// of each sequence that samples, in order. A pass with none still computes one row (the
+    /// model's head wants at least one), which is dropped.
+    fn draft_pass(&mut self, mut pass: ScheduledBatch) -> StepResult<Vec<u32>> {
+        let failed = |e: ModelError| ExecutorError::Execution(format!("draft model: {e}"));
+        let wanted = pass.seqs.iter().filter(|s| s.sample.is_some()).count();
+        if wanted == 0 {
+            match pass.seqs.last_mut() {
+                Some(last) => last.sample = Some(SampleRequest::greedy()),
+                None => return Ok(Vec::new()),
+            }
+        }
+        let flat = self.flatten(&pass)?;
+        let draft = self.draft.as_ref().ok_or_else(|| ExecutorError::Execution("no draft model".into()))?;
+        let logits =
+            forward_with(&draft.model, &draft.cache, &self.device, &pass, flat, None).map_err(failed)?;
+        let rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?;
+        pass.seqs
+            .iter()
+            .filter(|s| s.sample.is_some())
+            .zip(rows)
+            .take(wanted)
+            .map(|(s, mut row)| {
+                try_sample(&mut row, &SampleRequest::greedy())
+                    .map(|(token, _)| token)
+                    .map_err(|e| ExecutorError::InvalidSequence { seq_id: s.seq_id, message: e.to_string() })
+            })
+            .collect()
+    }
+}
+
+/// `s`'s token at offset `at` alone, as a one-token step that samples.
+fn one_token(s: &ScheduledSeq, at: usize) -> ScheduledSeq {
+    ScheduledSeq {
+        seq_id: s.seq_id,
+        token_ids: vec![s.token_ids[at]],
+        start_pos: s.start_pos + at,
+        block_tables: s.block_tables.clone(),
+        sample: Some(SampleRequest::greedy()),
+        num_draft_tokens: 0,
+    }
+}
