@@ -5,10 +5,10 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
 
 use crate::check::{self, invalid};
 use crate::dtype::{check_float, with_float, Float};
+use crate::par_rows::par_rows;
 
 /// Which gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,22 +90,14 @@ impl GatedActivation {
             return Err(invalid(op, "gate / up views do not match their storage"));
         }
         let w = g_rows.row_len;
+        let min_rows = MIN_ELEMS_PER_TASK / w.max(1) + 1;
         if let (Some(gs), Some(us)) = (T::as_f32(gs), T::as_f32(us)) {
-            let mut out = vec![0f32; g_rows.rows * w];
-            if w > 0 {
-                out.par_chunks_mut(w).with_min_len(MIN_ELEMS_PER_TASK / w + 1).enumerate().for_each(
-                    |(i, dst)| {
-                        gated_mul_f32(act, &gs[g_rows.range(i)], &us[u_rows.range(i)], dst);
-                    },
-                );
-            }
+            let out = par_rows(g_rows.rows, w, min_rows, 0f32, |i, dst| {
+                gated_mul_f32(act, &gs[g_rows.range(i)], &us[u_rows.range(i)], dst);
+            });
             return Ok(CpuStorage::F32(out));
         }
-        let mut out = vec![T::from_f32(0.0); g_rows.rows * w];
-        if w == 0 {
-            return Ok(T::to_cpu_storage_owned(out));
-        }
-        out.par_chunks_mut(w).with_min_len(MIN_ELEMS_PER_TASK / w + 1).enumerate().for_each(|(i, dst)| {
+        let out = par_rows(g_rows.rows, w, min_rows, T::from_f32(0.0), |i, dst| {
             for ((o, g), u) in dst.iter_mut().zip(&gs[g_rows.range(i)]).zip(&us[u_rows.range(i)]) {
                 let g = g.to_f32();
                 *o = T::from_f32(g / (1.0 + (-act.sigmoid_arg(g)).exp()) * u.to_f32());

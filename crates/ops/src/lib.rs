@@ -38,6 +38,7 @@ mod paged_attention_cpu;
 mod panel_matmul;
 #[cfg(target_arch = "x86_64")]
 mod panel_matmul_x86;
+mod par_rows;
 mod quant_matmul;
 #[cfg(target_arch = "x86_64")]
 mod quant_matmul_x86;

@@ -28,6 +28,7 @@ use rayon::prelude::*;
 
 use crate::cpu_matmul::{self, CpuWeight, OutPtr};
 use crate::int8_matmul::Int8Weight;
+use crate::par_rows::par_rows;
 use crate::quant_weight::QuantizedWeight;
 use crate::simd::{MulAdd, Separate};
 
@@ -325,10 +326,7 @@ pub(crate) fn matmul(w: &PanelWeight, x_rows: &[&[f32]], kernel: TileKernel) -> 
 /// bfloat16 pairs once, then multiplied tile by tile.
 pub(crate) fn matmul_bf16(w: &PanelWeight, x_rows: &[&[f32]], kernel: Bf16TileKernel) -> Vec<f32> {
     let pairs = w.cols().div_ceil(2);
-    let mut x = vec![0u32; x_rows.len() * pairs];
-    if pairs > 0 {
-        x.par_chunks_mut(pairs).zip(x_rows.par_iter()).for_each(|(dst, src)| to_bf16_pairs(src, dst));
-    }
+    let x = par_rows(x_rows.len(), pairs, 1, 0u32, |i, dst| to_bf16_pairs(x_rows[i], dst));
     let rows: Vec<&[u32]> = x.chunks(pairs.max(1)).collect();
     run_tiles(w, &rows, |p| w.bf16_panel(p), kernel)
 }
@@ -377,7 +375,9 @@ pub(crate) fn for_each_tile(
     tile_rows: usize,
     tile: impl Fn(usize, std::ops::Range<usize>, &mut [&mut [f32]], usize) + Sync,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
+    // Each tile zeroes its own part just before writing it (see `par_rows`), so no thread
+    // waits for a memset of the whole output.
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
     if m == 0 || n == 0 {
         return out;
     }
@@ -393,15 +393,23 @@ pub(crate) fn for_each_tile(
             let width = PANEL.min(n - col0);
             for r0 in (0..m).step_by(tile_rows) {
                 let r1 = (r0 + tile_rows).min(m);
-                // SAFETY: row `r` columns `col0..col0 + width` lie inside `out` and belong to this
-                // task's panel only; no other reference to them exists while the tile runs.
+                // SAFETY: row `r` columns `col0..col0 + width` lie inside `out`'s allocation and
+                // belong to this task's panel only; no other reference to them exists while the
+                // tile runs, and they are initialised (zeroed) before a slice is made of them.
                 let mut out_rows: Vec<&mut [f32]> = (r0..r1)
-                    .map(|r| unsafe { std::slice::from_raw_parts_mut(p.0.add(r * n + col0), width) })
+                    .map(|r| unsafe {
+                        let row = p.0.add(r * n + col0);
+                        row.write_bytes(0, width);
+                        std::slice::from_raw_parts_mut(row, width)
+                    })
                     .collect();
                 tile(pi, r0..r1, &mut out_rows, width);
             }
         }
     });
+    // SAFETY: the panels cover columns 0..n and the tiles rows 0..m, so every element was
+    // written above.
+    unsafe { out.set_len(m * n) };
     out
 }
 

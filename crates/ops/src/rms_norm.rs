@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use crate::check::{self, invalid};
 use crate::dtype::{check_float, storage_to_f32, with_float, Float};
+use crate::par_rows::{par_rows_with, zeroed};
 
 const OP: &str = "rms_norm";
 const ADD_OP: &str = "add_rms_norm";
@@ -86,13 +87,13 @@ impl RmsNorm {
             return Err(invalid(OP, "x view exceeds its storage"));
         }
         let h = rows.row_len;
-        let mut out = vec![T::from_f32(0.0); rows.rows * h];
-        if h == 0 {
-            return Ok(T::to_cpu_storage_owned(out));
-        }
-        out.par_chunks_mut(h).with_min_len(MIN_ELEMS_PER_TASK / h + 1).enumerate().for_each_init(
+        let out = par_rows_with(
+            rows.rows,
+            h,
+            MIN_ELEMS_PER_TASK / h.max(1) + 1,
+            T::from_f32(0.0),
             || vec![0f32; h],
-            |row, (i, dst)| {
+            |row, i, dst| {
                 T::to_f32_slice(&src[rows.range(i)], row);
                 normalize_row(row, weight, self.eps, dst);
             },
@@ -151,11 +152,13 @@ impl AddRmsNorm {
             return Err(invalid(ADD_OP, "x / residual views do not match their storage"));
         }
         let (n, h) = (x_rows.rows, x_rows.row_len);
-        let mut out = vec![T::from_f32(0.0); 2 * n * h];
+        let zero = T::from_f32(0.0);
+        // Both outputs in one buffer, rows zeroed by the task that fills them (see `par_rows`).
+        let mut out: Vec<T> = Vec::with_capacity(2 * n * h);
         if h == 0 {
             return Ok(T::to_cpu_storage_owned(out));
         }
-        let (normed, summed) = out.split_at_mut(n * h);
+        let (normed, summed) = out.spare_capacity_mut()[..2 * n * h].split_at_mut(n * h);
         normed
             .par_chunks_mut(h)
             .zip(summed.par_chunks_mut(h))
@@ -164,6 +167,7 @@ impl AddRmsNorm {
             .for_each_init(
                 || vec![0f32; h],
                 |row, (i, (normed, summed))| {
+                    let (normed, summed) = (zeroed(normed, zero), zeroed(summed, zero));
                     let (x, r) = (&xs[x_rows.range(i)], &rs[r_rows.range(i)]);
                     for ((s, f), (a, b)) in summed.iter_mut().zip(row.iter_mut()).zip(x.iter().zip(r)) {
                         *s = T::from_f32(a.to_f32() + b.to_f32());
@@ -173,6 +177,8 @@ impl AddRmsNorm {
                     normalize_row(row, weight, self.eps, normed);
                 },
             );
+        // SAFETY: the tasks above initialised every row of both halves.
+        unsafe { out.set_len(2 * n * h) };
         Ok(T::to_cpu_storage_owned(out))
     }
 }

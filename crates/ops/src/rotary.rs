@@ -6,10 +6,10 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
-use rayon::prelude::*;
 
 use crate::check::{self, invalid};
 use crate::dtype::{with_float, Float};
+use crate::par_rows::par_rows;
 
 const OP: &str = "rotary_embedding";
 
@@ -106,27 +106,24 @@ impl Rotary<'_> {
             return Err(invalid(OP, "x view does not match its storage or positions"));
         }
         let row_len = heads * head_dim;
-        let mut out = vec![T::from_f32(0.0); num_tokens * row_len];
-        if row_len == 0 {
-            return Ok(T::to_cpu_storage_owned(out));
-        }
         let style = self.style;
-        out.par_chunks_mut(row_len).with_min_len((1 << 14) / row_len + 1).enumerate().for_each(|(t, dst)| {
-            let p = positions[t] as usize;
-            let (c, s) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
-            let x = &src[rows.range(t)];
-            for (dst, x) in dst.chunks_exact_mut(head_dim).zip(x.chunks_exact(head_dim)) {
-                for i in 0..half {
-                    let (ia, ib) = match style {
-                        RotaryStyle::Interleaved => (2 * i, 2 * i + 1),
-                        RotaryStyle::Halves => (i, i + half),
-                    };
-                    let (a, b) = (x[ia].to_f32(), x[ib].to_f32());
-                    dst[ia] = T::from_f32(a * c[i] - b * s[i]);
-                    dst[ib] = T::from_f32(a * s[i] + b * c[i]);
+        let out =
+            par_rows(num_tokens, row_len, (1 << 14) / row_len.max(1) + 1, T::from_f32(0.0), |t, dst| {
+                let p = positions[t] as usize;
+                let (c, s) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
+                let x = &src[rows.range(t)];
+                for (dst, x) in dst.chunks_exact_mut(head_dim).zip(x.chunks_exact(head_dim)) {
+                    for i in 0..half {
+                        let (ia, ib) = match style {
+                            RotaryStyle::Interleaved => (2 * i, 2 * i + 1),
+                            RotaryStyle::Halves => (i, i + half),
+                        };
+                        let (a, b) = (x[ia].to_f32(), x[ib].to_f32());
+                        dst[ia] = T::from_f32(a * c[i] - b * s[i]);
+                        dst[ib] = T::from_f32(a * s[i] + b * c[i]);
+                    }
                 }
-            }
-        });
+            });
         Ok(T::to_cpu_storage_owned(out))
     }
 }
