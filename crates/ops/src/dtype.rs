@@ -179,6 +179,10 @@ pub(crate) fn storage_to_f32(
         let src = src.get(start..start + len).ok_or_else(|| {
             candle_core::Error::Msg(format!("{op}: storage region {start}..{} out of bounds", start + len))
         })?;
+        // An f32 source is copied as is: no zeroed buffer to overwrite first.
+        if let Some(f) = T::as_f32(src) {
+            return Ok(f.to_vec());
+        }
         let mut out = vec![0f32; len];
         T::to_f32_slice(src, &mut out);
         Ok(out)
@@ -187,6 +191,9 @@ pub(crate) fn storage_to_f32(
 
 /// Packs f32 results into a storage of `dtype` (f32, f16 or bf16).
 pub(crate) fn f32_to_storage(values: Vec<f32>, dtype: DType, op: &'static str) -> Result<CpuStorage> {
+    if dtype == DType::F32 {
+        return Ok(CpuStorage::F32(values));
+    }
     with_float!(dtype, op, T => {
         let mut out = vec![T::from_f32(0.0); values.len()];
         T::from_f32_slice(&values, &mut out);
