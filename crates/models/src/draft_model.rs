@@ -147,8 +147,8 @@ impl ModelRunner {
     }
 }
 
-/// `s`'s token at offset `at` alone, as a one-token step that samples.
-fn one_token(s: &ScheduledSeq, at: usize) -> ScheduledSeq {
+/// `s`'s token at offset `at` alone, as a one-token step that samples (a drafting pass).
+pub(crate) fn one_token(s: &ScheduledSeq, at: usize) -> ScheduledSeq {
     ScheduledSeq {
         seq_id: s.seq_id,
         token_ids: vec![s.token_ids[at]],

@@ -9,12 +9,12 @@ use candle_core::{Device, Tensor};
 use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{
     ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch,
-    ScheduledSeq, StepOutput,
+    StepOutput,
 };
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
-use crate::draft_model::DraftModel;
+use crate::draft_model::{one_token, DraftModel};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardInput, Model};
@@ -222,15 +222,7 @@ impl ModelRunner {
                 .map(|&i| {
                     let s = &filled.seqs[i];
                     // The sequence's own last token, then its drafts so far.
-                    let at = s.q_len() - s.num_draft_tokens - 1 + j;
-                    ScheduledSeq {
-                        seq_id: s.seq_id,
-                        token_ids: vec![s.token_ids[at]],
-                        start_pos: s.start_pos + at,
-                        block_tables: s.block_tables.clone(),
-                        sample: Some(SampleRequest::greedy()),
-                        num_draft_tokens: 0,
-                    }
+                    one_token(s, s.q_len() - s.num_draft_tokens - 1 + j)
                 })
                 .collect();
             let pass = ScheduledBatch { seqs, ..ScheduledBatch::default() };

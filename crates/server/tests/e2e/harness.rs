@@ -19,6 +19,19 @@ use serde_json::Value;
 pub const API_KEY: &str = "e2e-secret";
 
 /// The default model; its absence fails the tests (run `make model`).
+/// The error `Server::build` gives for the real model with a 64 MiB cache and `extra` flags;
+/// an error itself when the server builds.
+pub async fn startup_error(extra: &[&str]) -> Result<String> {
+    let model = model_path().display().to_string();
+    let mut argv = vec!["pagoda", "--model", &model, "--port", "0", "--kv-cache-memory", "64MiB"];
+    argv.extend_from_slice(extra);
+    let config = ServerConfig::from_args(Cli::try_parse_from(&argv)?.args)?;
+    match Server::build(&config).await {
+        Ok(_) => bail!("{argv:?} started"),
+        Err(e) => Ok(e.to_string()),
+    }
+}
+
 pub fn model_path() -> PathBuf {
     // Cargo's run-time value: a test binary reused from a build in another checkout still
     // carries that checkout's compile-time path.

@@ -5,34 +5,15 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use futures_util::future::join_all;
-use pagoda_server::config::ServerConfig;
-use pagoda_server::server::Server;
 use serde_json::{json, Value};
 
-use crate::harness::{assert_error_shape, client, model_path, post_json, shared, Cli, TestServer};
+use crate::harness::{assert_error_shape, client, post_json, shared, startup_error, TestServer};
 use crate::shutdown::{pagoda_serve, spawn_ready};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_model_len_beyond_the_models_context_is_a_startup_error() -> Result<()> {
-    let model = model_path().display().to_string();
-    let argv = [
-        "pagoda",
-        "--model",
-        &model,
-        "--port",
-        "0",
-        "--kv-cache-memory",
-        "64MiB",
-        "--max-model-len",
-        "16384",
-    ];
-    let config = ServerConfig::from_args(Cli::try_parse_from(argv)?.args)?;
-    let err = match Server::build(&config).await {
-        Ok(_) => anyhow::bail!("a --max-model-len of 16384 was accepted for a model of 8192 positions"),
-        Err(e) => e.to_string(),
-    };
+    let err = startup_error(&["--max-model-len", "16384"]).await?;
     assert!(err.contains("16384") && err.contains("context of 8192"), "{err}");
     Ok(())
 }

@@ -6,12 +6,10 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use clap::Parser;
-use pagoda_server::config::ServerConfig;
-use pagoda_server::server::Server;
-
 use crate::gemma3::gemma3_path;
-use crate::harness::{client, metric, metrics_text, model_path, post_json, read_sse, Cli, TestServer};
+use crate::harness::{
+    client, metric, metrics_text, model_path, post_json, read_sse, startup_error, TestServer,
+};
 
 const SPEC: &str = r#"{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}"#;
 
@@ -91,19 +89,8 @@ fn assert_same(got: &Value, want: &Value, path: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ngram_proposals_leave_answers_unchanged_and_are_counted() -> Result<()> {
-    let plain = TestServer::start(&[]);
-    let want = answers(&plain).await?;
-    plain.signal_stop();
-    plain.join()?;
-
-    let spec = TestServer::start(&["--speculative-config", SPEC]);
-    let got = answers(&spec).await?;
-    assert_same(&json!(got), &json!(want), "answers");
+    let (spec, text, [drafts, proposed, accepted]) = same_answers_with(SPEC).await?;
     // The repeat prompts copy the passage: proposals are made and mostly accepted.
-    let text = metrics_text(&client(), &spec).await?;
-    let drafts = metric(&text, "pagoda:spec_decode_num_drafts_total", "").unwrap();
-    let proposed = metric(&text, "pagoda:spec_decode_num_draft_tokens_total", "").unwrap();
-    let accepted = metric(&text, "pagoda:spec_decode_num_accepted_tokens_total", "").unwrap();
     let first =
         metric(&text, "pagoda:spec_decode_num_accepted_tokens_per_pos_total", "position=\"0\"").unwrap();
     assert!(drafts >= 10.0 && proposed >= drafts && accepted >= 10.0, "{text}");
@@ -112,27 +99,33 @@ async fn ngram_proposals_leave_answers_unchanged_and_are_counted() -> Result<()>
     spec.join()
 }
 
+/// A server with `--speculative-config spec_config` whose answers equal a plain server's; with
+/// its metrics text and its drafts, proposed and accepted token counters.
+async fn same_answers_with(spec_config: &str) -> Result<(TestServer, String, [f64; 3])> {
+    let plain = TestServer::start(&[]);
+    let want = answers(&plain).await?;
+    plain.signal_stop();
+    plain.join()?;
+
+    let spec = TestServer::start(&["--speculative-config", spec_config]);
+    let got = answers(&spec).await?;
+    assert_same(&json!(got), &json!(want), "answers");
+    let text = metrics_text(&client(), &spec).await?;
+    let counters = ["drafts", "draft_tokens", "accepted_tokens"]
+        .map(|c| metric(&text, &format!("pagoda:spec_decode_num_{c}_total"), "").unwrap());
+    Ok((spec, text, counters))
+}
+
 /// The default model drafting for itself (the only same-tokenizer draft at hand): answers
 /// unchanged, and greedy proposals accepted nearly always, which they are only while the
 /// draft's own KV cache keeps in step with the target's over prefills, prefix-cache hits and
 /// verified steps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draft_model_leaves_answers_unchanged_and_is_counted() -> Result<()> {
-    let plain = TestServer::start(&[]);
-    let want = answers(&plain).await?;
-    plain.signal_stop();
-    plain.join()?;
-
     let config = json!({"method": "draft_model", "model": model_path(), "num_speculative_tokens": 3,
                         "disable_by_batch_size": 64})
     .to_string();
-    let spec = TestServer::start(&["--speculative-config", &config]);
-    let got = answers(&spec).await?;
-    assert_same(&json!(got), &json!(want), "answers");
-    let text = metrics_text(&client(), &spec).await?;
-    let drafts = metric(&text, "pagoda:spec_decode_num_drafts_total", "").unwrap();
-    let proposed = metric(&text, "pagoda:spec_decode_num_draft_tokens_total", "").unwrap();
-    let accepted = metric(&text, "pagoda:spec_decode_num_accepted_tokens_total", "").unwrap();
+    let (spec, text, [drafts, proposed, accepted]) = same_answers_with(&config).await?;
     assert!(drafts >= 50.0 && proposed >= drafts, "{text}");
     // Sampled requests (n = 2 at temperature 0.8) reject some of the greedy draft's proposals.
     assert!(accepted >= 0.8 * proposed && accepted <= proposed, "{accepted} of {proposed} accepted\n{text}");
@@ -148,27 +141,11 @@ async fn a_draft_model_of_another_vocabulary_is_a_startup_error() -> Result<()> 
     let missing =
         json!({"method": "draft_model", "model": "/no/such/draft.gguf", "num_speculative_tokens": 3})
             .to_string();
-    let model = model_path().display().to_string();
     for (config, expected) in [
         (&draft, "vocabulary of 262144 ids is not the target's 49152"),
         (&missing, "draft model /no/such/draft.gguf: no such file"),
     ] {
-        let argv = [
-            "pagoda",
-            "--model",
-            &model,
-            "--port",
-            "0",
-            "--kv-cache-memory",
-            "64MiB",
-            "--speculative-config",
-            config,
-        ];
-        let config = ServerConfig::from_args(Cli::try_parse_from(argv)?.args)?;
-        let err = match Server::build(&config).await {
-            Ok(_) => anyhow::bail!("{argv:?} was accepted"),
-            Err(e) => e.to_string(),
-        };
+        let err = startup_error(&["--speculative-config", config]).await?;
         assert!(err.contains(expected), "{err}");
     }
     Ok(())
