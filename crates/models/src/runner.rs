@@ -76,20 +76,9 @@ impl ModelRunner {
     }
 
     /// Swaps in another cache (start-up sizes the real one after profiling with a scratch one).
-    /// With a draft model, give it a cache of the same geometry next
-    /// ([`Self::replace_draft_cache`]).
+    /// A draft model is attached after that, with a cache of the final geometry.
     pub fn replace_cache(&mut self, cache: KvCache) -> KvCache {
         std::mem::replace(&mut self.cache, cache)
-    }
-
-    /// Swaps in the draft model's cache of the geometry of the current one.
-    pub fn replace_draft_cache(&mut self, cache: KvCache) -> Result<()> {
-        self.check_draft_cache(&cache)?;
-        match &mut self.draft {
-            Some(draft) => draft.cache = cache,
-            None => return Err(ModelError::InvalidOption("no draft model to give a cache".into())),
-        }
-        Ok(())
     }
 
     fn check_draft_cache(&self, cache: &KvCache) -> Result<()> {

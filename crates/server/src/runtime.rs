@@ -262,14 +262,15 @@ impl LoadedRuntime {
             }
         };
         let groups = layout.kv_groups();
-        // Without an explicit limit, the context is what both the model and the cache allow
+        // Without an explicit limit, the context is what the model (and a draft), and the cache allow
         // (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
         let max_model_len = options.max_model_len.unwrap_or_else(|| {
             let fits = |len: usize| {
                 groups.max_pages_for_sequence(len, options.max_num_batched_tokens, options.block_size)
                     <= num_blocks
             };
-            let (mut lo, mut hi) = (0, config.max_position_embeddings);
+            let positions = draft_config.as_ref().map_or(usize::MAX, |d| d.max_position_embeddings);
+            let (mut lo, mut hi) = (0, config.max_position_embeddings.min(positions));
             while lo < hi {
                 let mid = (lo + hi).div_ceil(2);
                 if fits(mid) {
