@@ -15,7 +15,11 @@
 //! overwrite them, as in the target's. Blocks filled this way and then shared through the prefix
 //! cache hold the right entries in both caches, since both computed the same tokens.
 //!
+//! The one-token drafting passes here serve the self-speculative drafter too (the target's
+//! first layers over the target's own cache, [`ExecutorDraft::Layers`]).
+//!
 //! [`ExecutorDraft::Model`]: pagoda_engine::ExecutorDraft::Model
+//! [`ExecutorDraft::Layers`]: pagoda_engine::ExecutorDraft::Layers
 
 use pagoda_engine::sampler::try_sample;
 use pagoda_engine::{ExecutorError, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq};
@@ -36,10 +40,6 @@ impl DraftModel {
         Self { model, cache }
     }
 
-    pub fn model(&self) -> &Model {
-        &self.model
-    }
-
     pub fn cache(&self) -> &KvCache {
         &self.cache
     }
@@ -47,9 +47,32 @@ impl DraftModel {
 
 type StepResult<T> = std::result::Result<T, ExecutorError>;
 
+/// What a drafting pass runs.
+#[derive(Debug, Clone, Copy)]
+enum Drafter {
+    /// The target's first this many layers, over the target's cache (self-speculative).
+    Layers(usize),
+    /// The separate draft model, over its own cache.
+    Model,
+}
+
 impl ModelRunner {
-    /// Runs the draft model over `batch`'s tokens before its proposals and fills every
-    /// proposal placeholder with the draft's greedy token, one pass per position.
+    /// Self-speculative drafting: fills every sequence's proposal placeholders with the greedy
+    /// tokens of the first `layers` layers, one pass per position. Each pass writes those layers'
+    /// K/V into the slots the verification pass then overwrites, so the draft needs no cache of
+    /// its own.
+    pub(crate) fn draft_with_layers(
+        &mut self,
+        batch: &ScheduledBatch,
+        layers: usize,
+    ) -> StepResult<ScheduledBatch> {
+        let mut filled = batch.clone();
+        self.draft_passes(&mut filled, 0, Drafter::Layers(layers))?;
+        Ok(filled)
+    }
+
+    /// Runs the draft model over `batch`'s tokens before its proposals, whose last rows give the
+    /// first proposals, then fills the other placeholders one pass per position.
     pub(crate) fn draft_with_model(&mut self, batch: &ScheduledBatch) -> StepResult<ScheduledBatch> {
         let mut filled = batch.clone();
         let context = ScheduledBatch {
@@ -65,31 +88,37 @@ impl ModelRunner {
                 .collect(),
             ..ScheduledBatch::default()
         };
-        let drafting: Vec<usize> =
-            (0..batch.seqs.len()).filter(|&i| batch.seqs[i].num_draft_tokens > 0).collect();
-        let first = self.draft_pass(context)?;
-        for (&i, token) in drafting.iter().zip(first) {
+        let drafting = batch.seqs.iter().enumerate().filter(|(_, s)| s.num_draft_tokens > 0).map(|(i, _)| i);
+        let first = self.draft_pass(context, Drafter::Model)?;
+        for (i, token) in drafting.zip(first) {
             let s = &mut filled.seqs[i];
             let at = s.q_len() - s.num_draft_tokens;
             s.token_ids[at] = token;
         }
-        let passes = batch.seqs.iter().map(|s| s.num_draft_tokens).max().unwrap_or(0);
-        for j in 1..passes {
+        self.draft_passes(&mut filled, 1, Drafter::Model)?;
+        Ok(filled)
+    }
+
+    /// Passes `from..k` of one-token drafting: pass `j` feeds each sequence with more than `j`
+    /// proposals the token before its proposal `j` (its own last token, then its proposals so
+    /// far) and writes the drawn token there.
+    fn draft_passes(&mut self, filled: &mut ScheduledBatch, from: usize, drafter: Drafter) -> StepResult<()> {
+        let passes = filled.seqs.iter().map(|s| s.num_draft_tokens).max().unwrap_or(0);
+        for j in from..passes {
             let members: Vec<usize> =
-                drafting.iter().copied().filter(|&i| filled.seqs[i].num_draft_tokens > j).collect();
-            // Proposal j - 1 in, proposal j out.
-            let at = |s: &ScheduledSeq| s.q_len() - s.num_draft_tokens + j - 1;
+                (0..filled.seqs.len()).filter(|&i| filled.seqs[i].num_draft_tokens > j).collect();
+            let input = |s: &ScheduledSeq| s.q_len() - s.num_draft_tokens - 1 + j;
             let pass = ScheduledBatch {
-                seqs: members.iter().map(|&i| one_token(&filled.seqs[i], at(&filled.seqs[i]))).collect(),
+                seqs: members.iter().map(|&i| one_token(&filled.seqs[i], input(&filled.seqs[i]))).collect(),
                 ..ScheduledBatch::default()
             };
-            for (&i, token) in members.iter().zip(self.draft_pass(pass)?) {
+            for (&i, token) in members.iter().zip(self.draft_pass(pass, drafter)?) {
                 let s = &mut filled.seqs[i];
-                let at = at(s) + 1;
+                let at = input(s) + 1;
                 s.token_ids[at] = token;
             }
         }
-        Ok(filled)
+        Ok(())
     }
 
     /// After verification: runs the last proposal of each sequence that kept all of them
@@ -111,16 +140,16 @@ impl ModelRunner {
             .map(|(s, _)| one_token(s, s.q_len() - 1))
             .collect();
         if !seqs.is_empty() {
-            self.draft_pass(ScheduledBatch { seqs, ..ScheduledBatch::default() })?;
+            self.draft_pass(ScheduledBatch { seqs, ..ScheduledBatch::default() }, Drafter::Model)?;
         }
         Ok(())
     }
 
-    /// One forward pass of the draft model over `pass`, writing its cache; the greedy token
-    /// of each sequence that samples, in order. A pass with none still computes one row (the
-    /// model's head wants at least one), which is dropped.
-    fn draft_pass(&mut self, mut pass: ScheduledBatch) -> StepResult<Vec<u32>> {
-        let failed = |e: ModelError| ExecutorError::Execution(format!("draft model: {e}"));
+    /// One forward pass of `drafter` over `pass`, writing its cache; the greedy token of each
+    /// sequence that samples, in order. A pass with none still computes one row (the model's
+    /// head wants at least one), which is dropped.
+    fn draft_pass(&mut self, mut pass: ScheduledBatch, drafter: Drafter) -> StepResult<Vec<u32>> {
+        let failed = |e: ModelError| ExecutorError::Execution(format!("drafting ({drafter:?}): {e}"));
         let wanted = pass.seqs.iter().filter(|s| s.sample.is_some()).count();
         if wanted == 0 {
             match pass.seqs.last_mut() {
@@ -129,9 +158,15 @@ impl ModelRunner {
             }
         }
         let flat = self.flatten(&pass)?;
-        let draft = self.draft.as_ref().ok_or_else(|| ExecutorError::Execution("no draft model".into()))?;
-        let logits =
-            forward_with(&draft.model, &draft.cache, &self.device, &pass, flat, None).map_err(failed)?;
+        let (model, cache, num_layers) = match drafter {
+            Drafter::Layers(layers) => (&self.model, &self.cache, Some(layers)),
+            Drafter::Model => {
+                let draft =
+                    self.draft.as_ref().ok_or_else(|| ExecutorError::Execution("no draft model".into()))?;
+                (&draft.model, &draft.cache, None)
+            }
+        };
+        let logits = forward_with(model, cache, &self.device, &pass, flat, num_layers).map_err(failed)?;
         let rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?;
         pass.seqs
             .iter()
@@ -148,7 +183,7 @@ impl ModelRunner {
 }
 
 /// `s`'s token at offset `at` alone, as a one-token step that samples (a drafting pass).
-pub(crate) fn one_token(s: &ScheduledSeq, at: usize) -> ScheduledSeq {
+fn one_token(s: &ScheduledSeq, at: usize) -> ScheduledSeq {
     ScheduledSeq {
         seq_id: s.seq_id,
         token_ids: vec![s.token_ids[at]],

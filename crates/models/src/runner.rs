@@ -8,13 +8,12 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{
-    ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, SampleRequest, SampledToken, ScheduledBatch,
-    StepOutput,
+    ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, SampledToken, ScheduledBatch, StepOutput,
 };
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
-use crate::draft_model::{one_token, DraftModel};
+use crate::draft_model::DraftModel;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardInput, Model};
@@ -45,6 +44,16 @@ pub(crate) struct FlatBatch {
     logits_rows: Vec<u32>,
 }
 
+impl FlatBatch {
+    /// The token ids of `drafted`, the batch this was flattened from with its proposal
+    /// placeholders filled in (nothing else differs, so nothing else is flattened again).
+    fn take_tokens(&mut self, drafted: &ScheduledBatch) {
+        for (seq, bounds) in drafted.seqs.iter().zip(self.cu_seqlens_q.windows(2)) {
+            self.input_ids[bounds[0] as usize..bounds[1] as usize].copy_from_slice(&seq.token_ids);
+        }
+    }
+}
+
 impl ModelRunner {
     pub fn new(model: Model, cache: KvCache, device: Device) -> Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("pagoda-cpu-{i}")).build()?;
@@ -57,10 +66,6 @@ impl ModelRunner {
         self.check_draft_cache(draft.cache())?;
         self.draft = Some(draft);
         Ok(())
-    }
-
-    pub fn draft(&self) -> Option<&DraftModel> {
-        self.draft.as_ref()
     }
 
     pub fn model(&self) -> &Model {
@@ -176,58 +181,14 @@ impl ModelRunner {
     pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
         let flat = self.flatten(batch).map_err(|e| ModelError::InvalidOption(e.to_string()))?;
         self.cache.copy_blocks(&batch.block_copies)?;
-        self.forward_flat(batch, flat, None)
+        self.forward_flat(batch, flat)
     }
 
-    /// The forward pass over a batch already checked and flattened, its block copies done (they
-    /// run only after the check, so that a batch retried without a rejected sequence copies
-    /// nothing twice), through the first `num_layers` layers or all.
-    fn forward_flat(
-        &mut self,
-        batch: &ScheduledBatch,
-        flat: FlatBatch,
-        num_layers: Option<usize>,
-    ) -> Result<Tensor> {
-        forward_with(&self.model, &self.cache, &self.device, batch, flat, num_layers)
-    }
-
-    /// Self-speculative drafting: fills every sequence's proposal placeholders with the greedy
-    /// tokens of the first `layers` layers, one pass per position. Each pass writes those layers'
-    /// K/V into the slots the verification pass then overwrites, so the draft needs no cache of
-    /// its own.
-    fn draft_with_layers(
-        &mut self,
-        batch: &ScheduledBatch,
-        layers: usize,
-    ) -> std::result::Result<ScheduledBatch, ExecutorError> {
-        let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
-        let mut filled = batch.clone();
-        let passes = filled.seqs.iter().map(|s| s.num_draft_tokens).max().unwrap_or(0);
-        for j in 0..passes {
-            let members: Vec<usize> =
-                (0..filled.seqs.len()).filter(|&i| filled.seqs[i].num_draft_tokens > j).collect();
-            let seqs = members
-                .iter()
-                .map(|&i| {
-                    let s = &filled.seqs[i];
-                    // The sequence's own last token, then its drafts so far.
-                    one_token(s, s.q_len() - s.num_draft_tokens - 1 + j)
-                })
-                .collect();
-            let pass = ScheduledBatch { seqs, ..ScheduledBatch::default() };
-            let flat = self.flatten(&pass)?;
-            let logits = self.forward_flat(&pass, flat, Some(layers)).map_err(failed)?;
-            let rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?;
-            for (&i, mut row) in members.iter().zip(rows) {
-                let s = &mut filled.seqs[i];
-                let token = pagoda_engine::sampler::try_sample(&mut row, &SampleRequest::greedy())
-                    .map_err(|e| ExecutorError::InvalidSequence { seq_id: s.seq_id, message: e.to_string() })?
-                    .0;
-                let at = s.q_len() - s.num_draft_tokens + j;
-                s.token_ids[at] = token;
-            }
-        }
-        Ok(filled)
+    /// The target's forward pass over a batch already checked and flattened, its block copies
+    /// done (they run only after the check, so that a batch retried without a rejected sequence
+    /// copies nothing twice).
+    fn forward_flat(&mut self, batch: &ScheduledBatch, flat: FlatBatch) -> Result<Tensor> {
+        forward_with(&self.model, &self.cache, &self.device, batch, flat, None)
     }
 }
 
@@ -295,23 +256,25 @@ impl ModelExecutor for ModelRunner {
 impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
-        let flat = self.flatten(batch)?;
+        let mut flat = self.flatten(batch)?;
         self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
         if let Some(draft) = &self.draft {
             draft.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
         }
         let drafted;
-        let (batch, flat) = match batch.executor_draft {
+        let batch = match batch.executor_draft {
             Some(ExecutorDraft::Layers(layers)) if batch.seqs.iter().any(|s| s.num_draft_tokens > 0) => {
                 drafted = self.draft_with_layers(batch, layers)?;
-                (&drafted, self.flatten(&drafted)?)
+                flat.take_tokens(&drafted);
+                &drafted
             }
             // The draft model runs every step, drafting or not, to keep its cache complete.
             Some(ExecutorDraft::Model) => {
                 drafted = self.draft_with_model(batch)?;
-                (&drafted, self.flatten(&drafted)?)
+                flat.take_tokens(&drafted);
+                &drafted
             }
-            _ => (batch, flat),
+            _ => batch,
         };
         let sampled = self.verify(batch, flat)?;
         if batch.executor_draft == Some(ExecutorDraft::Model) {
@@ -327,7 +290,7 @@ impl ModelRunner {
         flat: FlatBatch,
     ) -> std::result::Result<Vec<SampledToken>, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
-        let logits = self.forward_flat(batch, flat, None).map_err(failed)?;
+        let logits = self.forward_flat(batch, flat).map_err(failed)?;
         // On a GPU the logits stay there: only ids and logprobs come back.
         if self.device.is_cuda() {
             if let Some(sampled) = crate::device_sampling::sample_batch(batch, &logits)? {

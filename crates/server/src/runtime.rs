@@ -231,8 +231,8 @@ impl LoadedRuntime {
             options.device.clone(),
         )?;
         let mut gpu_kv_budget = None;
-        let num_blocks = match (options.num_blocks, options.gpu_memory_utilization) {
-            (Some(n), _) => n,
+        let budget_bytes = match (options.num_blocks, options.gpu_memory_utilization) {
+            (Some(_), _) => None,
             (None, Some(utilization)) if options.device.is_cuda() => {
                 let shape = ProfileShape {
                     max_num_batched_tokens: options.max_num_batched_tokens,
@@ -241,23 +241,15 @@ impl LoadedRuntime {
                 };
                 let budget = size_from_device_memory(&mut runner, &config, shape, cache_dtype, utilization)?;
                 gpu_kv_budget = Some(budget);
-                let bytes = target_share(
-                    budget.kv_bytes,
-                    &config,
-                    draft_config.as_ref(),
-                    options.block_size,
-                    cache_dtype,
-                );
-                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, bytes)
+                Some(budget.kv_bytes)
             }
-            (None, _) => {
-                let bytes = target_share(
-                    options.kv_cache_bytes,
-                    &config,
-                    draft_config.as_ref(),
-                    options.block_size,
-                    cache_dtype,
-                );
+            (None, _) => Some(options.kv_cache_bytes),
+        };
+        let num_blocks = match budget_bytes {
+            None => options.num_blocks.unwrap_or_default(),
+            Some(bytes) => {
+                let bytes =
+                    target_share(bytes, &config, draft_config.as_ref(), options.block_size, cache_dtype);
                 KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, bytes)
             }
         };

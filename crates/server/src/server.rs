@@ -126,15 +126,12 @@ fn small_steps(arg: GemmDtypeArg, batch_invariant: bool) -> SmallSteps {
 
 /// The runtime options `config` asks for.
 pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeError> {
-    let model = if Path::new(&config.model).exists() {
-        PathBuf::from(&config.model)
-    } else if config.model_is_default {
+    // The default model is fetched by `make model`, never from the hub.
+    if config.model_is_default && !Path::new(&config.model).exists() {
         return Err(ServeError::DefaultModelMissing(config.model.clone()));
-    } else if hub::is_hub_id(&config.model) {
-        hub::resolve(&config.model, config.download_dir.as_deref(), hub::offline_from_env())?
-    } else {
-        return Err(ServeError::ModelMissing(config.model.clone()));
-    };
+    }
+    let model = local_or_hub(Path::new(&config.model), config)?
+        .ok_or_else(|| ServeError::ModelMissing(config.model.clone()))?;
     let device = device(config.device)?;
     let mut options = RuntimeOptions::new(model);
     options.tokenizer = config.tokenizer.as_ref().map(PathBuf::from);
@@ -164,19 +161,25 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.enable_prefix_caching = config.enable_prefix_caching;
     if let Some(setting) = &config.speculative {
         options.speculative = Some(setting.config);
-        options.draft_model = match &setting.draft_model {
-            Some(path) if path.exists() => Some(path.clone()),
-            Some(path) => match path.to_str().filter(|id| hub::is_hub_id(id)) {
-                Some(id) => Some(
-                    hub::resolve(id, config.download_dir.as_deref(), hub::offline_from_env())
-                        .map_err(ServeError::DraftHub)?,
-                ),
-                None => return Err(ServeError::DraftModelMissing(path.display().to_string())),
-            },
-            None => None,
-        };
+        if let Some(path) = &setting.draft_model {
+            let found = local_or_hub(path, config).map_err(ServeError::DraftHub)?;
+            let found = found.ok_or_else(|| ServeError::DraftModelMissing(path.display().to_string()))?;
+            options.draft_model = Some(found);
+        }
     }
     Ok(options)
+}
+
+/// `path` when it exists, else the hub's copy when it names a hub id; `None` when it is
+/// neither.
+fn local_or_hub(path: &Path, config: &ServerConfig) -> Result<Option<PathBuf>, hub::HubError> {
+    if path.exists() {
+        return Ok(Some(path.to_path_buf()));
+    }
+    match path.to_str().filter(|id| hub::is_hub_id(id)) {
+        Some(id) => hub::resolve(id, config.download_dir.as_deref(), hub::offline_from_env()).map(Some),
+        None => Ok(None),
+    }
 }
 
 fn load_chat_template(path: &Path, runtime: &LoadedRuntime) -> Result<ChatTemplate, ServeError> {
