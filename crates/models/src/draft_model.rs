@@ -167,6 +167,13 @@ impl ModelRunner {
             }
         };
         let logits = forward_with(model, cache, &self.device, &pass, flat, num_layers).map_err(failed)?;
+        if self.device.is_cuda() {
+            // Proposals need only the greedy ids: a device argmax copies one id per row back
+            // instead of every row of logits. A proposal is only a guess, so its ties and NaNs
+            // need none of the host sampler's care: verification keeps the target's tokens.
+            let ids = logits.argmax(candle_core::D::Minus1).and_then(|ids| ids.to_vec1::<u32>());
+            return Ok(ids.map_err(|e| failed(e.into()))?.into_iter().take(wanted).collect());
+        }
         let rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?;
         pass.seqs
             .iter()
