@@ -13,7 +13,9 @@
 #
 # --streams N sends N requests at a time (default 1); --num-prompts defaults to the dataset's
 # lines, or 2N when that is more (the file is repeated). With PAGODA_BIN and PAGODA_BENCH_BIN
-# set (binaries built elsewhere, e.g. on a GPU host without Rust) nothing is built.
+# set (binaries built elsewhere, e.g. on a GPU host without Rust) nothing is built. A word
+# `--binary=PATH` in FLAGS runs that server binary for the configuration (an old build against
+# the new one).
 #
 # A NAME ending in "-off" is a baseline; NAME "X-…" is compared with "X-off". Example:
 #   scripts/bench-speculative.sh f32-off='' f32-ngram4='--speculative-config {"method":"ngram","num_speculative_tokens":4}'
@@ -74,8 +76,16 @@ for round in $(seq 1 "$rounds"); do
         # shellcheck disable=SC2086
         set -- ${flags[$i]}
         set +f
+        # A word `--binary=PATH` runs that server binary for this configuration (old against new).
+        binary="$pagoda" args=()
+        for word in "$@"; do
+            case "$word" in
+            --binary=*) binary="${word#--binary=}" ;;
+            *) args+=("$word") ;;
+            esac
+        done
         start_server "$port" "$tag.server.log" \
-            "$pagoda" serve --model "$model" --host 127.0.0.1 --port "$port" --served-model-name smol "$@" ||
+            "$binary" serve --model "$model" --host 127.0.0.1 --port "$port" --served-model-name smol ${args[@]+"${args[@]}"} ||
             { cat "$tag.server.log" >&2; exit 1; }
         echo "$(cut -d' ' -f1 /proc/loadavg)" > "$tag.load"
         "$bench" serve --base-url "http://127.0.0.1:$port" --model smol --endpoint chat \

@@ -7,6 +7,8 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Result, WithDType};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
+use crate::simd::MulAdd;
+
 /// A storage element type: read into f32 for math, written back rounded to nearest.
 pub(crate) trait Float: WithDType {
     fn to_f32(self) -> f32;
@@ -14,6 +16,13 @@ pub(crate) trait Float: WithDType {
 
     /// Converts `src` into `dst` (same length).
     fn to_f32_slice(src: &[Self], dst: &mut [f32]);
+
+    /// [`to_f32_slice`](Self::to_f32_slice) in a kernel built for `M`'s instruction set, which
+    /// may widen f16 in hardware ([`MulAdd::widen_f16`]).
+    #[inline(always)]
+    fn to_f32_slice_in<M: MulAdd>(src: &[Self], dst: &mut [f32]) {
+        Self::to_f32_slice(src, dst);
+    }
 
     /// `src` itself when this type is f32, so readers can skip the conversion copy.
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
@@ -89,7 +98,7 @@ impl Float for bf16 {
 /// are rescaled by 2^112 (the difference of the exponent biases), which is exact for normal and
 /// subnormal halves alike; infinities and NaNs keep an all-ones exponent.
 #[inline(always)]
-fn f16_bits_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
     let sign = (h & 0x8000) << 16;
     let magnitude = h & 0x7fff;
@@ -114,6 +123,10 @@ impl Float for f16 {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = f16_bits_to_f32(s.to_bits());
         }
+    }
+    #[inline(always)]
+    fn to_f32_slice_in<M: MulAdd>(src: &[Self], dst: &mut [f32]) {
+        M::widen_f16(src, dst);
     }
     #[inline(always)]
     fn as_f32(_src: &[Self]) -> Option<&[f32]> {
@@ -216,6 +229,26 @@ mod tests {
                 assert!(d.is_nan(), "{:#06x}", s.to_bits());
             } else {
                 assert_eq!(d.to_bits(), want.to_bits(), "{:#06x}", s.to_bits());
+            }
+        }
+    }
+
+    /// The hardware widening of AVX-512 kernels (`vcvtph2ps`) gives the portable one's bits for
+    /// every f16, over whole vectors and over a tail.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16_widening_in_hardware_matches_the_portable_one() {
+        use crate::simd::{level, Level, MulAdd, Separate, Wide};
+        if level() != Level::Avx512 {
+            return;
+        }
+        let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        for range in [0..src.len(), 3..40, 5..5] {
+            let (mut hw, mut sw) = (vec![0f32; range.len()], vec![0f32; range.len()]);
+            Wide::widen_f16(&src[range.clone()], &mut hw);
+            Separate::widen_f16(&src[range.clone()], &mut sw);
+            for ((h, w), s) in hw.iter().zip(&sw).zip(&src[range.clone()]) {
+                assert!(h.to_bits() == w.to_bits() || (h.is_nan() && w.is_nan()), "{:#06x}", s.to_bits());
             }
         }
     }

@@ -249,7 +249,7 @@ fn attend_impl<T: Float, M: MulAdd>(
         // of one kv head are adjacent, so they are scored as one group. A row's scores for key
         // `j` of the chunk sit at `r * KEY_CHUNK + j`.
         for kv in 0..kv_count {
-            let keys = chunk_rows(cache.k, &offsets[..n], ahead, kv * hd, hd, kv_buf);
+            let keys = chunk_rows::<T, M>(cache.k, &offsets[..n], ahead, kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let (lo, hi) = visible(ti);
                 if lo >= hi {
@@ -292,7 +292,7 @@ fn attend_impl<T: Float, M: MulAdd>(
 
         // Accumulate P V, one kv head and one token's group of rows at a time.
         for kv in 0..kv_count {
-            let values = chunk_rows(cache.v, &offsets[..n], ahead, kv * hd, hd, kv_buf);
+            let values = chunk_rows::<T, M>(cache.v, &offsets[..n], ahead, kv * hd, hd, kv_buf);
             for ti in 0..tokens {
                 let (lo, hi) = visible(ti);
                 if lo >= hi {
@@ -315,7 +315,7 @@ fn attend_impl<T: Float, M: MulAdd>(
 /// of the cache itself when it stores f32 (no copy), else converted into `buf`. Row `j` of
 /// `ahead` (the next chunk's offsets) is prefetched with row `j` of this one.
 #[inline(always)]
-fn chunk_rows<'a, T: Float>(
+fn chunk_rows<'a, T: Float, M: MulAdd>(
     src: &'a [T],
     offsets: &[usize],
     ahead: &[usize],
@@ -344,7 +344,7 @@ fn chunk_rows<'a, T: Float>(
             {
                 prefetch(j);
                 let at = off + head_offset;
-                T::to_f32_slice(&src[at..at + head_dim], dst);
+                T::to_f32_slice_in::<M>(&src[at..at + head_dim], dst);
                 *row = dst;
             }
         }
