@@ -197,17 +197,49 @@ pub(crate) struct MaskJob {
 /// slot ends up filled, so no sampler waits forever.
 pub(crate) fn compute_masks(jobs: &mut [MaskJob]) {
     for job in jobs.iter_mut() {
-        let constraint = &mut job.constraint;
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| constraint.compute_mask()))
-            .unwrap_or_else(|_| Err(ConstraintError("the grammar matcher panicked".into())));
-        let result = result.and_then(|mask| {
-            if mask.count_allowed() == 0 {
-                Err(ConstraintError("the grammar allows no token here".into()))
-            } else {
-                Ok(mask)
-            }
-        });
-        job.slot.fill(result);
+        job.slot.fill(guarded_mask(&mut *job.constraint));
+    }
+}
+
+/// `constraint`'s mask, with a panic in the matcher and a mask that allows nothing as errors.
+pub(crate) fn guarded_mask(constraint: &mut dyn TokenConstraint) -> Result<TokenMask, ConstraintError> {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| constraint.compute_mask()))
+        .unwrap_or_else(|_| Err(ConstraintError("the grammar matcher panicked".into())));
+    result.and_then(|mask| {
+        if mask.count_allowed() == 0 {
+            Err(ConstraintError("the grammar allows no token here".into()))
+        } else {
+            Ok(mask)
+        }
+    })
+}
+
+/// A sequence's grammar handed to an executor that drafts its own proposals
+/// ([`SampleRequest::draft_grammar`](crate::SampleRequest::draft_grammar)): the state before
+/// this step's token, for the executor to mask its drafts with and to compute the verification
+/// masks along them ([`DraftChain`](crate::speculative::DraftChain)). Behind a lock only so that
+/// sample requests stay `Sync`; the executor walks forks of it, so a retried step starts over.
+#[derive(Clone)]
+pub struct DraftGrammar {
+    state: Arc<Mutex<Box<dyn TokenConstraint>>>,
+    /// End-of-sequence ids, which the engine never feeds to the grammar.
+    pub(crate) eos_token_ids: Arc<[u32]>,
+}
+
+impl DraftGrammar {
+    pub fn new(state: Box<dyn TokenConstraint>, eos_token_ids: &[u32]) -> Self {
+        Self { state: Arc::new(Mutex::new(state)), eos_token_ids: Arc::from(eos_token_ids) }
+    }
+
+    /// A copy of the grammar state.
+    pub(crate) fn fork(&self) -> Box<dyn TokenConstraint> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).fork()
+    }
+}
+
+impl std::fmt::Debug for DraftGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DraftGrammar")
     }
 }
 

@@ -254,6 +254,7 @@ mod tests {
             banned_token_ids: vec![1, 600],
             allowed: Some(slot),
             draft_masks: Vec::new(),
+            draft_grammar: None,
         };
         let plan = DeviceSamplingPlan::build([&req, &SampleRequest::greedy()], 40).unwrap();
         let row = plan.rows[0];

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::constraint::MaskSlot;
+use crate::constraint::{DraftGrammar, MaskSlot};
 use crate::sampling::SamplingParams;
 
 /// Identifies one sequence (one of the `n` samples of a request) for the engine's lifetime.
@@ -84,6 +84,9 @@ pub struct SampleRequest {
     /// Structured output with speculation: the masks of the positions after each proposed
     /// token (`draft_masks[i]` after `i + 1` of them), computed like `allowed`.
     pub draft_masks: Vec<Arc<MaskSlot>>,
+    /// Structured output with proposals the executor drafts itself: the grammar, for the
+    /// executor to fill `draft_masks` along its drafts ([`crate::speculative::DraftChain`]).
+    pub draft_grammar: Option<DraftGrammar>,
 }
 
 impl SampleRequest {
@@ -99,6 +102,7 @@ impl SampleRequest {
             banned_token_ids: Vec::new(),
             allowed: None,
             draft_masks: Vec::new(),
+            draft_grammar: None,
         }
     }
 }

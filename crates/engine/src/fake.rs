@@ -22,7 +22,7 @@ use crate::executor::{
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
 use crate::sampler::Sampler;
-use crate::speculative::verify;
+use crate::speculative::{verify, DraftChain};
 
 /// One KV slot: the token written there and its position, `EMPTY` until written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,9 +152,16 @@ impl FakeExecutor {
                 .map(|pos| self.read(seq, group, pos))
                 .collect::<Result<Vec<_>, _>>()?;
             history.extend_from_slice(&seq.token_ids[..own]);
+            // Under a grammar, each draft under its position's mask (as the real drafters).
+            let mut chain = seq.sample.as_ref().and_then(DraftChain::new);
             for j in 0..k {
                 let start = window.map_or(0, |w| history.len().saturating_sub(w));
                 Self::logits_for(&history[start..], self.vocab_size, &mut logits);
+                if let Some(chain) = &chain {
+                    chain.next_mask().with_mask(|m| m.apply(&mut logits)).map_err(|e| {
+                        ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() }
+                    })?;
+                }
                 let best = (0..logits.len())
                     .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
                     .unwrap_or(0);
@@ -163,6 +170,12 @@ impl FakeExecutor {
                     if mix64(h).is_multiple_of(4) { (best + 1) % self.vocab_size } else { best } as u32;
                 seq.token_ids[own + j] = token;
                 history.push(token);
+                if let Some(chain) = &mut chain {
+                    chain.push(token);
+                }
+            }
+            if let (Some(chain), Some(req)) = (chain, seq.sample.as_mut()) {
+                chain.finish(req);
             }
         }
         Ok(filled)

@@ -40,7 +40,7 @@ pub mod stats;
 mod stop;
 
 pub use config::{ConfigError, EngineConfig};
-pub use constraint::{ConstraintError, MaskSlot, SeqConstraint, TokenConstraint, TokenMask};
+pub use constraint::{ConstraintError, DraftGrammar, MaskSlot, SeqConstraint, TokenConstraint, TokenMask};
 pub use engine::Engine;
 pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{

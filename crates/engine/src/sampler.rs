@@ -306,6 +306,7 @@ mod tests {
             banned_token_ids: Vec::new(),
             allowed: None,
             draft_masks: Vec::new(),
+            draft_grammar: None,
         }
     }
 

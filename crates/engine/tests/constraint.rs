@@ -89,6 +89,12 @@ impl ModelExecutor for ProbedExecutor {
     fn num_blocks(&self) -> usize {
         self.inner.num_blocks()
     }
+    fn num_layers(&self) -> Option<usize> {
+        self.inner.num_layers()
+    }
+    fn has_draft_model(&self) -> bool {
+        self.inner.has_draft_model()
+    }
 }
 
 fn start(config: EngineConfig, started: Option<Sender<()>>) -> (EngineHandle, Shutdown) {
@@ -284,4 +290,49 @@ fn proposals_under_a_grammar_are_cut_to_it_and_keep_outputs() {
     }
     assert!(stats.spec.num_accepted_tokens > 20, "{:?}", stats.spec);
     assert_eq!(stats.kv_blocks_used, 0);
+}
+
+#[test]
+fn executor_drafts_under_a_grammar_follow_it_and_keep_outputs() {
+    // The fake drafters are the fake model's greedy token, wrong a quarter of the time; under a
+    // grammar they draft under each position's mask, walked along their own drafts.
+    let requests: Vec<Request> = (60..68u64)
+        .map(|id| {
+            let stop = StopConditions { eos_token_ids: vec![EOS], ..Default::default() };
+            request(id, 30, if id % 2 == 0 { 0.0 } else { 1.0 })
+                .with_stop(stop)
+                .with_n(if id == 61 { 2 } else { 1 })
+                .with_constraint(SeqConstraint::new(EvenTokens::new(3, 24)))
+        })
+        .collect();
+    let run = |speculative| {
+        let mut config = EngineConfig::new(4, 96, MAX_MODEL_LEN);
+        config.speculative = speculative;
+        let (handle, _shutdown) = start(config, None);
+        let outputs: Vec<Collected> = requests.iter().map(|r| collect(&handle, r.clone())).collect();
+        (outputs, handle.stats())
+    };
+    let (plain, _) = run(None);
+    for method in [
+        pagoda_engine::SpeculativeMethod::DraftModel,
+        pagoda_engine::SpeculativeMethod::DraftLayers { num_layers: 2 },
+    ] {
+        let spec = pagoda_engine::SpeculativeConfig {
+            method,
+            num_speculative_tokens: 3,
+            disable_by_batch_size: usize::MAX,
+        };
+        let (with_spec, stats) = run(Some(spec));
+        for ((p, s), r) in plain.iter().zip(&with_spec).zip(&requests) {
+            assert_valid(s, 3);
+            assert_eq!(s.samples, p.samples, "{method:?}, request {}", r.id);
+        }
+        // Greedy requests keep most drafts; unmasked drafts would be odd half the time.
+        let spec = stats.spec;
+        assert!(
+            spec.num_draft_tokens > 50 && spec.num_accepted_tokens * 3 > spec.num_draft_tokens,
+            "{spec:?}"
+        );
+        assert_eq!(stats.kv_blocks_used, 0);
+    }
 }

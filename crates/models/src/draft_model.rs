@@ -16,13 +16,18 @@
 //! cache hold the right entries in both caches, since both computed the same tokens.
 //!
 //! The one-token drafting passes here serve the self-speculative drafter too (the target's
-//! first layers over the target's own cache, [`ExecutorDraft::Layers`]).
+//! first layers over the target's own cache, [`ExecutorDraft::Layers`]). Under a grammar, both
+//! draft each position under its mask and leave the verification masks along their drafts in
+//! the sample request ([`DraftChain`]).
 //!
 //! [`ExecutorDraft::Model`]: pagoda_engine::ExecutorDraft::Model
 //! [`ExecutorDraft::Layers`]: pagoda_engine::ExecutorDraft::Layers
 
+use std::sync::Arc;
+
 use pagoda_engine::sampler::try_sample;
-use pagoda_engine::{ExecutorError, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::speculative::DraftChain;
+use pagoda_engine::{ExecutorError, MaskSlot, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq};
 
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
@@ -67,7 +72,9 @@ impl ModelRunner {
         layers: usize,
     ) -> StepResult<ScheduledBatch> {
         let mut filled = batch.clone();
-        self.draft_passes(&mut filled, 0, Drafter::Layers(layers))?;
+        let mut chains = grammar_chains(&filled);
+        self.draft_passes(&mut filled, 0, Drafter::Layers(layers), &mut chains)?;
+        finish_chains(&mut filled, chains);
         Ok(filled)
     }
 
@@ -88,21 +95,34 @@ impl ModelRunner {
                 .collect(),
             ..ScheduledBatch::default()
         };
-        let drafting = batch.seqs.iter().enumerate().filter(|(_, s)| s.num_draft_tokens > 0).map(|(i, _)| i);
-        let first = self.draft_pass(context, Drafter::Model)?;
-        for (i, token) in drafting.zip(first) {
+        let mut chains = grammar_chains(&filled);
+        let drafting: Vec<usize> =
+            (0..batch.seqs.len()).filter(|&i| batch.seqs[i].num_draft_tokens > 0).collect();
+        let masks = drafting.iter().map(|&i| next_mask(&chains[i])).collect();
+        let first = self.draft_pass(context, Drafter::Model, masks)?;
+        for (&i, token) in drafting.iter().zip(first) {
             let s = &mut filled.seqs[i];
             let at = s.q_len() - s.num_draft_tokens;
             s.token_ids[at] = token;
+            if let Some(chain) = &mut chains[i] {
+                chain.push(token);
+            }
         }
-        self.draft_passes(&mut filled, 1, Drafter::Model)?;
+        self.draft_passes(&mut filled, 1, Drafter::Model, &mut chains)?;
+        finish_chains(&mut filled, chains);
         Ok(filled)
     }
 
     /// Passes `from..k` of one-token drafting: pass `j` feeds each sequence with more than `j`
     /// proposals the token before its proposal `j` (its own last token, then its proposals so
     /// far) and writes the drawn token there.
-    fn draft_passes(&mut self, filled: &mut ScheduledBatch, from: usize, drafter: Drafter) -> StepResult<()> {
+    fn draft_passes(
+        &mut self,
+        filled: &mut ScheduledBatch,
+        from: usize,
+        drafter: Drafter,
+        chains: &mut [Option<DraftChain>],
+    ) -> StepResult<()> {
         let passes = filled.seqs.iter().map(|s| s.num_draft_tokens).max().unwrap_or(0);
         for j in from..passes {
             let members: Vec<usize> =
@@ -112,10 +132,14 @@ impl ModelRunner {
                 seqs: members.iter().map(|&i| one_token(&filled.seqs[i], input(&filled.seqs[i]))).collect(),
                 ..ScheduledBatch::default()
             };
-            for (&i, token) in members.iter().zip(self.draft_pass(pass, drafter)?) {
+            let masks = members.iter().map(|&i| next_mask(&chains[i])).collect();
+            for (&i, token) in members.iter().zip(self.draft_pass(pass, drafter, masks)?) {
                 let s = &mut filled.seqs[i];
                 let at = input(s) + 1;
                 s.token_ids[at] = token;
+                if let Some(chain) = &mut chains[i] {
+                    chain.push(token);
+                }
             }
         }
         Ok(())
@@ -140,15 +164,22 @@ impl ModelRunner {
             .map(|(s, _)| one_token(s, s.q_len() - 1))
             .collect();
         if !seqs.is_empty() {
-            self.draft_pass(ScheduledBatch { seqs, ..ScheduledBatch::default() }, Drafter::Model)?;
+            let masks = vec![None; seqs.len()];
+            self.draft_pass(ScheduledBatch { seqs, ..ScheduledBatch::default() }, Drafter::Model, masks)?;
         }
         Ok(())
     }
 
     /// One forward pass of `drafter` over `pass`, writing its cache; the greedy token of each
-    /// sequence that samples, in order. A pass with none still computes one row (the model's
-    /// head wants at least one), which is dropped.
-    fn draft_pass(&mut self, mut pass: ScheduledBatch, drafter: Drafter) -> StepResult<Vec<u32>> {
+    /// sequence that samples, in order, under its grammar mask in `masks` (one per sequence that
+    /// samples) where it has one. A pass with none still computes one row (the model's head
+    /// wants at least one), which is dropped.
+    fn draft_pass(
+        &mut self,
+        mut pass: ScheduledBatch,
+        drafter: Drafter,
+        masks: Vec<Option<Arc<MaskSlot>>>,
+    ) -> StepResult<Vec<u32>> {
         let failed = |e: ModelError| ExecutorError::Execution(format!("drafting ({drafter:?}): {e}"));
         let wanted = pass.seqs.iter().filter(|s| s.sample.is_some()).count();
         if wanted == 0 {
@@ -167,7 +198,7 @@ impl ModelRunner {
             }
         };
         let logits = forward_with(model, cache, &self.device, &pass, flat, num_layers).map_err(failed)?;
-        if self.device.is_cuda() {
+        if self.device.is_cuda() && masks.iter().all(Option::is_none) {
             // Proposals need only the greedy ids: a device argmax copies one id per row back
             // instead of every row of logits. A proposal is only a guess, so its ties and NaNs
             // need none of the host sampler's care: verification keeps the target's tokens.
@@ -179,13 +210,36 @@ impl ModelRunner {
             .iter()
             .filter(|s| s.sample.is_some())
             .zip(rows)
+            .zip(masks.into_iter().chain(std::iter::repeat(None)))
             .take(wanted)
-            .map(|(s, mut row)| {
-                try_sample(&mut row, &SampleRequest::greedy())
+            .map(|((s, mut row), allowed)| {
+                try_sample(&mut row, &SampleRequest { allowed, ..SampleRequest::greedy() })
                     .map(|(token, _)| token)
                     .map_err(|e| ExecutorError::InvalidSequence { seq_id: s.seq_id, message: e.to_string() })
             })
             .collect()
+    }
+}
+
+/// Each sequence's grammar walk, for those under a grammar that draft this step.
+fn grammar_chains(batch: &ScheduledBatch) -> Vec<Option<DraftChain>> {
+    batch
+        .seqs
+        .iter()
+        .map(|s| s.sample.as_ref().filter(|_| s.num_draft_tokens > 0).and_then(DraftChain::new))
+        .collect()
+}
+
+fn next_mask(chain: &Option<DraftChain>) -> Option<Arc<MaskSlot>> {
+    chain.as_ref().map(|c| Arc::clone(c.next_mask()))
+}
+
+/// Hands each walk's masks to its sequence's sample request, for the verification.
+fn finish_chains(batch: &mut ScheduledBatch, chains: Vec<Option<DraftChain>>) {
+    for (s, chain) in batch.seqs.iter_mut().zip(chains) {
+        if let (Some(chain), Some(req)) = (chain, s.sample.as_mut()) {
+            chain.finish(req);
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! Handing sequences' grammar constraints to the mask worker for one step and taking them back
 //! (see [`crate::constraint`]). A sequence that verifies proposals gets one more job per
-//! proposal: a fork of its grammar advanced past the proposals before that position.
+//! proposal: a fork of its grammar advanced past the proposals before that position. Proposals
+//! the executor drafts itself get a fork of the grammar instead, for the executor to walk along
+//! its drafts ([`crate::speculative::DraftChain`]).
 
 use std::sync::Arc;
 
-use crate::constraint::{MaskJob, MaskSlot, SeqConstraint};
+use crate::constraint::{DraftGrammar, MaskJob, MaskSlot, SeqConstraint};
 use crate::executor::ScheduledBatch;
 
 use super::Scheduler;
@@ -14,11 +16,18 @@ impl Scheduler {
     /// empty mask slot to its sample request; the engine fills the slots while the model runs.
     pub(crate) fn take_mask_jobs(&mut self, batch: &mut ScheduledBatch) -> Vec<MaskJob> {
         let mut jobs = Vec::new();
+        let executor_drafts = batch.executor_draft.is_some();
         for s in &mut batch.seqs {
             let drafts = &s.token_ids[s.token_ids.len() - s.num_draft_tokens..];
             let Some(sample) = s.sample.as_mut() else { continue };
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
             let Some(SeqConstraint(constraint)) = e.constraint.take() else { continue };
+            // The executor's drafts are placeholders here: it walks the grammar along them.
+            if executor_drafts && !drafts.is_empty() {
+                let eos = &e.shared.stop.eos_token_ids;
+                sample.draft_grammar = Some(DraftGrammar::new(constraint.fork(), eos));
+            }
+            let drafts = if executor_drafts { &[][..] } else { drafts };
             // The scheduler cut the proposals to what the grammar accepts. The sequence's own
             // position first: the sampler waits for it first.
             let mut state = (!drafts.is_empty()).then(|| constraint.fork());

@@ -91,7 +91,9 @@ impl Scheduler {
             if let (true, Some(proposer)) = (speculate, &self.proposer) {
                 let limit = draft_limit(e, &self.config).min(*budget - 1);
                 proposer.propose(&e.seq.token_ids, limit, &mut drafts);
-                if let Some(SeqConstraint(grammar)) = &e.constraint {
+                // Placeholders of the executor's drafts are cut by the executor.
+                if let (false, Some(SeqConstraint(grammar))) = (proposer.drafts_in_executor(), &e.constraint)
+                {
                     cut_to_grammar(&**grammar, &e.shared.stop.eos_token_ids, &mut drafts);
                 }
             }
@@ -413,11 +415,10 @@ impl Scheduler {
 /// Most tokens a decoding sequence may propose: a verified step yields up to one more token than
 /// it proposed, which must stay within `max_tokens` and `max_model_len`; while `min_tokens` is
 /// not reached, every verified position must be one where the end-of-sequence bans hold (the
-/// sample request carries one ban list). Executor-drafted proposals skip constrained sequences.
+/// sample request carries one ban list).
 fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
     let Some(spec) = &config.speculative else { return 0 };
-    // The executor's drafts are not known before the step, so no grammar can check them.
-    if e.fork_into > 1 || (spec.method.drafts_in_executor() && e.constraint.is_some()) {
+    if e.fork_into > 1 {
         return 0;
     }
     let output = e.seq.output_len();
@@ -462,5 +463,6 @@ fn sample_request(e: &SeqEntry) -> SampleRequest {
         // Attached by the engine when it hands the sequence's constraint to the mask worker.
         allowed: None,
         draft_masks: Vec::new(),
+        draft_grammar: None,
     }
 }

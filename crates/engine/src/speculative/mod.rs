@@ -9,13 +9,16 @@
 //! - [`Proposer`]: where proposals come from; [`ngram`] looks the sequence's last tokens up in
 //!   its own history (prompt lookup); [`suffix`] also in a frequency trie of recent requests'
 //!   outputs; with [`SpeculativeMethod::DraftLayers`] the executor drafts them itself, running
-//!   the target's first layers (self-speculative), and the scheduler only reserves their places.
+//!   the target's first layers (self-speculative), and the scheduler only reserves their places;
+//!   under a grammar the executor walks it along its drafts ([`DraftChain`]).
 //! - [`SpecDecodeStats`]: drafts, draft tokens and accepted tokens per position, for metrics.
 
+pub mod draft_chain;
 pub mod ngram;
 pub mod suffix;
 pub mod verify;
 
+pub use draft_chain::DraftChain;
 pub use ngram::NgramProposer;
 pub use suffix::SuffixProposer;
 pub use verify::{kept, position_requests, try_verify, verify};
@@ -167,6 +170,11 @@ impl Proposer {
             )),
             SpeculativeMethod::DraftLayers { .. } | SpeculativeMethod::DraftModel => Self::Executor,
         }
+    }
+
+    /// Whether the proposals are placeholders for the executor's drafts.
+    pub fn drafts_in_executor(&self) -> bool {
+        matches!(self, Self::Executor)
     }
 
     /// A sequence finished normally with `output`: suffix decoding caches it.

@@ -95,6 +95,7 @@ fn advanced(req: &SampleRequest, accepted: &[u32]) -> SampleRequest {
         history,
         allowed: req.draft_masks.get(accepted.len() - 1).cloned(),
         draft_masks: Vec::new(),
+        draft_grammar: None,
         ..req.clone()
     }
 }

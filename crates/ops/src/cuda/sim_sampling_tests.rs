@@ -162,6 +162,7 @@ fn random_request(rng: &mut StdRng, vocab: usize) -> SampleRequest {
             .collect(),
         allowed,
         draft_masks: Vec::new(),
+        draft_grammar: None,
     }
 }
 

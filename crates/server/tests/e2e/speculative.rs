@@ -129,6 +129,18 @@ async fn a_draft_model_leaves_answers_unchanged_and_is_counted() -> Result<()> {
     assert!(drafts >= 50.0 && proposed >= drafts, "{text}");
     // Sampled requests (n = 2 at temperature 0.8) reject some of the greedy draft's proposals.
     assert!(accepted >= 0.8 * proposed && accepted <= proposed, "{accepted} of {proposed} accepted\n{text}");
+
+    // Under a JSON schema the draft drafts too, under the grammar's masks (its answer was
+    // among those compared above), and its proposals hold as well.
+    let body = bodies().into_iter().find(|b| b.get("response_format").is_some()).unwrap();
+    let (status, resp) = post_json(&client(), &spec.url("/v1/chat/completions"), &body).await?;
+    assert_eq!(status, 200, "{resp}");
+    let after = metrics_text(&client(), &spec).await?;
+    let [drafts_after, proposed_after, accepted_after] = ["drafts", "draft_tokens", "accepted_tokens"]
+        .map(|c| metric(&after, &format!("pagoda:spec_decode_num_{c}_total"), "").unwrap());
+    let (schema_drafts, schema_proposed) = (drafts_after - drafts, proposed_after - proposed);
+    assert!(schema_drafts >= 5.0, "{schema_drafts} drafts under the schema\n{after}");
+    assert!(accepted_after - accepted >= 0.8 * schema_proposed, "{after}");
     spec.signal_stop();
     spec.join()
 }
