@@ -71,6 +71,7 @@ script-check: ## The benchmark scripts: shell syntax, and the peer-comparison ta
 	bash -n scripts/gpu-bench.sh
 	bash -n scripts/gpu-check.sh
 	bash -n scripts/gpu-spec-bench.sh
+	bash -n scripts/gpu-draft-grammar.sh
 	bash -n scripts/gpu-step-kernels.sh
 	bash -n scripts/server-lifecycle.sh
 	python3 scripts/bench_vs_llamacpp_table.py --self-test
