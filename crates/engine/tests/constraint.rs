@@ -252,6 +252,18 @@ fn a_failing_grammar_fails_its_own_request_only() {
     assert!(handle.is_alive());
 }
 
+/// Every request's output, one at a time, on a fresh engine with `speculative`; with its stats.
+fn run_all(
+    requests: &[Request],
+    speculative: Option<pagoda_engine::SpeculativeConfig>,
+) -> (Vec<Collected>, pagoda_engine::EngineStatsSnapshot) {
+    let mut config = EngineConfig::new(4, 96, MAX_MODEL_LEN);
+    config.speculative = speculative;
+    let (handle, _shutdown) = start(config, None);
+    let outputs = requests.iter().map(|r| collect(&handle, r.clone())).collect();
+    (outputs, handle.stats())
+}
+
 #[test]
 fn proposals_under_a_grammar_are_cut_to_it_and_keep_outputs() {
     // A pull towards token 4 makes runs that prompt lookup predicts; the prompts' odd tokens,
@@ -273,17 +285,10 @@ fn proposals_under_a_grammar_are_cut_to_it_and_keep_outputs() {
                 .with_constraint(SeqConstraint::new(EvenTokens::new(3, 24)))
         })
         .collect();
-    let run = |speculative| {
-        let mut config = EngineConfig::new(4, 96, MAX_MODEL_LEN);
-        config.speculative = speculative;
-        let (handle, _shutdown) = start(config, None);
-        let outputs: Vec<Collected> = requests.iter().map(|r| collect(&handle, r.clone())).collect();
-        (outputs, handle.stats())
-    };
-    let (plain, _) = run(None);
+    let (plain, _) = run_all(&requests, None);
     let mut spec = pagoda_engine::SpeculativeConfig::ngram(4);
     spec.method = pagoda_engine::SpeculativeMethod::Ngram { prompt_lookup_min: 1, prompt_lookup_max: 2 };
-    let (with_spec, stats) = run(Some(spec));
+    let (with_spec, stats) = run_all(&requests, Some(spec));
     for ((p, s), r) in plain.iter().zip(&with_spec).zip(&requests) {
         assert_valid(s, 3);
         assert_eq!(s.samples, p.samples, "request {}", r.id);
@@ -305,14 +310,7 @@ fn executor_drafts_under_a_grammar_follow_it_and_keep_outputs() {
                 .with_constraint(SeqConstraint::new(EvenTokens::new(3, 24)))
         })
         .collect();
-    let run = |speculative| {
-        let mut config = EngineConfig::new(4, 96, MAX_MODEL_LEN);
-        config.speculative = speculative;
-        let (handle, _shutdown) = start(config, None);
-        let outputs: Vec<Collected> = requests.iter().map(|r| collect(&handle, r.clone())).collect();
-        (outputs, handle.stats())
-    };
-    let (plain, _) = run(None);
+    let (plain, _) = run_all(&requests, None);
     for method in [
         pagoda_engine::SpeculativeMethod::DraftModel,
         pagoda_engine::SpeculativeMethod::DraftLayers { num_layers: 2 },
@@ -322,7 +320,7 @@ fn executor_drafts_under_a_grammar_follow_it_and_keep_outputs() {
             num_speculative_tokens: 3,
             disable_by_batch_size: usize::MAX,
         };
-        let (with_spec, stats) = run(Some(spec));
+        let (with_spec, stats) = run_all(&requests, Some(spec));
         for ((p, s), r) in plain.iter().zip(&with_spec).zip(&requests) {
             assert_valid(s, 3);
             assert_eq!(s.samples, p.samples, "{method:?}, request {}", r.id);
