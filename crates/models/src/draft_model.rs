@@ -101,12 +101,9 @@ impl ModelRunner {
         let masks = drafting.iter().map(|&i| next_mask(&chains[i])).collect();
         let first = self.draft_pass(context, Drafter::Model, masks)?;
         for (&i, token) in drafting.iter().zip(first) {
-            let s = &mut filled.seqs[i];
+            let s = &filled.seqs[i];
             let at = s.q_len() - s.num_draft_tokens;
-            s.token_ids[at] = token;
-            if let Some(chain) = &mut chains[i] {
-                chain.push(token);
-            }
+            place_draft(&mut filled, &mut chains, i, at, token);
         }
         self.draft_passes(&mut filled, 1, Drafter::Model, &mut chains)?;
         finish_chains(&mut filled, chains);
@@ -134,12 +131,8 @@ impl ModelRunner {
             };
             let masks = members.iter().map(|&i| next_mask(&chains[i])).collect();
             for (&i, token) in members.iter().zip(self.draft_pass(pass, drafter, masks)?) {
-                let s = &mut filled.seqs[i];
-                let at = input(s) + 1;
-                s.token_ids[at] = token;
-                if let Some(chain) = &mut chains[i] {
-                    chain.push(token);
-                }
+                let at = input(&filled.seqs[i]) + 1;
+                place_draft(filled, chains, i, at, token);
             }
         }
         Ok(())
@@ -228,6 +221,20 @@ fn grammar_chains(batch: &ScheduledBatch) -> Vec<Option<DraftChain>> {
         .iter()
         .map(|s| s.sample.as_ref().filter(|_| s.num_draft_tokens > 0).and_then(DraftChain::new))
         .collect()
+}
+
+/// Writes sequence `i`'s drafted `token` at offset `at` and walks its grammar past it.
+fn place_draft(
+    filled: &mut ScheduledBatch,
+    chains: &mut [Option<DraftChain>],
+    i: usize,
+    at: usize,
+    token: u32,
+) {
+    filled.seqs[i].token_ids[at] = token;
+    if let Some(chain) = &mut chains[i] {
+        chain.push(token);
+    }
 }
 
 fn next_mask(chain: &Option<DraftChain>) -> Option<Arc<MaskSlot>> {

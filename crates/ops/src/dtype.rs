@@ -98,7 +98,7 @@ impl Float for bf16 {
 /// are rescaled by 2^112 (the difference of the exponent biases), which is exact for normal and
 /// subnormal halves alike; infinities and NaNs keep an all-ones exponent.
 #[inline(always)]
-pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+fn f16_bits_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
     let sign = (h & 0x8000) << 16;
     let magnitude = h & 0x7fff;

@@ -7,6 +7,8 @@
 
 use half::f16;
 
+use crate::dtype::Float;
+
 /// Accumulator lanes of `dot`: one AVX2 vector.
 const LANES: usize = 8;
 
@@ -30,9 +32,7 @@ pub(crate) trait MulAdd: Sized {
     /// reads them.
     #[inline(always)]
     fn widen_f16(src: &[f16], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = crate::dtype::f16_bits_to_f32(s.to_bits());
-        }
+        <f16 as Float>::to_f32_slice(src, dst);
     }
 }
 
@@ -119,9 +119,7 @@ pub(crate) unsafe fn widen_f16_avx512(src: &[f16], dst: &mut [f32]) {
             _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
         }
     }
-    for (d, s) in dst[whole..n].iter_mut().zip(&src[whole..n]) {
-        *d = crate::dtype::f16_bits_to_f32(s.to_bits());
-    }
+    <f16 as Float>::to_f32_slice(&src[whole..n], &mut dst[whole..n]);
 }
 
 /// `sum(a[i] * b[i])` over the shorter length.

@@ -231,30 +231,30 @@ impl LoadedRuntime {
             options.device.clone(),
         )?;
         let mut gpu_kv_budget = None;
-        let budget_bytes = match (options.num_blocks, options.gpu_memory_utilization) {
-            (Some(_), _) => None,
-            (None, Some(utilization)) if options.device.is_cuda() => {
-                let shape = ProfileShape {
-                    max_num_batched_tokens: options.max_num_batched_tokens,
-                    max_num_seqs: options.max_num_seqs,
-                    block_size: options.block_size,
+        let num_blocks = match options.num_blocks {
+            Some(n) => n,
+            None => {
+                let bytes = match options.gpu_memory_utilization {
+                    Some(utilization) if options.device.is_cuda() => {
+                        let shape = ProfileShape {
+                            max_num_batched_tokens: options.max_num_batched_tokens,
+                            max_num_seqs: options.max_num_seqs,
+                            block_size: options.block_size,
+                        };
+                        let budget =
+                            size_from_device_memory(&mut runner, &config, shape, cache_dtype, utilization)?;
+                        gpu_kv_budget = Some(budget);
+                        budget.kv_bytes
+                    }
+                    _ => options.kv_cache_bytes,
                 };
-                let budget = size_from_device_memory(&mut runner, &config, shape, cache_dtype, utilization)?;
-                gpu_kv_budget = Some(budget);
-                Some(budget.kv_bytes)
-            }
-            (None, _) => Some(options.kv_cache_bytes),
-        };
-        let num_blocks = match budget_bytes {
-            None => options.num_blocks.unwrap_or_default(),
-            Some(bytes) => {
                 let bytes =
                     target_share(bytes, &config, draft_config.as_ref(), options.block_size, cache_dtype);
                 KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, bytes)
             }
         };
         let groups = layout.kv_groups();
-        // Without an explicit limit, the context is what the model (and a draft), and the cache allow
+        // Without an explicit limit, the context is what the model, a draft model and the cache allow
         // (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
         let max_model_len = options.max_model_len.unwrap_or_else(|| {
             let fits = |len: usize| {

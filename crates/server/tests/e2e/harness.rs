@@ -18,7 +18,6 @@ use serde_json::Value;
 
 pub const API_KEY: &str = "e2e-secret";
 
-/// The default model; its absence fails the tests (run `make model`).
 /// The error `Server::build` gives for the real model with a 64 MiB cache and `extra` flags;
 /// an error itself when the server builds.
 pub async fn startup_error(extra: &[&str]) -> Result<String> {
@@ -32,6 +31,7 @@ pub async fn startup_error(extra: &[&str]) -> Result<String> {
     }
 }
 
+/// The default model; its absence fails the tests (run `make model`).
 pub fn model_path() -> PathBuf {
     // Cargo's run-time value: a test binary reused from a build in another checkout still
     // carries that checkout's compile-time path.
