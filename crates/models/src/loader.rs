@@ -9,6 +9,7 @@ use pagoda_ops::PanelPrecision;
 
 use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::large_steps::LargeStepChoice;
 use crate::linear::{CpuGemm, SmallSteps};
 use crate::model::Model;
 use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
@@ -49,6 +50,10 @@ pub struct LoadOptions {
     /// with it ([`CpuGemm::batch_invariant`]). CPU only; GGUF projections are dequantized
     /// (candle's quantized matmul is not covered).
     pub batch_invariant: bool,
+    /// `--cpu-gemm-dtype auto` on a CPU with both native kernels (`panel_precision` bfloat16,
+    /// small steps int16): time both on one of a GGUF's own projections and run every step on
+    /// int16 panels where they are clearly faster ([`LargeStepChoice`]).
+    pub choose_large_steps: bool,
 }
 
 impl Default for LoadOptions {
@@ -61,6 +66,7 @@ impl Default for LoadOptions {
             panel_precision: PanelPrecision::F32,
             small_steps: SmallSteps::Blocks,
             batch_invariant: false,
+            choose_large_steps: false,
         }
     }
 }
@@ -71,6 +77,8 @@ pub struct LoadedModel {
     pub path: PathBuf,
     pub format: LoadFormat,
     pub load_seconds: f64,
+    /// What [`LoadOptions::choose_large_steps`] measured and chose, when it ran.
+    pub large_steps: Option<LargeStepChoice>,
 }
 
 /// Phi-3's LongRoPE tables of a GGUF (`rope_factors_short`/`_long`), with the original context
@@ -124,7 +132,8 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             "batch-invariant kernels exist for f32 CPU models with dequantized weights only".into(),
         ));
     }
-    let gemm = CpuGemm {
+    let mut large_steps = None;
+    let mut gemm = CpuGemm {
         precision: options.panel_precision,
         small_steps: options.small_steps,
         batch_invariant: options.batch_invariant,
@@ -137,6 +146,18 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
                     || weights.num_elements() * dtype.size_in_bytes() as u64 <= AUTO_DEQUANTIZE_MAX_BYTES
             });
             weights.set_dequantize(dequantize);
+            let choosing = options.choose_large_steps
+                && !options.batch_invariant
+                && gemm.precision == PanelPrecision::Bf16
+                && gemm.small_steps == SmallSteps::Int16;
+            if choosing {
+                // The projection is read once more when the model loads: a few MB, next to
+                // the timing's few ms.
+                large_steps = weights.sample_projection().as_ref().and_then(LargeStepChoice::measure);
+                if let Some(choice) = large_steps {
+                    gemm.precision = choice.precision;
+                }
+            }
             weights.set_cpu_gemm(gemm);
             let has_output = weights.contains("output.weight");
             let has_bias = weights.contains("blk.0.attn_q.bias");
@@ -165,5 +186,11 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         }
         LoadFormat::Auto => unreachable!("resolved above"),
     };
-    Ok(LoadedModel { model, path: path.to_path_buf(), format, load_seconds: started.elapsed().as_secs_f64() })
+    Ok(LoadedModel {
+        model,
+        path: path.to_path_buf(),
+        format,
+        load_seconds: started.elapsed().as_secs_f64(),
+        large_steps,
+    })
 }

@@ -147,3 +147,45 @@ fn default_cpu_gemms_with_int16_small_steps_stay_close_to_reference_logits_and_g
     let worst = assert_matches_reference(&mut runner, BF16_GEMM_LOGIT_TOLERANCE);
     eprintln!("largest logit difference with int16 small steps, bf16 GEMMs and an f16 cache: {worst}");
 }
+
+/// `--cpu-gemm-dtype auto` with `choose_large_steps`: the loader times bfloat16 and int16 panels
+/// on one of the model's weights (where the CPU runs both natively) and builds every projection
+/// for the one it chose. A 24-token prefill (a large step) then has the bits of the model loaded
+/// with that precision named, and not those of the other one.
+#[test]
+fn auto_times_the_large_step_kernels_and_runs_the_one_it_chose() {
+    use pagoda_models::large_steps::{LargeStepChoice, PROBE_ROWS};
+    use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision, SmallSteps};
+
+    let native = PanelPrecision::cpu_has_native_bf16() && PanelPrecision::cpu_has_native_int8();
+    let options = |panel_precision, choose_large_steps| LoadOptions {
+        dequantize: Some(true),
+        panel_precision,
+        small_steps: if native { SmallSteps::Int16 } else { SmallSteps::Blocks },
+        choose_large_steps,
+        ..LoadOptions::default()
+    };
+    let auto = PanelPrecision::auto_float();
+    let loaded = load_model(&model_path(), &options(auto, true)).unwrap();
+    assert_eq!(loaded.large_steps.is_some(), native, "timed only where both kernels are native");
+    assert!(load_model(&model_path(), &options(auto, false)).unwrap().large_steps.is_none());
+    let Some(choice) = loaded.large_steps else { return };
+    eprintln!("large steps: {choice:?} (int16 {:.2}x)", choice.timing.int16_speedup());
+    assert_eq!(choice.timing.rows, PROBE_ROWS);
+    assert_eq!(choice, LargeStepChoice::from_timing(choice.timing));
+
+    let prompt: Vec<u32> = (0..24).map(|i| 100 + i * 37).collect();
+    let logits_bits = |model: pagoda_models::Model| {
+        let cache =
+            KvCache::new(model.config(), 4, BLOCK_SIZE, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let mut runner = ModelRunner::new(model, cache, candle_core::Device::Cpu).unwrap();
+        let seq = TestSeq::new(1, prompt.clone(), 0);
+        let logits = runner.logits(&batch(vec![seq.chunk(prompt.len())])).unwrap();
+        logits.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    let named = |precision| logits_bits(load_model(&model_path(), &options(precision, false)).unwrap().model);
+    let chosen = logits_bits(loaded.model);
+    let other = if choice.precision == PanelPrecision::Int16 { PanelPrecision::Bf16 } else { PanelPrecision::Int16 };
+    assert!(chosen == named(choice.precision), "the loaded model runs {:?}", choice.precision);
+    assert!(chosen != named(other), "the two kernels' bits differ, so the check above tells them apart");
+}

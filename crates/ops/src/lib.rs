@@ -9,6 +9,9 @@
 //! launches our kernels from `kernels/*.cu` (see `cuda`), behind the same public functions. The
 //! KV-cache layout, metadata contract and launch shapes are documented in `kernels/README.md`.
 //!
+//! `time_large_steps` times the bfloat16 and int16 panel kernels on a weight, so the loader can
+//! choose the faster by measurement (`gemm_probe`).
+//!
 //! `device_memory` and the pool's peak (`reset_peak_memory`, `peak_memory`) size the KV cache from
 //! free GPU memory. `sample_on_device` is the GPU sampler (one token per row of logits that stay on the device);
 //! on the CPU the engine's sampler does that work.
@@ -25,6 +28,7 @@ mod device_memory;
 mod device_sampler;
 mod dtype;
 mod gated_activation;
+mod gemm_probe;
 mod int16_matmul;
 #[cfg(target_arch = "x86_64")]
 mod int16_matmul_x86;
@@ -51,6 +55,7 @@ mod simd;
 pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
+pub use gemm_probe::{time_large_steps, LargeStepTiming};
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
 pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams};

@@ -12,8 +12,8 @@ use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
 use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
 use pagoda_models::{
-    load_model, DraftModel, KvCache, KvLayout, LoadFormat, LoadOptions, Model, ModelConfig, ModelError,
-    ModelRunner, PanelPrecision, SmallSteps,
+    load_model, DraftModel, KvCache, KvLayout, LargeStepChoice, LoadFormat, LoadOptions, Model, ModelConfig,
+    ModelError, ModelRunner, PanelPrecision, SmallSteps,
 };
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
@@ -63,6 +63,9 @@ pub struct RuntimeOptions {
     /// One kernel per op for every step size, so outputs do not depend on batching (CPU only;
     /// see [`LoadOptions::batch_invariant`]).
     pub batch_invariant: bool,
+    /// Time the two large-step kernels on the model's own weight and take the faster (see
+    /// [`LoadOptions::choose_large_steps`]).
+    pub choose_large_steps: bool,
     pub block_size: usize,
     /// Bytes of KV cache; ignored when `num_blocks` is set or the cache is sized from device
     /// memory.
@@ -95,6 +98,7 @@ impl RuntimeOptions {
             panel_precision: PanelPrecision::F32,
             small_steps: SmallSteps::Blocks,
             batch_invariant: false,
+            choose_large_steps: false,
             block_size: 16,
             kv_cache_bytes: 1 << 30,
             num_blocks: None,
@@ -133,6 +137,8 @@ pub struct LoadedRuntime {
     pub kv_cache_dtype: DType,
     /// How the cache was sized from device memory, when it was.
     pub gpu_kv_budget: Option<GpuKvBudget>,
+    /// The CPU's kernel for large steps, when `auto` timed it.
+    pub large_steps: Option<LargeStepChoice>,
     pub times: StartupTimes,
 }
 
@@ -192,6 +198,7 @@ impl LoadedRuntime {
             panel_precision: options.panel_precision,
             small_steps: options.small_steps,
             batch_invariant: options.batch_invariant,
+            choose_large_steps: options.choose_large_steps,
         };
         // The model (parallel over the rayon pool) and the text side (one thread) load at once.
         let tokenizer_path = tokenizer_source(options)?;
@@ -220,8 +227,15 @@ impl LoadedRuntime {
         }
         let cache_dtype = options.kv_cache_dtype;
         let layout = KvLayout::for_config(&config);
+        // A draft runs the kernels the target's timing chose.
+        let large_steps = loaded.large_steps;
+        let draft_load = LoadOptions {
+            panel_precision: large_steps.map_or(load.panel_precision, |c| c.precision),
+            choose_large_steps: false,
+            ..load.clone()
+        };
         let draft = match &options.draft_model {
-            Some(path) => Some(load_draft(path, &load, &config, &tokenizer)?),
+            Some(path) => Some(load_draft(path, &draft_load, &config, &tokenizer)?),
             None => None,
         };
         let draft_config = draft.as_ref().map(|d| d.config().clone());
@@ -336,6 +350,7 @@ impl LoadedRuntime {
             kv_bytes_per_token,
             kv_cache_dtype: cache_dtype,
             gpu_kv_budget,
+            large_steps,
             times,
         })
     }

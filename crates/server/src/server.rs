@@ -124,6 +124,12 @@ fn small_steps(arg: GemmDtypeArg, batch_invariant: bool) -> SmallSteps {
     }
 }
 
+/// `auto` without `--batch-invariant` times bfloat16 against int16 panels for the large steps
+/// (where the CPU runs both; `pagoda_models::large_steps`); a named dtype is what it says.
+fn choose_large_steps(arg: GemmDtypeArg, batch_invariant: bool) -> bool {
+    arg == GemmDtypeArg::Auto && !batch_invariant
+}
+
 /// The runtime options `config` asks for.
 pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeError> {
     // The default model is fetched by `make model`, never from the hub.
@@ -146,6 +152,7 @@ pub fn runtime_options(config: &ServerConfig) -> Result<RuntimeOptions, ServeErr
     options.kv_cache_dtype = kv_cache_dtype(config.kv_cache_dtype, options.dtype);
     options.panel_precision = panel_precision(config.cpu_gemm_dtype, config.batch_invariant);
     options.small_steps = small_steps(config.cpu_gemm_dtype, config.batch_invariant);
+    options.choose_large_steps = choose_large_steps(config.cpu_gemm_dtype, config.batch_invariant);
     options.batch_invariant = config.batch_invariant;
     options.device = device;
     options.block_size = config.block_size;
@@ -245,6 +252,16 @@ impl Server {
             context = model_config.max_position_embeddings,
             "model loaded"
         );
+        if let Some(choice) = runtime.large_steps {
+            let timing = choice.timing;
+            tracing::info!(
+                rows = timing.rows,
+                bf16_ms = format!("{:.3}", timing.bf16_seconds * 1e3),
+                int16_ms = format!("{:.3}", timing.int16_seconds * 1e3),
+                chosen = ?choice.precision,
+                "CPU kernel for steps over 16 tokens, timed on one of the model's weights (--cpu-gemm-dtype pins one)"
+            );
+        }
         tracing::info!(
             seconds = format!("{:.2}", t.tokenizer_seconds),
             vocab = runtime.tokenizer.vocab_size(),
@@ -499,6 +516,12 @@ mod tests {
             assert_eq!(small_steps(arg, false), SmallSteps::Blocks);
         }
         assert_eq!(small_steps(GemmDtypeArg::Auto, true), SmallSteps::Blocks);
+        // Only auto, and not batch-invariant, times the large-step kernels.
+        assert!(choose_large_steps(GemmDtypeArg::Auto, false));
+        assert!(!choose_large_steps(GemmDtypeArg::Auto, true));
+        for arg in [GemmDtypeArg::Float32, GemmDtypeArg::Bfloat16, GemmDtypeArg::Int8, GemmDtypeArg::Int16] {
+            assert!(!choose_large_steps(arg, false));
+        }
     }
 
     #[test]

@@ -90,6 +90,19 @@ impl GgufWeights {
         self.cpu_gemm = gemm;
     }
 
+    /// The blocks of the first layer's MLP up projection (else its gate, else its query), as
+    /// packed for the CPU: one of the model's own weights to time kernels on. `None` when none
+    /// of them is packed.
+    pub fn sample_projection(&mut self) -> Option<QuantizedWeight> {
+        for name in ["blk.0.ffn_up.weight", "blk.0.ffn_gate.weight", "blk.0.attn_q.weight"] {
+            let Some(&[rows, cols]) = self.info(name).map(|i| i.shape.dims()) else { continue };
+            if let Ok(Some(blocks)) = self.blocks(name, rows, cols) {
+                return Some(blocks);
+            }
+        }
+        None
+    }
+
     pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
         &self.parts[0].content.metadata
     }

@@ -1,0 +1,65 @@
+//! `--cpu-gemm-dtype auto`'s kernel for CPU steps of more than 16 tokens, chosen by timing
+//! this model's own weight: bfloat16 panels, or the int16 kernel the small steps already run,
+//! which then serves every step.
+//!
+//! Why: the two do the same multiply-adds per instruction issued, so the faster one depends on
+//! the CPU. On the AMD Zen 4 VM of benches/README.md bfloat16 panels win (int16 everywhere made
+//! 32 streams 0.83x as fast); on the Intel Xeon VM, whose `vdpbf16ps` issues at about a third
+//! of `vpdpbusd`'s multiply-add rate, bfloat16 GEMMs bound 32 streams, and int16 should be
+//! about 1.4x as fast. int16 is also the finer of the two (logit drift 0.0088 against 0.094 on
+//! the golden prompts), and one kernel at every step size gives a row the same bits whatever
+//! is batched with it.
+
+use pagoda_ops::{LargeStepTiming, PanelPrecision, QuantizedWeight};
+
+/// Activation rows of the timed step: between a 32-stream decode step and a prefill chunk.
+pub const PROBE_ROWS: usize = 64;
+
+/// Timed runs of each kernel; the fastest counts.
+pub const PROBE_ROUNDS: usize = 5;
+
+/// How much faster int16 must run to be chosen. Near a tie bfloat16 stays, so that restarts on
+/// one machine do not flip between the two (outputs' last bits differ between them).
+pub const INT16_MARGIN: f64 = 1.15;
+
+/// What the timing chose for large steps, and the timing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LargeStepChoice {
+    pub timing: LargeStepTiming,
+    /// [`PanelPrecision::Int16`] or [`PanelPrecision::Bf16`].
+    pub precision: PanelPrecision,
+}
+
+impl LargeStepChoice {
+    /// The choice a timing makes.
+    pub fn from_timing(timing: LargeStepTiming) -> Self {
+        let precision =
+            if timing.int16_speedup() >= INT16_MARGIN { PanelPrecision::Int16 } else { PanelPrecision::Bf16 };
+        Self { timing, precision }
+    }
+
+    /// Times `weight` (one of the model's projections) on both kernels; `None` where the CPU
+    /// lacks either (then `auto` keeps what it had).
+    pub fn measure(weight: &QuantizedWeight) -> Option<Self> {
+        pagoda_ops::time_large_steps(weight, PROBE_ROWS, PROBE_ROUNDS).map(Self::from_timing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(bf16_seconds: f64, int16_seconds: f64) -> LargeStepTiming {
+        LargeStepTiming { rows: PROBE_ROWS, bf16_seconds, int16_seconds }
+    }
+
+    #[test]
+    fn int16_is_chosen_only_when_clearly_faster() {
+        let precision = |bf16, int16| LargeStepChoice::from_timing(timing(bf16, int16)).precision;
+        assert_eq!(precision(1.4e-3, 1.0e-3), PanelPrecision::Int16);
+        assert_eq!(precision(1.16e-3, 1.0e-3), PanelPrecision::Int16);
+        assert_eq!(precision(1.1e-3, 1.0e-3), PanelPrecision::Bf16);
+        assert_eq!(precision(1.0e-3, 1.0e-3), PanelPrecision::Bf16);
+        assert_eq!(precision(0.8e-3, 1.0e-3), PanelPrecision::Bf16);
+    }
+}
