@@ -225,10 +225,10 @@ fn check(precision: PanelPrecision) {
     assert!(sum_steps(&log, |s| s.spec.num_draft_tokens) > 0, "proposals were verified");
 }
 
-/// Each precision the server's batch-invariant mode multiplies in on this CPU: f32 (`auto`: the
-/// exact block kernel at every step size), bfloat16 panels where the CPU multiplies bfloat16
-/// natively, and int8 (llama.cpp's precision) and int16 where it multiplies int8 natively;
-/// elsewhere the server falls back from those to `auto`.
+/// Each precision the server's batch-invariant mode multiplies in on this CPU: f32 (the exact
+/// block kernel at every step size; `auto` without AVX512-VNNI), bfloat16 panels where the CPU
+/// multiplies bfloat16 natively, and int8 (llama.cpp's precision) and int16 (`auto`) where it
+/// multiplies int8 natively; elsewhere the server falls back from those to `auto`.
 #[test]
 fn outputs_are_bit_identical_however_requests_are_batched() {
     let mut precisions = vec![PanelPrecision::F32];

@@ -177,15 +177,24 @@ fn auto_times_the_large_step_kernels_and_runs_the_one_it_chose() {
     let prompt: Vec<u32> = (0..24).map(|i| 100 + i * 37).collect();
     let logits_bits = |model: pagoda_models::Model| {
         let cache =
-            KvCache::new(model.config(), 4, BLOCK_SIZE, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+            KvCache::new(model.config(), 4, BLOCK_SIZE, candle_core::DType::F32, &candle_core::Device::Cpu)
+                .unwrap();
         let mut runner = ModelRunner::new(model, cache, candle_core::Device::Cpu).unwrap();
         let seq = TestSeq::new(1, prompt.clone(), 0);
         let logits = runner.logits(&batch(vec![seq.chunk(prompt.len())])).unwrap();
-        logits.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        logits
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
     };
     let named = |precision| logits_bits(load_model(&model_path(), &options(precision, false)).unwrap().model);
     let chosen = logits_bits(loaded.model);
-    let other = if choice.precision == PanelPrecision::Int16 { PanelPrecision::Bf16 } else { PanelPrecision::Int16 };
+    let other =
+        if choice.precision == PanelPrecision::Int16 { PanelPrecision::Bf16 } else { PanelPrecision::Int16 };
     assert!(chosen == named(choice.precision), "the loaded model runs {:?}", choice.precision);
     assert!(chosen != named(other), "the two kernels' bits differ, so the check above tells them apart");
 }

@@ -1,14 +1,14 @@
-//! Times the two panel kernels that can multiply a block-quantized weight in a large step,
-//! bfloat16 panels (`vdpbf16ps`) and the weight's codes times 16-bit activations (two
-//! `vpdpbusd` per four codes, [`crate::int16_matmul`]), so that a caller can choose by
-//! measurement, not by CPU name.
+//! Times the two panel kernels that can multiply a block-quantized weight in a large step, bfloat16
+//! panels (`vdpbf16ps`) and the weight's codes times 16-bit activations (two `vpdpbusd` per four
+//! codes, [`crate::int16_matmul`]), so that a caller can choose by measurement, not by CPU name.
 //!
-//! Why: both do 32 multiply-adds per instruction issued, so which one wins depends on how fast
-//! a CPU issues each. On the AMD Zen 4 VM of benches/README.md they tie at 32 rows and bfloat16
-//! wins at 128 (fewer instructions per block); on the Intel Xeon VM `vdpbf16ps` reached 155
-//! GFLOP/s against 495 Gop/s for `vpdpbusd`, so the int16 kernel should win there by about
-//! 1.4x. The timing runs on one thread, on the caller's own weight, each kernel several times
-//! in alternation, keeping each one's fastest run: a busy neighbour slows both alike.
+//! Why: both do 32 multiply-adds per instruction issued, so which one wins depends on how fast a
+//! CPU issues each. On the AMD Zen 4 VM of benches/README.md they tie at 32 rows and bfloat16 wins
+//! at 128 (fewer instructions per block); on the Intel Xeon VM `vdpbf16ps` reached 155 GFLOP/s
+//! against 495 Gop/s for `vpdpbusd`, so the int16 kernel should win there, by about 1.3x (a
+//! prediction: benches/README.md). The timing runs on one thread, on the caller's own weight, each
+//! kernel several times in alternation, keeping each one's fastest run: a busy neighbour slows both
+//! alike.
 
 use std::time::Instant;
 
@@ -38,7 +38,9 @@ impl LargeStepTiming {
 /// times each in alternation on one thread (after one untimed run each). `None` unless this
 /// CPU runs both natively (AVX512-BF16 and AVX512-VNNI), or when `rows` or `rounds` is zero.
 pub fn time_large_steps(weight: &QuantizedWeight, rows: usize, rounds: usize) -> Option<LargeStepTiming> {
-    if !(PanelPrecision::cpu_has_native_bf16() && PanelPrecision::cpu_has_native_int8()) || rows == 0 || rounds == 0
+    if !(PanelPrecision::cpu_has_native_bf16() && PanelPrecision::cpu_has_native_int8())
+        || rows == 0
+        || rounds == 0
     {
         return None;
     }

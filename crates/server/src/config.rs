@@ -309,15 +309,16 @@ pub struct ServeArgs {
     /// bfloat16 on CPUs with AVX512-BF16 (twice the throughput), else float32 (exact), and on
     /// CPUs with AVX512-VNNI steps of up to 16 tokens multiply the weights' codes by
     /// activations rounded to 16 bits per block of 32 (faster than the exact blocks, one kernel
-    /// for a speculative step's positions). float32 and bfloat16 keep exact activations for
-    /// the small steps; int8 and int16 run at every step size (int8: llama.cpp's 8-bit
-    /// activations). [default: auto]
+    /// for a speculative step's positions); where the CPU has both, a start-up timing on the
+    /// model's own weight runs every step on that int16 kernel when it beats bfloat16 by 1.15x.
+    /// float32 and bfloat16 keep exact activations for the small steps; int8 and int16 run at
+    /// every step size (int8: llama.cpp's 8-bit activations). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
-    /// CPU: every step runs the same kernels whatever its size (the exact f32 block kernel,
-    /// unless --cpu-gemm-dtype names bfloat16, int8 or int16), so a request's tokens and logprobs are
-    /// bit-identical however it is batched: alone or beside others, cached or not, chunked,
-    /// preempted or speculated. Prefill is slower (see the README).
+    /// CPU: every step runs the same kernels whatever its size (with auto, the int16 kernel on
+    /// CPUs with AVX512-VNNI, else the exact f32 block kernel; or the --cpu-gemm-dtype named),
+    /// so a request's tokens and logprobs are bit-identical however it is batched: alone or
+    /// beside others, cached or not, chunked, preempted or speculated (see the README).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub batch_invariant: Option<bool>,
     /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",

@@ -93,12 +93,17 @@ fn kv_cache_dtype(arg: DtypeArg, compute: DType) -> DType {
     }
 }
 
-/// `auto` is [`PanelPrecision::auto_float`], or f32 when `batch_invariant`: then f32 is the exact block
-/// kernel at every step size, as fast as the default at one stream and at 32
-/// (benches/README.md), where bfloat16 panels halve the one-stream speed. `int8` needs
-/// AVX512-VNNI: without it the portable int8 loop is slower than `auto`'s kernels.
+/// `auto` is [`PanelPrecision::auto_float`]. With `batch_invariant` it is the int16 kernel at
+/// every step size on CPUs with AVX512-VNNI (on the AMD VM of benches/README.md as fast as the
+/// default at 1 and 32 streams, where the exact f32 blocks ran 32 streams at half speed), else
+/// f32, the exact block kernel at every step size (bfloat16 panels would halve the one-stream
+/// speed). `int8` and `int16` need AVX512-VNNI: without it the portable loops are slower than
+/// `auto`'s kernels.
 fn panel_precision(arg: GemmDtypeArg, batch_invariant: bool) -> PanelPrecision {
     match arg {
+        GemmDtypeArg::Auto if batch_invariant && PanelPrecision::cpu_has_native_int8() => {
+            PanelPrecision::Int16
+        }
         GemmDtypeArg::Auto if batch_invariant => PanelPrecision::F32,
         GemmDtypeArg::Int8 if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int8,
         GemmDtypeArg::Int16 if PanelPrecision::cpu_has_native_int8() => PanelPrecision::Int16,
@@ -504,13 +509,15 @@ mod tests {
         assert_eq!(panel_precision(GemmDtypeArg::Auto, false), native);
         let int8 = if PanelPrecision::cpu_has_native_int8() { PanelPrecision::Int8 } else { native };
         assert_eq!(panel_precision(GemmDtypeArg::Int8, false), int8);
-        // Batch-invariant, auto is the exact block kernel (f32), also int8's fallback.
-        assert_eq!(panel_precision(GemmDtypeArg::Auto, true), PanelPrecision::F32);
-        let int8 =
-            if PanelPrecision::cpu_has_native_int8() { PanelPrecision::Int8 } else { PanelPrecision::F32 };
-        assert_eq!(panel_precision(GemmDtypeArg::Int8, true), int8);
-        // Small steps: int16 panels under auto where the CPU has VNNI, else the exact blocks.
+        // Batch-invariant, auto is the int16 kernel where the CPU has VNNI, else the exact
+        // block kernel (f32), which is also int8's and int16's fallback.
         let vnni = PanelPrecision::cpu_has_native_int8();
+        let invariant_auto = if vnni { PanelPrecision::Int16 } else { PanelPrecision::F32 };
+        assert_eq!(panel_precision(GemmDtypeArg::Auto, true), invariant_auto);
+        let int8 = if vnni { PanelPrecision::Int8 } else { PanelPrecision::F32 };
+        assert_eq!(panel_precision(GemmDtypeArg::Int8, true), int8);
+        assert_eq!(panel_precision(GemmDtypeArg::Int16, true), invariant_auto);
+        // Small steps: int16 panels under auto where the CPU has VNNI, else the exact blocks.
         assert_eq!(small_steps(GemmDtypeArg::Auto, false) == SmallSteps::Int16, vnni);
         for arg in [GemmDtypeArg::Float32, GemmDtypeArg::Bfloat16, GemmDtypeArg::Int8, GemmDtypeArg::Int16] {
             assert_eq!(small_steps(arg, false), SmallSteps::Blocks);
