@@ -52,6 +52,9 @@ pub struct Request {
     /// Structured output: the grammar that every sample's output must match (each sample gets
     /// its own fork of it).
     pub constraint: Option<SeqConstraint>,
+    /// Most tokens speculative decoding may propose per step for this request, below the
+    /// engine's own `num_speculative_tokens` (0: none); `None`: the engine's.
+    pub max_speculative_tokens: Option<usize>,
 }
 
 impl Request {
@@ -69,6 +72,7 @@ impl Request {
             skip_special_tokens: true,
             group: id,
             constraint: None,
+            max_speculative_tokens: None,
         }
     }
 
@@ -104,6 +108,11 @@ impl Request {
 
     pub fn with_arrival(mut self, arrival: Instant) -> Self {
         self.arrival = arrival;
+        self
+    }
+
+    pub fn with_max_speculative_tokens(mut self, max: usize) -> Self {
+        self.max_speculative_tokens = Some(max);
         self
     }
 

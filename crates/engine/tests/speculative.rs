@@ -200,3 +200,40 @@ fn large_batches_switch_speculation_off() {
     let (_, _, stats) = run(config(400, Some(spec)), &mixed());
     assert_eq!(stats, SpecDecodeStats::default());
 }
+
+#[test]
+fn a_request_caps_its_own_proposals() {
+    // Outputs that are a run of token 5, which prompt lookup predicts. The engine proposes up to
+    // 4 tokens; one request asks for none, one for at most 2.
+    let params =
+        Arc::new(SamplingParams { logit_bias: HashMap::from([(5u32, 100.0f32)]), ..Default::default() });
+    let requests = vec![
+        Request::new(0, vec![5; 6], Arc::clone(&params)).with_max_tokens(30),
+        Request::new(1, vec![5; 6], Arc::clone(&params)).with_max_tokens(30).with_max_speculative_tokens(0),
+        Request::new(2, vec![5; 6], Arc::clone(&params)).with_max_tokens(30).with_max_speculative_tokens(2),
+    ];
+    let mut sched = Scheduler::new(config(400, Some(ngram(4, 1, 2))), Arc::new(FakeDecoder)).unwrap();
+    let mut exec = FakeExecutor::new(4, 400, VOCAB);
+    let mut events = StepEvents::default();
+    for r in &requests {
+        sched.add_request(r.clone()).unwrap();
+    }
+    // The most proposals each sequence carried into one step.
+    let mut most = HashMap::new();
+    while sched.has_unfinished() {
+        let batch = sched.schedule();
+        for s in &batch.seqs {
+            let m = most.entry(s.seq_id).or_insert(0);
+            *m = s.num_draft_tokens.max(*m);
+        }
+        sched.update(exec.execute(&batch).unwrap(), &mut events).unwrap();
+        sched.audit().unwrap();
+    }
+    let mut most: Vec<usize> = most.into_values().collect();
+    most.sort_unstable();
+    assert_eq!(most, vec![0, 2, 4], "the most proposals per step of each sequence");
+    let (out, _, _) = run(config(400, Some(ngram(4, 1, 2))), &requests);
+    for r in &requests {
+        assert_eq!(out[&r.id].samples, reference(r, MAX_MODEL_LEN), "request {}", r.id);
+    }
+}

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use pagoda_engine::speculative::MAX_SPECULATIVE_TOKENS;
 use pagoda_engine::SamplingParams;
 use pagoda_text::StopStrings;
 
@@ -37,6 +38,8 @@ pub struct GenerationParams {
     pub max_tokens: Option<usize>,
     pub max_tokens_param: &'static str,
     pub min_tokens: usize,
+    /// The request's cap on speculative proposals per step; `None`: the server's.
+    pub max_speculative_tokens: Option<usize>,
     /// Compiled once per call, shared by its prompts and samples.
     pub stop: StopStrings,
     pub stop_token_ids: Vec<u32>,
@@ -108,6 +111,12 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
             ));
         }
     }
+    if let Some(k) = params.num_speculative_tokens.filter(|&k| k as usize > MAX_SPECULATIVE_TOKENS) {
+        return Err(InvalidParam::new(
+            "num_speculative_tokens",
+            format!("num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], got {k}"),
+        ));
+    }
 
     let stop = params.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > MAX_STOP_STRINGS {
@@ -176,6 +185,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         max_tokens: params.max_tokens.map(|m| m as usize),
         max_tokens_param,
         min_tokens: min_tokens as usize,
+        max_speculative_tokens: params.num_speculative_tokens.map(|k| k as usize),
         stop: StopStrings::new(stop),
         stop_token_ids,
         ignore_eos: params.ignore_eos,
@@ -266,6 +276,7 @@ mod tests {
             (CommonParams { logit_bias: Some([("1000".into(), 1.0)].into()), ..base() }, "logit_bias"),
             (CommonParams { logit_bias: Some([("5".into(), 101.0)].into()), ..base() }, "logit_bias"),
             (CommonParams { logprobs: Some(21), ..base() }, "logprobs"),
+            (CommonParams { num_speculative_tokens: Some(17), ..base() }, "num_speculative_tokens"),
         ];
         for (params, expected) in cases {
             let debug = format!("{params:?}");
@@ -292,9 +303,12 @@ mod tests {
             logprobs: Some(5),
             max_tokens: Some(10),
             min_tokens: Some(10),
+            num_speculative_tokens: Some(0),
             ..base()
         };
         let g = validate(p, &LIMITS).unwrap();
+        assert_eq!(g.max_speculative_tokens, Some(0));
+        assert_eq!(validate(base(), &LIMITS).unwrap().max_speculative_tokens, None);
         assert!(g.sampling.is_greedy());
         assert_eq!(g.sampling.top_k, 0);
         assert_eq!(g.sampling.seed, Some(u64::MAX));

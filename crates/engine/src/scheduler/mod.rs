@@ -103,6 +103,8 @@ pub(crate) struct RequestShared {
     pub seed: u64,
     /// Banned from sampling while `min_tokens` is not reached: eos (unless ignored) and stop ids.
     pub min_tokens_banned: Vec<u32>,
+    /// The request's own cap on proposals per step ([`crate::request::Request::max_speculative_tokens`]).
+    pub max_speculative_tokens: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -261,6 +263,7 @@ impl Scheduler {
             seed,
             min_tokens_banned,
             stop,
+            max_speculative_tokens: request.max_speculative_tokens,
         });
         let constraint = request.constraint;
         let seq_id = self.new_seq_id();

@@ -412,10 +412,10 @@ impl Scheduler {
     }
 }
 
-/// Most tokens a decoding sequence may propose: a verified step yields up to one more token than
-/// it proposed, which must stay within `max_tokens` and `max_model_len`; while `min_tokens` is
-/// not reached, every verified position must be one where the end-of-sequence bans hold (the
-/// sample request carries one ban list).
+/// Most tokens a decoding sequence may propose: at most its request's own cap; a verified step
+/// yields up to one more token than it proposed, which must stay within `max_tokens` and
+/// `max_model_len`; while `min_tokens` is not reached, every verified position must be one
+/// where the end-of-sequence bans hold (the sample request carries one ban list).
 fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
     let Some(spec) = &config.speculative else { return 0 };
     if e.fork_into > 1 {
@@ -424,6 +424,7 @@ fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
     let output = e.seq.output_len();
     let mut limit = spec
         .num_speculative_tokens
+        .min(e.shared.max_speculative_tokens.unwrap_or(usize::MAX))
         .min(e.draft_budget)
         .min(e.shared.max_tokens.saturating_sub(output + 1))
         .min(config.max_model_len.saturating_sub(e.seq.len() + 1));

@@ -66,6 +66,11 @@ pub struct ChatCompletionRequest {
     pub ignore_eos: Option<bool>,
     #[serde(default)]
     pub min_tokens: Option<u32>,
+    /// Pagoda extension: at most this many tokens proposed per step for this request when the
+    /// server runs speculative decoding (0 turns it off for the request; above the server's own
+    /// `num_speculative_tokens` changes nothing), in [0, 16].
+    #[serde(default)]
+    pub num_speculative_tokens: Option<u32>,
     #[serde(default)]
     pub skip_special_tokens: Option<bool>,
     #[serde(default)]
@@ -171,6 +176,7 @@ impl ChatCompletionRequest {
             },
             ignore_eos: self.ignore_eos.unwrap_or(false),
             min_tokens: self.min_tokens,
+            num_speculative_tokens: self.num_speculative_tokens,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
         }
     }

@@ -33,6 +33,8 @@ pub struct CommonParams {
     pub logprobs_param: &'static str,
     pub ignore_eos: bool,
     pub min_tokens: Option<u32>,
+    /// This request's cap on speculative proposals per step.
+    pub num_speculative_tokens: Option<u32>,
     pub skip_special_tokens: bool,
 }
 

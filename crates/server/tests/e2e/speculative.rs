@@ -95,6 +95,38 @@ async fn ngram_proposals_leave_answers_unchanged_and_are_counted() -> Result<()>
         metric(&text, "pagoda:spec_decode_num_accepted_tokens_per_pos_total", "position=\"0\"").unwrap();
     assert!(drafts >= 10.0 && proposed >= drafts && accepted >= 10.0, "{text}");
     assert!(accepted <= proposed && first <= drafts && first >= accepted / 4.0, "{text}");
+
+    // A request's own cap: none proposed at 0, at most 2 per step at 2, the answer unchanged;
+    // above 16 it is refused, naming the field.
+    let c = client();
+    let counters = |text: &str| {
+        ["drafts", "draft_tokens"]
+            .map(|k| metric(text, &format!("pagoda:spec_decode_num_{k}_total"), "").unwrap())
+    };
+    let uncapped = &answers(&spec).await?[0][0][0][0];
+    let mut before = counters(&metrics_text(&c, &spec).await?);
+    for cap in [0, 2] {
+        let mut body = bodies().remove(0);
+        body["num_speculative_tokens"] = json!(cap);
+        let (status, resp) = post_json(&c, &spec.url("/v1/chat/completions"), &body).await?;
+        assert_eq!(status, 200, "{resp}");
+        assert_eq!(&resp["choices"][0]["message"]["content"], uncapped, "cap {cap}");
+        let after = counters(&metrics_text(&c, &spec).await?);
+        let (new_drafts, new_tokens) = (after[0] - before[0], after[1] - before[1]);
+        if cap == 0 {
+            assert_eq!((new_drafts, new_tokens), (0.0, 0.0), "a request capped at 0 proposed");
+        } else {
+            assert!(
+                new_drafts >= 3.0 && new_tokens <= 2.0 * new_drafts,
+                "{new_drafts} drafts, {new_tokens} tokens"
+            );
+        }
+        before = after;
+    }
+    let mut body = bodies().remove(0);
+    body["num_speculative_tokens"] = json!(17);
+    let (status, resp) = post_json(&c, &spec.url("/v1/chat/completions"), &body).await?;
+    assert_eq!((status, resp["error"]["param"].as_str()), (400, Some("num_speculative_tokens")), "{resp}");
     spec.signal_stop();
     spec.join()
 }
