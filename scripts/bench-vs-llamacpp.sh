@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pagoda next to llama.cpp's llama-server on the same GGUF and the same cores, one server at a
 # time, at several stream counts for several rounds; writes a markdown table of medians (with
-# min and max) plus the CPU, the load it ran under and every command, so anyone can rerun it.
+# min and max) plus the CPU, the load it ran under, the large-step kernel Pagoda's start-up
+# timing chose and every command, so anyone can rerun it.
 #
 #   scripts/bench-vs-llamacpp.sh [--rounds 3] [--streams "1 8 32"] [--out FILE.md]
 #                                [--max-load L] [--model PATH] [--prompts-per-stream 4]
@@ -144,6 +145,9 @@ done
     echo "load_end=$(load1)"
     echo "pagoda=$(cd "$repo" && git describe --always --dirty 2>/dev/null || echo unknown)"
     echo "llama=$("$llama" --version 2>&1 | grep -m1 -i version || echo unknown)"
+    # What `--cpu-gemm-dtype auto` measured and chose for large steps (the same on every start,
+    # up to the timing's noise): the kernel the Pagoda rows ran.
+    echo "pagoda_large_steps=$(grep -h -m1 'CPU kernel for steps over 16 tokens' "$work"/pagoda-*.log 2>/dev/null | head -1 | sed 's/.*pins one) *//')"
     echo "llama_extra=${llama_extra[*]}"
     echo "bench=$bench serve --base-url http://127.0.0.1:PORT ${bench_args[*]} --seed 1 --num-prompts max(8, C*$per_stream) --max-concurrency C  (after a warm-up of max(4, C) prompts with --seed 2)"
 } >"$work/machine"
