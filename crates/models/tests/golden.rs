@@ -168,7 +168,6 @@ fn auto_times_the_large_step_kernels_and_runs_the_one_it_chose() {
     let auto = PanelPrecision::auto_float();
     let loaded = load_model(&model_path(), &options(auto, true)).unwrap();
     assert_eq!(loaded.large_steps.is_some(), native, "timed only where both kernels are native");
-    assert!(load_model(&model_path(), &options(auto, false)).unwrap().large_steps.is_none());
     let Some(choice) = loaded.large_steps else { return };
     eprintln!("large steps: {choice:?} (int16 {:.2}x)", choice.timing.int16_speedup());
     assert_eq!(choice.timing.rows, PROBE_ROWS);
@@ -191,7 +190,11 @@ fn auto_times_the_large_step_kernels_and_runs_the_one_it_chose() {
             .map(|v| v.to_bits())
             .collect::<Vec<_>>()
     };
-    let named = |precision| logits_bits(load_model(&model_path(), &options(precision, false)).unwrap().model);
+    let named = |precision| {
+        let loaded = load_model(&model_path(), &options(precision, false)).unwrap();
+        assert!(loaded.large_steps.is_none(), "timed without choose_large_steps");
+        logits_bits(loaded.model)
+    };
     let chosen = logits_bits(loaded.model);
     let other =
         if choice.precision == PanelPrecision::Int16 { PanelPrecision::Bf16 } else { PanelPrecision::Int16 };

@@ -82,22 +82,15 @@ fn activations(rows: usize, cols: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant_weight::QuantFormat;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
 
-    /// A Q4_0 weight of `rows x cols` with varied scales and codes.
-    fn q4_0(rows: usize, cols: usize) -> QuantizedWeight {
-        let blocks = rows * cols / 32;
-        let mut bytes = Vec::with_capacity(blocks * 18);
-        for b in 0..blocks {
-            bytes.extend_from_slice(&half::f16::from_f32(0.01 + (b % 7) as f32 * 0.003).to_le_bytes());
-            bytes.extend((0..16).map(|i| ((b * 31 + i * 7) % 256) as u8));
-        }
-        QuantizedWeight::from_gguf(QuantFormat::Q4_0, rows, cols, &bytes).unwrap()
-    }
+    use crate::quant_matmul::tests::random_weight;
+    use crate::quant_weight::QuantFormat;
 
     #[test]
     fn times_both_kernels_where_the_cpu_runs_both() {
-        let weight = q4_0(256, 128);
+        let weight = random_weight(&mut StdRng::seed_from_u64(7), QuantFormat::Q4_0, 256, 128);
         let native = PanelPrecision::cpu_has_native_bf16() && PanelPrecision::cpu_has_native_int8();
         let timing = time_large_steps(&weight, 8, 2);
         assert_eq!(timing.is_some(), native);
