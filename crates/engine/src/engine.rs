@@ -9,6 +9,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
+use tokio::sync::mpsc::Sender;
 
 use pagoda_text::TokenDecoder;
 
@@ -19,7 +20,7 @@ use crate::executor::{ExecutorError, ModelExecutor, ScheduledBatch, StepOutput};
 use crate::handle::{Command, EngineError, EngineHandle, HandleInner, Shared, Shutdown};
 use crate::id_map::IdMap;
 use crate::outbox::Outbox;
-use crate::request::RequestId;
+use crate::request::{Request, RequestId};
 use crate::scheduler::{AddRequestError, Scheduler, StepEvents};
 use crate::stats::{EngineObserver, StepStats};
 
@@ -144,26 +145,32 @@ impl<E: ModelExecutor> EngineLoop<E> {
         }
     }
 
+    fn add(&mut self, request: Request, tx: Sender<TokenEvent>) {
+        let id = request.id;
+        let n = request.n;
+        if self.streams.contains_key(&id) {
+            self.release_pending(n);
+            let err = AddRequestError::DuplicateId(id);
+            let _ = tx.try_send(error_event(err.to_string()));
+            return;
+        }
+        match self.scheduler.add_request(request) {
+            Ok(()) => {
+                self.last_unstarted += n;
+                self.streams.insert(id, Outbox::new(tx));
+            }
+            Err(err) => {
+                self.release_pending(n);
+                let _ = tx.try_send(error_event(err.to_string()));
+            }
+        }
+    }
+
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Add(request, tx) => {
-                let id = request.id;
-                let n = request.n;
-                if self.streams.contains_key(&id) {
-                    self.release_pending(n);
-                    let err = AddRequestError::DuplicateId(id);
-                    let _ = tx.try_send(error_event(err.to_string()));
-                    return;
-                }
-                match self.scheduler.add_request(*request) {
-                    Ok(()) => {
-                        self.last_unstarted += n;
-                        self.streams.insert(id, Outbox::new(tx));
-                    }
-                    Err(err) => {
-                        self.release_pending(n);
-                        let _ = tx.try_send(error_event(err.to_string()));
-                    }
+            Command::Add(requests) => {
+                for (request, tx) in requests {
+                    self.add(request, tx);
                 }
             }
             Command::Abort(id) => {
@@ -355,9 +362,11 @@ impl<E: ModelExecutor> EngineLoop<E> {
     fn stop(&mut self, reason: FinishReason, why: &str) {
         self.shared.kill(why);
         while let Ok(cmd) = self.rx.try_recv() {
-            if let Command::Add(request, tx) = cmd {
-                self.release_pending(request.n);
-                let _ = tx.try_send(error_event(format!("the engine stopped: {why}")));
+            if let Command::Add(requests) = cmd {
+                for (request, tx) in requests {
+                    self.release_pending(request.n);
+                    let _ = tx.try_send(error_event(format!("the engine stopped: {why}")));
+                }
             }
         }
         self.scheduler.abort_all(reason, &mut self.events);

@@ -30,9 +30,12 @@ pub struct ScheduledSeq {
     /// Speculative decoding: the last `num_draft_tokens` of `token_ids` are proposed, not yet
     /// accepted. The executor samples at each of the last `num_draft_tokens + 1` positions and
     /// keeps drafts while they equal what it drew (see [`crate::speculative::verify`]). 0 unless
-    /// `sample` is `Some`. With [`ScheduledBatch::executor_draft`] they are placeholders
+    /// `sample` is `Some`. With `executor_drafts` they are placeholders
     /// ([`DRAFT_PLACEHOLDER`](crate::speculative::DRAFT_PLACEHOLDER)) for the executor to draft.
     pub num_draft_tokens: usize,
+    /// The proposals are the executor's to draft, with [`ScheduledBatch::executor_draft`]
+    /// (the request chose the server's draft); otherwise they are the scheduler's tokens.
+    pub executor_drafts: bool,
 }
 
 impl ScheduledSeq {
@@ -116,7 +119,9 @@ pub struct ScheduledBatch {
     /// prefix cache). `dst` is always a block no other sequence uses. A pair copies one whole
     /// page, every layer slot of it (a page belongs to one KV group at a time).
     pub block_copies: Vec<(u32, u32)>,
-    /// The executor drafts every sequence's proposals itself, greedily, before verifying them.
+    /// What the executor drafts the proposals of sequences with `executor_drafts` with,
+    /// greedily, before verifying them (set whenever the server has a draft, so that a draft
+    /// model sees every step).
     pub executor_draft: Option<ExecutorDraft>,
 }
 
@@ -163,8 +168,8 @@ pub struct SampledToken {
     pub token_ids: Vec<u32>,
     /// One entry per token when logprobs were asked for.
     pub logprobs: Option<Vec<TopLogprobs>>,
-    /// The proposals the executor drafted itself (with [`ScheduledBatch::executor_draft`]);
-    /// empty otherwise.
+    /// The proposals the executor drafted itself (a sequence with
+    /// [`ScheduledSeq::executor_drafts`]); empty otherwise.
     pub drafted: Vec<u32>,
 }
 

@@ -143,7 +143,7 @@ impl FakeExecutor {
         let mut logits = Vec::new();
         for seq in &mut filled.seqs {
             let k = seq.num_draft_tokens;
-            if k == 0 {
+            if k == 0 || !seq.executor_drafts {
                 continue;
             }
             let own = seq.q_len() - k;
@@ -253,8 +253,7 @@ impl ModelExecutor for FakeExecutor {
             let (token_ids, logprobs) = verify(&mut self.sampler, rows, req, seq.draft_tokens())
                 // As the model runner does: a row that cannot be sampled fails its sequence only.
                 .map_err(|e| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() })?;
-            let drafted =
-                if batch.executor_draft.is_some() { seq.draft_tokens().to_vec() } else { Vec::new() };
+            let drafted = if seq.executor_drafts { seq.draft_tokens().to_vec() } else { Vec::new() };
             sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, drafted });
         }
         Ok(StepOutput { sampled })
@@ -332,6 +331,7 @@ mod tests {
             block_tables: vec![table],
             sample: greedy(),
             num_draft_tokens: 0,
+            executor_drafts: false,
         }
     }
 

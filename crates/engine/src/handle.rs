@@ -37,7 +37,8 @@ pub enum EngineError {
 }
 
 pub(crate) enum Command {
-    Add(Box<Request>, Sender<TokenEvent>),
+    /// The requests of one call, added in one go: the next step sees all of them.
+    Add(Vec<(Request, Sender<TokenEvent>)>),
     Abort(RequestId),
     /// Only wakes the loop (shutdown).
     Wake,
@@ -127,17 +128,15 @@ impl EngineHandle {
             return Err(EngineError::Overloaded { max_waiting });
         }
         let mut streams = Vec::with_capacity(requests.len());
-        let mut unsent = samples;
+        let mut adds = Vec::with_capacity(requests.len());
         for request in requests {
-            let (id, n) = (request.id, request.n);
             let (tx, rx) = crate::outbox::request_channel();
-            if self.inner.tx.send(Command::Add(Box::new(request), tx)).is_err() {
-                shared.pending.fetch_sub(unsent, Ordering::SeqCst);
-                // The streams made so far end with an error when the engine's `Drop` runs.
-                return Err(EngineError::Dead(shared.death_reason()));
-            }
-            unsent -= n;
-            streams.push(RequestStream { id, rx });
+            streams.push(RequestStream { id: request.id, rx });
+            adds.push((request, tx));
+        }
+        if self.inner.tx.send(Command::Add(adds)).is_err() {
+            shared.pending.fetch_sub(samples, Ordering::SeqCst);
+            return Err(EngineError::Dead(shared.death_reason()));
         }
         Ok(streams)
     }

@@ -9,6 +9,7 @@ use pagoda_text::StopStrings;
 use crate::config::EngineConfig;
 use crate::constraint::SeqConstraint;
 use crate::sampling::{SamplingParams, SamplingParamsError};
+use crate::speculative::ProposerKind;
 
 /// Caller-chosen id of a request; must be unique among the requests in flight.
 pub type RequestId = u64;
@@ -55,6 +56,10 @@ pub struct Request {
     /// Most tokens speculative decoding may propose per step for this request, below the
     /// engine's own `num_speculative_tokens` (0: none); `None`: the engine's.
     pub max_speculative_tokens: Option<usize>,
+    /// Where this request's proposals come from, when not the engine's default method. Model-free
+    /// methods are always available with speculation on; [`ProposerKind::Executor`] only where the
+    /// engine has a draft.
+    pub speculative_method: Option<ProposerKind>,
 }
 
 impl Request {
@@ -73,6 +78,7 @@ impl Request {
             group: id,
             constraint: None,
             max_speculative_tokens: None,
+            speculative_method: None,
         }
     }
 
@@ -116,6 +122,11 @@ impl Request {
         self
     }
 
+    pub fn with_speculative_method(mut self, kind: ProposerKind) -> Self {
+        self.speculative_method = Some(kind);
+        self
+    }
+
     /// Checks the request against the engine's limits; returns the effective `max_tokens`.
     pub fn validate(&self, config: &EngineConfig) -> Result<usize, RequestError> {
         let prompt_len = self.prompt_token_ids.len();
@@ -147,6 +158,15 @@ impl Request {
         if self.n > config.max_num_seqs {
             return Err(RequestError::TooManySamples { n: self.n, max_num_seqs: config.max_num_seqs });
         }
+        if let Some(kind) = self.speculative_method {
+            match &config.speculative {
+                None => return Err(RequestError::NoSpeculation { method: kind.name() }),
+                Some(spec) if kind == ProposerKind::Executor && !spec.method.drafts_in_executor() => {
+                    return Err(RequestError::NoDraft);
+                }
+                Some(_) => {}
+            }
+        }
         self.params.validate()?;
         Ok(max_tokens)
     }
@@ -174,6 +194,13 @@ pub enum RequestError {
     ZeroSamples,
     #[error("n = {n} exceeds the engine's limit of {max_num_seqs} concurrent sequences")]
     TooManySamples { n: usize, max_num_seqs: usize },
+    #[error("speculative_method \"{method}\" needs speculative decoding, which this server runs without")]
+    NoSpeculation { method: &'static str },
+    #[error(
+        "speculative_method \"draft_model\" needs a draft (a draft model or the target's first layers), \
+         and this server has none; \"ngram\" and \"suffix\" are available"
+    )]
+    NoDraft,
     #[error(transparent)]
     Sampling(#[from] SamplingParamsError),
 }
@@ -181,6 +208,7 @@ pub enum RequestError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::speculative::{SpeculativeConfig, SpeculativeMethod};
 
     fn config() -> EngineConfig {
         EngineConfig::new(16, 64, 100)
@@ -213,5 +241,26 @@ mod tests {
         let bad = SamplingParams { top_p: 0.0, ..Default::default() };
         let r = Request::new(1, vec![1], Arc::new(bad));
         assert!(matches!(r.validate(&c), Err(RequestError::Sampling(_))));
+    }
+
+    #[test]
+    fn a_speculative_method_must_be_one_the_engine_has() {
+        let plain = config();
+        let ngram = EngineConfig { speculative: Some(SpeculativeConfig::ngram(4)), ..config() };
+        let draft = EngineConfig {
+            speculative: Some(SpeculativeConfig {
+                method: SpeculativeMethod::DraftModel,
+                ..SpeculativeConfig::ngram(4)
+            }),
+            ..config()
+        };
+        let suffix = req(3).with_speculative_method(ProposerKind::Suffix);
+        let executor = req(3).with_speculative_method(ProposerKind::Executor);
+        assert_eq!(suffix.validate(&plain), Err(RequestError::NoSpeculation { method: "suffix" }));
+        assert_eq!(suffix.validate(&ngram), Ok(97));
+        assert_eq!(suffix.validate(&draft), Ok(97));
+        assert_eq!(executor.validate(&ngram), Err(RequestError::NoDraft));
+        assert_eq!(executor.validate(&draft), Ok(97));
+        assert_eq!(req(3).with_speculative_method(ProposerKind::Ngram).validate(&draft), Ok(97));
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use common::{drive_counting, reference, VOCAB};
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
+use pagoda_engine::speculative::{ProposerKind, DRAFT_PLACEHOLDER};
 use pagoda_engine::{
     EngineConfig, FinishReason, ModelExecutor, Request, SamplingParams, Scheduler, SpecDecodeStats,
     SpeculativeConfig, SpeculativeMethod, StepEvents, StopConditions,
@@ -236,4 +237,56 @@ fn a_request_caps_its_own_proposals() {
     for r in &requests {
         assert_eq!(out[&r.id].samples, reference(r, MAX_MODEL_LEN), "request {}", r.id);
     }
+}
+
+#[test]
+fn each_request_may_choose_its_proposer() {
+    // A server with a draft model; one request keeps it, the others ask for prompt lookup and
+    // suffix decoding. Outputs are runs of token 5, which all three predict.
+    let params =
+        Arc::new(SamplingParams { logit_bias: HashMap::from([(5u32, 100.0f32)]), ..Default::default() });
+    let request = |id| Request::new(id, vec![5; 6], Arc::clone(&params)).with_max_tokens(30);
+    let requests = vec![
+        request(0),
+        request(1).with_speculative_method(ProposerKind::Ngram),
+        request(2).with_speculative_method(ProposerKind::Suffix),
+    ];
+    let spec = SpeculativeConfig {
+        method: SpeculativeMethod::DraftModel,
+        num_speculative_tokens: 4,
+        disable_by_batch_size: usize::MAX,
+    };
+    let mut sched = Scheduler::new(config(400, Some(spec)), Arc::new(FakeDecoder)).unwrap();
+    let mut exec = FakeExecutor::new(4, 400, VOCAB);
+    let mut events = StepEvents::default();
+    for r in &requests {
+        sched.add_request(r.clone()).unwrap();
+    }
+    // Per sequence (ids in the order the requests came): steps whose proposals the executor
+    // drafted, and steps whose proposals the scheduler made.
+    let mut by_executor = [0; 3];
+    let mut by_scheduler = [0; 3];
+    while sched.has_unfinished() {
+        let batch = sched.schedule();
+        for s in batch.seqs.iter().filter(|s| s.num_draft_tokens > 0) {
+            let placeholders = s.draft_tokens().iter().all(|&t| t == DRAFT_PLACEHOLDER);
+            assert_eq!(placeholders, s.executor_drafts, "{s:?}");
+            let count = if s.executor_drafts { &mut by_executor } else { &mut by_scheduler };
+            count[s.seq_id as usize] += 1;
+        }
+        sched.update(exec.execute(&batch).unwrap(), &mut events).unwrap();
+        sched.audit().unwrap();
+    }
+    assert!(by_executor[0] > 0 && by_scheduler[0] == 0, "{by_executor:?} {by_scheduler:?}");
+    for seq in [1, 2] {
+        assert!(by_executor[seq] == 0 && by_scheduler[seq] > 0, "{by_executor:?} {by_scheduler:?}");
+    }
+    let (out, _, stats) = run(config(400, Some(spec)), &requests);
+    for r in &requests {
+        assert_eq!(out[&r.id].samples, reference(r, MAX_MODEL_LEN), "request {}", r.id);
+    }
+    assert!(stats.acceptance_rate() > 0.5, "{stats:?}");
+    // Asking for a draft the engine does not have is refused when the request is added.
+    let mut sched = Scheduler::new(config(400, Some(ngram(4, 1, 2))), Arc::new(FakeDecoder)).unwrap();
+    assert!(sched.add_request(request(3).with_speculative_method(ProposerKind::Executor)).is_err());
 }

@@ -48,6 +48,7 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
             block_tables: vec![(i * per_seq..(i + 1) * per_seq).collect()],
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
+            executor_drafts: false,
         })
         .collect();
     ScheduledBatch { seqs, ..ScheduledBatch::default() }

@@ -44,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         block_tables: vec![table.clone()],
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: len - 1,
+        executor_drafts: false,
     };
     // The context, as a prefill in one step.
     let prefill = ScheduledSeq { num_draft_tokens: 0, ..seq(0, context) };

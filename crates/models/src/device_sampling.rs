@@ -53,7 +53,6 @@ pub fn sample_batch(
     };
     let out = sample_plan(logits, &plan).map_err(failed)?;
     let k = plan.max_logprobs;
-    let executor_drafts = batch.executor_draft.is_some();
     wanted
         .iter()
         .map(|&(seq, req, first)| {
@@ -79,7 +78,7 @@ pub fn sample_batch(
                     })
                     .collect()
             });
-            let drafted = if executor_drafts { drafts.to_vec() } else { Vec::new() };
+            let drafted = if seq.executor_drafts { drafts.to_vec() } else { Vec::new() };
             Ok(SampledToken { seq_id: seq.seq_id, token_ids: drawn[..n].to_vec(), logprobs, drafted })
         })
         .collect::<Result<Vec<_>, _>>()

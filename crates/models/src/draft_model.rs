@@ -62,7 +62,7 @@ enum Drafter {
 }
 
 impl ModelRunner {
-    /// Self-speculative drafting: fills every sequence's proposal placeholders with the greedy
+    /// Self-speculative drafting: fills each sequence's proposal placeholders with the greedy
     /// tokens of the first `layers` layers, one pass per position. Each pass writes those layers'
     /// K/V into the slots the verification pass then overwrites, so the draft needs no cache of
     /// its own.
@@ -78,26 +78,31 @@ impl ModelRunner {
         Ok(filled)
     }
 
-    /// Runs the draft model over `batch`'s tokens before its proposals, whose last rows give the
-    /// first proposals, then fills the other placeholders one pass per position.
+    /// Runs the draft model over `batch`'s tokens before the placeholders, whose last rows give
+    /// the first drafts, then fills the other placeholders one pass per position. Sequences
+    /// whose proposals came from the scheduler (a request's own method) have all their tokens
+    /// computed in the first pass, proposals included, like a prefill chunk.
     pub(crate) fn draft_with_model(&mut self, batch: &ScheduledBatch) -> StepResult<ScheduledBatch> {
         let mut filled = batch.clone();
         let context = ScheduledBatch {
             seqs: batch
                 .seqs
                 .iter()
-                .map(|s| ScheduledSeq {
-                    token_ids: s.token_ids[..s.q_len() - s.num_draft_tokens].to_vec(),
-                    sample: (s.num_draft_tokens > 0).then(SampleRequest::greedy),
-                    num_draft_tokens: 0,
-                    ..s.clone()
+                .map(|s| {
+                    let drafts = if drafts_here(s) { s.num_draft_tokens } else { 0 };
+                    ScheduledSeq {
+                        token_ids: s.token_ids[..s.q_len() - drafts].to_vec(),
+                        sample: (drafts > 0).then(SampleRequest::greedy),
+                        num_draft_tokens: 0,
+                        executor_drafts: false,
+                        ..s.clone()
+                    }
                 })
                 .collect(),
             ..ScheduledBatch::default()
         };
         let mut chains = grammar_chains(&filled);
-        let drafting: Vec<usize> =
-            (0..batch.seqs.len()).filter(|&i| batch.seqs[i].num_draft_tokens > 0).collect();
+        let drafting: Vec<usize> = (0..batch.seqs.len()).filter(|&i| drafts_here(&batch.seqs[i])).collect();
         let masks = drafting.iter().map(|&i| next_mask(&chains[i])).collect();
         let first = self.draft_pass(context, Drafter::Model, masks)?;
         for (&i, token) in drafting.iter().zip(first) {
@@ -120,10 +125,11 @@ impl ModelRunner {
         drafter: Drafter,
         chains: &mut [Option<DraftChain>],
     ) -> StepResult<()> {
-        let passes = filled.seqs.iter().map(|s| s.num_draft_tokens).max().unwrap_or(0);
-        for j in from..passes {
-            let members: Vec<usize> =
-                (0..filled.seqs.len()).filter(|&i| filled.seqs[i].num_draft_tokens > j).collect();
+        let passes = filled.seqs.iter().filter(|s| drafts_here(s)).map(|s| s.num_draft_tokens).max();
+        for j in from..passes.unwrap_or(0) {
+            let members: Vec<usize> = (0..filled.seqs.len())
+                .filter(|&i| drafts_here(&filled.seqs[i]) && filled.seqs[i].num_draft_tokens > j)
+                .collect();
             let input = |s: &ScheduledSeq| s.q_len() - s.num_draft_tokens - 1 + j;
             let pass = ScheduledBatch {
                 seqs: members.iter().map(|&i| one_token(&filled.seqs[i], input(&filled.seqs[i]))).collect(),
@@ -151,9 +157,7 @@ impl ModelRunner {
             .iter()
             .filter(|s| s.sample.is_some())
             .zip(sampled)
-            .filter(|(s, t)| {
-                s.num_draft_tokens > 0 && s.seq_id == t.seq_id && t.num_accepted() == s.num_draft_tokens
-            })
+            .filter(|(s, t)| drafts_here(s) && s.seq_id == t.seq_id && t.num_accepted() == s.num_draft_tokens)
             .map(|(s, _)| one_token(s, s.q_len() - 1))
             .collect();
         if !seqs.is_empty() {
@@ -214,12 +218,17 @@ impl ModelRunner {
     }
 }
 
-/// Each sequence's grammar walk, for those under a grammar that draft this step.
+/// Whether the executor drafts `s`'s proposals this step (it has placeholders to fill).
+pub(crate) fn drafts_here(s: &ScheduledSeq) -> bool {
+    s.executor_drafts && s.num_draft_tokens > 0
+}
+
+/// Each sequence's grammar walk, for those under a grammar that the executor drafts for.
 fn grammar_chains(batch: &ScheduledBatch) -> Vec<Option<DraftChain>> {
     batch
         .seqs
         .iter()
-        .map(|s| s.sample.as_ref().filter(|_| s.num_draft_tokens > 0).and_then(DraftChain::new))
+        .map(|s| s.sample.as_ref().filter(|_| drafts_here(s)).and_then(DraftChain::new))
         .collect()
 }
 
@@ -259,5 +268,6 @@ fn one_token(s: &ScheduledSeq, at: usize) -> ScheduledSeq {
         block_tables: s.block_tables.clone(),
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: 0,
+        executor_drafts: false,
     }
 }

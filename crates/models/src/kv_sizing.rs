@@ -58,6 +58,7 @@ impl ProfileShape {
                         ..SampleRequest::greedy()
                     }),
                     num_draft_tokens: 0,
+                    executor_drafts: false,
                 }
             })
             .collect();

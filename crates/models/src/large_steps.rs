@@ -11,6 +11,9 @@
 //! golden prompts), and one kernel at every step size gives a row the same bits whatever is batched
 //! with it.
 
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
 use pagoda_ops::{LargeStepTiming, PanelPrecision, QuantizedWeight};
 
 /// Activation rows of the timed step: between a 32-stream decode step and a prefill chunk.
@@ -43,6 +46,22 @@ impl LargeStepChoice {
     /// lacks either (then `auto` keeps what it had).
     pub fn measure(weight: &QuantizedWeight) -> Option<Self> {
         pagoda_ops::time_large_steps(weight, PROBE_ROWS, PROBE_ROUNDS).map(Self::from_timing)
+    }
+
+    /// [`measure`](Self::measure), once per model file and process: a second load of `model`
+    /// takes the first one's choice. Two servers or engines in one process (a draft of the
+    /// model itself, tests that compare a plain server with another) then run the same kernels,
+    /// where a timing taken while the other core is busy could choose differently.
+    pub fn measure_once(model: &Path, weight: impl FnOnce() -> Option<QuantizedWeight>) -> Option<Self> {
+        static CHOSEN: Mutex<Vec<(PathBuf, Option<LargeStepChoice>)>> = Mutex::new(Vec::new());
+        // Held while timing: two loads at once would also disturb each other's timing.
+        let mut chosen = CHOSEN.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, choice)) = chosen.iter().find(|(path, _)| path == model) {
+            return *choice;
+        }
+        let choice = weight().as_ref().and_then(Self::measure);
+        chosen.push((model.to_path_buf(), choice));
+        choice
     }
 }
 

@@ -153,7 +153,7 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             if choosing {
                 // The projection is read once more when the model loads: a few MB, next to
                 // the timing's few ms.
-                large_steps = weights.sample_projection().as_ref().and_then(LargeStepChoice::measure);
+                large_steps = LargeStepChoice::measure_once(path, || weights.sample_projection());
                 if let Some(choice) = large_steps {
                     gemm.precision = choice.precision;
                 }

@@ -13,7 +13,7 @@ use pagoda_engine::{
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
-use crate::draft_model::DraftModel;
+use crate::draft_model::{drafts_here, DraftModel};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardInput, Model};
@@ -263,7 +263,7 @@ impl ModelRunner {
         }
         let drafted;
         let batch = match batch.executor_draft {
-            Some(ExecutorDraft::Layers(layers)) if batch.seqs.iter().any(|s| s.num_draft_tokens > 0) => {
+            Some(ExecutorDraft::Layers(layers)) if batch.seqs.iter().any(drafts_here) => {
                 drafted = self.draft_with_layers(batch, layers)?;
                 flat.take_tokens(&drafted);
                 &drafted
@@ -306,7 +306,6 @@ impl ModelRunner {
                 Some((s, req, rows.by_ref().take(s.num_logits_rows()).collect::<Vec<_>>()))
             })
             .collect();
-        let executor_drafts = batch.executor_draft.is_some();
         // Sequences are sampled in parallel: a softmax over the vocabulary per row.
         let sampled = wanted
             .into_par_iter()
@@ -314,7 +313,7 @@ impl ModelRunner {
                 let seq_id = seq.seq_id;
                 let (token_ids, logprobs) = try_verify(rows, req, seq.draft_tokens())
                     .map_err(|e| ExecutorError::InvalidSequence { seq_id, message: e.to_string() })?;
-                let drafted = if executor_drafts { seq.draft_tokens().to_vec() } else { Vec::new() };
+                let drafted = if seq.executor_drafts { seq.draft_tokens().to_vec() } else { Vec::new() };
                 Ok(SampledToken { seq_id, token_ids, logprobs, drafted })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;

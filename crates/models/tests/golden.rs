@@ -172,6 +172,8 @@ fn auto_times_the_large_step_kernels_and_runs_the_one_it_chose() {
     eprintln!("large steps: {choice:?} (int16 {:.2}x)", choice.timing.int16_speedup());
     assert_eq!(choice.timing.rows, PROBE_ROWS);
     assert_eq!(choice, LargeStepChoice::from_timing(choice.timing));
+    // Timed once per file and process: a second load takes the first one's timing, seconds and all.
+    assert_eq!(load_model(&model_path(), &options(auto, true)).unwrap().large_steps, Some(choice));
 
     let prompt: Vec<u32> = (0..24).map(|i| 100 + i * 37).collect();
     let logits_bits = |model: pagoda_models::Model| {

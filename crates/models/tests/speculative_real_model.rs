@@ -1,7 +1,7 @@
-//! Speculative decoding over the real SmolLM2 model on the CPU: n-gram proposals verified in
-//! the same varlen batch must leave every output token-identical to decoding without them, on
-//! the golden prompts and on a batch of sixteen mixed requests, and must actually be accepted on
-//! input-grounded prompts.
+//! Speculative decoding over the real SmolLM2 model on the CPU: proposals verified in the same
+//! varlen batch must leave every output token-identical to decoding without them, on the golden
+//! prompts and on a batch of sixteen mixed requests (with a draft, some of them choosing n-gram
+//! or suffix proposals for themselves), and must actually be accepted on input-grounded prompts.
 
 mod common;
 
@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use common::real_engine::{chat_ids, engine, tokenizer};
 use common::*;
+use pagoda_engine::speculative::ProposerKind;
 use pagoda_engine::{
     EngineHandle, Request, SamplingParams, SpeculativeConfig, SpeculativeMethod, StopConditions,
 };
@@ -132,7 +133,15 @@ fn sixteen_mixed_requests_keep_their_outputs_with_proposals() {
             c.speculative = Some(SpeculativeConfig { disable_by_batch_size: usize::MAX, ..proposer });
             c.max_model_len = 40 * BLOCK_SIZE;
         });
-        let together = generate_all(&spec, requests(&spec));
+        let mut requests = requests(&spec);
+        if proposer.method.drafts_in_executor() {
+            // A third of the requests keep the executor's drafts; the others bring their own
+            // method, so steps mix drafted and looked-up proposals.
+            for (i, r) in requests.iter_mut().enumerate() {
+                r.speculative_method = [None, Some(ProposerKind::Ngram), Some(ProposerKind::Suffix)][i % 3];
+            }
+        }
+        let together = generate_all(&spec, requests);
         for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
             assert_eq!(got, want, "request {i}, {proposer:?}");
         }

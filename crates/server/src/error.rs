@@ -186,6 +186,9 @@ impl From<RequestError> for ApiError {
             e @ (RequestError::ZeroSamples | RequestError::TooManySamples { .. }) => {
                 ApiError::invalid("n", e.to_string())
             }
+            e @ (RequestError::NoSpeculation { .. } | RequestError::NoDraft) => {
+                ApiError::invalid("speculative_method", e.to_string())
+            }
             RequestError::Sampling(s) => ApiError::invalid(s.name, s.to_string()),
         }
     }

@@ -92,6 +92,7 @@ pub fn submit(
                     .with_arrival(arrival);
             request.skip_special_tokens = params.skip_special_tokens;
             request.max_speculative_tokens = params.max_speculative_tokens;
+            request.speculative_method = params.speculative_method;
             if let Some(grammar) = &params.grammar {
                 let constraint = match params.grammar_after {
                     Some(end) => grammar.constraint().after_reasoning(end),

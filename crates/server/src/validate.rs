@@ -5,12 +5,12 @@
 
 use std::collections::HashMap;
 
-use pagoda_engine::speculative::MAX_SPECULATIVE_TOKENS;
+use pagoda_engine::speculative::{ProposerKind, MAX_SPECULATIVE_TOKENS};
 use pagoda_engine::SamplingParams;
 use pagoda_text::StopStrings;
 
 use crate::error::{ApiError, InvalidParam};
-use crate::openai::CommonParams;
+use crate::openai::{CommonParams, SpeculativeMethodParam};
 
 /// Upper bound on `n`, as in OpenAI's API.
 pub const MAX_N: u32 = 128;
@@ -40,6 +40,9 @@ pub struct GenerationParams {
     pub min_tokens: usize,
     /// The request's cap on speculative proposals per step; `None`: the server's.
     pub max_speculative_tokens: Option<usize>,
+    /// The request's own proposer; `None`: the server's method. Whether the server has it is
+    /// the engine's check.
+    pub speculative_method: Option<ProposerKind>,
     /// Compiled once per call, shared by its prompts and samples.
     pub stop: StopStrings,
     pub stop_token_ids: Vec<u32>,
@@ -186,6 +189,11 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         max_tokens_param,
         min_tokens: min_tokens as usize,
         max_speculative_tokens: params.num_speculative_tokens.map(|k| k as usize),
+        speculative_method: params.speculative_method.map(|m| match m {
+            SpeculativeMethodParam::Ngram => ProposerKind::Ngram,
+            SpeculativeMethodParam::Suffix => ProposerKind::Suffix,
+            SpeculativeMethodParam::DraftModel => ProposerKind::Executor,
+        }),
         stop: StopStrings::new(stop),
         stop_token_ids,
         ignore_eos: params.ignore_eos,

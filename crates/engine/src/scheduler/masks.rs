@@ -16,8 +16,8 @@ impl Scheduler {
     /// empty mask slot to its sample request; the engine fills the slots while the model runs.
     pub(crate) fn take_mask_jobs(&mut self, batch: &mut ScheduledBatch) -> Vec<MaskJob> {
         let mut jobs = Vec::new();
-        let executor_drafts = batch.executor_draft.is_some();
         for s in &mut batch.seqs {
+            let executor_drafts = s.executor_drafts;
             let drafts = &s.token_ids[s.token_ids.len() - s.num_draft_tokens..];
             let Some(sample) = s.sample.as_mut() else { continue };
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };

@@ -31,7 +31,7 @@ use crate::request::{Request, RequestError, RequestId, StopConditions};
 use crate::rng::{combine, sample_seed};
 use crate::sampling::SamplingParams;
 use crate::sequence::{SeqStatus, Sequence};
-use crate::speculative::{Proposer, SpecDecodeStats, MAX_SPECULATIVE_TOKENS};
+use crate::speculative::{ProposerKind, Proposers, SpecDecodeStats, MAX_SPECULATIVE_TOKENS};
 use crate::stop::OutputProcessor;
 
 /// Why [`Scheduler::add_request`] refused a request.
@@ -105,6 +105,8 @@ pub(crate) struct RequestShared {
     pub min_tokens_banned: Vec<u32>,
     /// The request's own cap on proposals per step ([`crate::request::Request::max_speculative_tokens`]).
     pub max_speculative_tokens: Option<usize>,
+    /// The request's own proposer ([`crate::request::Request::speculative_method`]).
+    pub speculative_method: Option<ProposerKind>,
 }
 
 #[derive(Debug)]
@@ -166,6 +168,8 @@ pub(crate) struct Scheduled {
     pub sample: bool,
     /// The proposed tokens at the end of the step's tokens (speculative decoding).
     pub drafts: Vec<u32>,
+    /// `drafts` are placeholders the executor drafts itself.
+    pub executor_drafts: bool,
 }
 
 pub struct Scheduler {
@@ -189,8 +193,8 @@ pub struct Scheduler {
     /// Samples (`n` each) of the requests none of whose sequences was ever scheduled.
     pub(crate) num_unstarted: usize,
     pub(crate) last_stats: ScheduleStats,
-    /// Speculative decoding's proposer, when configured.
-    pub(crate) proposer: Option<Proposer>,
+    /// Speculative decoding's proposers, when configured.
+    pub(crate) proposers: Option<Proposers>,
     /// What verification accepted in the last `update`.
     pub(crate) last_spec_stats: SpecDecodeStats,
     /// Source of seeds for requests that bring none.
@@ -206,7 +210,7 @@ impl Scheduler {
             config.kv_groups.clone(),
             config.enable_prefix_caching,
         );
-        let proposer = config.speculative.as_ref().map(Proposer::new);
+        let proposers = config.speculative.as_ref().map(Proposers::new);
         Ok(Self {
             config,
             decoder,
@@ -223,7 +227,7 @@ impl Scheduler {
             num_preemptions: 0,
             num_unstarted: 0,
             last_stats: ScheduleStats::default(),
-            proposer,
+            proposers,
             last_spec_stats: SpecDecodeStats::default(),
             seed_state: RandomState::new().hash_one(0x5EED_u64),
         })
@@ -264,7 +268,11 @@ impl Scheduler {
             min_tokens_banned,
             stop,
             max_speculative_tokens: request.max_speculative_tokens,
+            speculative_method: request.speculative_method,
         });
+        if let (Some(proposers), Some(kind)) = (&mut self.proposers, request.speculative_method) {
+            proposers.prepare(kind);
+        }
         let constraint = request.constraint;
         let seq_id = self.new_seq_id();
         let output =

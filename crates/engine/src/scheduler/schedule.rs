@@ -11,7 +11,7 @@ use crate::constraint::{SeqConstraint, TokenConstraint};
 use crate::executor::{ExecutorDraft, SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
-use crate::speculative::{SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
+use crate::speculative::{ProposerKind, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
 use crate::stop::OutputProcessor;
 
 use super::{ScheduleStats, Scheduled, Scheduler, SeqEntry};
@@ -88,12 +88,14 @@ impl Scheduler {
                 continue;
             }
             let mut drafts = Vec::new();
-            if let (true, Some(proposer)) = (speculate, &self.proposer) {
+            let mut executor_drafts = false;
+            if let (true, Some(proposers)) = (speculate, &self.proposers) {
                 let limit = draft_limit(e, &self.config).min(*budget - 1);
-                proposer.propose(&e.seq.token_ids, limit, &mut drafts);
+                let kind = e.shared.speculative_method.unwrap_or(proposers.default_kind());
+                proposers.propose(Some(kind), &e.seq.token_ids, limit, &mut drafts);
+                executor_drafts = kind == ProposerKind::Executor && !drafts.is_empty();
                 // Placeholders of the executor's drafts are cut by the executor.
-                if let (false, Some(SeqConstraint(grammar))) = (proposer.drafts_in_executor(), &e.constraint)
-                {
+                if let (false, Some(SeqConstraint(grammar))) = (executor_drafts, &e.constraint) {
                     cut_to_grammar(&**grammar, &e.shared.stop.eos_token_ids, &mut drafts);
                 }
             }
@@ -105,7 +107,7 @@ impl Scheduler {
                 Self::push_entry(
                     e,
                     q,
-                    drafts,
+                    Drafts { tokens: drafts, by_executor: executor_drafts },
                     self.step,
                     &mut self.blocks,
                     batch,
@@ -271,16 +273,17 @@ impl Scheduler {
         let Some(e) = self.seqs.get_mut(&id) else { return false };
         let (step, blocks, scheduled, stats) =
             (self.step, &mut self.blocks, &mut self.scheduled, &mut self.last_stats);
-        Self::push_entry(e, q, Vec::new(), step, blocks, batch, scheduled, stats)
+        Self::push_entry(e, q, Drafts::default(), step, blocks, batch, scheduled, stats)
     }
 
     /// [`push_scheduled`](Self::push_scheduled) for an entry already looked up; the last
-    /// `drafts.len()` of the `q` tokens are `drafts`, proposed after the sequence's own tokens.
+    /// `drafts.tokens.len()` of the `q` tokens are `drafts`, proposed after the sequence's own
+    /// tokens.
     #[allow(clippy::too_many_arguments)]
     fn push_entry(
         e: &mut SeqEntry,
         q: usize,
-        drafts: Vec<u32>,
+        Drafts { tokens: drafts, by_executor }: Drafts,
         step: u64,
         blocks: &mut BlockManager,
         batch: &mut ScheduledBatch,
@@ -306,6 +309,7 @@ impl Scheduler {
             block_tables: e.seq.block_tables.clone(),
             sample: sample_request,
             num_draft_tokens: drafts.len(),
+            executor_drafts: by_executor,
         });
         e.last_scheduled = step;
         if own == 1 && sample && e.seq.output_len() > 0 {
@@ -313,7 +317,7 @@ impl Scheduler {
         } else {
             stats.num_prefill_tokens += q;
         }
-        scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts });
+        scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, executor_drafts: by_executor });
         true
     }
 
@@ -410,6 +414,14 @@ impl Scheduler {
             "a scheduled sequence lacks blocks"
         );
     }
+}
+
+/// A step's proposals for one sequence.
+#[derive(Debug, Default)]
+struct Drafts {
+    tokens: Vec<u32>,
+    /// Placeholders the executor fills with its own drafts.
+    by_executor: bool,
 }
 
 /// Most tokens a decoding sequence may propose: at most its request's own cap; a verified step

@@ -88,14 +88,13 @@ impl Scheduler {
         if output.sampled.len() != expected {
             return Err(UpdateError::SampleCount { expected, got: output.sampled.len() });
         }
-        let executor_drafts = self.config.speculative.is_some_and(|s| s.method.drafts_in_executor());
         let sampling = self.scheduled.iter().filter(|s| s.sample);
         for (index, (s, t)) in sampling.zip(&output.sampled).enumerate() {
             if s.seq_id != t.seq_id {
                 return Err(UpdateError::SeqMismatch { index, expected: s.seq_id, got: t.seq_id });
             }
             // The executor's own drafts stand where the scheduler left placeholders.
-            let drafts = if executor_drafts { &t.drafted } else { &s.drafts };
+            let drafts = if s.executor_drafts { &t.drafted } else { &s.drafts };
             let got = t.token_ids.len();
             let logprobs = t.logprobs.as_ref().map_or(got, Vec::len);
             if got == 0
@@ -177,8 +176,8 @@ impl Scheduler {
         out: &mut StepEvents,
     ) {
         let Some(mut e) = self.seqs.remove(&id) else { return };
-        if let Some(proposer) = &mut self.proposer {
-            proposer.record_output(e.seq.output_token_ids());
+        if let Some(proposers) = &mut self.proposers {
+            proposers.record_output(e.seq.output_token_ids());
         }
         self.blocks.free(&mut e.seq);
         e.seq.status = crate::sequence::SeqStatus::Finished;

@@ -6,20 +6,24 @@
 //! blocks allocated only for them go back to the pool.
 //!
 //! - [`SpeculativeConfig`]: the method and its limits (`--speculative-config`).
-//! - [`Proposer`]: where proposals come from; [`ngram`] looks the sequence's last tokens up in
-//!   its own history (prompt lookup); [`suffix`] also in a frequency trie of recent requests'
-//!   outputs; with [`SpeculativeMethod::DraftLayers`] the executor drafts them itself, running
-//!   the target's first layers (self-speculative), and the scheduler only reserves their places;
-//!   under a grammar the executor walks it along its drafts ([`DraftChain`]).
+//! - [`Proposers`]: where proposals come from, chosen per request ([`ProposerKind`]) with the
+//!   server's method as the default; [`ngram`] looks the sequence's last tokens up in its own
+//!   history (prompt lookup); [`suffix`] also in a frequency trie of recent requests' outputs;
+//!   with [`SpeculativeMethod::DraftLayers`] or [`SpeculativeMethod::DraftModel`] the executor
+//!   drafts them itself (the target's first layers, or a separate model), and the scheduler only
+//!   reserves their places; under a grammar the executor walks it along its drafts
+//!   ([`DraftChain`]).
 //! - [`SpecDecodeStats`]: drafts, draft tokens and accepted tokens per position, for metrics.
 
 pub mod draft_chain;
 pub mod ngram;
+pub mod proposers;
 pub mod suffix;
 pub mod verify;
 
 pub use draft_chain::DraftChain;
 pub use ngram::NgramProposer;
+pub use proposers::{ProposerKind, Proposers};
 pub use suffix::SuffixProposer;
 pub use verify::{kept, position_requests, try_verify, verify};
 
@@ -139,59 +143,6 @@ impl SpeculativeConfig {
             SpeculativeMethod::DraftModel => {}
         }
         Ok(())
-    }
-}
-
-/// Makes proposals for one sequence at a time (the scheduler asks while building a step).
-#[derive(Debug, Clone)]
-pub enum Proposer {
-    Ngram(NgramProposer),
-    Suffix(SuffixProposer),
-    /// Places for the executor's drafts.
-    Executor,
-}
-
-impl Proposer {
-    pub fn new(config: &SpeculativeConfig) -> Self {
-        match config.method {
-            SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
-                Self::Ngram(NgramProposer::new(prompt_lookup_min, prompt_lookup_max))
-            }
-            SpeculativeMethod::Suffix {
-                max_tree_depth,
-                max_cached_requests,
-                max_spec_factor,
-                min_token_prob,
-            } => Self::Suffix(SuffixProposer::new(
-                max_tree_depth,
-                max_cached_requests,
-                max_spec_factor,
-                min_token_prob,
-            )),
-            SpeculativeMethod::DraftLayers { .. } | SpeculativeMethod::DraftModel => Self::Executor,
-        }
-    }
-
-    /// Whether the proposals are placeholders for the executor's drafts.
-    pub fn drafts_in_executor(&self) -> bool {
-        matches!(self, Self::Executor)
-    }
-
-    /// A sequence finished normally with `output`: suffix decoding caches it.
-    pub fn record_output(&mut self, output: &[u32]) {
-        if let Self::Suffix(p) = self {
-            p.record_output(output);
-        }
-    }
-
-    /// Appends to `out` at most `max_tokens` proposed continuations of `tokens` (prompt then
-    /// output so far).
-    pub fn propose(&self, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
-        match self {
-            Self::Ngram(p) => p.propose(tokens, max_tokens, out),
-            Self::Suffix(p) => p.propose(tokens, max_tokens, out),
-            Self::Executor => out.resize(out.len() + max_tokens, DRAFT_PLACEHOLDER),
-        }
     }
 }
 

@@ -51,7 +51,9 @@ pub fn generate_all(
     handle: &pagoda_engine::EngineHandle,
     requests: Vec<pagoda_engine::Request>,
 ) -> Vec<Vec<u32>> {
-    let mut streams: Vec<_> = requests.into_iter().map(|r| handle.submit(r).unwrap()).collect();
+    // One call: the engine adds them all before its next step, so the schedule does not depend
+    // on how fast this thread submits.
+    let mut streams = handle.submit_all(requests).unwrap();
     streams
         .iter_mut()
         .map(|stream| {
@@ -188,6 +190,7 @@ impl TestSeq {
                 .collect(),
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
+            executor_drafts: false,
         }
     }
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::common::{StopSpec, StreamOptions, Usage};
-use super::sampling::{CommonParams, FinishReason, StopReason};
+use super::sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
 
 /// A chat completion request. Unknown top-level fields are refused (see [`super::fields`]).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -71,6 +71,11 @@ pub struct ChatCompletionRequest {
     /// `num_speculative_tokens` changes nothing), in [0, 16].
     #[serde(default)]
     pub num_speculative_tokens: Option<u32>,
+    /// Pagoda extension: this request's speculative decoding method, `ngram`, `suffix` or
+    /// `draft_model`, in place of the server's (which must run speculative decoding; `draft_model`
+    /// needs a server started with a draft).
+    #[serde(default)]
+    pub speculative_method: Option<SpeculativeMethodParam>,
     #[serde(default)]
     pub skip_special_tokens: Option<bool>,
     #[serde(default)]
@@ -177,6 +182,7 @@ impl ChatCompletionRequest {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             min_tokens: self.min_tokens,
             num_speculative_tokens: self.num_speculative_tokens,
+            speculative_method: self.speculative_method,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
         }
     }

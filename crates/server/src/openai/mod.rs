@@ -19,5 +19,5 @@ pub use completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Prompt, PromptInput,
 };
 pub use models::{ModelCard, ModelList, VersionResponse};
-pub use sampling::{CommonParams, FinishReason, StopReason};
+pub use sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
 pub use tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};

@@ -35,7 +35,20 @@ pub struct CommonParams {
     pub min_tokens: Option<u32>,
     /// This request's cap on speculative proposals per step.
     pub num_speculative_tokens: Option<u32>,
+    /// Where this request's proposals come from, when not the server's method.
+    pub speculative_method: Option<SpeculativeMethodParam>,
     pub skip_special_tokens: bool,
+}
+
+/// Pagoda extension: the speculative decoding method of one request (vLLM's method names).
+/// `ngram` and `suffix` work on any server that runs speculative decoding; `draft_model` needs
+/// one started with a draft (`"method": "draft_model"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SpeculativeMethodParam {
+    Ngram,
+    Suffix,
+    DraftModel,
 }
 
 /// Why a choice ended.

@@ -127,6 +127,22 @@ async fn ngram_proposals_leave_answers_unchanged_and_are_counted() -> Result<()>
     body["num_speculative_tokens"] = json!(17);
     let (status, resp) = post_json(&c, &spec.url("/v1/chat/completions"), &body).await?;
     assert_eq!((status, resp["error"]["param"].as_str()), (400, Some("num_speculative_tokens")), "{resp}");
+
+    // A request's own method: suffix decoding beside the server's n-gram, the same answer and
+    // proposals made; a draft this server does not have, or no method at all, is refused.
+    let mut body = bodies().remove(0);
+    body["speculative_method"] = json!("suffix");
+    let (status, resp) = post_json(&c, &spec.url("/v1/chat/completions"), &body).await?;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(&resp["choices"][0]["message"]["content"], uncapped);
+    let after = counters(&metrics_text(&c, &spec).await?);
+    assert!(after[0] - before[0] >= 3.0, "suffix decoding proposed nothing: {after:?} after {before:?}");
+    for (method, says) in [("draft_model", "has none"), ("beam", "unknown variant")] {
+        body["speculative_method"] = json!(method);
+        let (status, resp) = post_json(&c, &spec.url("/v1/chat/completions"), &body).await?;
+        assert_eq!((status, resp["error"]["param"].as_str()), (400, Some("speculative_method")), "{resp}");
+        assert!(resp["error"]["message"].as_str().unwrap().contains(says), "{resp}");
+    }
     spec.signal_stop();
     spec.join()
 }
@@ -136,6 +152,11 @@ async fn ngram_proposals_leave_answers_unchanged_and_are_counted() -> Result<()>
 async fn same_answers_with(spec_config: &str) -> Result<(TestServer, String, [f64; 3])> {
     let plain = TestServer::start(&[]);
     let want = answers(&plain).await?;
+    // A method of its own needs a server that speculates.
+    let mut body = bodies().remove(0);
+    body["speculative_method"] = json!("ngram");
+    let (status, resp) = post_json(&client(), &plain.url("/v1/chat/completions"), &body).await?;
+    assert_eq!((status, resp["error"]["param"].as_str()), (400, Some("speculative_method")), "{resp}");
     plain.signal_stop();
     plain.join()?;
 
@@ -173,6 +194,19 @@ async fn a_draft_model_leaves_answers_unchanged_and_is_counted() -> Result<()> {
     let (schema_drafts, schema_proposed) = (drafts_after - drafts, proposed_after - proposed);
     assert!(schema_drafts >= 5.0, "{schema_drafts} drafts under the schema\n{after}");
     assert!(accepted_after - accepted >= 0.8 * schema_proposed, "{after}");
+
+    // A request may take prompt lookup instead of the draft: the same answer, proposals made.
+    let url = spec.url("/v1/chat/completions");
+    let mut body = bodies().remove(0);
+    let (_, drafted) = post_json(&client(), &url, &body).await?;
+    let drafts = |text: String| metric(&text, "pagoda:spec_decode_num_drafts_total", "").unwrap();
+    let before = drafts(metrics_text(&client(), &spec).await?);
+    body["speculative_method"] = json!("ngram");
+    let (status, resp) = post_json(&client(), &url, &body).await?;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["choices"][0]["message"]["content"], drafted["choices"][0]["message"]["content"]);
+    let after = drafts(metrics_text(&client(), &spec).await?);
+    assert!(after - before >= 3.0, "prompt lookup proposed nothing: {after} after {before}");
     spec.signal_stop();
     spec.join()
 }

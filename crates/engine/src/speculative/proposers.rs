@@ -1,0 +1,168 @@
+//! The proposers one engine holds, and which of them a sequence asks. `--speculative-config`
+//! names the default method; a request may pick another ([`ProposerKind`], the server's
+//! `speculative_method` extension field). The model-free proposers cost nothing to keep beside
+//! the default: prompt lookup has no state, and the suffix trie is built when the first request
+//! that wants it arrives, caching every output that finishes from then on. The executor's drafts
+//! (a draft model, or the target's first layers) exist only where the server loaded them.
+
+use super::{NgramProposer, SpeculativeConfig, SpeculativeMethod, SuffixProposer, DRAFT_PLACEHOLDER};
+
+/// Where a sequence's proposals come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProposerKind {
+    /// Prompt lookup in the sequence's own tokens ([`super::ngram`]).
+    Ngram,
+    /// Suffix decoding over recent outputs and the sequence itself ([`super::suffix`]).
+    Suffix,
+    /// The executor drafts them: a separate draft model, or the target's first layers.
+    Executor,
+}
+
+impl ProposerKind {
+    /// The proposer a configured method uses.
+    pub fn of(method: &SpeculativeMethod) -> Self {
+        match method {
+            SpeculativeMethod::Ngram { .. } => Self::Ngram,
+            SpeculativeMethod::Suffix { .. } => Self::Suffix,
+            SpeculativeMethod::DraftLayers { .. } | SpeculativeMethod::DraftModel => Self::Executor,
+        }
+    }
+
+    /// vLLM's name of the method.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ngram => "ngram",
+            Self::Suffix => "suffix",
+            Self::Executor => "draft_model",
+        }
+    }
+}
+
+/// The proposers of one engine (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Proposers {
+    default: ProposerKind,
+    ngram: NgramProposer,
+    /// Built on first use unless it is the default.
+    suffix: Option<SuffixProposer>,
+    /// The suffix trie's limits: the configured ones, or the defaults of
+    /// [`SpeculativeConfig::suffix`] when another method is configured.
+    suffix_method: SpeculativeMethod,
+}
+
+impl Proposers {
+    pub fn new(config: &SpeculativeConfig) -> Self {
+        let ngram = match config.method {
+            SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
+                NgramProposer::new(prompt_lookup_min, prompt_lookup_max)
+            }
+            _ => match SpeculativeConfig::ngram(1).method {
+                SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
+                    NgramProposer::new(prompt_lookup_min, prompt_lookup_max)
+                }
+                _ => unreachable!("SpeculativeConfig::ngram makes an n-gram method"),
+            },
+        };
+        let suffix_method = match config.method {
+            m @ SpeculativeMethod::Suffix { .. } => m,
+            _ => SpeculativeConfig::suffix(1).method,
+        };
+        let default = ProposerKind::of(&config.method);
+        let mut proposers = Self { default, ngram, suffix: None, suffix_method };
+        proposers.prepare(default);
+        proposers
+    }
+
+    /// The server's method: what a request that names none uses.
+    pub fn default_kind(&self) -> ProposerKind {
+        self.default
+    }
+
+    /// Builds `kind`'s state if it has none yet (a request that wants it arrived).
+    pub fn prepare(&mut self, kind: ProposerKind) {
+        if kind != ProposerKind::Suffix || self.suffix.is_some() {
+            return;
+        }
+        if let SpeculativeMethod::Suffix {
+            max_tree_depth,
+            max_cached_requests,
+            max_spec_factor,
+            min_token_prob,
+        } = self.suffix_method
+        {
+            self.suffix = Some(SuffixProposer::new(
+                max_tree_depth,
+                max_cached_requests,
+                max_spec_factor,
+                min_token_prob,
+            ));
+        }
+    }
+
+    /// A sequence finished normally with `output`: the suffix trie, once built, caches it.
+    pub fn record_output(&mut self, output: &[u32]) {
+        if let Some(suffix) = &mut self.suffix {
+            suffix.record_output(output);
+        }
+    }
+
+    /// Appends to `out` at most `max_tokens` proposed continuations of `tokens` (prompt then
+    /// output so far) from `kind` (the default when `None`): tokens, or placeholders
+    /// ([`DRAFT_PLACEHOLDER`]) for the executor to draft.
+    pub fn propose(&self, kind: Option<ProposerKind>, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
+        match kind.unwrap_or(self.default) {
+            ProposerKind::Ngram => self.ngram.propose(tokens, max_tokens, out),
+            // `prepare` ran when the request was added.
+            ProposerKind::Suffix => {
+                if let Some(suffix) = &self.suffix {
+                    suffix.propose(tokens, max_tokens, out);
+                }
+            }
+            ProposerKind::Executor => out.resize(out.len() + max_tokens, DRAFT_PLACEHOLDER),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_may_pick_a_model_free_proposer_beside_the_default() {
+        let mut p = Proposers::new(&SpeculativeConfig::ngram(4));
+        assert_eq!(p.default_kind(), ProposerKind::Ngram);
+        // An earlier output the sequence itself does not contain: only the trie knows it.
+        let tokens = [1, 2, 3, 4];
+        let mut out = Vec::new();
+        p.propose(Some(ProposerKind::Suffix), &tokens, 4, &mut out);
+        assert!(out.is_empty(), "no trie before a request wants one");
+        p.prepare(ProposerKind::Suffix);
+        p.record_output(&[3, 4, 5, 6, 7, 8]);
+        p.propose(Some(ProposerKind::Suffix), &tokens, 4, &mut out);
+        assert_eq!(out, [5, 6]);
+        out.clear();
+        p.propose(None, &tokens, 4, &mut out);
+        assert!(out.is_empty(), "prompt lookup finds no earlier [3, 4] in the sequence");
+        p.propose(None, &[7, 3, 4, 9, 3, 4], 2, &mut out);
+        assert_eq!(out, [9, 3]);
+    }
+
+    #[test]
+    fn the_executor_fills_placeholders() {
+        let config =
+            SpeculativeConfig { method: SpeculativeMethod::DraftModel, ..SpeculativeConfig::ngram(4) };
+        let p = Proposers::new(&config);
+        assert_eq!(p.default_kind(), ProposerKind::Executor);
+        let mut out = vec![9];
+        p.propose(None, &[1, 2], 3, &mut out);
+        assert_eq!(out, [9, DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER]);
+        out.clear();
+        p.propose(Some(ProposerKind::Ngram), &[5, 6, 7, 5, 6], 3, &mut out);
+        assert_eq!(out, [7, 5, 6]);
+        assert_eq!(
+            ProposerKind::of(&SpeculativeMethod::DraftLayers { num_layers: 2 }),
+            ProposerKind::Executor
+        );
+        assert_eq!(ProposerKind::Executor.name(), "draft_model");
+    }
+}
