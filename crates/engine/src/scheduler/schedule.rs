@@ -93,7 +93,7 @@ impl Scheduler {
                 let limit = draft_limit(e, &self.config).min(*budget - 1);
                 let kind = e.shared.speculative_method.unwrap_or(proposers.default_kind());
                 proposers.propose(Some(kind), &e.seq.token_ids, limit, &mut drafts);
-                executor_drafts = kind == ProposerKind::Executor && !drafts.is_empty();
+                executor_drafts = kind == ProposerKind::Executor;
                 // Placeholders of the executor's drafts are cut by the executor.
                 if let (false, Some(SeqConstraint(grammar))) = (executor_drafts, &e.constraint) {
                     cut_to_grammar(&**grammar, &e.shared.stop.eos_token_ids, &mut drafts);
@@ -104,10 +104,11 @@ impl Scheduler {
             if fits >= 1 {
                 drafts.truncate(fits - 1);
                 let q = 1 + drafts.len();
+                let by_executor = executor_drafts && !drafts.is_empty();
                 Self::push_entry(
                     e,
                     q,
-                    Drafts { tokens: drafts, by_executor: executor_drafts },
+                    Drafts { tokens: drafts, by_executor },
                     self.step,
                     &mut self.blocks,
                     batch,

@@ -52,19 +52,19 @@ pub struct Proposers {
 
 impl Proposers {
     pub fn new(config: &SpeculativeConfig) -> Self {
+        // The configured method's settings, else the defaults of its constructor.
         let ngram = match config.method {
-            SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
-                NgramProposer::new(prompt_lookup_min, prompt_lookup_max)
+            SpeculativeMethod::Ngram { .. } => config.method,
+            _ => SpeculativeConfig::ngram(1).method,
+        };
+        let ngram = match ngram {
+            SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max } => {
+                NgramProposer::new(min, max)
             }
-            _ => match SpeculativeConfig::ngram(1).method {
-                SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
-                    NgramProposer::new(prompt_lookup_min, prompt_lookup_max)
-                }
-                _ => unreachable!("SpeculativeConfig::ngram makes an n-gram method"),
-            },
+            _ => unreachable!("an n-gram method"),
         };
         let suffix_method = match config.method {
-            m @ SpeculativeMethod::Suffix { .. } => m,
+            SpeculativeMethod::Suffix { .. } => config.method,
             _ => SpeculativeConfig::suffix(1).method,
         };
         let default = ProposerKind::of(&config.method);
