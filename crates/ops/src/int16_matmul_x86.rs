@@ -146,9 +146,14 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
                     }
                 }
                 for i in 0..R {
-                    let c = _mm512_set1_epi32(-offset * *code_sums[i].add(b * SUBS + s));
-                    sum0[i] = _mm512_add_epi32(_mm512_slli_epi32::<8>(sum0[i]), c);
-                    sum1[i] = _mm512_add_epi32(_mm512_slli_epi32::<8>(sum1[i]), c);
+                    sum0[i] = _mm512_slli_epi32::<8>(sum0[i]);
+                    sum1[i] = _mm512_slli_epi32::<8>(sum1[i]);
+                    // Formats whose codes are stored unshifted (Q4_1, Q4_K) need no correction.
+                    if offset != 0 {
+                        let c = _mm512_set1_epi32(-offset * *code_sums[i].add(b * SUBS + s));
+                        sum0[i] = _mm512_add_epi32(sum0[i], c);
+                        sum1[i] = _mm512_add_epi32(sum1[i], c);
+                    }
                 }
                 for quad in quads {
                     let (w0, w1) = quad_codes::<NIB>(codes, b, quad);
