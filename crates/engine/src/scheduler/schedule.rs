@@ -92,7 +92,7 @@ impl Scheduler {
             if let (true, Some(proposers)) = (speculate, &self.proposers) {
                 let limit = draft_limit(e, &self.config).min(*budget - 1);
                 let kind = e.shared.speculative_method.unwrap_or(proposers.default_kind());
-                proposers.propose(Some(kind), &e.seq.token_ids, limit, &mut drafts);
+                proposers.propose(kind, &e.seq.token_ids, limit, &mut drafts);
                 executor_drafts = kind == ProposerKind::Executor;
                 // Placeholders of the executor's drafts are cut by the executor.
                 if let (false, Some(SeqConstraint(grammar))) = (executor_drafts, &e.constraint) {

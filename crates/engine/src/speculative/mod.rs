@@ -31,6 +31,10 @@ pub use verify::{kept, position_requests, try_verify, verify};
 /// a fixed array).
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
+/// vLLM's default n-gram lookup window.
+pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 2;
+pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
+
 /// How proposals are made.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SpeculativeMethod {
@@ -93,7 +97,10 @@ impl SpeculativeConfig {
     /// Prompt lookup with vLLM's defaults for the lookup window.
     pub fn ngram(num_speculative_tokens: usize) -> Self {
         Self {
-            method: SpeculativeMethod::Ngram { prompt_lookup_min: 2, prompt_lookup_max: 4 },
+            method: SpeculativeMethod::Ngram {
+                prompt_lookup_min: DEFAULT_PROMPT_LOOKUP_MIN,
+                prompt_lookup_max: DEFAULT_PROMPT_LOOKUP_MAX,
+            },
             num_speculative_tokens,
             disable_by_batch_size: usize::MAX,
         }

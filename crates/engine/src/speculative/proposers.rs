@@ -5,7 +5,10 @@
 //! that wants it arrives, caching every output that finishes from then on. The executor's drafts
 //! (a draft model, or the target's first layers) exist only where the server loaded them.
 
-use super::{NgramProposer, SpeculativeConfig, SpeculativeMethod, SuffixProposer, DRAFT_PLACEHOLDER};
+use super::{
+    NgramProposer, SpeculativeConfig, SpeculativeMethod, SuffixProposer, DEFAULT_PROMPT_LOOKUP_MAX,
+    DEFAULT_PROMPT_LOOKUP_MIN, DRAFT_PLACEHOLDER,
+};
 
 /// Where a sequence's proposals come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,16 +55,12 @@ pub struct Proposers {
 
 impl Proposers {
     pub fn new(config: &SpeculativeConfig) -> Self {
-        // The configured method's settings, else the defaults of its constructor.
+        // The configured method's settings, else the defaults.
         let ngram = match config.method {
-            SpeculativeMethod::Ngram { .. } => config.method,
-            _ => SpeculativeConfig::ngram(1).method,
-        };
-        let ngram = match ngram {
-            SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max } => {
-                NgramProposer::new(min, max)
+            SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
+                NgramProposer::new(prompt_lookup_min, prompt_lookup_max)
             }
-            _ => unreachable!("an n-gram method"),
+            _ => NgramProposer::new(DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_PROMPT_LOOKUP_MAX),
         };
         let suffix_method = match config.method {
             SpeculativeMethod::Suffix { .. } => config.method,
@@ -107,10 +106,10 @@ impl Proposers {
     }
 
     /// Appends to `out` at most `max_tokens` proposed continuations of `tokens` (prompt then
-    /// output so far) from `kind` (the default when `None`): tokens, or placeholders
-    /// ([`DRAFT_PLACEHOLDER`]) for the executor to draft.
-    pub fn propose(&self, kind: Option<ProposerKind>, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
-        match kind.unwrap_or(self.default) {
+    /// output so far) from `kind`: tokens, or placeholders ([`DRAFT_PLACEHOLDER`]) for the
+    /// executor to draft.
+    pub fn propose(&self, kind: ProposerKind, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
+        match kind {
             ProposerKind::Ngram => self.ngram.propose(tokens, max_tokens, out),
             // `prepare` ran when the request was added.
             ProposerKind::Suffix => {
@@ -134,16 +133,16 @@ mod tests {
         // An earlier output the sequence itself does not contain: only the trie knows it.
         let tokens = [1, 2, 3, 4];
         let mut out = Vec::new();
-        p.propose(Some(ProposerKind::Suffix), &tokens, 4, &mut out);
+        p.propose(ProposerKind::Suffix, &tokens, 4, &mut out);
         assert!(out.is_empty(), "no trie before a request wants one");
         p.prepare(ProposerKind::Suffix);
         p.record_output(&[3, 4, 5, 6, 7, 8]);
-        p.propose(Some(ProposerKind::Suffix), &tokens, 4, &mut out);
+        p.propose(ProposerKind::Suffix, &tokens, 4, &mut out);
         assert_eq!(out, [5, 6]);
         out.clear();
-        p.propose(None, &tokens, 4, &mut out);
+        p.propose(p.default_kind(), &tokens, 4, &mut out);
         assert!(out.is_empty(), "prompt lookup finds no earlier [3, 4] in the sequence");
-        p.propose(None, &[7, 3, 4, 9, 3, 4], 2, &mut out);
+        p.propose(p.default_kind(), &[7, 3, 4, 9, 3, 4], 2, &mut out);
         assert_eq!(out, [9, 3]);
     }
 
@@ -154,10 +153,10 @@ mod tests {
         let p = Proposers::new(&config);
         assert_eq!(p.default_kind(), ProposerKind::Executor);
         let mut out = vec![9];
-        p.propose(None, &[1, 2], 3, &mut out);
+        p.propose(p.default_kind(), &[1, 2], 3, &mut out);
         assert_eq!(out, [9, DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER]);
         out.clear();
-        p.propose(Some(ProposerKind::Ngram), &[5, 6, 7, 5, 6], 3, &mut out);
+        p.propose(ProposerKind::Ngram, &[5, 6, 7, 5, 6], 3, &mut out);
         assert_eq!(out, [7, 5, 6]);
         assert_eq!(
             ProposerKind::of(&SpeculativeMethod::DraftLayers { num_layers: 2 }),
