@@ -31,7 +31,8 @@ pub use verify::{kept, position_requests, try_verify, verify};
 /// a fixed array).
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
-/// vLLM's default n-gram lookup window.
+/// The n-gram lookup window where none is configured: ours (vLLM takes 5..=5 when neither
+/// bound is given).
 pub const DEFAULT_PROMPT_LOOKUP_MIN: usize = 2;
 pub const DEFAULT_PROMPT_LOOKUP_MAX: usize = 4;
 
@@ -94,7 +95,7 @@ pub enum SpeculativeConfigError {
 }
 
 impl SpeculativeConfig {
-    /// Prompt lookup with vLLM's defaults for the lookup window.
+    /// Prompt lookup with the default lookup window.
     pub fn ngram(num_speculative_tokens: usize) -> Self {
         Self {
             method: SpeculativeMethod::Ngram {
