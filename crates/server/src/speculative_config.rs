@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use pagoda_engine::speculative::{DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN};
 use pagoda_engine::{SpeculativeConfig, SpeculativeMethod};
 use serde::Deserialize;
 
@@ -81,8 +82,8 @@ pub fn parse(json: &str, device: DeviceArg) -> Result<SpeculativeSetting, String
     let mut draft_model = None;
     let method = match method {
         "ngram" => {
-            let max = j.prompt_lookup_max.or(j.prompt_lookup_min).unwrap_or(4);
-            let min = j.prompt_lookup_min.unwrap_or(max.min(2));
+            let max = j.prompt_lookup_max.or(j.prompt_lookup_min).unwrap_or(DEFAULT_PROMPT_LOOKUP_MAX);
+            let min = j.prompt_lookup_min.unwrap_or(max.min(DEFAULT_PROMPT_LOOKUP_MIN));
             SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max }
         }
         "suffix" => {
