@@ -134,18 +134,33 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
                 let quads = s * quads_per_sub..(s + 1) * quads_per_sub;
                 let mut sum0 = [_mm512_setzero_si512(); R];
                 let mut sum1 = [_mm512_setzero_si512(); R];
+                // With one or two rows, odd quads sum into second chains (added back below;
+                // integer sums, so the same bits) to hide `vpdpbusd`'s latency.
+                let mut odd0 = [_mm512_setzero_si512(); R];
+                let mut odd1 = [_mm512_setzero_si512(); R];
                 // The high bytes, then x256 and the correction, then the low bytes.
                 for quad in quads.clone() {
                     prefetch_codes::<NIB>(codes, b, quad);
                     let (w0, w1) = quad_codes::<NIB>(codes, b, quad);
+                    let odd = R <= 2 && quad & 1 == 1;
                     for i in 0..R {
                         let four = (high[i].add(b * QUANT_BLOCK + quad * 4) as *const i32).read_unaligned();
                         let x = _mm512_set1_epi32(four);
-                        sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, x);
-                        sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, x);
+                        if odd {
+                            odd0[i] = _mm512_dpbusd_epi32(odd0[i], w0, x);
+                            odd1[i] = _mm512_dpbusd_epi32(odd1[i], w1, x);
+                        } else {
+                            sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, x);
+                            sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, x);
+                        }
                     }
                 }
                 for i in 0..R {
+                    if R <= 2 {
+                        sum0[i] = _mm512_add_epi32(sum0[i], odd0[i]);
+                        sum1[i] = _mm512_add_epi32(sum1[i], odd1[i]);
+                        (odd0[i], odd1[i]) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    }
                     sum0[i] = _mm512_slli_epi32::<8>(sum0[i]);
                     sum1[i] = _mm512_slli_epi32::<8>(sum1[i]);
                     // Formats whose codes are stored unshifted (Q4_1, Q4_K) need no correction.
@@ -157,11 +172,23 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
                 }
                 for quad in quads {
                     let (w0, w1) = quad_codes::<NIB>(codes, b, quad);
+                    let odd = R <= 2 && quad & 1 == 1;
                     for i in 0..R {
                         let four = (low[i].add(b * QUANT_BLOCK + quad * 4) as *const i32).read_unaligned();
                         let x = _mm512_set1_epi32(four);
-                        sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, x);
-                        sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, x);
+                        if odd {
+                            odd0[i] = _mm512_dpbusd_epi32(odd0[i], w0, x);
+                            odd1[i] = _mm512_dpbusd_epi32(odd1[i], w1, x);
+                        } else {
+                            sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, x);
+                            sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, x);
+                        }
+                    }
+                }
+                if R <= 2 {
+                    for i in 0..R {
+                        sum0[i] = _mm512_add_epi32(sum0[i], odd0[i]);
+                        sum1[i] = _mm512_add_epi32(sum1[i], odd1[i]);
                     }
                 }
                 let di = std::array::from_fn(|i| *d[i].add(b));
