@@ -141,19 +141,16 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
                 // The high bytes, then x256 and the correction, then the low bytes.
                 for quad in quads.clone() {
                     prefetch_codes::<NIB>(codes, b, quad);
-                    let (w0, w1) = quad_codes::<NIB>(codes, b, quad);
+                    let w = quad_codes::<NIB>(codes, b, quad);
                     let odd = R <= 2 && quad & 1 == 1;
-                    for i in 0..R {
-                        let four = (high[i].add(b * QUANT_BLOCK + quad * 4) as *const i32).read_unaligned();
-                        let x = _mm512_set1_epi32(four);
-                        if odd {
-                            odd0[i] = _mm512_dpbusd_epi32(odd0[i], w0, x);
-                            odd1[i] = _mm512_dpbusd_epi32(odd1[i], w1, x);
-                        } else {
-                            sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, x);
-                            sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, x);
-                        }
-                    }
+                    add_quad::<R>(
+                        &high,
+                        b * QUANT_BLOCK + quad * 4,
+                        w,
+                        odd,
+                        (&mut sum0, &mut sum1),
+                        (&mut odd0, &mut odd1),
+                    );
                 }
                 for i in 0..R {
                     if R <= 2 {
@@ -171,19 +168,16 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
                     }
                 }
                 for quad in quads {
-                    let (w0, w1) = quad_codes::<NIB>(codes, b, quad);
+                    let w = quad_codes::<NIB>(codes, b, quad);
                     let odd = R <= 2 && quad & 1 == 1;
-                    for i in 0..R {
-                        let four = (low[i].add(b * QUANT_BLOCK + quad * 4) as *const i32).read_unaligned();
-                        let x = _mm512_set1_epi32(four);
-                        if odd {
-                            odd0[i] = _mm512_dpbusd_epi32(odd0[i], w0, x);
-                            odd1[i] = _mm512_dpbusd_epi32(odd1[i], w1, x);
-                        } else {
-                            sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, x);
-                            sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, x);
-                        }
-                    }
+                    add_quad::<R>(
+                        &low,
+                        b * QUANT_BLOCK + quad * 4,
+                        w,
+                        odd,
+                        (&mut sum0, &mut sum1),
+                        (&mut odd0, &mut odd1),
+                    );
                 }
                 if R <= 2 {
                     for i in 0..R {
@@ -200,5 +194,36 @@ unsafe fn tile<const R: usize, const SUBS: usize, const NIB: bool>(
             }
         }
         store_rows::<R>((&acc0, &acc1), out_rows, width);
+    }
+}
+
+/// `sums += codes * bytes` for each row (or `odds +=` when `odd`): the four activation bytes at
+/// `at` of each row, broadcast, times a quad's codes of the two column halves `w`.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512-VNNI; each row's pointer is valid for 4 bytes at `at`.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn add_quad<const R: usize>(
+    bytes: &[*const i8; R],
+    at: usize,
+    (w0, w1): (__m512i, __m512i),
+    odd: bool,
+    sums: (&mut [__m512i; R], &mut [__m512i; R]),
+    odds: (&mut [__m512i; R], &mut [__m512i; R]),
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        for (i, row) in bytes.iter().enumerate() {
+            let x = _mm512_set1_epi32((row.add(at) as *const i32).read_unaligned());
+            // Selecting the arrays per row, not per call, keeps them in registers.
+            if odd {
+                odds.0[i] = _mm512_dpbusd_epi32(odds.0[i], w0, x);
+                odds.1[i] = _mm512_dpbusd_epi32(odds.1[i], w1, x);
+            } else {
+                sums.0[i] = _mm512_dpbusd_epi32(sums.0[i], w0, x);
+                sums.1[i] = _mm512_dpbusd_epi32(sums.1[i], w1, x);
+            }
+        }
     }
 }
