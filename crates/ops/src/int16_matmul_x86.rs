@@ -2,7 +2,9 @@
 //! the unsigned (offset) codes of 16 columns times the activations' high bytes, the int32 sums
 //! are shifted left by 8 bits and take the correction, then a second pass adds the low bytes;
 //! one convert and one fused multiply-add scale the block into the row's f32 accumulators.
-//! Both passes read the block's codes from L1, so weights are fetched from memory once.
+//! Both passes read the block's codes from L1, so weights are fetched from memory once. Tiles
+//! of one or two rows sum even and odd quads in separate chains, so `vpdpbusd`'s latency does
+//! not bound them (`benches/examples/tile_rate.rs`).
 
 use std::arch::x86_64::*;
 
