@@ -4,12 +4,23 @@
 //
 // Launch: grid (num_groups, num_kv_heads), block 128 threads; one block per split group (the
 // work item with split 0 describes it) and kv head, one warp per row, lanes over splits for the
-// weights and over head_dim for the sum.
+// weights and over head_dim (four floats each) for the sum.
 #include "attention.cuh"
 
 namespace pagoda {
 
 constexpr int COMBINE_THREADS = 128;
+constexpr int COMBINE_UNROLL = 8;
+
+// acc += 2^(lse - lse_max) * o, skipping splits that saw no key.
+__device__ __forceinline__ void add_weighted(float4 &acc, float lse, float lse_max, const float4 &o) {
+    if (lse == -INFINITY) return;
+    const float w = exp2f(lse - lse_max);
+    acc.x += w * o.x;
+    acc.y += w * o.y;
+    acc.z += w * o.z;
+    acc.w += w * o.w;
+}
 
 template <typename T>
 __device__ __forceinline__ void attention_combine(const WorkItem *__restrict__ groups, const float *__restrict__ part_o,
@@ -39,15 +50,36 @@ __device__ __forceinline__ void attention_combine(const WorkItem *__restrict__ g
         const long long tok = first.tok0 + r / first.head_cnt;
         const int head = kv_head * group + first.head_lo + r % first.head_cnt;
         T *dst = out + (tok * q_heads + head) * head_dim;
-        for (int d = lane; d < head_dim; d += 32) {
-            float acc = 0.f;
-            for (int s = 0; s < num_splits; ++s) {
+        // Lanes over head_dim in 4-float chunks (head_dim is a multiple of 4); the splits are
+        // visited COMBINE_UNROLL at a time, every load issued before any is used, so a lane keeps
+        // that many L2 reads in flight instead of one. Each element still sums its splits in
+        // ascending order.
+        for (int c = lane; c < head_dim / 4; c += 32) {
+            float4 acc = {0.f, 0.f, 0.f, 0.f};
+            int s = 0;
+            for (; s + COMBINE_UNROLL <= num_splits; s += COMBINE_UNROLL) {
+                float lse[COMBINE_UNROLL];
+                float4 o[COMBINE_UNROLL];
+#pragma unroll
+                for (int u = 0; u < COMBINE_UNROLL; ++u) {
+                    it.split = s + u;
+                    const long long pr = partial_row(it, kv_heads, kv_head, r);
+                    lse[u] = part_lse[pr];
+                    o[u] = reinterpret_cast<const float4 *>(part_o + pr * head_dim)[c];
+                }
+#pragma unroll
+                for (int u = 0; u < COMBINE_UNROLL; ++u) add_weighted(acc, lse[u], lse_max, o[u]);
+            }
+            for (; s < num_splits; ++s) {
                 it.split = s;
                 const long long pr = partial_row(it, kv_heads, kv_head, r);
-                const float lse = part_lse[pr];
-                if (lse != -INFINITY) acc += exp2f(lse - lse_max) * part_o[pr * head_dim + d];
+                add_weighted(acc, part_lse[pr], lse_max, reinterpret_cast<const float4 *>(part_o + pr * head_dim)[c]);
             }
-            dst[d] = Float<T>::from_f32(weight_sum > 0.f ? acc / weight_sum : 0.f);
+            const bool any = weight_sum > 0.f;
+            dst[4 * c + 0] = Float<T>::from_f32(any ? acc.x / weight_sum : 0.f);
+            dst[4 * c + 1] = Float<T>::from_f32(any ? acc.y / weight_sum : 0.f);
+            dst[4 * c + 2] = Float<T>::from_f32(any ? acc.z / weight_sum : 0.f);
+            dst[4 * c + 3] = Float<T>::from_f32(any ? acc.w / weight_sum : 0.f);
         }
     }
 }

@@ -31,6 +31,9 @@
 struct uint4 {
     unsigned x, y, z, w;
 };
+struct __attribute__((aligned(16))) float4 {
+    float x, y, z, w;
+};
 
 namespace sim {
 

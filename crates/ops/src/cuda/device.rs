@@ -15,8 +15,11 @@ use candle_core::{CudaDevice, CudaStorage, DType, Result};
 
 use super::launch::{Arg, KernelLaunch};
 
-/// Shared memory a block gets without opting in.
+/// Shared memory a block gets without opting in, static and dynamic together.
 const DEFAULT_SHARED_BYTES: u32 = 48 * 1024;
+/// The most static shared memory a kernel with a dynamic buffer declares beside it (the
+/// CUDA-core attention kernel's score tile and row statistics: about 1 KiB).
+const STATIC_SHARED_ALLOWANCE: u32 = 16 * 1024;
 
 /// The device's compute capability (major, minor).
 pub(crate) fn compute_capability(dev: &CudaDevice) -> Result<(i32, i32)> {
@@ -46,7 +49,8 @@ pub(crate) fn launch(dev: &CudaDevice, l: &KernelLaunch) -> Result<()> {
     let sm90 = major >= 9;
     let module = format!("pagoda_{}_{}", l.module.stem(), if sm90 { "sm90" } else { "sm80" });
     let func = dev.get_or_load_custom_func(&l.function, &module, super::ptx::source(l.module, sm90))?;
-    if l.shared_mem_bytes > DEFAULT_SHARED_BYTES {
+    // The opt-in is needed as soon as static plus dynamic memory passes the default.
+    if l.shared_mem_bytes + STATIC_SHARED_ALLOWANCE > DEFAULT_SHARED_BYTES {
         func.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             l.shared_mem_bytes as i32,

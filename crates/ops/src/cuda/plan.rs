@@ -20,8 +20,11 @@ pub(crate) const SIMT_MAX_ROWS: usize = 8;
 pub(crate) const MMA_ROWS: usize = 64;
 /// Splitting aims at this many blocks per SM.
 pub(crate) const BLOCKS_PER_SM: usize = 4;
-/// Fewest keys a split may have (below this the combine costs more than it saves).
-pub(crate) const SPLIT_MIN_KEYS: usize = 256;
+/// Fewest keys a split may have. On an H200 (benches/README.md, "Split-KV decode on the
+/// GPU"), 128 against 256 took batch-1 decode attention at 1k and 4k keys from 29.5 and 30.5 us
+/// to 22 and 24 us and changed nothing at larger batches; 64 made batch 16 x 4k and 64 x 1k
+/// about 15 % slower.
+pub(crate) const SPLIT_MIN_KEYS: usize = 128;
 /// Split boundaries are multiples of this many keys (a multiple of every kernel's key tile).
 pub(crate) const SPLIT_GRANULE: usize = 64;
 
@@ -317,7 +320,7 @@ mod tests {
         let p = params(32, 8, true);
         let plan = plan_attention(&cu, &ctx, &p);
         check_plan(&cu, &ctx, &p, &plan);
-        // 8 blocks unsplit, 528 wanted: 66 splits of >= 256 keys.
+        // 8 blocks unsplit, 528 wanted: about 66 splits, pieces rounded up to whole granules.
         assert_eq!(plan.combine.len(), 1);
         let splits = plan.combine[0].num_splits as usize;
         assert!((60..=66).contains(&splits), "{splits}");
@@ -328,11 +331,12 @@ mod tests {
 
     #[test]
     fn short_contexts_are_not_split() {
-        let (cu, ctx) = (vec![0, 1], vec![300]);
+        // Fewer than two pieces of SPLIT_MIN_KEYS keys: one block walks them all.
+        let (cu, ctx) = (vec![0, 1], vec![200]);
         let plan = plan_attention(&cu, &ctx, &params(32, 8, true));
         assert!(plan.combine.is_empty());
-        assert_eq!(num_splits(511, 8, 132), 1);
-        assert_eq!(num_splits(512, 8, 132), 2);
+        assert_eq!(num_splits(2 * SPLIT_MIN_KEYS - 1, 8, 132), 1);
+        assert_eq!(num_splits(2 * SPLIT_MIN_KEYS, 8, 132), 2);
         assert_eq!(num_splits(100_000, 10_000, 132), 1);
     }
 

@@ -429,6 +429,14 @@ fn attention_split_kv_matches_cpu() {
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} split decode: {err}");
         assert_eq!(counts[2], 1, "one split group");
+        // Alone, a 2500-key decode is cut into more splits than the combine kernel reads at
+        // once, and not a multiple of that: both of its loops run.
+        let splits = super::plan::num_splits(2500, 1, 132);
+        assert!(splits > 8 && !splits.is_multiple_of(8), "{splits} splits");
+        let c = Case { seqs: vec![(1, 2500)], ..c };
+        let (err, counts) = attention_case(&c, &mut rng);
+        assert!(err <= tolerance(dtype), "{dtype:?} {splits}-way split decode: {err}");
+        assert_eq!(counts[2], 1, "one split group");
     }
     // A split f32 prefill chunk: rows of early tokens see no keys in late splits.
     let c = Case {
