@@ -59,6 +59,22 @@ enum Architecture {
     Gemma(Gemma),
 }
 
+/// Why a model has to run on the CPU, if it does: what its attention needs that no CUDA kernel
+/// has yet. Checked when the model loads, so a GPU server refuses it at start-up rather than
+/// failing every request.
+fn cpu_only_reason(config: &ModelConfig) -> Option<String> {
+    if config.sliding_window.is_some() || config.attn_logit_softcapping.is_some() {
+        return Some("uses sliding-window or soft-capped attention, which run on the CPU only so far".into());
+    }
+    (!pagoda_ops::CUDA_ATTENTION_HEAD_DIMS.contains(&config.head_dim)).then(|| {
+        format!(
+            "has head_dim {}, which the CUDA attention kernels do not cover ({:?}); run it on the CPU",
+            config.head_dim,
+            pagoda_ops::CUDA_ATTENTION_HEAD_DIMS
+        )
+    })
+}
+
 impl Model {
     pub fn load(
         source: &mut dyn WeightSource,
@@ -66,12 +82,8 @@ impl Model {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let cpu_only = config.sliding_window.is_some() || config.attn_logit_softcapping.is_some();
-        if !device.is_cpu() && cpu_only {
-            return Err(ModelError::InvalidOption(format!(
-                "`{}` uses sliding-window or soft-capped attention, which run on the CPU only so far",
-                config.architecture
-            )));
+        if let Some(reason) = cpu_only_reason(&config).filter(|_| !device.is_cpu()) {
+            return Err(ModelError::InvalidOption(format!("`{}` {reason}", config.architecture)));
         }
         let architecture = match config.architecture.as_str() {
             "gemma2" | "gemma3" => Architecture::Gemma(Gemma::load(source, config, device)?),
@@ -106,5 +118,38 @@ impl Model {
             Architecture::Llama(m) => m.is_quantized(),
             Architecture::Gemma(m) => m.is_quantized(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(path: &str) -> ModelConfig {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path);
+        ModelConfig::from_hf_json(&path).unwrap()
+    }
+
+    #[test]
+    fn models_the_cuda_kernels_cannot_run_are_named_with_the_reason() {
+        for shipped in ["configs/models/llama-3.1-8b.json", "configs/models/smollm2-135m.json"] {
+            assert_eq!(cpu_only_reason(&config(shipped)), None, "{shipped}");
+        }
+        let tiny_llama = cpu_only_reason(&config("tests/fixtures/tiny/llama/config.json")).unwrap();
+        assert!(tiny_llama.contains("head_dim 16"), "{tiny_llama}");
+        let qwen3 = cpu_only_reason(&config("tests/fixtures/tiny/qwen3/config.json")).unwrap();
+        assert!(qwen3.contains("head_dim 32"), "{qwen3}");
+        for windowed in ["gemma2", "gemma3_text", "mistral"] {
+            let reason =
+                cpu_only_reason(&config(&format!("tests/fixtures/tiny/{windowed}/config.json"))).unwrap();
+            assert!(reason.contains("sliding-window"), "{windowed}: {reason}");
+        }
+    }
+
+    #[test]
+    fn the_cpu_loads_what_cuda_refuses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
+        let loaded = crate::load_model(&dir, &crate::LoadOptions::default()).unwrap();
+        assert_eq!(loaded.model.config().head_dim, 16);
     }
 }

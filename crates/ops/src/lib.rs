@@ -58,7 +58,7 @@ pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
 pub use gemm_probe::{time_large_steps, LargeStepTiming};
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
-pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams};
+pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams, CUDA_ATTENTION_HEAD_DIMS};
 pub use panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use quant_matmul::{quant_matmul, quant_matmul_batch_invariant};
 pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};

@@ -15,6 +15,10 @@ use crate::paged_attention_cpu::{self as cpu, CacheView, Queries};
 
 const OP: &str = "paged_attention";
 
+/// Head dims the CUDA attention kernels are instantiated for (kernels/paged_attention_*.cu); a
+/// model with another head dim runs on the CPU only.
+pub const CUDA_ATTENTION_HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
+
 /// Varlen paged attention over a mixed batch.
 ///
 /// `q` is `[num_tokens, num_q_heads, head_dim]`; sequence `i`'s queries are rows

@@ -70,7 +70,7 @@ pub(crate) struct KernelLaunch {
 }
 
 /// Head dims the attention kernels are instantiated for.
-pub(crate) const ATTENTION_HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
+pub(crate) const ATTENTION_HEAD_DIMS: [usize; 4] = crate::CUDA_ATTENTION_HEAD_DIMS;
 
 /// Dynamic shared memory of the tensor-core attention kernel for `head_dim` (Q plus two
 /// stages of K and V, 64 rows each, rows padded by 8 elements); kernels/paged_attention_mma.cu.
