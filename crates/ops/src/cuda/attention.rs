@@ -10,10 +10,11 @@ use candle_core::cuda_backend::cudarc::driver::CudaSlice;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage};
 
 use super::device;
-use super::launch::{self, AttentionArgs, AttentionKernel, ATTENTION_HEAD_DIMS};
+use super::launch::{self, AttentionArgs, AttentionKernel};
 use super::plan::{plan_attention, PlanParams, WorkItem, SIMT_MAX_ROWS, SIMT_SMALL_ROWS};
 use crate::check::{self, invalid};
 use crate::metadata::AttentionMetadata;
+use crate::CUDA_ATTENTION_HEAD_DIMS;
 
 const OP: &str = "paged_attention";
 
@@ -103,10 +104,10 @@ pub(crate) fn paged_attention(
     let &[_, block_size, kv_heads, _] = k_l.dims() else {
         return Err(invalid(OP, "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim]"));
     };
-    if !ATTENTION_HEAD_DIMS.contains(&head_dim) {
+    if !CUDA_ATTENTION_HEAD_DIMS.contains(&head_dim) {
         return Err(invalid(
             OP,
-            format!("head_dim {head_dim} has no CUDA kernel (supported: {ATTENTION_HEAD_DIMS:?})"),
+            format!("head_dim {head_dim} has no CUDA kernel (supported: {CUDA_ATTENTION_HEAD_DIMS:?})"),
         ));
     }
     let dtype = k.dtype();

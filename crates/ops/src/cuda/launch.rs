@@ -7,6 +7,7 @@
 use candle_core::{DType, Result};
 
 use super::plan::SIMT_SMALL_ROWS;
+use crate::CUDA_ATTENTION_HEAD_DIMS;
 
 /// The `kernels/*.cu` file (one PTX module each) an entry point lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,9 +69,6 @@ pub(crate) struct KernelLaunch {
     pub shared_mem_bytes: u32,
     pub args: Vec<Arg>,
 }
-
-/// Head dims the attention kernels are instantiated for.
-pub(crate) const ATTENTION_HEAD_DIMS: [usize; 4] = crate::CUDA_ATTENTION_HEAD_DIMS;
 
 /// Dynamic shared memory of the tensor-core attention kernel for `head_dim` (Q plus two
 /// stages of K and V, 64 rows each, rows padded by 8 elements); kernels/paged_attention_mma.cu.
@@ -404,9 +402,9 @@ pub(crate) fn attention(
     if num_items == 0 || a.num_kv_heads == 0 {
         return Ok(None);
     }
-    if !ATTENTION_HEAD_DIMS.contains(&a.head_dim) {
+    if !CUDA_ATTENTION_HEAD_DIMS.contains(&a.head_dim) {
         return Err(candle_core::Error::Msg(format!(
-            "{OP_ATTN}: head_dim {} has no CUDA kernel (supported: {ATTENTION_HEAD_DIMS:?})",
+            "{OP_ATTN}: head_dim {} has no CUDA kernel (supported: {CUDA_ATTENTION_HEAD_DIMS:?})",
             a.head_dim
         )));
     }
@@ -554,7 +552,7 @@ mod tests {
     #[test]
     fn mma_shared_memory_fits_an_sm() {
         // 227 KiB is the most one block may opt into on sm_90 (163 KiB on sm_80).
-        for d in ATTENTION_HEAD_DIMS {
+        for d in CUDA_ATTENTION_HEAD_DIMS {
             assert!(mma_shared_bytes(d) <= 163 * 1024);
         }
     }
