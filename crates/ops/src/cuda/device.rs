@@ -17,8 +17,9 @@ use super::launch::{Arg, KernelLaunch};
 
 /// Shared memory a block gets without opting in, static and dynamic together.
 const DEFAULT_SHARED_BYTES: u32 = 48 * 1024;
-/// The most static shared memory a kernel with a dynamic buffer declares beside it (the
-/// CUDA-core attention kernel's score tile and row statistics: about 1 KiB).
+/// Room kept for static shared memory beside a dynamic buffer. The tensor-core attention kernel
+/// declares none today; a CUDA-core variant with about 1 KiB of it failed to launch at 48 KiB of
+/// dynamic memory without the opt-in (benches/README.md, "Split-KV decode on the GPU").
 const STATIC_SHARED_ALLOWANCE: u32 = 16 * 1024;
 
 /// The device's compute capability (major, minor).
