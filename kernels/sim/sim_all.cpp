@@ -15,6 +15,7 @@
 #include "../rotary.cu"
 #include "../sampling.cu"
 #include "../silu_and_mul.cu"
+#include "../skinny_matmul.cu"
 
 // Launches kernel `name` like cuLaunchKernel (params[i] points at parameter i's value) and
 // runs it to completion. Returns 0, or non-zero with a message in `error` (a hang, an unknown

@@ -8,7 +8,10 @@
 //! - **host enqueue**: the time `ModelRunner::logits` takes to return without anything waiting
 //!   for the GPU; close to the step, the host is the limit (launches, allocations, hidden syncs);
 //! - **matmuls alone**: every projection of one layer and the lm head at M = B, each timed on
-//!   its own, summed over the layers; their share of the step is what faster GEMVs could win;
+//!   its own, summed over the layers, with cuBLAS and (B <= 16) with the skinny kernel the
+//!   model uses; their share of the step is what faster GEMVs could win;
+//! - **skinny sweep**: each projection at M = 1 and 8, cuBLAS against the skinny kernel at
+//!   each warps-per-block count and at its rule, in GB/s;
 //! - **one small op**: host cost of a candle op on a tiny tensor, for a count of launches.
 //!
 //! The floor is the weight bytes over the measured device-to-device copy bandwidth.
@@ -28,6 +31,7 @@ use pagoda_engine::{ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::report::Report;
 use pagoda_gpu_check::timing::median;
 use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, ModelRunner};
+use pagoda_ops::SkinnyLaunch;
 
 use crate::bench::{copy_bandwidth, time_calls};
 
@@ -68,30 +72,84 @@ fn enqueue_time(runner: &mut ModelRunner, batch: &ScheduledBatch, gpu: &Device) 
     Ok(median(&mut samples))
 }
 
-/// Seconds of the matmuls of one decode step at M = `rows`, each projection timed alone:
-/// `(per-layer projections, lm head, weight bytes of the step)`.
-fn matmul_time(c: &ModelConfig, rows: usize, gpu: &Device) -> Result<(f64, f64, f64)> {
+/// Which matmul a projection is timed with.
+#[derive(Clone, Copy)]
+enum Matmul {
+    Cublas,
+    /// `pagoda_ops::skinny_matmul` spread this way (`None`: its rule).
+    Skinny(Option<SkinnyLaunch>),
+}
+
+/// Bytes of weights a timing rotates through, so that each call reads its weight from DRAM as
+/// in a step: a weight that fits the L2 (O and QKV, 34-50 MB, against the H100's 50 MB) would
+/// otherwise be timed from the cache.
+const COLD_BYTES: usize = 512 << 20;
+
+/// Seconds of one `[rows, inp] . [out, inp]^T` in bf16, the weight cold.
+fn projection_time(out: usize, inp: usize, rows: usize, matmul: Matmul, gpu: &Device) -> Result<f64> {
+    let copies = COLD_BYTES.div_ceil(out * inp * 2).clamp(1, 16);
+    let weights = (0..copies)
+        .map(|_| Tensor::randn(0f32, 0.02, (out, inp), gpu)?.to_dtype(DType::BF16))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let x = Tensor::randn(0f32, 1.0, (rows, inp), gpu)?.to_dtype(DType::BF16)?;
+    let mut next = 0;
+    time_calls(gpu, 5, 10, || {
+        let w = &weights[next % copies];
+        next += 1;
+        drop(match matmul {
+            Matmul::Cublas => x.matmul(&w.t()?)?,
+            Matmul::Skinny(launch) => pagoda_ops::skinny_matmul_with(&x, w, launch)?,
+        });
+        Ok(())
+    })
+}
+
+/// `[out, in]` of each projection of a layer as the model stacks them (QKV, O, gate+up, down),
+/// then the lm head.
+fn projections(c: &ModelConfig) -> [(usize, usize); 5] {
     let (h, ffn) = (c.hidden_size, c.intermediate_size);
     let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    // [out, in] of each projection as the model stacks them: QKV, O, gate+up, down.
-    let layer = [(q + 2 * kv, h), (h, q), (2 * ffn, h), (h, ffn)];
+    [(q + 2 * kv, h), (h, q), (2 * ffn, h), (h, ffn), (c.vocab_size, h)]
+}
+
+/// Seconds of the matmuls of one decode step at M = `rows`, each projection timed alone:
+/// `(per-layer projections, lm head, weight bytes of the step)`.
+fn matmul_time(c: &ModelConfig, rows: usize, matmul: Matmul, gpu: &Device) -> Result<(f64, f64, f64)> {
+    let [qkv, o, gate_up, down, head] = projections(c);
     let mut layer_seconds = 0.0;
     let mut bytes = 0.0;
-    let time = |out: usize, inp: usize| -> Result<f64> {
-        let w = Tensor::randn(0f32, 0.02, (out, inp), gpu)?.to_dtype(DType::BF16)?;
-        let x = Tensor::randn(0f32, 1.0, (rows, inp), gpu)?.to_dtype(DType::BF16)?;
-        time_calls(gpu, 5, 10, || {
-            drop(x.matmul(&w.t()?)?);
-            Ok(())
-        })
-    };
-    for &(out, inp) in &layer {
-        layer_seconds += time(out, inp)?;
+    for (out, inp) in [qkv, o, gate_up, down] {
+        layer_seconds += projection_time(out, inp, rows, matmul, gpu)?;
         bytes += (out * inp * 2) as f64;
     }
-    let head = time(c.vocab_size, h)?;
-    let bytes = bytes * c.num_layers as f64 + (c.vocab_size * h * 2) as f64;
-    Ok((layer_seconds * c.num_layers as f64, head, bytes))
+    let head_seconds = projection_time(head.0, head.1, rows, matmul, gpu)?;
+    let bytes = bytes * c.num_layers as f64 + (head.0 * head.1 * 2) as f64;
+    Ok((layer_seconds * c.num_layers as f64, head_seconds, bytes))
+}
+
+/// Each projection at M = `rows`: cuBLAS against the skinny kernel at 2..16 warps per block and
+/// each (stages, group) pair (`w8s4g2`), as GB/s of weight read from DRAM, so the rule can be
+/// checked on the device.
+fn skinny_sweep(c: &ModelConfig, rows: usize, gpu: &Device, report: &mut Report) -> Result<()> {
+    let names = ["QKV", "O", "gate+up", "down", "lm head"];
+    for (name, (out, inp)) in names.iter().zip(projections(c)) {
+        let gbps = |seconds: f64| (out * inp * 2) as f64 / seconds / 1e9;
+        let mut cells =
+            vec![format!("cuBLAS {:.0}", gbps(projection_time(out, inp, rows, Matmul::Cublas, gpu)?))];
+        for warps in [2, 4, 8, 16] {
+            for (stages, group) in [(8, 1), (4, 2), (2, 4), (4, 4)] {
+                let launch = Some(SkinnyLaunch { warps, stages, group });
+                // Spreads whose rings exceed a block's shared memory are skipped.
+                if let Ok(t) = projection_time(out, inp, rows, Matmul::Skinny(launch), gpu) {
+                    cells.push(format!("w{warps}s{stages}g{group} {:.0}", gbps(t)));
+                }
+            }
+        }
+        let rule = projection_time(out, inp, rows, Matmul::Skinny(None), gpu)?;
+        cells.push(format!("rule {:.0}", gbps(rule)));
+        report.info(SECTION, &format!("GB/s, {name} {out}x{inp}, M = {rows}"), cells.join(", "));
+    }
+    Ok(())
 }
 
 pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> {
@@ -132,14 +190,20 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
             Ok(())
         })?;
         let enqueue = enqueue_time(&mut runner, &batch, gpu)?;
-        let (layers, head, bytes) = matmul_time(&config, batch_size, gpu)?;
+        let (layers, head, bytes) = matmul_time(&config, batch_size, Matmul::Cublas, gpu)?;
         let floor = bytes / copy;
+        let skinny = if batch_size <= pagoda_ops::SKINNY_MAX_ROWS {
+            let (l, h, _) = matmul_time(&config, batch_size, Matmul::Skinny(None), gpu)?;
+            format!("; skinny kernel alone {:.2} ms ({:.0}% of copy)", (l + h) * 1e3, 100.0 * floor / (l + h))
+        } else {
+            String::new()
+        };
         report.info(
             SECTION,
             &format!("decode step, batch {batch_size}"),
             format!(
                 "step {:.2} ms (MBU {:.0}%); host enqueue {:.2} ms (~{:.0} ops); matmuls alone {:.2} ms \
-                 (layers {:.2} + lm head {:.2}, {:.0}% of copy); floor {:.2} ms",
+                 (layers {:.2} + lm head {:.2}, {:.0}% of copy){}; floor {:.2} ms",
                 step * 1e3,
                 100.0 * floor / step,
                 enqueue * 1e3,
@@ -148,9 +212,13 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
                 layers * 1e3,
                 head * 1e3,
                 100.0 * floor / (layers + head),
+                skinny,
                 floor * 1e3,
             ),
         );
+    }
+    for rows in [1, 8] {
+        skinny_sweep(&config, rows, gpu, report)?;
     }
     let profiled = std::env::var("PAGODA_PROFILE_BATCHES").unwrap_or_else(|_| "1".into());
     for batch_size in profiled.split_whitespace() {

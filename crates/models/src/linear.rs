@@ -111,6 +111,10 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             LinearWeight::Quantized(q) => q.forward(x)?,
+            // A decode step's few rows on CUDA: our kernel, rows independent of each other.
+            LinearWeight::Dense(w) if pagoda_ops::skinny_matmul_preferred(x, w) => {
+                pagoda_ops::skinny_matmul(x, w)?
+            }
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::Packed { blocks, panels, small, gemm } => {
                 let x = &x.to_dtype(DType::F32)?;

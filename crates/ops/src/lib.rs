@@ -9,6 +9,9 @@
 //! launches our kernels from `kernels/*.cu` (see `cuda`), behind the same public functions. The
 //! KV-cache layout, metadata contract and launch shapes are documented in `kernels/README.md`.
 //!
+//! `skinny_matmul` is the CUDA matmul of decode steps (up to 8 rows in models): tensor cores,
+//! each weight streamed once, the same bits for a row whatever the batch.
+//!
 //! `time_large_steps` times the bfloat16 and int16 panel kernels on a weight, so the loader can
 //! choose the faster by measurement (`gemm_probe`).
 //!
@@ -51,6 +54,7 @@ mod rms_norm;
 mod rotary;
 mod rotary_tables;
 mod simd;
+mod skinny_matmul;
 
 pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
@@ -65,3 +69,7 @@ pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};
 pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};
+pub use skinny_matmul::{
+    skinny_matmul, skinny_matmul_fits, skinny_matmul_preferred, skinny_matmul_with, SkinnyLaunch,
+    SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS,
+};

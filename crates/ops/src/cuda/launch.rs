@@ -20,11 +20,12 @@ pub(crate) enum KernelModule {
     AttentionMma,
     AttentionCombine,
     Sampling,
+    SkinnyMatmul,
 }
 
 impl KernelModule {
     #[cfg(test)]
-    pub const ALL: [KernelModule; 8] = [
+    pub const ALL: [KernelModule; 9] = [
         KernelModule::ReshapeAndCache,
         KernelModule::RmsNorm,
         KernelModule::Rotary,
@@ -33,6 +34,7 @@ impl KernelModule {
         KernelModule::AttentionMma,
         KernelModule::AttentionCombine,
         KernelModule::Sampling,
+        KernelModule::SkinnyMatmul,
     ];
 
     /// The source file's stem: `kernels/{stem}.cu`.
@@ -46,6 +48,7 @@ impl KernelModule {
             KernelModule::AttentionMma => "paged_attention_mma",
             KernelModule::AttentionCombine => "paged_attention_combine",
             KernelModule::Sampling => "sampling",
+            KernelModule::SkinnyMatmul => "skinny_matmul",
         }
     }
 }
@@ -86,7 +89,7 @@ pub(crate) fn dtype_suffix(dtype: DType, op: &'static str) -> Result<&'static st
     }
 }
 
-fn to_i32(v: usize, what: &str, op: &'static str) -> Result<i32> {
+pub(crate) fn to_i32(v: usize, what: &str, op: &'static str) -> Result<i32> {
     i32::try_from(v)
         .map_err(|_| candle_core::Error::Msg(format!("{op}: {what} {v} exceeds the kernel's 32-bit range")))
 }

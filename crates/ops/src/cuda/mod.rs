@@ -11,6 +11,7 @@
 
 pub(crate) mod launch;
 pub(crate) mod plan;
+pub(crate) mod skinny;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod activation;
@@ -20,6 +21,8 @@ pub(crate) mod attention;
 pub(crate) mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod kv_cache;
+#[cfg(feature = "cuda")]
+pub(crate) mod matmul;
 #[cfg(feature = "cuda")]
 pub(crate) mod norm;
 #[cfg(feature = "cuda")]

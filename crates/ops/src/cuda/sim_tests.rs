@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use super::launch::{self, AttentionArgs, AttentionKernel, NormArgs, RotaryArgs, SiluArgs};
 use super::plan::{plan_attention, PlanParams, WorkItem, SIMT_MAX_ROWS, SIMT_SMALL_ROWS};
 use super::sim;
+use super::skinny::{self, SkinnyArgs, SkinnyLaunch};
 use crate::AttentionMetadata;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -227,6 +228,69 @@ fn silu_and_mul_matches_cpu_on_fused_halves() {
             run(launch::silu_and_mul(&args).unwrap());
             let err = rel_err(&out.to_f32(), &want);
             assert!(err <= tolerance(dtype), "silu_and_mul {dtype:?} {rows}x{width}: {err}");
+        }
+    }
+}
+
+/// The skinny matmul of `x` (rows `stride` apart, the first `k` of each used) and `w` on the
+/// simulator, as f32.
+fn skinny_on_sim(x: &Tensor, k: usize, w: &Tensor, launch: Option<SkinnyLaunch>) -> Vec<f32> {
+    let (m, stride) = x.dims2().unwrap();
+    let n = w.dim(0).unwrap();
+    let (mut xb, mut wb) = (HostBuf::of(x), HostBuf::of(w));
+    let mut out = HostBuf::poisoned(x.dtype(), m * n);
+    let args = SkinnyArgs {
+        dtype: x.dtype(),
+        x: xb.addr(0),
+        x_row_stride: stride,
+        w: wb.addr(0),
+        w_row_stride: k,
+        out: out.addr(0),
+        out_row_stride: n,
+        m,
+        n,
+        k,
+        launch,
+    };
+    run(skinny::skinny_matmul(&args).unwrap());
+    out.to_f32()
+}
+
+#[test]
+fn skinny_matmul_matches_cpu_and_ignores_the_other_rows() {
+    let mut rng = StdRng::seed_from_u64(9);
+    for dtype in [DType::F16, DType::BF16] {
+        // N not a multiple of 16, K of one chunk up to more chunks than the warps have stages;
+        // x rows strided (a narrow of a wider tensor).
+        let shapes = [
+            (1, 16, 32, 0),
+            (3, 40, 96, 8),
+            (8, 33, 576, 0),
+            (9, 70, 320, 16),
+            (16, 24, 1088, 0),
+            (5, 48, 1024, 8),
+        ];
+        for (m, n, k, pad) in shapes {
+            let wide = random(&mut rng, &[m, k + pad], dtype);
+            let x = wide.narrow(1, 0, k).unwrap();
+            let w = random(&mut rng, &[n, k], dtype);
+            let want = f32_values(&crate::skinny_matmul(&x, &w).unwrap());
+            let spreads = [(1, 8, 1), (4, 4, 2), (2, 2, 4), (2, 4, 4)]
+                .into_iter()
+                .filter(|&(_, _, group)| k.is_multiple_of(32 * group))
+                .map(|(warps, stages, group)| Some(SkinnyLaunch { warps, stages, group }));
+            for launch in std::iter::once(None).chain(spreads) {
+                let got = skinny_on_sim(&wide, k, &w, launch);
+                let err = rel_err(&got, &want);
+                assert!(err <= tolerance(dtype), "skinny {dtype:?} {m}x{n}x{k} {launch:?}: {err}");
+            }
+            // Row 0 alone gives the same bits as row 0 among the others.
+            let alone = skinny_on_sim(&wide.narrow(0, 0, 1).unwrap(), k, &w, None);
+            let all = skinny_on_sim(&wide, k, &w, None);
+            assert_eq!(
+                alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                all[..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
         }
     }
 }
