@@ -133,6 +133,9 @@ __device__ __forceinline__ void skinny_matmul(const T *__restrict__ x, long long
         }
     }
     skinny_wait<0>();
+    // Every lane's copies have landed before any lane reuses the ring (a lane's partial tile
+    // covers other lanes' slots when TILES = 2).
+    __syncthreads();
 
     // The warps' partial tiles (each in its own ring, now idle), then one thread per output
     // element adds them in warp order.

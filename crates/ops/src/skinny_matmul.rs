@@ -12,6 +12,7 @@ use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use crate::check::{self, invalid};
 use crate::cuda::skinny::SKINNY_K_CHUNK;
+use crate::dtype::{with_float, Float};
 pub use crate::cuda::skinny::{SkinnyLaunch, SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS};
 
 const OP: &str = "skinny_matmul";
@@ -66,7 +67,7 @@ struct SkinnyMatmul {
     launch: Option<SkinnyLaunch>,
 }
 
-fn reference<T: crate::dtype::Float>(
+fn reference<T: Float>(
     x: &CpuStorage,
     x_l: &Layout,
     w: &CpuStorage,
@@ -101,12 +102,7 @@ impl CustomOp2 for SkinnyMatmul {
         w_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let shape = Shape::from((x_l.dims()[0], w_l.dims()[0]));
-        let out = match x {
-            CpuStorage::F32(_) => reference::<f32>(x, x_l, w, w_l)?,
-            CpuStorage::F16(_) => reference::<half::f16>(x, x_l, w, w_l)?,
-            CpuStorage::BF16(_) => reference::<half::bf16>(x, x_l, w, w_l)?,
-            other => return Err(candle_core::Error::UnsupportedDTypeForOp(other.dtype(), OP)),
-        };
+        let out = with_float!(x.dtype(), OP, T => reference::<T>(x, x_l, w, w_l))?;
         Ok((out, shape))
     }
 
