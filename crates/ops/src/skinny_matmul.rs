@@ -12,8 +12,8 @@ use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use crate::check::{self, invalid};
 use crate::cuda::skinny::SKINNY_K_CHUNK;
-use crate::dtype::{with_float, Float};
 pub use crate::cuda::skinny::{SkinnyLaunch, SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS};
+use crate::dtype::{with_float, Float};
 
 const OP: &str = "skinny_matmul";
 
@@ -21,14 +21,16 @@ const OP: &str = "skinny_matmul";
 /// `x` of 1..=16 rows and `w` of K columns with K a multiple of 32, rows of both contiguous
 /// and starting on 16-byte boundaries of their storage.
 pub fn skinny_matmul_fits(x: &Tensor, w: &Tensor) -> bool {
+    // The device first: on the CPU this is asked of every dense projection.
+    if !x.device().is_cuda() || !w.device().same_device(x.device()) {
+        return false;
+    }
     let (Ok((m, k)), Ok((_, wk))) = (x.dims2(), w.dims2()) else { return false };
     let elements_16_bytes = |t: &Tensor| {
         check::rows(t.layout(), 1, OP)
             .is_ok_and(|r| r.start.is_multiple_of(8) && (r.rows == 1 || r.row_stride.is_multiple_of(8)))
     };
-    x.device().is_cuda()
-        && w.device().same_device(x.device())
-        && matches!(x.dtype(), DType::BF16 | DType::F16)
+    matches!(x.dtype(), DType::BF16 | DType::F16)
         && w.dtype() == x.dtype()
         && (1..=SKINNY_MAX_ROWS).contains(&m)
         && k == wk
@@ -67,12 +69,7 @@ struct SkinnyMatmul {
     launch: Option<SkinnyLaunch>,
 }
 
-fn reference<T: Float>(
-    x: &CpuStorage,
-    x_l: &Layout,
-    w: &CpuStorage,
-    w_l: &Layout,
-) -> Result<CpuStorage> {
+fn reference<T: Float>(x: &CpuStorage, x_l: &Layout, w: &CpuStorage, w_l: &Layout) -> Result<CpuStorage> {
     let (xr, wr) = (check::rows(x_l, 1, OP)?, check::rows(w_l, 1, OP)?);
     let (xs, ws) = (x.as_slice::<T>()?, w.as_slice::<T>()?);
     if xr.end() > xs.len() || wr.end() > ws.len() {
