@@ -12,14 +12,14 @@
 // The fetches go global -> shared with cp.async into a ring per warp: STAGES fetches in flight,
 // each of GROUP consecutive chunks (so a row's GROUP * 64 bytes are asked for together). A lane
 // only ever reads back its own 16-byte slots, so the ring needs no barrier; its refill waits on
-// cp.async groups alone.
+// cp.async commit groups alone.
 //
 // Launch: grid (ceil(N / 16)), `warps` warps per block (blockDim.x = 32 * warps), dynamic shared
 // memory `warps * STAGES * GROUP * (2 + TILES) * 512` bytes. Block b computes features
 // 16b..16b+15 for every row of x; warp w of it takes a contiguous range of the K / (32 * GROUP)
-// groups of chunks, and the block adds the warps' partial tiles in warp order. Nothing depends
-// on M: a row's result is the same bits whatever the other rows are (and whichever tile count
-// serves it), given N, K and the spread.
+// fetches, and the block adds the warps' partial tiles in warp order. Nothing depends on M: a
+// row's result is the same bits whatever the other rows are (and whichever tile count serves
+// it), given N, K and the spread.
 //
 // Requirements (checked by the launch builder): K % (32 * GROUP) == 0; rows of x and w 16-byte
 // aligned.
@@ -62,34 +62,36 @@ __device__ __forceinline__ void skinny_matmul(const T *__restrict__ x, long long
     // 16-byte pieces per lane and chunk: two W rows, then TILES x rows.
     constexpr int PIECES = 2 + TILES;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const int quad = lane % 4, group = lane / 4;
+    // The mma fragments' "group" of a lane is the tile row it holds; `lane_row` here, since
+    // GROUP counts chunks per fetch.
+    const int quad = lane % 4, lane_row = lane / 4;
     const int n0 = blockIdx.x * 16;
     // This warp's ring: [stage][piece][lane], 16 bytes each, so a warp's read of one piece is
     // 512 contiguous bytes (no bank conflicts).
     uint4 *ring = reinterpret_cast<uint4 *>(smem_raw) + (long long)warp * STAGES * GROUP * PIECES * 32;
 
-    // This lane's two W rows (group and group + 8 of the block's 16) and TILES x rows. Rows
+    // This lane's two W rows (lane_row and lane_row + 8 of the block's 16) and TILES x rows. Rows
     // past the end read as zeros (the copy still needs a valid address: row 0).
-    const bool w_ok0 = n0 + group < n, w_ok1 = n0 + group + 8 < n;
-    const T *w_row0 = w + (long long)(w_ok0 ? n0 + group : 0) * w_row_stride + quad * 8;
-    const T *w_row1 = w + (long long)(w_ok1 ? n0 + group + 8 : 0) * w_row_stride + quad * 8;
+    const bool w_ok0 = n0 + lane_row < n, w_ok1 = n0 + lane_row + 8 < n;
+    const T *w_row0 = w + (long long)(w_ok0 ? n0 + lane_row : 0) * w_row_stride + quad * 8;
+    const T *w_row1 = w + (long long)(w_ok1 ? n0 + lane_row + 8 : 0) * w_row_stride + quad * 8;
     const T *x_rows[TILES];
     bool x_ok[TILES];
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
-        x_ok[t] = t * 8 + group < m;
-        x_rows[t] = x + (long long)(x_ok[t] ? t * 8 + group : 0) * x_row_stride + quad * 8;
+        x_ok[t] = t * 8 + lane_row < m;
+        x_rows[t] = x + (long long)(x_ok[t] ? t * 8 + lane_row : 0) * x_row_stride + quad * 8;
     }
 
-    // This warp's groups of chunks: a contiguous range, the same for any M.
-    const int groups = k / (32 * GROUP);
-    const int first = (int)((long long)groups * warp / warps), last = (int)((long long)groups * (warp + 1) / warps);
+    // This warp's fetches (GROUP chunks each): a contiguous range of K, the same for any M.
+    const int fetches = k / (32 * GROUP);
+    const int first = (int)((long long)fetches * warp / warps), last = (int)((long long)fetches * (warp + 1) / warps);
 
-    auto fetch = [&](int g, int stage) {
+    auto fetch = [&](int f, int stage) {
 #pragma unroll
         for (int j = 0; j < GROUP; ++j) {
             uint4 *slot = ring + (stage * GROUP + j) * PIECES * 32 + lane;
-            const long long off = ((long long)g * GROUP + j) * 32;
+            const long long off = ((long long)f * GROUP + j) * 32;
             skinny_copy_16(slot, w_row0 + off, w_ok0);
             skinny_copy_16(slot + 32, w_row1 + off, w_ok1);
 #pragma unroll
@@ -101,23 +103,23 @@ __device__ __forceinline__ void skinny_matmul(const T *__restrict__ x, long long
 #pragma unroll
     for (int t = 0; t < TILES; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
 
-    // One group per stage, committed even when empty, so that waiting for all but STAGES - 1
-    // groups always means "chunk c has landed".
+    // One cp.async commit group per fetch, committed even when empty, so that waiting for all
+    // but STAGES - 1 commit groups always means "fetch f has landed".
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (first + s < last) fetch(first + s, s);
         skinny_commit();
     }
-    for (int g = first; g < last; ++g) {
-        const int i = g - first;
-        if (g + STAGES - 1 < last) fetch(g + STAGES - 1, (i + STAGES - 1) % STAGES);
+    for (int f = first; f < last; ++f) {
+        const int i = f - first;
+        if (f + STAGES - 1 < last) fetch(f + STAGES - 1, (i + STAGES - 1) % STAGES);
         skinny_commit();
         skinny_wait<STAGES - 1>();
 #pragma unroll
         for (int j = 0; j < GROUP; ++j) {
             const uint4 *slot = ring + ((i % STAGES) * GROUP + j) * PIECES * 32 + lane;
             const uint4 wa = slot[0], wb = slot[32];
-            // Lane (group, quad) holds elements 8 * quad .. 8 * quad + 7 of the chunk. The first
+            // Lane (lane_row, quad) holds elements 8 * quad .. 8 * quad + 7 of the chunk. The first
             // mma reads registers .x (its columns 2q, 2q+1) and .y (columns 2q+8, 2q+9), the
             // second .z and .w: each of the chunk's 32 elements meets its x element exactly once.
             const uint32_t a_lo[4] = {wa.x, wb.x, wa.y, wb.y};
