@@ -85,69 +85,95 @@ enum Matmul {
 /// otherwise be timed from the cache.
 const COLD_BYTES: usize = 512 << 20;
 
-/// Seconds of one `[rows, inp] . [out, inp]^T` in bf16, the weight cold.
-fn projection_time(out: usize, inp: usize, rows: usize, matmul: Matmul, gpu: &Device) -> Result<f64> {
-    let copies = COLD_BYTES.div_ceil(out * inp * 2).clamp(1, 16);
-    let weights = (0..copies)
-        .map(|_| Tensor::randn(0f32, 0.02, (out, inp), gpu)?.to_dtype(DType::BF16))
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    let x = Tensor::randn(0f32, 1.0, (rows, inp), gpu)?.to_dtype(DType::BF16)?;
-    let mut next = 0;
-    time_calls(gpu, 5, 10, || {
-        let w = &weights[next % copies];
-        next += 1;
-        drop(match matmul {
-            Matmul::Cublas => x.matmul(&w.t()?)?,
-            Matmul::Skinny(launch) => pagoda_ops::skinny_matmul_with(&x, w, launch)?,
-        });
-        Ok(())
-    })
+/// One projection's random bf16 weight `[out, inp]`, in as many copies as make `COLD_BYTES`
+/// (up to 16), made once and timed with every matmul and row count.
+struct ColdWeight {
+    name: &'static str,
+    out: usize,
+    inp: usize,
+    copies: Vec<Tensor>,
 }
 
-/// `[out, in]` of each projection of a layer as the model stacks them (QKV, O, gate+up, down),
-/// then the lm head.
-fn projections(c: &ModelConfig) -> [(usize, usize); 5] {
+impl ColdWeight {
+    fn new(name: &'static str, (out, inp): (usize, usize), gpu: &Device) -> Result<Self> {
+        let copies = (0..COLD_BYTES.div_ceil(out * inp * 2).clamp(1, 16))
+            .map(|_| Tensor::randn(0f32, 0.02, (out, inp), gpu)?.to_dtype(DType::BF16))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self { name, out, inp, copies })
+    }
+
+    fn bytes(&self) -> f64 {
+        (self.out * self.inp * 2) as f64
+    }
+
+    /// Seconds of one `[rows, inp] . [out, inp]^T`, each call on the next copy.
+    fn time(&self, rows: usize, matmul: Matmul, gpu: &Device) -> Result<f64> {
+        let x = Tensor::randn(0f32, 1.0, (rows, self.inp), gpu)?.to_dtype(DType::BF16)?;
+        let mut next = 0;
+        time_calls(gpu, 5, 10, || {
+            let w = &self.copies[next % self.copies.len()];
+            next += 1;
+            drop(match matmul {
+                Matmul::Cublas => x.matmul(&w.t()?)?,
+                Matmul::Skinny(launch) => pagoda_ops::skinny_matmul_with(&x, w, launch)?,
+            });
+            Ok(())
+        })
+    }
+}
+
+/// Each projection of a layer as the model stacks them (QKV, O, gate+up, down), then the lm
+/// head.
+fn projections(c: &ModelConfig, gpu: &Device) -> Result<[ColdWeight; 5]> {
     let (h, ffn) = (c.hidden_size, c.intermediate_size);
     let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    [(q + 2 * kv, h), (h, q), (2 * ffn, h), (h, ffn), (c.vocab_size, h)]
+    Ok([
+        ColdWeight::new("QKV", (q + 2 * kv, h), gpu)?,
+        ColdWeight::new("O", (h, q), gpu)?,
+        ColdWeight::new("gate+up", (2 * ffn, h), gpu)?,
+        ColdWeight::new("down", (h, ffn), gpu)?,
+        ColdWeight::new("lm head", (c.vocab_size, h), gpu)?,
+    ])
 }
 
 /// Seconds of the matmuls of one decode step at M = `rows`, each projection timed alone:
 /// `(per-layer projections, lm head, weight bytes of the step)`.
-fn matmul_time(c: &ModelConfig, rows: usize, matmul: Matmul, gpu: &Device) -> Result<(f64, f64, f64)> {
-    let [qkv, o, gate_up, down, head] = projections(c);
+fn matmul_time(
+    weights: &[ColdWeight; 5],
+    layers: usize,
+    rows: usize,
+    matmul: Matmul,
+    gpu: &Device,
+) -> Result<(f64, f64, f64)> {
+    let [qkv, o, gate_up, down, head] = weights;
     let mut layer_seconds = 0.0;
-    let mut bytes = 0.0;
-    for (out, inp) in [qkv, o, gate_up, down] {
-        layer_seconds += projection_time(out, inp, rows, matmul, gpu)?;
-        bytes += (out * inp * 2) as f64;
+    let mut layer_bytes = 0.0;
+    for w in [qkv, o, gate_up, down] {
+        layer_seconds += w.time(rows, matmul, gpu)?;
+        layer_bytes += w.bytes();
     }
-    let head_seconds = projection_time(head.0, head.1, rows, matmul, gpu)?;
-    let bytes = bytes * c.num_layers as f64 + (head.0 * head.1 * 2) as f64;
-    Ok((layer_seconds * c.num_layers as f64, head_seconds, bytes))
+    let head_seconds = head.time(rows, matmul, gpu)?;
+    Ok((layer_seconds * layers as f64, head_seconds, layer_bytes * layers as f64 + head.bytes()))
 }
 
 /// Each projection at M = `rows`: cuBLAS against the skinny kernel at 2..16 warps per block and
 /// each (stages, group) pair (`w8s4g2`), as GB/s of weight read from DRAM, so the rule can be
 /// checked on the device.
-fn skinny_sweep(c: &ModelConfig, rows: usize, gpu: &Device, report: &mut Report) -> Result<()> {
-    let names = ["QKV", "O", "gate+up", "down", "lm head"];
-    for (name, (out, inp)) in names.iter().zip(projections(c)) {
-        let gbps = |seconds: f64| (out * inp * 2) as f64 / seconds / 1e9;
-        let mut cells =
-            vec![format!("cuBLAS {:.0}", gbps(projection_time(out, inp, rows, Matmul::Cublas, gpu)?))];
+fn skinny_sweep(weights: &[ColdWeight; 5], rows: usize, gpu: &Device, report: &mut Report) -> Result<()> {
+    for w in weights {
+        let gbps = |seconds: f64| w.bytes() / seconds / 1e9;
+        let mut cells = vec![format!("cuBLAS {:.0}", gbps(w.time(rows, Matmul::Cublas, gpu)?))];
         for warps in [2, 4, 8, 16] {
             for (stages, group) in [(8, 1), (4, 2), (2, 4), (4, 4)] {
                 let launch = Some(SkinnyLaunch { warps, stages, group });
                 // Spreads whose rings exceed a block's shared memory are skipped.
-                if let Ok(t) = projection_time(out, inp, rows, Matmul::Skinny(launch), gpu) {
+                if let Ok(t) = w.time(rows, Matmul::Skinny(launch), gpu) {
                     cells.push(format!("w{warps}s{stages}g{group} {:.0}", gbps(t)));
                 }
             }
         }
-        let rule = projection_time(out, inp, rows, Matmul::Skinny(None), gpu)?;
-        cells.push(format!("rule {:.0}", gbps(rule)));
-        report.info(SECTION, &format!("GB/s, {name} {out}x{inp}, M = {rows}"), cells.join(", "));
+        cells.push(format!("rule {:.0}", gbps(w.time(rows, Matmul::Skinny(None), gpu)?)));
+        report.info(SECTION, &format!("GB/s, {} {}x{}, M = {rows}", w.name, w.out, w.inp), cells.join(", "));
     }
     Ok(())
 }
@@ -181,6 +207,7 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
     let blocks = max_batch * (CONTEXT + 1).div_ceil(BLOCK_SIZE);
     let cache = KvCache::new(&config, blocks, BLOCK_SIZE, DType::BF16, gpu)?;
     let mut runner = ModelRunner::new(loaded.model, cache, gpu.clone())?;
+    let weights = projections(&config, gpu)?;
 
     for batch_size in BATCHES {
         let batch = decode_batch(batch_size);
@@ -190,10 +217,11 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
             Ok(())
         })?;
         let enqueue = enqueue_time(&mut runner, &batch, gpu)?;
-        let (layers, head, bytes) = matmul_time(&config, batch_size, Matmul::Cublas, gpu)?;
+        let (layers, head, bytes) =
+            matmul_time(&weights, config.num_layers, batch_size, Matmul::Cublas, gpu)?;
         let floor = bytes / copy;
         let skinny = if batch_size <= pagoda_ops::SKINNY_MAX_ROWS {
-            let (l, h, _) = matmul_time(&config, batch_size, Matmul::Skinny(None), gpu)?;
+            let (l, h, _) = matmul_time(&weights, config.num_layers, batch_size, Matmul::Skinny(None), gpu)?;
             format!("; skinny kernel alone {:.2} ms ({:.0}% of copy)", (l + h) * 1e3, 100.0 * floor / (l + h))
         } else {
             String::new()
@@ -218,7 +246,7 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
         );
     }
     for rows in [1, 8] {
-        skinny_sweep(&config, rows, gpu, report)?;
+        skinny_sweep(&weights, rows, gpu, report)?;
     }
     let profiled = std::env::var("PAGODA_PROFILE_BATCHES").unwrap_or_else(|_| "1".into());
     for batch_size in profiled.split_whitespace() {
