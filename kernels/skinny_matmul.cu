@@ -1,4 +1,4 @@
-// skinny_matmul: out[m][n] = sum_k x[m][k] * w[n][k] for a few rows of x (M <= 16), 16-bit
+// skinny_matmul: out[m][n] = sum_k x[m][k] * w[n][k] for a few rows of x (16 per block), 16-bit
 // storage, f32 accumulation on tensor cores. The decode-step projections: at one to eight tokens
 // a step reads every weight once and multiplies it by almost nothing, so the kernel's job is to
 // keep enough of W's bytes in flight, not to reuse them.
@@ -14,9 +14,10 @@
 // only ever reads back its own 16-byte slots, so the ring needs no barrier; its refill waits on
 // cp.async commit groups alone.
 //
-// Launch: grid (ceil(N / 16)), `warps` warps per block (blockDim.x = 32 * warps), dynamic shared
+// Launch: grid (ceil(N / 16), ceil(M / (8 * TILES))), `warps` warps per block (blockDim.x = 32 * warps), dynamic shared
 // memory `warps * STAGES * GROUP * (2 + TILES) * 512` bytes. Block b computes features
-// 16b..16b+15 for every row of x; warp w of it takes a contiguous range of the K / (32 * GROUP)
+// 16b..16b+15 for the 8 * TILES rows of x of its grid row (batch-invariant models send every
+// step's rows this way, reading W once per grid row); warp w of it takes a contiguous range of the K / (32 * GROUP)
 // fetches, and the block adds the warps' partial tiles in warp order. Nothing depends on M: a
 // row's result is the same bits whatever the other rows are (and whichever tile count serves
 // it), given N, K and the spread.
@@ -162,13 +163,18 @@ __device__ __forceinline__ void skinny_matmul(const T *__restrict__ x, long long
 
 }  // namespace pagoda
 
-#define PAGODA_SKINNY_MATMUL(suffix, T, TILES, STAGES, GROUP)                                                     \
-    extern "C" __global__ void pagoda_skinny_matmul_##suffix##_t##TILES##_s##STAGES##_g##GROUP(                   \
-        const T *x, long long x_row_stride, const T *w, long long w_row_stride, T *out, long long out_row_stride, \
-        int m, int n, int k) {                                                                                     \
-        pagoda::skinny_matmul<T, TILES, STAGES, GROUP>(x, x_row_stride, w, w_row_stride, out, out_row_stride, m,  \
-                                                       n, k);                                                      \
-    }                                                                                                              \
+#define PAGODA_SKINNY_MATMUL(suffix, T, TILES, STAGES, GROUP)                                        \
+    extern "C" __global__ void pagoda_skinny_matmul_##suffix##_t##TILES##_s##STAGES##_g##GROUP(      \
+        const T *x, long long x_row_stride, const T *w, long long w_row_stride, T *out,              \
+        long long out_row_stride, int m, int n, int k) {                                              \
+        /* Grid row y takes rows 8 * TILES * y onwards, as a launch of its own would. */              \
+        const int first_row = (int)blockIdx.y * 8 * TILES;                                            \
+        const int rows = m - first_row < 8 * TILES ? m - first_row : 8 * TILES;                       \
+        pagoda::skinny_matmul<T, TILES, STAGES, GROUP>(x + (long long)first_row * x_row_stride,      \
+                                                       x_row_stride, w, w_row_stride,                \
+                                                       out + (long long)first_row * out_row_stride,  \
+                                                       out_row_stride, rows, n, k);                  \
+    }                                                                                                 \
     PAGODA_ENTRY(pagoda_skinny_matmul_##suffix##_t##TILES##_s##STAGES##_g##GROUP)
 
 // The (stages, group) pairs the launch builder names: eight chunks in flight, fetched one, two

@@ -1,7 +1,9 @@
 //! `pagoda-gpu-check`: runs every GPU check in one go and writes a results table.
 //!
 //! Sections, each recorded even if another fails: `ops` (every CUDA op against its CPU op on
-//! fresh random inputs), `model` (the default model on CUDA against the CPU, greedy), `server`
+//! fresh random inputs), `model` (the default model on CUDA against the CPU, greedy),
+//! `invariance` (`--batch-invariant`: a sequence's logits decoded alone and verified in one
+//! step beside another sequence, bit for bit), `server`
 //! (the release server on CUDA answering chat requests), `timings` (paged decode attention
 //! bandwidth against a device-to-device copy, prefill attention TFLOP/s), and on request `steps`
 //! (where a decode step's time goes, on random Llama-3.1-8B weights). Results go to
@@ -9,6 +11,7 @@
 //! check passed.
 
 mod bench;
+mod invariance_check;
 mod model_check;
 mod ops_check;
 mod sampler_check;
@@ -41,9 +44,9 @@ struct Args {
     /// Model shape for the `steps` section (random weights).
     #[arg(long, default_value = "configs/models/llama-3.1-8b.json")]
     dummy_config: PathBuf,
-    /// Sections to run (comma-separated): ops, model, server, timings, steps (not in the
-    /// default set: it loads 16 GB of random weights).
-    #[arg(long, value_delimiter = ',', default_value = "ops,model,server,timings")]
+    /// Sections to run (comma-separated): ops, model, invariance, server, timings, steps (not
+    /// in the default set: it loads 16 GB of random weights).
+    #[arg(long, value_delimiter = ',', default_value = "ops,model,invariance,server,timings")]
     sections: Vec<String>,
 }
 
@@ -128,6 +131,7 @@ fn main() -> Result<()> {
         let result = match section.as_str() {
             "ops" => ops_check::run(&device, &mut report),
             "model" => model_check::run(&args.model, &device, &mut report),
+            "invariance" => invariance_check::run(&args.model, &device, &mut report),
             "server" => server_section(&args, &mut report),
             "timings" => bench::run(&device, &mut report),
             "steps" => step_profile::run(&args.dummy_config, &device, &mut report),

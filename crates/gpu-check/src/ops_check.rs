@@ -256,13 +256,19 @@ fn attention(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> 
 }
 
 /// The decode-step matmul against the CPU reference (strided x, N not a multiple of 16, one and
-/// two tiles of rows), and the property the engine relies on: a row's result does not depend on
+/// two tiles of rows, several grid rows), and the property the engine relies on: a row's result does not depend on
 /// the rows beside it.
 fn skinny(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
     for dtype in [DType::F16, DType::BF16] {
         let mut worst = Worst::new();
-        for (m, n, k, pad) in [(1, 4096, 4096, 0), (9, 6144, 4096, 64), (16, 70, 320, 0), (2, 49152, 576, 0)]
-        {
+        let shapes = [
+            (1, 4096, 4096, 0),
+            (9, 6144, 4096, 64),
+            (16, 70, 320, 0),
+            (2, 49152, 576, 0),
+            (37, 960, 576, 0),
+        ];
+        for (m, n, k, pad) in shapes {
             let wide = random(rng, &[m, k + pad], dtype, gpu)?;
             let (x_cpu, x_gpu) = (wide.cpu.narrow(1, 0, k)?, wide.gpu.narrow(1, 0, k)?);
             let w = random(rng, &[n, k], dtype, gpu)?;
@@ -280,20 +286,22 @@ fn skinny(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
         }
         worst.report(report, "skinny_matmul", dtype);
 
-        // Row r alone, and among 1, 8 and 16 rows, for rows of both tiles.
-        let x = random(rng, &[16, 4096], dtype, gpu)?;
+        // Row r alone, and among 1, 8, 16 and 40 rows, for rows of both tiles and of later grid
+        // rows.
+        let x = random(rng, &[40, 4096], dtype, gpu)?;
         let w = random(rng, &[4096, 4096], dtype, gpu)?;
         let bits = |t: &Tensor| -> Result<Vec<u32>> { Ok(values(t)?.iter().map(|v| v.to_bits()).collect()) };
         let all = pagoda_ops::skinny_matmul(&x.gpu, &w.gpu)?;
         let mut same = true;
-        for (row, rows) in [(0, 1), (0, 8), (5, 9), (12, 16)] {
+        for (row, rows) in [(0, 1), (0, 8), (5, 9), (12, 16), (33, 40), (20, 21)] {
             let part = pagoda_ops::skinny_matmul(&x.gpu.narrow(0, 0, rows)?, &w.gpu)?;
             let alone = pagoda_ops::skinny_matmul(&x.gpu.narrow(0, row, 1)?, &w.gpu)?;
             same &= bits(&part.narrow(0, row, 1)?)? == bits(&all.narrow(0, row, 1)?)?;
             same &= bits(&alone)? == bits(&all.narrow(0, row, 1)?)?;
         }
-        let check =
-            format!("skinny_matmul {dtype:?}: a row's bits whatever the rows beside it (M = 1, 8, 9, 16)");
+        let check = format!(
+            "skinny_matmul {dtype:?}: a row's bits whatever the rows beside it (M = 1, 8, 9, 16, 21, 40)"
+        );
         report.expect(SECTION, &check, same, if same { "identical" } else { "differ" });
     }
     Ok(())

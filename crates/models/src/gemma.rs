@@ -107,9 +107,10 @@ impl Gemma {
             let mlp = layer.down_proj.forward(&activated)?;
             hidden = pagoda_ops::rms_norm(&mlp, &layer.post_ffn_norm, eps)?;
         }
+        let Some(logits_rows) = input.logits_rows else { return crate::model::no_logits(c.vocab_size) };
         let r = residual.as_ref().expect("models have at least one layer");
         let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, eps)?;
-        let rows = normed.index_select(input.logits_rows, 0)?;
+        let rows = normed.index_select(logits_rows, 0)?;
         let logits = self.lm_head.forward(&rows)?.to_dtype(DType::F32)?;
         Ok(match c.final_logit_softcapping {
             Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,

@@ -6,6 +6,10 @@
 //! larger ones (two summation orders, so a row's last bits depend on the step's size); with
 //! `batch_invariant`, one kernel for every step (the blocks in f32, else the panels), whose
 //! sums per output run in one order whatever the number of rows.
+//!
+//! On CUDA a dense weight multiplies steps of up to 8 rows on our skinny kernel and larger ones
+//! on cuBLAS; a batch-invariant model takes the skinny kernel at every step
+//! ([`LinearWeight::RowInvariant`]).
 
 use std::sync::Arc;
 
@@ -94,6 +98,10 @@ pub enum LinearWeight {
     /// A dense weight packed in panels: what a batch-invariant CPU model multiplies dense
     /// weights with.
     Panels(Arc<PanelWeight>),
+    /// A dense `[out, in]` matrix of a batch-invariant CUDA model, multiplied by
+    /// [`pagoda_ops::row_invariant_matmul`] at every step (the skinny kernel, a grid row per 16
+    /// rows), so a row's output does not depend on the rows beside it.
+    RowInvariant(Tensor),
 }
 
 #[derive(Debug, Clone)]
@@ -116,6 +124,7 @@ impl Linear {
                 pagoda_ops::skinny_matmul(x, w)?
             }
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
+            LinearWeight::RowInvariant(w) => pagoda_ops::row_invariant_matmul(x, w)?,
             LinearWeight::Packed { blocks, panels, small, gemm } => {
                 let x = &x.to_dtype(DType::F32)?;
                 let tokens = x.dim(0)?;
@@ -145,10 +154,13 @@ impl Linear {
         Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels, small, gemm }, None)
     }
 
-    /// A dense `[out, in]` weight: candle's matmul, or for a batch-invariant CPU model an f32
-    /// weight packed in panels of the chosen precision (int8 has no codes to keep, so it packs
-    /// as [`PanelPrecision::auto`]).
+    /// A dense `[out, in]` weight: candle's matmul, or for a batch-invariant model on CUDA
+    /// [`LinearWeight::RowInvariant`], and on the CPU an f32 weight packed in panels of the
+    /// chosen precision (int8 has no codes to keep, so it packs as [`PanelPrecision::auto`]).
     pub fn dense(weight: Tensor, bias: Option<Tensor>, gemm: CpuGemm) -> Result<Self> {
+        if gemm.batch_invariant && weight.device().is_cuda() {
+            return Ok(Self::new(LinearWeight::RowInvariant(weight), bias));
+        }
         if !(gemm.batch_invariant && weight.device().is_cpu() && weight.dtype() == DType::F32) {
             return Ok(Self::new(LinearWeight::Dense(weight), bias));
         }
@@ -162,7 +174,10 @@ impl Linear {
     pub fn blocks(&self) -> Option<&Arc<QuantizedWeight>> {
         match &self.weight {
             LinearWeight::Packed { blocks, .. } => Some(blocks),
-            LinearWeight::Dense(_) | LinearWeight::Quantized(_) | LinearWeight::Panels(_) => None,
+            LinearWeight::Dense(_)
+            | LinearWeight::RowInvariant(_)
+            | LinearWeight::Quantized(_)
+            | LinearWeight::Panels(_) => None,
         }
     }
 
@@ -175,7 +190,7 @@ impl Linear {
         Ok(match &self.weight {
             LinearWeight::Quantized(QMatMul::QTensor(q)) => q.shape().dims()[0],
             LinearWeight::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t.dim(0)?,
-            LinearWeight::Dense(t) => t.dim(0)?,
+            LinearWeight::Dense(t) | LinearWeight::RowInvariant(t) => t.dim(0)?,
             LinearWeight::Packed { blocks, .. } => blocks.rows(),
             LinearWeight::Panels(panels) => panels.rows(),
         })
@@ -206,15 +221,22 @@ impl Linear {
             let stacked = Linear::packed(QuantizedWeight::concat_rows(&blocks)?, packed[0].1);
             return Ok(Some(Linear::new(stacked.weight, bias)));
         }
-        let denses: Option<Vec<&Tensor>> = parts
+        // Dense parts of one kind (all plain, or all row-invariant) stack into that kind.
+        let denses: Option<Vec<(&Tensor, bool)>> = parts
             .iter()
             .map(|p| match &p.weight {
-                LinearWeight::Dense(d) => Some(d),
+                LinearWeight::Dense(d) => Some((d, false)),
+                LinearWeight::RowInvariant(d) => Some((d, true)),
                 LinearWeight::Packed { .. } | LinearWeight::Quantized(_) | LinearWeight::Panels(_) => None,
             })
             .collect();
-        let Some(denses) = denses else { return Ok(None) };
-        Ok(Some(Linear::new(LinearWeight::Dense(Tensor::cat(&denses, 0)?), bias)))
+        let Some(denses) = denses.filter(|ds| ds.iter().all(|d| d.1 == ds[0].1)) else { return Ok(None) };
+        let stacked = Tensor::cat(&denses.iter().map(|d| d.0).collect::<Vec<_>>(), 0)?;
+        let weight = match denses[0].1 {
+            true => LinearWeight::RowInvariant(stacked),
+            false => LinearWeight::Dense(stacked),
+        };
+        Ok(Some(Linear::new(weight, bias)))
     }
 }
 

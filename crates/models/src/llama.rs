@@ -124,9 +124,10 @@ impl Llama {
             residual = Some(sum);
             hidden = layer.mlp.forward(&normed)?;
         }
+        let Some(logits_rows) = input.logits_rows else { return crate::model::no_logits(c.vocab_size) };
         let r = residual.as_ref().expect("models have at least one layer");
         let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, c.rms_norm_eps)?;
-        let rows = normed.index_select(input.logits_rows, 0)?;
+        let rows = normed.index_select(logits_rows, 0)?;
         Ok(self.lm_head.forward(&rows)?.to_dtype(DType::F32)?)
     }
 

@@ -47,8 +47,10 @@ pub struct LoadOptions {
     pub small_steps: SmallSteps,
     /// Every CPU matmul runs one kernel whatever the step's size (the blocks for f32, else the
     /// panels of `panel_precision`), so a sequence's outputs do not depend on what else is batched
-    /// with it ([`CpuGemm::batch_invariant`]). CPU only; GGUF projections are dequantized
-    /// (candle's quantized matmul is not covered).
+    /// with it ([`CpuGemm::batch_invariant`]). On the CPU in f32; on CUDA in f16/bf16, where
+    /// dense projections take [`crate::linear::LinearWeight::RowInvariant`] and attention plans
+    /// each token as its own decode. GGUF projections are dequantized (candle's quantized matmul
+    /// is not covered).
     pub batch_invariant: bool,
     /// `--cpu-gemm-dtype auto` on a CPU with both native kernels (`panel_precision` bfloat16,
     /// small steps int16): time both on one of a GGUF's own projections and run every step on
@@ -125,12 +127,21 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         f => f,
     };
     let (dtype, device) = (options.dtype, &options.device);
-    if options.batch_invariant
-        && (!device.is_cpu() || dtype != DType::F32 || options.dequantize == Some(false))
-    {
-        return Err(ModelError::InvalidOption(
-            "batch-invariant kernels exist for f32 CPU models with dequantized weights only".into(),
-        ));
+    if options.batch_invariant {
+        let refused = if options.dequantize == Some(false) {
+            Some("with dequantized weights only (candle's quantized matmul is not covered)")
+        } else if device.is_cpu() && dtype != DType::F32 {
+            Some("in float32 only on the CPU")
+        } else if device.is_cuda() && !matches!(dtype, DType::BF16 | DType::F16) {
+            Some("in bfloat16 or float16 only on CUDA")
+        } else if !device.is_cpu() && !device.is_cuda() {
+            Some("on the CPU and CUDA only")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return Err(ModelError::InvalidOption(format!("batch-invariant kernels run {why}")));
+        }
     }
     let mut large_steps = None;
     let mut gemm = CpuGemm {

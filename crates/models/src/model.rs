@@ -20,11 +20,18 @@ pub struct ForwardInput<'a> {
     pub positions: &'a Tensor,
     /// One per KV group (see [`crate::KvLayout`]): layer `i` uses its group's.
     pub attention: &'a [AttentionMetadata],
-    /// u32 `[num_rows]`: the token rows whose logits are wanted.
-    pub logits_rows: &'a Tensor,
+    /// u32 `[num_rows]`: the token rows whose logits are wanted; `None` when none is (a
+    /// prefill chunk that samples nothing), and the forward returns [`no_logits`].
+    pub logits_rows: Option<&'a Tensor>,
     /// Run only the first this many layers, then the final norm and the head (self-speculative
     /// drafting); every layer when `None`.
     pub num_layers: Option<usize>,
+}
+
+/// The logits of a step that wants none: `[0, vocab]` f32 on the host, since CUDA cannot
+/// allocate an empty buffer (the driver refuses a zero-byte allocation).
+pub(crate) fn no_logits(vocab: usize) -> Result<Tensor> {
+    Ok(Tensor::zeros((0, vocab), DType::F32, &Device::Cpu)?)
 }
 
 /// Adds `hidden` to the residual stream (which it starts, in the first layer) and returns the

@@ -215,12 +215,14 @@ pub(crate) fn forward_with(
     let num_rows = flat.logits_rows.len();
     let input_ids = Tensor::from_vec(flat.input_ids, num_tokens, dev)?;
     let positions = Tensor::from_vec(flat.positions, num_tokens, dev)?;
-    let logits_rows = Tensor::from_vec(flat.logits_rows, num_rows, dev)?;
+    // CUDA cannot hold an empty list: a step that wants no logits passes none.
+    let logits_rows =
+        (num_rows > 0).then(|| Tensor::from_vec(flat.logits_rows, num_rows, dev)).transpose()?;
     let input = ForwardInput {
         input_ids: &input_ids,
         positions: &positions,
         attention: &attention,
-        logits_rows: &logits_rows,
+        logits_rows: logits_rows.as_ref(),
         num_layers,
     };
     model.forward(&input, cache)
@@ -291,6 +293,9 @@ impl ModelRunner {
     ) -> std::result::Result<Vec<SampledToken>, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
         let logits = self.forward_flat(batch, flat).map_err(failed)?;
+        if batch.seqs.iter().all(|s| s.sample.is_none()) {
+            return Ok(Vec::new());
+        }
         // On a GPU the logits stay there: only ids and logprobs come back.
         if self.device.is_cuda() {
             if let Some(sampled) = crate::device_sampling::sample_batch(batch, &logits)? {

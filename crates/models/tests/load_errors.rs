@@ -67,3 +67,22 @@ fn unsupported_safetensors_dtype_is_named() {
         "{e}"
     );
 }
+
+/// `batch_invariant` combinations without kernels are refused before any weight is read: half
+/// precision on the CPU (CUDA's dtypes) and candle's quantized matmul anywhere.
+#[test]
+fn batch_invariant_without_kernels_is_refused() {
+    let refused = |dtype: DType, dequantize: Option<bool>| {
+        let options = LoadOptions { batch_invariant: true, dtype, dequantize, ..LoadOptions::default() };
+        match load_model(&common::model_path(), &options) {
+            Ok(_) => panic!("batch-invariant {dtype:?} {dequantize:?} loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    for dtype in [DType::BF16, DType::F16] {
+        let e = refused(dtype, None);
+        assert!(e.contains("batch-invariant") && e.contains("float32 only on the CPU"), "{e}");
+    }
+    let e = refused(DType::F32, Some(false));
+    assert!(e.contains("batch-invariant") && e.contains("dequantized weights only"), "{e}");
+}

@@ -70,6 +70,6 @@ pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};
 pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};
 pub use skinny_matmul::{
-    skinny_matmul, skinny_matmul_fits, skinny_matmul_preferred, skinny_matmul_with, SkinnyLaunch,
-    SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS,
+    row_invariant_matmul, skinny_matmul, skinny_matmul_fits, skinny_matmul_preferred, skinny_matmul_with,
+    SkinnyLaunch, SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS,
 };

@@ -51,12 +51,16 @@ pub struct AttentionParams {
     pub window: Option<usize>,
     /// Gemma 2's soft cap: `scores = cap * tanh(scores / cap)` before the softmax.
     pub logit_softcap: Option<f32>,
+    /// Give every query row the bits it gets as a one-token decode, whatever else the step
+    /// holds. The CPU kernels always do; on CUDA this plans each query token as a decode of its
+    /// own on the CUDA-core kernel, its key range split by its length only (`cuda::plan`).
+    pub batch_invariant: bool,
 }
 
 impl AttentionParams {
     /// Plain causal attention with `softmax_scale`.
     pub fn scaled(softmax_scale: f32) -> Self {
-        Self { softmax_scale, window: None, logit_softcap: None }
+        Self { softmax_scale, window: None, logit_softcap: None, batch_invariant: false }
     }
 }
 
@@ -69,7 +73,7 @@ pub fn paged_attention_with(
     meta: &AttentionMetadata,
     params: AttentionParams,
 ) -> Result<Tensor> {
-    let AttentionParams { softmax_scale, window, logit_softcap } = params;
+    let AttentionParams { softmax_scale, window, logit_softcap, batch_invariant: _ } = params;
     if window == Some(0) {
         return Err(invalid(OP, "a sliding window must hold at least one position"));
     }
@@ -194,6 +198,16 @@ impl CustomOp3 for PagedAttention<'_> {
         if p.window.is_some() || p.logit_softcap.is_some() {
             return Err(invalid(OP, "sliding windows and soft-capped scores have no CUDA kernel yet"));
         }
-        crate::cuda::attention::paged_attention(self.meta, p.softmax_scale, q, q_l, k, k_l, v, v_l)
+        crate::cuda::attention::paged_attention(
+            self.meta,
+            p.softmax_scale,
+            p.batch_invariant,
+            q,
+            q_l,
+            k,
+            k_l,
+            v,
+            v_l,
+        )
     }
 }

@@ -1,8 +1,10 @@
-//! `x . w^T` for the few rows of a decode step (at most [`SKINNY_MAX_ROWS`]) on CUDA, in
-//! place of cuBLAS: a tensor-core kernel that streams each weight once, up to 16 chunks of 32
-//! elements in flight per warp through a shared-memory ring, with no split-K reduction pass
-//! (kernels/skinny_matmul.cu). Each output row is the same bits whatever the other rows are (up
-//! to eight rows, where models use it: [`skinny_matmul_preferred`]).
+//! `x . w^T` for the few rows of a decode step on CUDA, in place of cuBLAS: a tensor-core kernel
+//! that streams each weight once per [`SKINNY_MAX_ROWS`] rows, up to 16 chunks of 32 elements in
+//! flight per warp through a shared-memory ring, with no split-K reduction pass
+//! (kernels/skinny_matmul.cu). Each output row is the same bits whatever the other rows are and
+//! however many there are. Models take it for steps of up to eight rows
+//! ([`skinny_matmul_preferred`]), and batch-invariant ones for every step
+//! ([`row_invariant_matmul`]).
 //!
 //! The CPU implementation is the reference (f32 sums in input order, rounded once), for tests;
 //! the CPU model never calls it.
@@ -18,7 +20,7 @@ use crate::dtype::{with_float, Float};
 const OP: &str = "skinny_matmul";
 
 /// Whether [`skinny_matmul`] takes `x . w^T`: both on a CUDA device, both f16 or both bf16,
-/// `x` of 1..=16 rows and `w` of K columns with K a multiple of 32, rows of both contiguous
+/// `x` of at least one row and `w` of K columns with K a multiple of 32, rows of both contiguous
 /// and starting on 16-byte boundaries of their storage.
 pub fn skinny_matmul_fits(x: &Tensor, w: &Tensor) -> bool {
     // The device first: on the CPU this is asked of every dense projection.
@@ -32,7 +34,7 @@ pub fn skinny_matmul_fits(x: &Tensor, w: &Tensor) -> bool {
     };
     matches!(x.dtype(), DType::BF16 | DType::F16)
         && w.dtype() == x.dtype()
-        && (1..=SKINNY_MAX_ROWS).contains(&m)
+        && m >= 1
         && k == wk
         && k.is_multiple_of(SKINNY_K_CHUNK)
         && elements_16_bytes(x)
@@ -62,6 +64,30 @@ pub fn skinny_matmul_with(x: &Tensor, w: &Tensor, launch: Option<SkinnyLaunch>) 
     check::dtype_is(w, x.dtype(), OP)?;
     check::same_device(x, w, OP)?;
     x.apply_op2_no_bwd(w, &SkinnyMatmul { launch })
+}
+
+/// `x [M, K] . w [N, K]^T` with each output row the same bits whatever M is: one
+/// [`skinny_matmul`] over all rows (its spread depends on the weight's shape only, a row's bits
+/// are the same in a one-tile and a two-tile block, and each 16 rows take a grid row of their
+/// own: `gpu-check`'s ops section), or one row at a time through candle's matmul where the shape
+/// does not fit it (the same one-row GEMM for every row). What a batch-invariant CUDA model
+/// multiplies dense weights with: a prefill of P tokens reads the weight P / 16 times, so it
+/// trades prefill speed for exactness. On the CPU the kernel's reference runs (tests), and
+/// shapes the kernel does not take one row at a time.
+pub fn row_invariant_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let x = x.contiguous()?;
+    let fits = m == 0
+        || match x.device().is_cpu() {
+            true => k.is_multiple_of(SKINNY_K_CHUNK),
+            false => skinny_matmul_fits(&x, w),
+        };
+    if fits {
+        return skinny_matmul(&x, w);
+    }
+    let w_t = w.t()?;
+    let rows = (0..m).map(|i| x.narrow(0, i, 1)?.matmul(&w_t)).collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&rows, 0)
 }
 
 struct SkinnyMatmul {
@@ -131,6 +157,48 @@ mod tests {
         assert_eq!(got.to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
         assert!(skinny_matmul(&x, &w.narrow(1, 0, 2).unwrap()).is_err());
         assert!(skinny_matmul(&x, &w.to_dtype(DType::BF16).unwrap()).is_err());
+    }
+
+    /// Every row of a 1..=35-row product has the bits of the same row alone, tiles and the
+    /// one-row fallback (K not a multiple of 32) alike, and the values of a matmul.
+    #[test]
+    fn row_invariant_rows_do_not_depend_on_m() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for k in [64, 40] {
+            let values: Vec<f32> = (0..35 * k).map(|_| rng.random_range(-1f32..1.)).collect();
+            let x = Tensor::from_vec(values, (35, k), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+            let values: Vec<f32> = (0..24 * k).map(|_| rng.random_range(-1f32..1.)).collect();
+            let w = Tensor::from_vec(values, (24, k), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+            let bits = |t: &Tensor| -> Vec<Vec<u16>> {
+                t.to_vec2::<half::bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.iter().map(|v| v.to_bits()).collect())
+                    .collect()
+            };
+            let alone: Vec<Vec<u16>> = (0..35)
+                .map(|i| bits(&row_invariant_matmul(&x.narrow(0, i, 1).unwrap(), &w).unwrap()).remove(0))
+                .collect();
+            for m in 1..=35 {
+                let got = row_invariant_matmul(&x.narrow(0, 0, m).unwrap(), &w).unwrap();
+                assert_eq!(got.dims(), [m, 24]);
+                assert_eq!(bits(&got), alone[..m], "k {k}, m {m}");
+            }
+            let want = x
+                .to_dtype(DType::F32)
+                .unwrap()
+                .matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap())
+                .unwrap();
+            let got = row_invariant_matmul(&x, &w).unwrap().to_dtype(DType::F32).unwrap();
+            let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff < 0.05, "k {k}: off by {diff}");
+        }
+        assert!(row_invariant_matmul(
+            &Tensor::zeros((0, 64), DType::BF16, &Device::Cpu).unwrap(),
+            &Tensor::zeros((8, 64), DType::BF16, &Device::Cpu).unwrap()
+        )
+        .is_ok_and(|t| t.dims() == [0, 8]));
     }
 
     #[test]

@@ -189,7 +189,11 @@ fn check_with(
 ) {
     let mut rng = rng(seed);
     let b = build(&mut rng, seqs, s, cache, q).unwrap();
-    let params = AttentionParams { softmax_scale: 1.0 / (s.head_dim as f32).sqrt(), window, logit_softcap };
+    let params = AttentionParams {
+        window,
+        logit_softcap,
+        ..AttentionParams::scaled(1.0 / (s.head_dim as f32).sqrt())
+    };
     let expected = reference(&b, seqs, s.group, params).unwrap();
     // The kernel splits work by thread count (whole sequences with few threads, kv heads apart
     // with many), so run both ways.

@@ -315,10 +315,11 @@ pub struct ServeArgs {
     /// every step size (int8: llama.cpp's 8-bit activations). [default: auto]
     #[arg(long, value_enum)]
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
-    /// CPU: every step runs the same kernels whatever its size (with auto, the int16 kernel on
-    /// CPUs with AVX512-VNNI, else the exact f32 block kernel; or the --cpu-gemm-dtype named),
-    /// so a request's tokens and logprobs are bit-identical however it is batched: alone or
-    /// beside others, cached or not, chunked, preempted or speculated (see the README).
+    /// Every step runs the same kernels whatever its size, so a request's tokens and logprobs
+    /// are bit-identical however it is batched: alone or beside others, cached or not, chunked,
+    /// preempted or speculated (see the README). CPU (float32): with auto, the int16 kernel on
+    /// CPUs with AVX512-VNNI, else the exact f32 block kernel, or the --cpu-gemm-dtype named.
+    /// CUDA (bfloat16/float16): our skinny matmul at every step, attention per token.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub batch_invariant: Option<bool>,
     /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",
@@ -545,12 +546,15 @@ impl ServerConfig {
         }
         if self.batch_invariant {
             let refused = match (self.device, self.dtype, self.dequantize) {
-                (DeviceArg::Cuda(_), _, _) => Some("runs on the CPU only (--device cpu)"),
-                (_, DtypeArg::Float16 | DtypeArg::Bfloat16, _) => {
-                    Some("computes in float32 only (--dtype float32)")
-                }
                 (_, _, Some(false)) => {
                     Some("needs dequantized weights (candle's quantized matmul is not covered)")
+                }
+                (DeviceArg::Cuda(_), DtypeArg::Float32, _) => {
+                    Some("computes in bfloat16 or float16 on CUDA (--dtype bfloat16)")
+                }
+                (DeviceArg::Cuda(_), _, _) => None,
+                (_, DtypeArg::Float16 | DtypeArg::Bfloat16, _) => {
+                    Some("computes in float32 on the CPU (--dtype float32)")
                 }
                 _ => None,
             };

@@ -171,7 +171,7 @@ fn ipv6_bind_address() {
 }
 
 #[test]
-fn batch_invariant_is_a_cpu_float32_flag() {
+fn batch_invariant_is_float32_on_the_cpu_and_half_precision_on_cuda() {
     let on = |args: &[&str], file: &str| {
         ServerConfig::merge(cli(args), toml::from_str::<ServeArgs>(file).unwrap())
             .map(|c| c.batch_invariant)
@@ -182,8 +182,12 @@ fn batch_invariant_is_a_cpu_float32_flag() {
     assert_eq!(on(&["--batch-invariant", "false"], "batch-invariant = true"), Some(false));
     assert_eq!(on(&[], "batch-invariant = true"), Some(true));
     assert_eq!(on(&["--batch-invariant", "--cpu-gemm-dtype", "int8", "--dtype", "float32"], ""), Some(true));
+    // On CUDA in half precision: bfloat16 by default.
+    assert_eq!(on(&["--batch-invariant", "--device", "cuda"], ""), Some(true));
+    assert_eq!(on(&["--batch-invariant", "--device", "cuda", "--dtype", "float16"], ""), Some(true));
     for args in [
-        &["--batch-invariant", "--device", "cuda"][..],
+        &["--batch-invariant", "--device", "cuda", "--dtype", "float32"][..],
+        &["--batch-invariant", "--device", "cuda", "--dequantize", "false"],
         &["--batch-invariant", "--dtype", "bfloat16"],
         &["--batch-invariant", "--dequantize", "false"],
     ] {

@@ -80,6 +80,7 @@ impl PlanCache {
 pub(crate) fn paged_attention(
     meta: &AttentionMetadata,
     softmax_scale: f32,
+    batch_invariant: bool,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -96,8 +97,17 @@ pub(crate) fn paged_attention(
     }
     if q.dtype() != k.dtype() {
         let q_cast = q.to_dtype(q_l, k.dtype())?;
-        let (out, shape) =
-            paged_attention(meta, softmax_scale, &q_cast, &Layout::contiguous(shape), k, k_l, v, v_l)?;
+        let (out, shape) = paged_attention(
+            meta,
+            softmax_scale,
+            batch_invariant,
+            &q_cast,
+            &Layout::contiguous(shape),
+            k,
+            k_l,
+            v,
+            v_l,
+        )?;
         let back = out.to_dtype(&Layout::contiguous(&shape), q.dtype())?;
         return Ok((back, shape));
     }
@@ -129,6 +139,7 @@ pub(crate) fn paged_attention(
         num_kv_heads: kv_heads,
         tensor_cores: dtype != DType::F32,
         num_sms: device::num_sms(&dev)?,
+        batch_invariant,
     };
     let plan = meta.cuda_plans.get(meta, params, &dev)?;
     let (bt_storage, bt_l) = meta.block_tables.storage_and_layout();

@@ -12,6 +12,9 @@
 //!   the CUDA-core items' key ranges are split (flash-decoding) into up to
 //!   `BLOCKS_PER_SM * SMs / blocks` pieces of at least [`SPLIT_MIN_KEYS`] keys; the combine
 //!   kernel merges the pieces.
+//! - Batch-invariant calls ([`PlanParams::batch_invariant`]) plan every query token as a decode
+//!   of its own: CUDA-core items of one token, split by the token's key count alone. A row's
+//!   item, and so its bits, are then those of the same token decoded alone.
 
 /// Rows (tokens x heads) of the CUDA-core kernel's small and large variants.
 pub(crate) const SIMT_SMALL_ROWS: usize = 4;
@@ -81,6 +84,8 @@ pub(crate) struct PlanParams {
     /// f16/bf16: long query chunks use the tensor-core kernel.
     pub tensor_cores: bool,
     pub num_sms: usize,
+    /// Every token planned as a decode of its own ([`plan_attention`]).
+    pub batch_invariant: bool,
 }
 
 /// The work of one call, by kernel.
@@ -202,7 +207,17 @@ pub(crate) fn plan_attention(cu_seqlens_q: &[u32], context_lens: &[u32], p: &Pla
         }
         let rows = SeqRows { seq: seq as u32, tok0: start, q_len, pos0: ctx - q_len };
         let row_count = (q_len * group) as usize;
-        if p.tensor_cores && row_count > SIMT_MAX_ROWS {
+        if p.batch_invariant {
+            // One token per item, on the variant its head group takes in a decode.
+            let (capacity, out) = match group as usize <= SIMT_SMALL_ROWS {
+                true => (SIMT_SMALL_ROWS, &mut small),
+                false => (SIMT_MAX_ROWS, &mut large),
+            };
+            for t in 0..q_len {
+                let token = SeqRows { seq: rows.seq, tok0: start + t, q_len: 1, pos0: rows.pos0 + t };
+                cut(&token, group, capacity as u32, out);
+            }
+        } else if p.tensor_cores && row_count > SIMT_MAX_ROWS {
             cut(&rows, group, MMA_ROWS as u32, &mut plan.mma);
         } else if row_count <= SIMT_SMALL_ROWS {
             cut(&rows, group, SIMT_SMALL_ROWS as u32, &mut small);
@@ -215,7 +230,10 @@ pub(crate) fn plan_attention(cu_seqlens_q: &[u32], context_lens: &[u32], p: &Pla
     let mut partial_rows = 0;
     for (items, out) in [(small, &mut plan.simt_small), (large, &mut plan.simt)] {
         for item in items {
-            let splits = num_splits((item.kv_hi - item.kv_lo) as usize, unsplit_blocks, p.num_sms);
+            // Batch-invariant: split as if the item were the call's only one, so the pieces
+            // depend on its key count alone (at most one piece per SPLIT_MIN_KEYS keys).
+            let blocks = if p.batch_invariant { 1 } else { unsplit_blocks };
+            let splits = num_splits((item.kv_hi - item.kv_lo) as usize, blocks, p.num_sms);
             if splits > 1 {
                 partial_rows += split(item, splits, partial_rows, p.num_kv_heads, out, &mut plan.combine);
             } else {
@@ -239,7 +257,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn params(q: usize, kv: usize, tensor_cores: bool) -> PlanParams {
-        PlanParams { num_q_heads: q, num_kv_heads: kv, tensor_cores, num_sms: 132 }
+        PlanParams { num_q_heads: q, num_kv_heads: kv, tensor_cores, num_sms: 132, batch_invariant: false }
     }
 
     /// Checks that the plan covers every (token, q head of a group) row exactly once per key
@@ -381,6 +399,43 @@ mod tests {
             for sms in [1, 132] {
                 let p = PlanParams { num_sms: sms, ..params(q, kv, true) };
                 check_plan(&cu, &ctx, &p, &plan_attention(&cu, &ctx, &p));
+            }
+        }
+    }
+
+    /// Batch-invariant plans give each token the items (kernel variant, heads, key pieces) it
+    /// gets decoded alone, whatever the batch around it; only where its rows go differs.
+    #[test]
+    fn batch_invariant_rows_get_their_one_token_decode_items() {
+        let cu = vec![0, 1, 10, 138, 139, 139, 148];
+        let ctx = vec![1, 900, 128, 20_000, 3, 9];
+        let key = |list: usize, it: &WorkItem| {
+            (list, it.pos0, it.head_lo, it.head_cnt, it.kv_lo, it.kv_hi, it.split, it.num_splits)
+        };
+        let items = |plan: &AttentionPlan| -> Vec<(usize, WorkItem)> {
+            let lists = [&plan.simt_small, &plan.simt, &plan.mma];
+            lists.iter().enumerate().flat_map(|(l, items)| items.iter().map(move |it| (l, *it))).collect()
+        };
+        for (q, kv) in [(9, 3), (32, 8), (8, 1), (80, 1)] {
+            let p = PlanParams { batch_invariant: true, ..params(q, kv, true) };
+            let plan = plan_attention(&cu, &ctx, &p);
+            check_plan(&cu, &ctx, &p, &plan);
+            assert!(plan.mma.is_empty());
+            for (seq, &c) in ctx.iter().enumerate() {
+                for t in cu[seq]..cu[seq + 1] {
+                    let pos = c - (cu[seq + 1] - t);
+                    let mut in_batch: Vec<_> = items(&plan)
+                        .iter()
+                        .filter(|(_, it)| it.tok0 == t)
+                        .map(|(l, it)| key(*l, it))
+                        .collect();
+                    assert!(items(&plan).iter().filter(|(_, it)| it.tok0 == t).all(|(_, it)| it.ntok == 1));
+                    let alone = plan_attention(&[0, 1], &[pos + 1], &p);
+                    let mut want: Vec<_> = items(&alone).iter().map(|(l, it)| key(*l, it)).collect();
+                    in_batch.sort();
+                    want.sort();
+                    assert_eq!(in_batch, want, "q {q} kv {kv}: token {t} at {pos}");
+                }
             }
         }
     }

@@ -269,6 +269,9 @@ fn skinny_matmul_matches_cpu_and_ignores_the_other_rows() {
             (9, 70, 320, 16),
             (16, 24, 1088, 0),
             (5, 48, 1024, 8),
+            // Past 16 rows: grid rows of two tiles, the last one partial.
+            (21, 40, 320, 8),
+            (35, 17, 96, 0),
         ];
         for (m, n, k, pad) in shapes {
             let wide = random(&mut rng, &[m, k + pad], dtype);
@@ -284,13 +287,16 @@ fn skinny_matmul_matches_cpu_and_ignores_the_other_rows() {
                 let err = rel_err(&got, &want);
                 assert!(err <= tolerance(dtype), "skinny {dtype:?} {m}x{n}x{k} {launch:?}: {err}");
             }
-            // Row 0 alone gives the same bits as row 0 among the others.
-            let alone = skinny_on_sim(&wide.narrow(0, 0, 1).unwrap(), k, &w, None);
+            // The first and last rows alone give the same bits as among the others.
             let all = skinny_on_sim(&wide, k, &w, None);
-            assert_eq!(
-                alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                all[..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-            );
+            for row in [0, m - 1] {
+                let alone = skinny_on_sim(&wide.narrow(0, row, 1).unwrap(), k, &w, None);
+                assert_eq!(
+                    alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    all[row * n..(row + 1) * n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{dtype:?} {m}x{n}x{k}: row {row}"
+                );
+            }
         }
     }
 }
@@ -358,6 +364,8 @@ struct Case {
     block_size: usize,
     seqs: Vec<(usize, usize)>,
     num_sms: usize,
+    /// Plan every token as a decode of its own ([`PlanParams::batch_invariant`]).
+    batch_invariant: bool,
 }
 
 /// Runs `c` through the plan and the simulated kernels and through the CPU op; returns the
@@ -397,6 +405,7 @@ fn attention_case(c: &Case, rng: &mut StdRng) -> (f32, [usize; 3]) {
         num_kv_heads: c.kv_heads,
         tensor_cores: c.dtype != DType::F32,
         num_sms: c.num_sms,
+        batch_invariant: c.batch_invariant,
     };
     let plan = plan_attention(&cu, &ctxs, &params);
     let words = |items: &[WorkItem]| HostBuf::words(items.iter().flat_map(|i| i.words()).collect());
@@ -453,6 +462,7 @@ fn attention_cuda_core_path_matches_cpu() {
             block_size,
             seqs: vec![(1, 37), (5, 5), (0, 3), (1, 1), (11, 40)],
             num_sms: 1,
+            batch_invariant: false,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(DType::F32), "f32 {q_heads}/{kv_heads} d{head_dim} bs{block_size}: {err}");
@@ -469,6 +479,7 @@ fn attention_cuda_core_path_matches_cpu() {
             block_size: 16,
             seqs: vec![(1, 100), (1, 17), (2, 50)],
             num_sms: 1,
+            batch_invariant: false,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} decode: {err}");
@@ -489,6 +500,7 @@ fn attention_split_kv_matches_cpu() {
             block_size: 16,
             seqs: vec![(1, 1000), (1, 9)],
             num_sms: 132,
+            batch_invariant: false,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} split decode: {err}");
@@ -511,6 +523,7 @@ fn attention_split_kv_matches_cpu() {
         block_size: 16,
         seqs: vec![(3, 700)],
         num_sms: 132,
+        batch_invariant: false,
     };
     let (err, counts) = attention_case(&c, &mut rng);
     assert!(err <= tolerance(DType::F32), "split prefill: {err}");
@@ -533,9 +546,36 @@ fn attention_tensor_core_path_matches_cpu() {
             block_size,
             seqs: vec![(70, 70), (20, 90), (1, 33)],
             num_sms: 1,
+            batch_invariant: false,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads} d{head_dim} bs{block_size}: {err}");
         assert!(counts[1] > 0, "tensor-core items");
+    }
+}
+
+/// Batch-invariant plans on the simulated kernels: a verification-shaped chunk (9 tokens), a
+/// prefill chunk, long split decodes and a short one, every token on its own CUDA-core items,
+/// against the CPU op.
+#[test]
+fn attention_batch_invariant_plans_match_cpu() {
+    let mut rng = StdRng::seed_from_u64(8);
+    for dtype in DTYPES {
+        for (q_heads, kv_heads) in [(9, 3), (8, 1)] {
+            let c = Case {
+                dtype,
+                q_heads,
+                kv_heads,
+                head_dim: 64,
+                block_size: 16,
+                seqs: vec![(9, 300), (20, 20), (1, 700), (1, 5)],
+                num_sms: 132,
+                batch_invariant: true,
+            };
+            let (err, counts) = attention_case(&c, &mut rng);
+            assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads}: {err}");
+            assert_eq!(counts[1], 0, "no tensor-core items");
+            assert!(counts[2] >= 9, "the 700-key decode and the 300-key chunk's tokens are split");
+        }
     }
 }

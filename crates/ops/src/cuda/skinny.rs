@@ -1,6 +1,6 @@
-//! The launch of kernels/skinny_matmul.cu (`x [M, K] . w [N, K]^T` for M <= 16 on tensor
-//! cores) as plain data, and the rule that sizes it. Pure Rust, always compiled: the simulator
-//! tests run exactly these launches.
+//! The launch of kernels/skinny_matmul.cu (`x [M, K] . w [N, K]^T` on tensor cores, up to 16
+//! rows of x per grid row) as plain data, and the rule that sizes it. Pure Rust, always
+//! compiled: the simulator tests run exactly these launches.
 
 use candle_core::{DType, Result};
 
@@ -8,7 +8,8 @@ use super::launch::{dtype_suffix, to_i32, Arg, KernelLaunch, KernelModule};
 
 const OP: &str = "skinny_matmul";
 
-/// The most rows of x the kernel takes (two tiles of 8).
+/// The most rows of x one block takes (two tiles of 8). Larger M launches a grid row per 16
+/// rows, each reading all of W: what batch-invariant models do at every step.
 pub const SKINNY_MAX_ROWS: usize = 16;
 
 /// The most rows models give the kernel: one tile. On an H100 (benches/README.md) a batch-1
@@ -92,15 +93,17 @@ fn shared_bytes(l: SkinnyLaunch, tiles: usize) -> usize {
 }
 
 /// The launch, `None` when there is nothing to compute. Errors on shapes the kernel does not
-/// take (M over [`SKINNY_MAX_ROWS`], K not a multiple of 32, f32).
+/// take (K not a multiple of 32, f32, more than 65535 grid rows). Up to 8 rows one tile, else
+/// two tiles per grid row.
 pub(crate) fn skinny_matmul(a: &SkinnyArgs) -> Result<Option<KernelLaunch>> {
     let suffix = match a.dtype {
         DType::F16 | DType::BF16 => dtype_suffix(a.dtype, OP)?,
         other => return Err(candle_core::Error::UnsupportedDTypeForOp(other, OP)),
     };
-    if a.m > SKINNY_MAX_ROWS || !a.k.is_multiple_of(SKINNY_K_CHUNK) {
+    if !a.k.is_multiple_of(SKINNY_K_CHUNK) || a.m.div_ceil(SKINNY_MAX_ROWS) > u16::MAX as usize {
         candle_core::bail!(
-            "{OP}: takes at most {SKINNY_MAX_ROWS} rows and K a multiple of 32, got {}x{}",
+            "{OP}: takes K a multiple of 32 and at most {} rows, got {}x{}",
+            u16::MAX as usize * SKINNY_MAX_ROWS,
             a.m,
             a.k
         );
@@ -110,7 +113,7 @@ pub(crate) fn skinny_matmul(a: &SkinnyArgs) -> Result<Option<KernelLaunch>> {
     }
     let launch = a.launch.unwrap_or_else(|| skinny_launch(a.n, a.k));
     let SkinnyLaunch { warps, stages, group } = launch;
-    let tiles = a.m.div_ceil(8);
+    let tiles = if a.m <= 8 { 1 } else { 2 };
     let shared = shared_bytes(launch, tiles);
     if !matches!(warps, 1 | 2 | 4 | 8 | 16)
         || !matches!((stages, group), (8, 1) | (4, 2) | (2, 4) | (4, 4))
@@ -125,7 +128,7 @@ pub(crate) fn skinny_matmul(a: &SkinnyArgs) -> Result<Option<KernelLaunch>> {
         function: format!("pagoda_skinny_matmul_{suffix}_t{tiles}_s{stages}_g{group}"),
         grid: [
             u32::try_from(blocks).map_err(|_| candle_core::Error::Msg(format!("{OP}: {} rows", a.n)))?,
-            1,
+            a.m.div_ceil(8 * tiles) as u32,
             1,
         ],
         block: [32 * warps as u32, 1, 1],
@@ -188,7 +191,10 @@ mod tests {
         let two = Some(SkinnyLaunch { warps: 2, stages: 4, group: 2 });
         let one = skinny_matmul(&SkinnyArgs { m: 1, dtype: DType::F16, launch: two, ..a }).unwrap().unwrap();
         assert_eq!((one.function.as_str(), one.block), ("pagoda_skinny_matmul_f16_t1_s4_g2", [64, 1, 1]));
-        assert!(skinny_matmul(&SkinnyArgs { m: 17, ..a }).is_err());
+        // Past 16 rows, a grid row of two tiles per 16 rows.
+        let many = skinny_matmul(&SkinnyArgs { m: 33, ..a }).unwrap().unwrap();
+        assert_eq!((many.function.as_str(), many.grid), ("pagoda_skinny_matmul_bf16_t2_s4_g4", [384, 3, 1]));
+        assert!(skinny_matmul(&SkinnyArgs { m: 16 * 65536, ..a }).is_err());
         assert!(skinny_matmul(&SkinnyArgs { k: 100, ..a }).is_err());
         assert!(skinny_matmul(&SkinnyArgs { dtype: DType::F32, ..a }).is_err());
         let odd =
