@@ -13,8 +13,9 @@
 //!   `BLOCKS_PER_SM * SMs / blocks` pieces of at least [`SPLIT_MIN_KEYS`] keys; the combine
 //!   kernel merges the pieces.
 //! - Batch-invariant calls ([`PlanParams::batch_invariant`]) plan every query token as a decode
-//!   of its own: CUDA-core items of one token, split by the token's key count alone. A row's
-//!   item, and so its bits, are then those of the same token decoded alone.
+//!   of its own: CUDA-core items of one token, split by the token's key count alone
+//!   ([`invariant_splits`]). A row's item, and so its bits, are then those of the same token
+//!   decoded alone.
 
 /// Rows (tokens x heads) of the CUDA-core kernel's small and large variants.
 pub(crate) const SIMT_SMALL_ROWS: usize = 4;
@@ -30,6 +31,11 @@ pub(crate) const BLOCKS_PER_SM: usize = 4;
 pub(crate) const SPLIT_MIN_KEYS: usize = 128;
 /// Split boundaries are multiples of this many keys (a multiple of every kernel's key tile).
 pub(crate) const SPLIT_GRANULE: usize = 64;
+/// Most pieces of one batch-invariant item. Every token of a prefill chunk is split by its own
+/// key count there, so the partial rows grow with tokens x pieces: 16 pieces keep a 2048-token
+/// chunk of Llama-3.1-8B's heads at 0.5 GB of f32 scratch however long the context, and still
+/// give a one-token decode of 8 kv heads 128 blocks.
+pub(crate) const INVARIANT_MAX_SPLITS: usize = 16;
 
 /// One unit of attention work; the layout of `WorkItem` in kernels/attention.cuh.
 #[repr(C)]
@@ -161,6 +167,17 @@ pub(crate) fn num_splits(kv_len: usize, unsplit_blocks: usize, num_sms: usize) -
     kv_len.div_ceil(piece)
 }
 
+/// The pieces of a batch-invariant item of `kv_len` keys: a function of `kv_len` alone, at
+/// least [`SPLIT_MIN_KEYS`] keys each and at most [`INVARIANT_MAX_SPLITS`] of them.
+pub(crate) fn invariant_splits(kv_len: usize) -> usize {
+    let splits = (kv_len / SPLIT_MIN_KEYS).min(INVARIANT_MAX_SPLITS);
+    if splits <= 1 {
+        return 1;
+    }
+    let piece = kv_len.div_ceil(splits).next_multiple_of(SPLIT_GRANULE);
+    kv_len.div_ceil(piece)
+}
+
 /// Splits `item` (unsplit) into `splits` pieces of its key range, appending them to `out`
 /// and the group's first piece to `combine`; returns the partial rows the group uses.
 fn split(
@@ -230,10 +247,11 @@ pub(crate) fn plan_attention(cu_seqlens_q: &[u32], context_lens: &[u32], p: &Pla
     let mut partial_rows = 0;
     for (items, out) in [(small, &mut plan.simt_small), (large, &mut plan.simt)] {
         for item in items {
-            // Batch-invariant: split as if the item were the call's only one, so the pieces
-            // depend on its key count alone (at most one piece per SPLIT_MIN_KEYS keys).
-            let blocks = if p.batch_invariant { 1 } else { unsplit_blocks };
-            let splits = num_splits((item.kv_hi - item.kv_lo) as usize, blocks, p.num_sms);
+            let kv_len = (item.kv_hi - item.kv_lo) as usize;
+            let splits = match p.batch_invariant {
+                true => invariant_splits(kv_len),
+                false => num_splits(kv_len, unsplit_blocks, p.num_sms),
+            };
             if splits > 1 {
                 partial_rows += split(item, splits, partial_rows, p.num_kv_heads, out, &mut plan.combine);
             } else {
@@ -403,6 +421,20 @@ mod tests {
         }
     }
 
+    #[test]
+    fn invariant_splits_depend_on_the_key_count_alone() {
+        assert_eq!(invariant_splits(1), 1);
+        assert_eq!(invariant_splits(2 * SPLIT_MIN_KEYS - 1), 1);
+        assert_eq!(invariant_splits(2 * SPLIT_MIN_KEYS), 2);
+        assert_eq!(invariant_splits(100_000), INVARIANT_MAX_SPLITS);
+        // Every piece `split` cuts holds keys: none starts past the end.
+        for kv in [256, 1000, 2049, 5000, 65_537, 100_000] {
+            let s = invariant_splits(kv);
+            let piece = kv.div_ceil(s).next_multiple_of(SPLIT_GRANULE);
+            assert!((s - 1) * piece < kv && s * piece >= kv, "{kv} keys: {s} x {piece}");
+        }
+    }
+
     /// Batch-invariant plans give each token the items (kernel variant, heads, key pieces) it
     /// gets decoded alone, whatever the batch around it; only where its rows go differs.
     #[test]
@@ -421,6 +453,11 @@ mod tests {
             let plan = plan_attention(&cu, &ctx, &p);
             check_plan(&cu, &ctx, &p, &plan);
             assert!(plan.mma.is_empty());
+            assert!(plan.combine.iter().all(|c| c.num_splits as usize <= INVARIANT_MAX_SPLITS));
+            assert!(
+                plan.combine.iter().any(|c| c.num_splits as usize == INVARIANT_MAX_SPLITS),
+                "20k keys: 16"
+            );
             for (seq, &c) in ctx.iter().enumerate() {
                 for t in cu[seq]..cu[seq + 1] {
                     let pos = c - (cu[seq + 1] - t);

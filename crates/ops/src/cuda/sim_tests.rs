@@ -555,8 +555,8 @@ fn attention_tensor_core_path_matches_cpu() {
 }
 
 /// Batch-invariant plans on the simulated kernels: a verification-shaped chunk (9 tokens), a
-/// prefill chunk, long split decodes and a short one, every token on its own CUDA-core items,
-/// against the CPU op.
+/// prefill chunk, long split decodes (one at the cap of 16 pieces) and a short one, every token
+/// on its own CUDA-core items, against the CPU op.
 #[test]
 fn attention_batch_invariant_plans_match_cpu() {
     let mut rng = StdRng::seed_from_u64(8);
@@ -568,7 +568,7 @@ fn attention_batch_invariant_plans_match_cpu() {
                 kv_heads,
                 head_dim: 64,
                 block_size: 16,
-                seqs: vec![(9, 300), (20, 20), (1, 700), (1, 5)],
+                seqs: vec![(9, 300), (20, 20), (1, 700), (1, 2200), (1, 5)],
                 num_sms: 132,
                 batch_invariant: true,
             };
