@@ -1,9 +1,10 @@
 //! `--batch-invariant` on CUDA, on the default model in bf16: one sequence's logits must have
 //! the same bits however its steps are built. Run 1 prefills the sequence alone and decodes
-//! its last tokens one step each; run 2 prefills it in two chunks beside another sequence's
-//! prefill (the first step samples nothing: no logits rows), then verifies those tokens in one speculative-shaped step (every position's
-//! logits) beside the other sequence's decode. Every row must match bit for bit. The same two
-//! runs without the flag are reported (rows that differ there show what the mode removes).
+//! its last tokens one step each. Run 2 prefills it in two chunks beside another sequence's
+//! prefill (the first step samples nothing: no logits rows), then verifies those tokens in one
+//! speculative-shaped step (every position's logits) beside the other sequence's decode. Every
+//! row must match bit for bit. The same two runs without the flag are reported (rows that
+//! differ there show what the mode removes).
 
 use std::path::Path;
 
