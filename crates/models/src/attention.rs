@@ -2,7 +2,7 @@
 //! QK-norm, rotary embedding, the write of the new K/V into the paged cache, paged attention
 //! (causal, or inside a sliding window) and the output projection. Also the rotary tables.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use pagoda_ops::{AttentionParams, RopeScaling, RotaryStyle};
 
 use crate::config::{LongRope, ModelConfig};
@@ -161,9 +161,10 @@ impl Attention {
         let (k_cache, v_cache) = cache.layer(layer);
         let meta = &input.attention[cache.group_of(layer)];
         // A cache stored narrower than the activations (f16 for an f32 model) takes the new
-        // rows rounded; attention reads any cache dtype.
+        // rows rounded: by the CPU op as it copies them, on other devices first. Attention
+        // reads any cache dtype.
         let (k, v) = match k_cache.dtype() {
-            dt if dt == k.dtype() => (k, v),
+            dt if dt == k.dtype() || (k.device().is_cpu() && k.dtype() == DType::F32) => (k, v),
             dt => (k.to_dtype(dt)?, v.to_dtype(dt)?),
         };
         pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &meta.slot_mapping)?;

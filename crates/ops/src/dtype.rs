@@ -27,6 +27,11 @@ pub(crate) trait Float: WithDType {
     /// `src` itself when this type is f32, so readers can skip the conversion copy.
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
 
+    /// `dst` itself when this type is f32, so writers can take an f32-only fast path.
+    fn as_f32_mut(_dst: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
+
     /// Converts `src` into `dst` (same length), rounding to nearest.
     fn from_f32_slice(src: &[f32], dst: &mut [Self]);
 
@@ -50,6 +55,10 @@ impl Float for f32 {
     #[inline(always)]
     fn as_f32(src: &[Self]) -> Option<&[f32]> {
         Some(src)
+    }
+    #[inline(always)]
+    fn as_f32_mut(dst: &mut [Self]) -> Option<&mut [f32]> {
+        Some(dst)
     }
     fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
         dst.copy_from_slice(src);

@@ -16,7 +16,9 @@ const OP: &str = "reshape_and_cache";
 /// (`[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous) at the slots in
 /// `slot_mapping` (u32 `[num_tokens]`), in place.
 ///
-/// `k`/`v` must have the caches' dtype (f32, f16 or bf16); they may be strided views whose rows
+/// `k`/`v` must have the caches' dtype (f32, f16 or bf16), or, on the CPU, be f32 for an f16 or
+/// bf16 cache: each value is then rounded to the nearest as it is copied (the bits of
+/// `to_dtype`, without its pass over a strided view). They may be strided views whose rows
 /// (one token's `num_kv_heads * head_dim` values) are contiguous. Every slot must be below
 /// `num_blocks * block_size`; an out-of-range slot is an error and then nothing is written.
 /// If a slot repeats, the later token's row wins.
@@ -34,8 +36,11 @@ pub fn reshape_and_cache(
     check::shape_is(v, &[num_tokens, kv_heads, head_dim], OP, "v")?;
     crate::dtype::check_float(k_cache.dtype(), OP)?;
     check::dtype_is(v_cache, k_cache.dtype(), OP)?;
-    check::dtype_is(k, k_cache.dtype(), OP)?;
-    check::dtype_is(v, k_cache.dtype(), OP)?;
+    let rounded_on_cpu = k_cache.device().is_cpu() && k.dtype() == DType::F32;
+    if !rounded_on_cpu {
+        check::dtype_is(k, k_cache.dtype(), OP)?;
+    }
+    check::dtype_is(v, k.dtype(), OP)?;
     check::dtype_is(slot_mapping, DType::U32, OP)?;
     for t in [v_cache, k, v, slot_mapping] {
         check::same_device(k_cache, t, OP)?;
@@ -47,7 +52,8 @@ pub fn reshape_and_cache(
     v_cache.inplace_op3(v, slot_mapping, &op)
 }
 
-/// Copies row `t` of the source into cache slot `slot_mapping[t]`.
+/// Copies row `t` of the source into cache slot `slot_mapping[t]`, rounding f32 rows into a
+/// narrower cache.
 struct WriteKv {
     num_slots: usize,
     /// Elements per slot: `num_kv_heads * head_dim`.
@@ -55,8 +61,9 @@ struct WriteKv {
 }
 
 impl WriteKv {
-    fn write<T: Float>(
+    fn write<T: Float, S: Float>(
         &self,
+        copy_row: impl Fn(&[S], &mut [T]),
         cache: &mut CpuStorage,
         cache_l: &Layout,
         src: &CpuStorage,
@@ -79,7 +86,7 @@ impl WriteKv {
                 size: self.num_slots,
             });
         }
-        let src = src.as_slice::<T>()?;
+        let src = src.as_slice::<S>()?;
         if rows.end() > src.len() {
             return Err(invalid(OP, "source view exceeds its storage"));
         }
@@ -92,7 +99,7 @@ impl WriteKv {
         let cache = &mut cache[cache_start..cache_end];
         for (t, &slot) in slots.iter().enumerate() {
             let dst = slot as usize * self.row_len;
-            cache[dst..dst + self.row_len].copy_from_slice(&src[rows.range(t)]);
+            copy_row(&src[rows.range(t)], &mut cache[dst..dst + self.row_len]);
         }
         Ok(())
     }
@@ -117,14 +124,19 @@ impl InplaceOp3 for WriteKv {
             .as_slice::<u32>()?
             .get(s0..s1)
             .ok_or_else(|| invalid(OP, "slot_mapping view exceeds its storage"))?;
-        if src.dtype() != cache.dtype() {
-            return Err(candle_core::Error::DTypeMismatchBinaryOp {
+        match src.dtype() {
+            dt if dt == cache.dtype() => with_float!(dt, OP, T => {
+                self.write::<T, T>(|row: &[T], dst: &mut [T]| dst.copy_from_slice(row), cache, cache_l, src, src_l, slots)
+            }),
+            DType::F32 => with_float!(cache.dtype(), OP, T => {
+                self.write::<T, f32>(T::from_f32_slice, cache, cache_l, src, src_l, slots)
+            }),
+            _ => Err(candle_core::Error::DTypeMismatchBinaryOp {
                 lhs: cache.dtype(),
                 rhs: src.dtype(),
                 op: OP,
-            });
+            }),
         }
-        with_float!(cache.dtype(), OP, T => self.write::<T>(cache, cache_l, src, src_l, slots))
     }
 
     #[cfg(feature = "cuda")]

@@ -7,8 +7,8 @@
 //! query rows. Items take all kv heads of a sequence when there are enough items to keep the
 //! threads busy (decode batches): a position's K/V for all heads is then one contiguous read.
 //! With few sequences the kv heads are split, then the token tiles made smaller (a speculative
-//! step's 9 positions at one stream: 9 items of 3 tokens and one kv head, not 3 of 9; see
-//! [`crate::attention_plan`]).
+//! step's 9 positions at one stream on two threads: 6 items of 5 or 4 tokens and one kv head,
+//! not 3 of 9; see [`crate::attention_plan`]).
 //! Keys are visited in chunks of `KEY_CHUNK` positions on a fixed grid (independent of the block
 //! size, so tiny blocks cost no extra rescaling, and of the tile, so a query's sums do not
 //! depend on what else is in the step); within a chunk it computes the scores, folds them into the

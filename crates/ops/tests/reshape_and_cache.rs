@@ -62,6 +62,33 @@ fn strided_source_rows_are_read_in_place() {
     assert_eq!(values(&vflat.get(1).unwrap()), vec![POISON; kvh * hd]);
 }
 
+/// f32 rows into an f16 or bf16 cache are rounded as they are copied, to the bits of
+/// `to_dtype` first; strided rows included.
+#[test]
+fn f32_rows_are_rounded_into_a_narrower_cache() {
+    let (nb, bs, kvh, hd) = (3, 4, 2, 8);
+    let mut rng = rng(4);
+    let qkv = random_tensor(&mut rng, &[5, 6, hd], DType::F32).unwrap();
+    let (k, v) = (qkv.narrow(1, 2, kvh).unwrap(), qkv.narrow(1, 4, kvh).unwrap());
+    let sm = Tensor::new(&[9u32, 0, 3, 11, 4], &Device::Cpu).unwrap();
+    for dtype in [DType::F16, DType::BF16] {
+        let (kc, vc) = (poisoned((nb, bs, kvh, hd), dtype), poisoned((nb, bs, kvh, hd), dtype));
+        reshape_and_cache(&k, &v, &kc, &vc, &sm).unwrap();
+        let (kw, vw) = (poisoned((nb, bs, kvh, hd), dtype), poisoned((nb, bs, kvh, hd), dtype));
+        let (k_narrow, v_narrow) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
+        reshape_and_cache(&k_narrow, &v_narrow, &kw, &vw, &sm).unwrap();
+        let bits =
+            |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        let bits = |t: &Tensor| bits(t).into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert_eq!(bits(&kc), bits(&kw), "{dtype:?} k");
+        assert_eq!(bits(&vc), bits(&vw), "{dtype:?} v");
+        assert_eq!(kc.dtype(), dtype);
+        // k and v must agree: an f16 k beside an f32 v is refused.
+        let k16 = k.to_dtype(DType::F16).unwrap();
+        assert!(reshape_and_cache(&k16, &v, &kc, &vc, &sm).is_err());
+    }
+}
+
 #[test]
 fn rejects_bad_arguments_and_leaves_the_cache_untouched() {
     let (nb, bs, kvh, hd) = (2, 4, 2, 4);
