@@ -107,19 +107,19 @@ impl Rotary<'_> {
         }
         let row_len = heads * head_dim;
         let style = self.style;
+        #[cfg(target_arch = "x86_64")]
+        let wide = head_dim.is_multiple_of(32) && std::arch::is_x86_feature_detected!("avx512f");
         let out =
             par_rows(num_tokens, row_len, (1 << 14) / row_len.max(1) + 1, T::from_f32(0.0), |t, dst| {
                 let p = positions[t] as usize;
                 let (c, s) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
                 let x = &src[rows.range(t)];
                 #[cfg(target_arch = "x86_64")]
-                if let (Some(x), Some(dst)) = (T::as_f32(x), T::as_f32_mut(dst)) {
-                    if head_dim.is_multiple_of(32) && std::arch::is_x86_feature_detected!("avx512f") {
-                        // SAFETY: AVX-512F is present; rows are whole heads of `head_dim`, a
-                        // multiple of 32, and `c`/`s` hold `head_dim / 2` values.
-                        unsafe { rotate_row_avx512(x, dst, c, s, head_dim, style) };
-                        return;
-                    }
+                if let (true, Some(x), Some(dst)) = (wide, T::as_f32(x), T::as_f32_mut(dst)) {
+                    // SAFETY: AVX-512F is present; rows are whole heads of `head_dim`, a
+                    // multiple of 32, and `c`/`s` hold `head_dim / 2` values.
+                    unsafe { rotate_row_avx512(x, dst, c, s, head_dim, style) };
+                    return;
                 }
                 rotate_row(x, dst, c, s, head_dim, style);
             });
