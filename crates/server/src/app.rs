@@ -14,10 +14,11 @@ use axum::{Extension, Json, Router};
 use tower::ServiceBuilder;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 
+use crate::anthropic::error::anthropic_errors;
 use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
-use crate::handlers::{chat, completions, info, tokenize};
+use crate::handlers::{chat, completions, info, messages, responses, tokenize};
 use crate::layers::{self, MakeId, X_REQUEST_ID};
 use crate::state::SharedState;
 
@@ -53,13 +54,22 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
     let mut api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{response_id}", get(responses::retrieve).delete(responses::delete))
+        .route("/v1/responses/{response_id}/input_items", get(responses::input_item_list))
         .route("/v1/models", get(info::list_models))
         .route("/v1/models/{*model}", get(info::retrieve_model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
+    let mut anthropic = Router::new()
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens));
     if let Some(key) = &options.api_key {
         api = api.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));
+        anthropic = anthropic.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));
     }
+    // Outside the key check, so that its 401 is in Anthropic's shape too.
+    let api = api.merge(anthropic.route_layer(from_fn(anthropic_errors)));
     let open = Router::new()
         .route("/health", get(info::health))
         .route("/version", get(info::version))

@@ -1,4 +1,5 @@
-//! API-key authentication: `Authorization: Bearer <key>` compared in constant time.
+//! API-key authentication: `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's
+//! clients send it, compared in constant time.
 //!
 //! Both the expected key and the presented one are hashed (SHA-256) first, so the comparison
 //! takes the same time whatever the presented key's length or content.
@@ -7,6 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
+use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::Response;
 use sha2::{Digest, Sha256};
@@ -53,10 +55,17 @@ impl ApiKey {
     }
 }
 
-/// Middleware: rejects requests without the right key with 401.
+/// Anthropic's key header.
+pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// Middleware: rejects requests without the right key with 401. A request that sends
+/// `x-api-key` is judged by that header alone.
 pub async fn require_api_key(State(key): State<ApiKey>, req: Request, next: Next) -> Response {
-    let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    if key.authorizes(header) {
+    let authorized = match req.headers().get(&X_API_KEY) {
+        Some(presented) => key.matches(presented.as_bytes()) && !presented.is_empty(),
+        None => key.authorizes(req.headers().get(AUTHORIZATION).map(|v| v.as_bytes())),
+    };
+    if authorized {
         next.run(req).await
     } else {
         crate::layers::reject_unread(req, ApiError::Unauthorized).await

@@ -352,6 +352,10 @@ pub struct ServeArgs {
     /// Most top logprobs a request may ask for. [default: 20]
     #[arg(long)]
     pub max_logprobs: Option<usize>,
+    /// Responses API responses kept in memory for retrieval and `previous_response_id`; the
+    /// least recently used goes first. 0 stores none (`store` then defaults to false). [default: 1024]
+    #[arg(long, value_name = "N")]
+    pub max_stored_responses: Option<usize>,
     /// Largest request body accepted; larger ones get 413. [default: 8MiB]
     #[arg(long, value_name = "BYTES")]
     pub max_request_body_bytes: Option<ByteSize>,
@@ -413,6 +417,7 @@ pub struct ServerConfig {
     pub metrics_prefix: MetricsPrefix,
     pub max_logprobs: usize,
     pub max_request_body_bytes: usize,
+    pub max_stored_responses: usize,
     pub shutdown_timeout: Duration,
     pub http_header_read_timeout: Duration,
     pub http_keep_alive_timeout: Duration,
@@ -501,6 +506,7 @@ impl ServerConfig {
                 .or(file.max_request_body_bytes)
                 .map(|b| b.0 as usize)
                 .unwrap_or(8 << 20),
+            max_stored_responses: cli.max_stored_responses.or(file.max_stored_responses).unwrap_or(1024),
             shutdown_timeout: Duration::from_secs_f64(
                 cli.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(30.0).max(0.0),
             ),

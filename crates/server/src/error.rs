@@ -57,7 +57,10 @@ pub enum ApiError {
     PromptTextTooLong { bytes: usize, at_least_tokens: usize, max_model_len: usize, param: &'static str },
     #[error("The model `{0}` does not exist.")]
     ModelNotFound(String),
-    #[error("Invalid or missing API key. Pass it as `Authorization: Bearer <key>`.")]
+    /// A stored response (Responses API) that does not exist or is no longer stored.
+    #[error("{message}")]
+    ResponseNotFound { message: String, param: Option<&'static str> },
+    #[error("Invalid or missing API key. Pass it as `Authorization: Bearer <key>` (or `x-api-key: <key>`).")]
     Unauthorized,
     #[error("The request body is larger than the limit of {limit} bytes.")]
     PayloadTooLarge { limit: usize },
@@ -92,7 +95,9 @@ impl ApiError {
             | ApiError::PromptTooLong { .. }
             | ApiError::PromptTextTooLong { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_)
+            | ApiError::ResponseNotFound { .. }
+            | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -121,6 +126,7 @@ impl ApiError {
             | ApiError::PromptTooLong { .. }
             | ApiError::PromptTextTooLong { .. } => "context_length_exceeded",
             ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::ResponseNotFound { .. } => "response_not_found",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::PayloadTooLarge { .. } => "request_too_large",
             ApiError::RouteNotFound { .. } => "not_found",
@@ -139,6 +145,7 @@ impl ApiError {
             ApiError::ContextLengthExceeded { .. } => Some("max_tokens"),
             ApiError::PromptTooLong { param, .. } | ApiError::PromptTextTooLong { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ResponseNotFound { param, .. } => *param,
             _ => None,
         }
     }
@@ -203,6 +210,9 @@ impl IntoResponse for ApiError {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
         let mut response = (status, axum::Json(self.body())).into_response();
+        // Kept so that another API's routes can render the same error in their own shape
+        // (`crate::anthropic::error`).
+        response.extensions_mut().insert(self.clone());
         if let ApiError::Unauthorized = self {
             response
                 .headers_mut()

@@ -145,6 +145,18 @@ mod tests {
     }
 
     #[test]
+    fn model_is_a_string_and_messages_are_objects() {
+        assert_eq!(param(r#"{"model":null,"messages":[]}"#).as_deref(), Some("model"));
+        assert_eq!(param(r#"{"model":5,"messages":[]}"#).as_deref(), Some("model"));
+        assert_eq!(param(r#"{"messages":[["user","hi"]]}"#).as_deref(), Some("messages[0]"));
+        let err = parse::<CompletionRequest>(br#"{"model":null,"prompt":"x"}"#).unwrap_err();
+        assert_eq!(err.param(), Some("model"));
+        let ok: ChatCompletionRequest =
+            parse(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+        assert_eq!((ok.model.as_deref(), ok.messages.len()), (Some("m"), 1));
+    }
+
+    #[test]
     fn deep_nesting_does_not_overflow() {
         let body = format!("{{\"messages\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(parse::<ChatCompletionRequest>(body.as_bytes()).is_err());

@@ -6,10 +6,12 @@
 //! tokenized ([`prompt`]) into engine requests ([`submit`]), and every failure is an
 //! [`error::ApiError`], mapped to a status and the OpenAI error body in one place.
 
+pub mod anthropic;
 pub mod app;
 pub mod auth;
 pub mod chat_output;
 pub mod config;
+pub mod conversation;
 pub mod error;
 pub mod extract;
 pub mod generate;
@@ -24,6 +26,7 @@ pub mod openai;
 pub mod openapi;
 pub mod prompt;
 pub mod refuse;
+pub mod responses;
 pub mod runtime;
 pub mod server;
 pub mod speculative_config;

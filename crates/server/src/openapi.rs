@@ -17,6 +17,12 @@ use crate::handlers;
     paths(
         handlers::chat::chat_completions,
         handlers::completions::completions,
+        handlers::responses::create,
+        handlers::responses::retrieve,
+        handlers::responses::delete,
+        handlers::responses::input_item_list,
+        handlers::messages::messages,
+        handlers::messages::count_tokens,
         handlers::info::list_models,
         handlers::info::retrieve_model,
         handlers::info::health,
@@ -27,6 +33,7 @@ use crate::handlers;
     ),
     modifiers(&BearerAuth),
     tags((name = "openai", description = "OpenAI-compatible endpoints"),
+         (name = "anthropic", description = "Anthropic-compatible endpoints (errors in Anthropic's shape)"),
          (name = "vllm", description = "vLLM extensions"),
          (name = "ops", description = "Health, version and metrics"))
 )]
@@ -63,6 +70,11 @@ mod tests {
         for p in [
             "/v1/chat/completions",
             "/v1/completions",
+            "/v1/messages",
+            "/v1/responses",
+            "/v1/responses/{response_id}",
+            "/v1/responses/{response_id}/input_items",
+            "/v1/messages/count_tokens",
             "/v1/models",
             "/health",
             "/version",

@@ -29,6 +29,7 @@ use crate::hub;
 use crate::listen::{self, ConnectionLimits};
 use crate::metrics::Metrics;
 use crate::prompt::PromptBuilder;
+use crate::responses::store::ResponseStore;
 use crate::runtime::{LoadedRuntime, RuntimeError, RuntimeOptions};
 use crate::state::{AppState, ModelInfo, SharedState};
 use crate::validate::Limits;
@@ -326,6 +327,7 @@ impl Server {
             "tool calling ready"
         );
         let state = Arc::new(AppState {
+            responses: ResponseStore::new(config.max_stored_responses),
             grammars,
             tool_format,
             reasoning,

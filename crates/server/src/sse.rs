@@ -29,6 +29,12 @@ pub fn done_event() -> Event {
     Event::default().data("[DONE]")
 }
 
+/// `event: <name>` with `data: <json>`, as Anthropic's and the Responses API's streams send
+/// every event.
+pub fn named_event<T: Serialize>(name: &str, value: &T) -> Event {
+    json_event(value).event(name)
+}
+
 /// The SSE response around a stream of events. Comment-only keep-alives every 15 s keep idle
 /// proxies from closing a long prefill.
 pub fn response<S>(events: S) -> Response
@@ -36,6 +42,15 @@ where
     S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// Like [`response`], with `keep_alive` as the event sent while nothing else is (Anthropic's
+/// `ping`).
+pub fn response_with_keep_alive<S>(events: S, keep_alive: Event) -> Response
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    Sse::new(events).keep_alive(KeepAlive::new().event(keep_alive)).into_response()
 }
 
 #[cfg(test)]

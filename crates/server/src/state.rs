@@ -10,6 +10,7 @@ use crate::error::ApiError;
 use crate::grammars::Grammars;
 use crate::metrics::{EngineSnapshot, Metrics};
 use crate::prompt::PromptBuilder;
+use crate::responses::store::ResponseStore;
 use crate::validate::Limits;
 
 /// The name a model is served under when `--served-model-name` is not given: a GGUF file's stem
@@ -67,6 +68,8 @@ pub struct AppState {
     pub tool_format: ToolCallFormat,
     /// Splits reasoning from content, when configured.
     pub reasoning: Option<ReasoningFormat>,
+    /// Responses API responses kept for retrieval and `previous_response_id`.
+    pub responses: ResponseStore,
 }
 
 impl std::fmt::Debug for AppState {

@@ -166,6 +166,8 @@ pub struct Collected {
     pub choices: Vec<ChoiceOutput>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_prompt_tokens: usize,
 }
 
 impl Submission {
@@ -184,6 +186,7 @@ impl Submission {
             if let Some(usage) = event.usage {
                 out.prompt_tokens += usage.prompt_tokens;
                 out.completion_tokens += usage.completion_tokens;
+                out.cached_prompt_tokens += usage.cached_prompt_tokens;
             }
             let Some(c) = out.choices.get_mut(choice) else {
                 return Err(ApiError::Internal(format!(

@@ -8,10 +8,11 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, BoxStream, StreamExt};
-use pagoda_text::{Tokenizer, ToolCallFormat};
+use pagoda_text::Tokenizer;
 
 use super::{finish_reason, response_id};
 use crate::chat_output::{whole_message, ChoiceSplit, ChoiceText};
+use crate::conversation::{ChatTurn, StartedTurn};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::layers::Arrival;
@@ -24,12 +25,8 @@ use crate::openai::{
 use crate::prompt::{chat_messages, ChatOptions};
 use crate::sse;
 use crate::state::SharedState;
-use crate::structured::RequestedGrammar;
-use crate::submit::{failure, submit, ChoiceEvent, Submission};
-use crate::tools::grammar::tool_grammar;
-use crate::tools::messages::generic_conversation;
+use crate::submit::{failure, ChoiceEvent, Submission};
 use crate::tools::ToolRequest;
-use crate::validate::validate;
 
 /// What every chunk and the response repeat.
 #[derive(Clone)]
@@ -87,48 +84,25 @@ pub async fn chat_completions(
     crate::refuse::chat(&req)?;
     let tools = ToolRequest::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?
         .filter(ToolRequest::active);
-    let mut requested_grammar = req.grammar_fields().grammar()?;
-    if let (Some(_), Some(g)) = (&tools, &requested_grammar) {
-        let field = g.param.split('.').next().unwrap_or("response_format").to_owned();
-        return Err(ApiError::invalid(
-            field.clone(),
-            format!("`{field}` cannot be combined with tools; set `tool_choice` to `none` to use it"),
-        ));
-    }
-    if let Some(t) = &tools {
-        requested_grammar =
-            tool_grammar(state.tool_format, t).map(|spec| RequestedGrammar { spec, param: "tools".into() });
-    }
-    let mut params = validate(req.common(), &state.limits)?;
-    if let Some(requested) = requested_grammar {
-        params.grammar = Some(crate::structured::compile(&state, requested).await?);
-    }
-    let mut messages = chat_messages(&req.messages)?;
-    let mut options = ChatOptions::of(
+    let grammar = req.grammar_fields().grammar()?;
+    let messages = chat_messages(&req.messages)?;
+    let options = ChatOptions::of(
         &messages,
         req.add_generation_prompt,
         req.continue_final_message,
         req.add_special_tokens,
         req.chat_template_kwargs.clone(),
     )?;
-    if let Some(t) = &tools {
-        if state.tool_format == ToolCallFormat::Generic {
-            messages = generic_conversation(messages, t);
-        } else {
-            options.template_kwargs.entry("tools").or_insert_with(|| serde_json::Value::Array(t.raw.clone()));
-        }
-    }
-    let prompt = state.prompts.chat(messages, options).await?;
-    // A reasoning model's prompt may open (or, with thinking switched off, close) the reasoning.
-    let prompt_tail = prompt.text.trim_end();
-    let reasoning = state.reasoning.map(|format| (format, prompt_tail.ends_with("<think>")));
-    if let Some((format, _)) = reasoning {
-        if !prompt_tail.ends_with(format.end_tag()) {
-            params.grammar_after = Some(format.end_tag());
-        }
-    }
-    let split = ChoiceSplit { reasoning, tools: tools.as_ref().map(|_| state.tool_format) };
-    let submission = submit(&state, vec![prompt], &params, arrival, "messages")?;
+    let turn = ChatTurn {
+        messages,
+        options,
+        tools,
+        grammar,
+        params: req.common(),
+        prompt_param: "messages",
+        clamp_max_tokens: false,
+    };
+    let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     let ctx = Context {
         id: response_id("chatcmpl"),
         created: unix_now(),

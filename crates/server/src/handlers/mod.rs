@@ -5,6 +5,8 @@
 pub mod chat;
 pub mod completions;
 pub mod info;
+pub mod messages;
+pub mod responses;
 pub mod tokenize;
 
 use crate::openai::{FinishReason, StopReason};

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -15,7 +15,7 @@ use super::sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopRe
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
     /// The served model name; may be omitted when the server serves one model.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::common::optional_string")]
     pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
     /// Deprecated alias of `max_completion_tokens`. Absent: whatever the context allows.
@@ -188,8 +188,10 @@ impl ChatCompletionRequest {
     }
 }
 
-/// One message of the conversation.
+/// One message of the conversation: a JSON object (serde would also fill it from an array, by
+/// position; see the `Deserialize` impl below).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+#[serde(remote = "Self")]
 pub struct ChatMessage {
     /// `system`, `developer` (same as `system`), `user`, `assistant` or `tool`.
     pub role: String,
@@ -207,6 +209,28 @@ pub struct ChatMessage {
     /// The call a `tool` message answers.
     #[serde(default)]
     pub tool_call_id: Option<String>,
+}
+
+impl Serialize for ChatMessage {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ChatMessage::serialize(self, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ChatMessage {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ChatMessage;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ChatMessage, A::Error> {
+                ChatMessage::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer.deserialize_map(V)
+    }
 }
 
 /// Message content: a string or an array of parts.

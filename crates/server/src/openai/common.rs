@@ -87,6 +87,15 @@ impl<'de> Deserialize<'de> for StopSpec {
     }
 }
 
+/// A field that is a string when present: `null` and other types are refused (`serde`'s
+/// `Option` would take `null` as absent).
+pub fn optional_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Ok(Some(s)),
+        other => Err(de::Error::custom(format!("must be a string, got {other}"))),
+    }
+}
+
 /// Seconds since the Unix epoch, for `created` fields.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

@@ -14,7 +14,7 @@ use super::sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopRe
 /// A completion request. Unknown top-level fields are refused (see [`super::fields`]).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct CompletionRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::common::optional_string")]
     pub model: Option<String>,
     pub prompt: Prompt,
     /// Absent: whatever the context allows.

@@ -70,6 +70,13 @@ known_fields!(ChatCompletionRequest, IGNORED_BOOKKEEPING);
 known_fields!(CompletionRequest, IGNORED_BOOKKEEPING);
 known_fields!(TokenizeRequest, &[]);
 known_fields!(DetokenizeRequest, &[]);
+known_fields!(crate::anthropic::wire::MessagesRequest, &[]);
+known_fields!(crate::anthropic::wire::CountTokensRequest, &[]);
+// `client_metadata` is Codex's own bookkeeping (session and turn ids).
+known_fields!(
+    crate::responses::wire::ResponsesRequest,
+    &["service_tier", "safety_identifier", "prompt_cache_key", "client_metadata"]
+);
 
 /// The top-level keys of a JSON object, read without building its values; empty for anything
 /// that is not an object.

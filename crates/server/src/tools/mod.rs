@@ -81,7 +81,14 @@ fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, InvalidParam> {
     };
     let parameters = match f.get("parameters") {
         None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
-        Some(v @ Value::Object(_)) => v.clone(),
+        // The arguments are an object: a schema of another type can never be met.
+        Some(v @ Value::Object(o)) if o.get("type").is_none_or(|t| t == "object") => v.clone(),
+        Some(Value::Object(o)) => {
+            return Err(invalid(
+                p(".function.parameters"),
+                format!("must be a JSON schema of `\"type\": \"object\"`, got `\"type\": {}`", o["type"]),
+            ))
+        }
         Some(_) => return Err(invalid(p(".function.parameters"), "must be a JSON schema object")),
     };
     if let Some(strict) = f.get("strict") {
@@ -212,6 +219,11 @@ mod tests {
             (json!([{"type": "function", "function": {"name": "a b"}}]), None, "tools[0].function.name"),
             (
                 json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+                None,
+                "tools[0].function.parameters",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]),
                 None,
                 "tools[0].function.parameters",
             ),

@@ -52,6 +52,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         grammars: pagoda_server::grammars::Grammars::unavailable(),
         tool_format: pagoda_text::ToolCallFormat::Generic,
         reasoning: None,
+        responses: pagoda_server::responses::store::ResponseStore::new(8),
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),
         prompts: PromptBuilder::new(tokenizer, Some(Arc::new(template)), vocab_size, 2048),
         engine,
@@ -108,12 +109,25 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     for (path, body) in [
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}]})),
         ("/v1/completions", json!({"prompt": "hi", "stream": true})),
+        ("/v1/responses", json!({"input": "hi", "stream": true})),
     ] {
         let resp = c.post(format!("{url}{path}")).json(&body).send().await?;
         assert_eq!(resp.status(), 503, "{path}");
         let json: Value = resp.json().await?;
         assert_eq!(assert_error_shape(&json)["code"], "engine_unavailable");
     }
+
+    // Anthropic's clients see their own overloaded error, 529.
+    let body = json!({"model": "broken", "max_tokens": 4, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let resp = c.post(format!("{url}/v1/messages")).json(&body).send().await?;
+    assert_eq!(resp.status().as_u16(), 529);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let json: Value = resp.json().await?;
+    assert_eq!(
+        (json["type"].as_str(), json["error"]["type"].as_str()),
+        (Some("error"), Some("overloaded_error")),
+        "{json}"
+    );
 
     let _ = stop_tx.send(());
     server.await??;

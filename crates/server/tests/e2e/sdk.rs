@@ -48,8 +48,13 @@ fn sdk_python() -> PathBuf {
 
 /// Runs the SDK checks (`extra` arguments select a suite) against the server at `base_url`.
 async fn run_checks(base_url: &str, extra: &[&str]) -> Result<()> {
+    run_script("check_structured.py", base_url, extra).await
+}
+
+/// Runs tests/sdk/`name` against the server at `base_url`.
+async fn run_script(name: &str, base_url: &str, extra: &[&str]) -> Result<()> {
     let python = sdk_python();
-    let script = repo_root().join("tests/sdk/check_structured.py");
+    let script = repo_root().join("tests/sdk").join(name);
     assert!(script.exists(), "{} is missing", script.display());
     let child = tokio::process::Command::new(&python)
         .arg(&script)
@@ -84,6 +89,20 @@ async fn run_checks(base_url: &str, extra: &[&str]) -> Result<()> {
 #[tokio::test]
 async fn openai_python_sdk_structured_outputs_and_tools() -> Result<()> {
     run_checks(&shared().url("/v1"), &[]).await
+}
+
+/// Anthropic's SDK on `/v1/messages` and OpenAI's on `/v1/responses` (tests/sdk/check_agent_apis.py:
+/// create and stream with the stream helpers, tool use under each choice with results, JSON
+/// schema output, stored responses and `previous_response_id`, typed errors).
+#[tokio::test]
+async fn anthropic_and_openai_sdks_on_messages_and_responses() -> Result<()> {
+    run_script("check_agent_apis.py", &shared().url(""), &["--suite", "all"]).await
+}
+
+/// Thinking blocks (Anthropic) and reasoning items (Responses) against the reasoning server.
+#[tokio::test]
+async fn anthropic_and_openai_sdks_show_reasoning() -> Result<()> {
+    run_script("check_agent_apis.py", &crate::reasoning::server().url(""), &["--suite", "thinking"]).await
 }
 
 #[tokio::test]

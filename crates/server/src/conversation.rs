@@ -1,0 +1,107 @@
+//! One chat turn, whichever API it arrived through. OpenAI's chat completions, Anthropic's
+//! Messages and OpenAI's Responses each translate their request into a [`ChatTurn`] (checked
+//! messages, template options, tools, a requested grammar and the sampling parameters) and run it
+//! here: the tools' grammar, validation, grammar compilation, the chat template (or our generic
+//! tool prompt), the reasoning split, and submission to the engine. Their outputs all come back
+//! through [`crate::chat_output`], so every API shows the same reasoning, content and tool calls.
+
+use std::time::Instant;
+
+use pagoda_text::{ChatMessage, ToolCallFormat};
+
+use crate::chat_output::ChoiceSplit;
+use crate::error::ApiError;
+use crate::openai::CommonParams;
+use crate::prompt::{ChatOptions, TokenizedPrompt};
+use crate::state::AppState;
+use crate::structured::RequestedGrammar;
+use crate::submit::{submit, Submission};
+use crate::tools::grammar::tool_grammar;
+use crate::tools::messages::generic_conversation;
+use crate::tools::ToolRequest;
+use crate::validate::validate;
+
+/// A chat request in the server's own terms.
+#[derive(Debug, Clone)]
+pub struct ChatTurn {
+    /// Checked messages, as the template takes them.
+    pub messages: Vec<ChatMessage>,
+    pub options: ChatOptions,
+    /// Active tools (a `none` choice is no tools).
+    pub tools: Option<ToolRequest>,
+    /// Structured output the request asks for; excludes `tools`.
+    pub grammar: Option<RequestedGrammar>,
+    pub params: CommonParams,
+    /// The request field holding the conversation (`messages`, `input`), for errors.
+    pub prompt_param: &'static str,
+    /// A `max_tokens` beyond the context is cut to what the context leaves (Anthropic's
+    /// clients ask for more than a small model's whole context), not refused.
+    pub clamp_max_tokens: bool,
+}
+
+/// A turn admitted by the engine.
+pub struct StartedTurn {
+    pub submission: Submission,
+    /// How each choice's text splits into reasoning, content and tool calls.
+    pub split: ChoiceSplit,
+    /// Whether `max_tokens` was cut to the context ([`ChatTurn::clamp_max_tokens`]).
+    pub max_tokens_clamped: bool,
+}
+
+impl ChatTurn {
+    /// The prompt the model sees: tools shown through the template, or written into the
+    /// conversation for templates without tools. Also what `count_tokens` counts.
+    pub async fn render(&self, state: &AppState) -> Result<TokenizedPrompt, ApiError> {
+        let mut messages = self.messages.clone();
+        let mut options = self.options.clone();
+        if let Some(t) = &self.tools {
+            if state.tool_format == ToolCallFormat::Generic {
+                messages = generic_conversation(messages, t);
+            } else {
+                options
+                    .template_kwargs
+                    .entry("tools")
+                    .or_insert_with(|| serde_json::Value::Array(t.raw.clone()));
+            }
+        }
+        state.prompts.chat(messages, options).await
+    }
+
+    /// Validates, renders and submits the turn.
+    pub async fn start(self, state: &AppState, arrival: Instant) -> Result<StartedTurn, ApiError> {
+        if let (Some(_), Some(g)) = (&self.tools, &self.grammar) {
+            let field = g.param.split('.').next().unwrap_or("response_format").to_owned();
+            return Err(ApiError::invalid(
+                field.clone(),
+                format!("`{field}` cannot be combined with tools; set `tool_choice` to `none` to use it"),
+            ));
+        }
+        let requested = match &self.tools {
+            Some(t) => tool_grammar(state.tool_format, t)
+                .map(|spec| RequestedGrammar { spec, param: "tools".into() }),
+            None => self.grammar.clone(),
+        };
+        let mut params = validate(self.params.clone(), &state.limits)?;
+        if let Some(requested) = requested {
+            params.grammar = Some(crate::structured::compile(state, requested).await?);
+        }
+        let prompt = self.render(state).await?;
+        let room = state.limits.max_model_len.saturating_sub(prompt.token_ids.len());
+        let max_tokens_clamped =
+            self.clamp_max_tokens && room > 0 && params.max_tokens.is_some_and(|m| m > room);
+        if max_tokens_clamped {
+            params.max_tokens = Some(room);
+        }
+        // A reasoning model's prompt may open (or, with thinking switched off, close) the reasoning.
+        let prompt_tail = prompt.text.trim_end();
+        let reasoning = state.reasoning.map(|format| (format, prompt_tail.ends_with("<think>")));
+        if let Some((format, _)) = reasoning {
+            if !prompt_tail.ends_with(format.end_tag()) {
+                params.grammar_after = Some(format.end_tag());
+            }
+        }
+        let split = ChoiceSplit { reasoning, tools: self.tools.as_ref().map(|_| state.tool_format) };
+        let submission = submit(state, vec![prompt], &params, arrival, self.prompt_param)?;
+        Ok(StartedTurn { submission, split, max_tokens_clamped })
+    }
+}
