@@ -154,7 +154,7 @@ pub async fn create(
     }
     items.extend(new_items.iter().cloned());
     let response = skeleton(&req, model, store)?;
-    let mut turn = chat_turn(&state, &req, &items, first_new)?;
+    let (mut turn, namespaces) = chat_turn(&state, &req, &items, first_new)?;
     if req.truncation.as_deref() == Some("auto") {
         fit(&state, &mut turn, req.max_output_tokens).await?;
     }
@@ -162,7 +162,8 @@ pub async fn create(
     let encrypted = req.include.iter().flatten().any(|i| i == "reasoning.encrypted_content");
     let finishing = Finishing { state: Arc::clone(&state), input_items: new_items, store };
     if req.stream.unwrap_or(false) {
-        return Ok(stream_response(finishing, response, split, encrypted, submission.events));
+        let items = OutputEvents::new(encrypted, namespaces);
+        return Ok(stream_response(finishing, response, split, items, submission.events));
     }
     let (_, collected) = submission.collect(&state).await?;
     let choice = collected.choices.into_iter().next().unwrap_or_default();
@@ -170,7 +171,7 @@ pub async fn create(
     let reasoning_tokens = count_tokens(state.prompts.tokenizer(), message.reasoning.as_deref());
     let status = status_of(choice.finish.as_ref());
     let mut response = response;
-    response.output = output_items(message, encrypted, status);
+    response.output = output_items(message, encrypted, status, &namespaces);
     let usage = pagoda_engine::Usage {
         prompt_tokens: collected.prompt_tokens,
         completion_tokens: collected.completion_tokens,
@@ -310,7 +311,7 @@ fn stream_response(
     finishing: Finishing,
     response: ResponseObject,
     split: ChoiceSplit,
-    encrypted: bool,
+    items: OutputEvents,
     events: BoxStream<'static, ChoiceEvent>,
 ) -> Response {
     let mut st = ResponseStream {
@@ -318,7 +319,7 @@ fn stream_response(
         response,
         events,
         text: ChoiceText::new(split),
-        items: OutputEvents::new(encrypted),
+        items,
         reasoning: String::new(),
         usage: pagoda_engine::Usage::default(),
         status: None,

@@ -7,6 +7,7 @@
 
 use serde_json::{json, Value};
 
+use super::request::ToolNamespaces;
 use crate::chat_output::{ChoiceMessage, ChoicePiece};
 
 fn new_id(prefix: &str) -> String {
@@ -35,12 +36,28 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
-fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
+fn call_item(
+    id: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+    ns: &ToolNamespaces,
+) -> Value {
+    let mut item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status});
+    if let Some(namespace) = ns.of(name) {
+        item["namespace"] = json!(namespace);
+    }
+    item
 }
 
 /// The output items of a whole answer; `status` is the items' (`completed` or `incomplete`).
-pub fn output_items(message: ChoiceMessage, encrypted_reasoning: bool, status: &str) -> Vec<Value> {
+pub fn output_items(
+    message: ChoiceMessage,
+    encrypted_reasoning: bool,
+    status: &str,
+    ns: &ToolNamespaces,
+) -> Vec<Value> {
     let mut out = Vec::new();
     if let Some(r) = message.reasoning.filter(|r| !r.is_empty()) {
         out.push(reasoning_item(&new_id("rs"), &r, encrypted_reasoning));
@@ -50,7 +67,14 @@ pub fn output_items(message: ChoiceMessage, encrypted_reasoning: bool, status: &
         out.push(message_item(&new_id("msg"), &content, status));
     }
     for call in message.tool_calls {
-        out.push(call_item(&new_id("fc"), &call.id, &call.function.name, &call.function.arguments, status));
+        out.push(call_item(
+            &new_id("fc"),
+            &call.id,
+            &call.function.name,
+            &call.function.arguments,
+            status,
+            ns,
+        ));
     }
     out
 }
@@ -72,13 +96,14 @@ pub struct OutputEvents {
     /// Finished items, in order.
     items: Vec<Value>,
     encrypted_reasoning: bool,
+    namespaces: ToolNamespaces,
     made_message: bool,
     made_calls: bool,
 }
 
 impl OutputEvents {
-    pub fn new(encrypted_reasoning: bool) -> Self {
-        Self { encrypted_reasoning, ..Default::default() }
+    pub fn new(encrypted_reasoning: bool, namespaces: ToolNamespaces) -> Self {
+        Self { encrypted_reasoning, namespaces, ..Default::default() }
     }
 
     fn index(&self) -> usize {
@@ -114,7 +139,7 @@ impl OutputEvents {
                     "response.function_call_arguments.done",
                     json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
                 ));
-                call_item(&id, &call_id, &name, &arguments, status)
+                call_item(&id, &call_id, &name, &arguments, status, &self.namespaces)
             }
         };
         out.push(("response.output_item.done", json!({"output_index": index, "item": item})));
@@ -135,7 +160,7 @@ impl OutputEvents {
             }
             Open::Call { id, call_id, name, .. } => {
                 self.made_calls = true;
-                (call_item(id, call_id, name, "", "in_progress"), None)
+                (call_item(id, call_id, name, "", "in_progress", &self.namespaces), None)
             }
         };
         out.push(("response.output_item.added", json!({"output_index": index, "item": item})));
@@ -239,9 +264,9 @@ mod tests {
                 })
                 .collect()
         };
-        let whole = output_items(whole_message(split, text), false, "completed");
+        let whole = output_items(whole_message(split, text), false, "completed", &ToolNamespaces::default());
         let mut pipeline = ChoiceText::new(split);
-        let mut events = OutputEvents::new(false);
+        let mut events = OutputEvents::new(false, ToolNamespaces::default());
         let chars: Vec<char> = text.chars().collect();
         let mut names = Vec::new();
         for (i, chunk) in chars.chunks(3).enumerate() {
@@ -259,10 +284,13 @@ mod tests {
 
     #[test]
     fn an_empty_answer_has_an_empty_message() {
-        let mut events = OutputEvents::new(false);
+        let mut events = OutputEvents::new(false, ToolNamespaces::default());
         let names: Vec<_> = events.finish("incomplete").into_iter().map(|(n, _)| n).collect();
         assert_eq!(names.first(), Some(&"response.output_item.added"));
         assert_eq!(events.items()[0]["status"], "incomplete");
-        assert_eq!(output_items(ChoiceMessage::default(), false, "completed")[0]["type"], "message");
+        assert_eq!(
+            output_items(ChoiceMessage::default(), false, "completed", &ToolNamespaces::default())[0]["type"],
+            "message"
+        );
     }
 }

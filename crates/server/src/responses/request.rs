@@ -179,7 +179,7 @@ pub fn messages(
                 out.push(ChatMessage::new(role, content_text(&format!("{p}.content"), item.get("content"))?));
             }
             "function_call" => {
-                only_keys(&p, item, &["type", "id", "call_id", "name", "arguments", "status"])?;
+                only_keys(&p, item, &["type", "id", "call_id", "name", "arguments", "status", "namespace"])?;
                 let call_id = string_field(&p, item, "call_id")?;
                 let name = string_field(&p, item, "name")?;
                 let arguments = match serde_json::from_str::<Value>(string_field(&p, item, "arguments")?) {
@@ -225,18 +225,56 @@ pub fn messages(
 }
 
 /// Function tools and the tool choice as a [`ToolRequest`] (`None` when no tool may be called).
-fn tools(req: &ResponsesRequest) -> Result<Option<ToolRequest>, InvalidParam> {
+/// The namespace of each function tool given inside a `namespace` tool: the model sees the
+/// functions by name, and its calls name their namespace again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolNamespaces(Vec<(String, String)>);
+
+impl ToolNamespaces {
+    /// The namespace of function `name`, if it came in one.
+    pub fn of(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, ns)| ns.as_str())
+    }
+}
+
+/// One `function` tool in the chat tool shape.
+fn function_tool(p: &str, obj: &Map<String, Value>) -> Result<Value, InvalidParam> {
+    only_keys(p, obj, &["type", "name", "description", "parameters", "strict"])?;
+    let mut function = obj.clone();
+    function.remove("type");
+    Ok(json!({"type": "function", "function": function}))
+}
+
+fn tools(req: &ResponsesRequest) -> Result<(Option<ToolRequest>, ToolNamespaces), InvalidParam> {
     let list = match &req.tools {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(list)) => list.clone(),
         Some(_) => return Err(invalid("tools", "must be a list of tools")),
     };
     let mut functions = Vec::with_capacity(list.len());
+    let mut namespaces = ToolNamespaces::default();
     for (i, tool) in list.iter().enumerate() {
         let p = format!("tools[{i}]");
         let obj = tool.as_object().ok_or_else(|| invalid(&p, "must be an object"))?;
         match obj.get("type").and_then(Value::as_str) {
             Some("function") => {}
+            Some("namespace") => {
+                only_keys(&p, obj, &["type", "name", "description", "tools"])?;
+                let ns = string_field(&p, obj, "name")?;
+                let nested = obj
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| invalid(format!("{p}.tools"), "must be a list of function tools"))?;
+                for (j, t) in nested.iter().enumerate() {
+                    let tp = format!("{p}.tools[{j}]");
+                    let t =
+                        t.as_object().filter(|t| t.get("type").and_then(Value::as_str) == Some("function"));
+                    let t = t.ok_or_else(|| invalid(&tp, "a namespace holds `function` tools"))?;
+                    functions.push(function_tool(&tp, t)?);
+                    namespaces.0.push((string_field(&tp, t, "name")?.to_owned(), ns.to_owned()));
+                }
+                continue;
+            }
             Some(other) => {
                 return Err(invalid(
                     format!("{p}.type"),
@@ -245,10 +283,7 @@ fn tools(req: &ResponsesRequest) -> Result<Option<ToolRequest>, InvalidParam> {
             }
             None => return Err(invalid(format!("{p}.type"), "is required")),
         }
-        only_keys(&p, obj, &["type", "name", "description", "parameters", "strict"])?;
-        let mut function = obj.clone();
-        function.remove("type");
-        functions.push(json!({"type": "function", "function": function}));
+        functions.push(function_tool(&p, obj)?);
     }
     let choice = match &req.tool_choice {
         None | Some(Value::Null) => None,
@@ -274,7 +309,7 @@ fn tools(req: &ResponsesRequest) -> Result<Option<ToolRequest>, InvalidParam> {
             param: e.param.map(|p| p.replace(".function.", ".")),
             message: e.message,
         })?;
-    Ok(parsed.filter(ToolRequest::active))
+    Ok((parsed.filter(ToolRequest::active), namespaces))
 }
 
 /// `text.format` as a requested grammar.
@@ -354,14 +389,14 @@ fn reasoning(
     Ok(())
 }
 
-/// The request as a turn over `items` (earlier turns' items, then this request's from
+/// The request as a turn over `items` (and the namespaces of its namespaced tools) (earlier turns' items, then this request's from
 /// `first_new` on).
 pub fn chat_turn(
     state: &AppState,
     req: &ResponsesRequest,
     items: &[Value],
     first_new: usize,
-) -> Result<ChatTurn, ApiError> {
+) -> Result<(ChatTurn, ToolNamespaces), ApiError> {
     if let Some(include) = &req.include {
         if let Some(bad) = include.iter().find(|i| i.as_str() != "reasoning.encrypted_content") {
             return Err(ApiError::invalid(
@@ -380,7 +415,7 @@ pub fn chat_turn(
         return Err(ApiError::invalid("max_output_tokens", "max_output_tokens must be at least 1"));
     }
     let messages = messages(req.instructions.as_deref(), items, first_new)?;
-    let tools = tools(req)?;
+    let (tools, namespaces) = tools(req)?;
     let grammar = text_format(req.text.as_ref())?;
     let mut kwargs = Map::new();
     reasoning(state, req.reasoning.as_ref(), &mut kwargs)?;
@@ -394,7 +429,16 @@ pub fn chat_turn(
         skip_special_tokens: true,
         ..Default::default()
     };
-    Ok(ChatTurn { messages, options, tools, grammar, params, prompt_param: "input", clamp_max_tokens: false })
+    let turn = ChatTurn {
+        messages,
+        options,
+        tools,
+        grammar,
+        params,
+        prompt_param: "input",
+        clamp_max_tokens: false,
+    };
+    Ok((turn, namespaces))
 }
 
 #[cfg(test)]
@@ -439,6 +483,22 @@ mod tests {
         assert_eq!(p(json!([["user", "hi"]])), "input[0]");
         assert_eq!(p(json!([{"role": "tool", "content": "x"}])), "input[0].role");
         assert_eq!(p(json!(5)), "input");
+    }
+
+    #[test]
+    fn namespaced_tools_are_flattened_and_remembered() {
+        let req: ResponsesRequest = serde_json::from_value(json!({"tools": [
+            {"type": "function", "name": "exec", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "agents_v1", "description": "d", "tools": [
+                {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]}]}))
+        .unwrap();
+        let (tools, ns) = tools(&req).unwrap();
+        assert_eq!(tools.unwrap().tools.len(), 2);
+        assert_eq!((ns.of("spawn_agent"), ns.of("exec")), (Some("agents_v1"), None));
+        let bad: ResponsesRequest = serde_json::from_value(json!({"tools": [
+            {"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]}))
+        .unwrap();
+        assert_eq!(super::tools(&bad).unwrap_err().param.as_deref(), Some("tools[0].tools[0]"));
     }
 
     #[test]
