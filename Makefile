@@ -74,6 +74,8 @@ script-check: ## The benchmark scripts: shell syntax, and the peer-comparison ta
 	bash -n scripts/gpu-draft-grammar.sh
 	bash -n scripts/gpu-step-kernels.sh
 	bash -n scripts/server-lifecycle.sh
+	bash -n scripts/agent-clients.sh
+	python3 -c "import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]" scripts/agents_sdk_check.py scripts/agent_fake_server.py
 	python3 scripts/bench_vs_llamacpp_table.py --self-test
 
 bench-vs-llamacpp: model ## Pagoda next to llama.cpp's server, 1/8/32 streams x 3 rounds, into bench-vs-llamacpp.md (refuses a busy machine).

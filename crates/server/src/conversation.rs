@@ -13,6 +13,7 @@ use crate::chat_output::ChoiceSplit;
 use crate::error::ApiError;
 use crate::openai::CommonParams;
 use crate::prompt::{ChatOptions, TokenizedPrompt};
+use crate::reasoning_budget::BudgetSpec;
 use crate::state::AppState;
 use crate::structured::RequestedGrammar;
 use crate::submit::{submit, Submission};
@@ -37,6 +38,8 @@ pub struct ChatTurn {
     /// A `max_tokens` beyond the context is cut to what the context leaves (Anthropic's
     /// clients ask for more than a small model's whole context), not refused.
     pub clamp_max_tokens: bool,
+    /// The most tokens the model may reason for (needs the server's reasoning parser).
+    pub reasoning_budget: Option<usize>,
 }
 
 /// A turn admitted by the engine.
@@ -99,6 +102,20 @@ impl ChatTurn {
             if !prompt_tail.ends_with(format.end_tag()) {
                 params.grammar_after = Some(format.end_tag());
             }
+        }
+        if let (Some(budget), Some((format, opened))) = (self.reasoning_budget, reasoning) {
+            let tokenizer = std::sync::Arc::clone(state.prompts.tokenizer());
+            let end_ids = tokenizer
+                .encode(format.end_tag(), false)
+                .map_err(|e| ApiError::Internal(format!("tokenizing the reasoning end tag: {e}")))?;
+            params.reasoning_budget = Some(std::sync::Arc::new(BudgetSpec {
+                budget,
+                format,
+                prompt_opened: opened,
+                end_ids,
+                tokenizer,
+                vocab_size: state.limits.vocab_size,
+            }));
         }
         let split = ChoiceSplit { reasoning, tools: self.tools.as_ref().map(|_| state.tool_format) };
         let submission = submit(state, vec![prompt], &params, arrival, self.prompt_param)?;

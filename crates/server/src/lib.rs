@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod openai;
 pub mod openapi;
 pub mod prompt;
+pub mod reasoning_budget;
 pub mod refuse;
 pub mod responses;
 pub mod runtime;

@@ -8,10 +8,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
-use pagoda_engine::{FinishReason, Request, RequestStream, SeqConstraint, StopConditions, TokenEvent};
+use pagoda_engine::{
+    FinishReason, Request, RequestStream, SeqConstraint, StopConditions, TokenConstraint, TokenEvent,
+};
 
 use crate::error::{ApiError, InvalidParam};
 use crate::prompt::TokenizedPrompt;
+use crate::reasoning_budget::ReasoningBudget;
 use crate::state::AppState;
 use crate::tracker::RequestTracker;
 use crate::validate::{resolve_max_tokens, GenerationParams};
@@ -93,12 +96,22 @@ pub fn submit(
             request.skip_special_tokens = params.skip_special_tokens;
             request.max_speculative_tokens = params.max_speculative_tokens;
             request.speculative_method = params.speculative_method;
-            if let Some(grammar) = &params.grammar {
+            let grammar = params.grammar.as_ref().map(|grammar| {
                 let constraint = match params.grammar_after {
                     Some(end) => grammar.constraint().after_reasoning(end),
                     None => grammar.constraint(),
                 };
-                request = request.with_constraint(SeqConstraint::new(constraint));
+                Box::new(constraint) as Box<dyn TokenConstraint>
+            });
+            let constraint = match (&params.reasoning_budget, grammar) {
+                (Some(spec), inner) => {
+                    Some(SeqConstraint::new(ReasoningBudget::new(Arc::clone(spec), inner)))
+                }
+                (None, Some(grammar)) => Some(SeqConstraint(grammar)),
+                (None, None) => None,
+            };
+            if let Some(constraint) = constraint {
+                request = request.with_constraint(constraint);
             }
             request
         })

@@ -52,6 +52,8 @@ pub struct GenerationParams {
     pub grammar: Option<pagoda_structured::CompiledGrammar>,
     /// The grammar applies only after this text (the end of the model's reasoning).
     pub grammar_after: Option<&'static str>,
+    /// At most this much reasoning (Anthropic's `thinking.budget_tokens`).
+    pub reasoning_budget: Option<std::sync::Arc<crate::reasoning_budget::BudgetSpec>>,
 }
 
 fn check_range(param: &str, value: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), InvalidParam> {
@@ -200,6 +202,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         skip_special_tokens: params.skip_special_tokens,
         grammar: None,
         grammar_after: None,
+        reasoning_budget: None,
     })
 }
 

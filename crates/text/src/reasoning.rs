@@ -67,7 +67,7 @@ enum Phase {
 }
 
 /// Splits streamed output into reasoning and content.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ReasoningSplitter {
     format: ReasoningFormat,
     prompt_opened_thinking: bool,

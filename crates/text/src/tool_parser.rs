@@ -496,7 +496,7 @@ impl Sink {
 /// Streams text with its leading (and, if asked, trailing) whitespace removed: leading
 /// whitespace is dropped until the first other character, and trailing whitespace is held back
 /// until more text follows it, so it is dropped when nothing does.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct TrimmedStream {
     trim_end: bool,
     started: bool,

@@ -272,6 +272,8 @@ fn anthropic_message(message: &str) -> String {
 pub struct ThinkingDisplay {
     /// `display: "omitted"`: thinking blocks come without their text.
     pub omitted: bool,
+    /// `budget_tokens` of enabled thinking.
+    pub budget: Option<usize>,
 }
 
 /// `thinking` as the template's `enable_thinking`, checked as Anthropic checks it.
@@ -289,9 +291,10 @@ fn thinking(
     let display = match obj.get("display").and_then(|d| if d.is_null() { None } else { Some(d) }) {
         None => ThinkingDisplay::default(),
         Some(Value::String(d)) if d == "summarized" => ThinkingDisplay::default(),
-        Some(Value::String(d)) if d == "omitted" => ThinkingDisplay { omitted: true },
+        Some(Value::String(d)) if d == "omitted" => ThinkingDisplay { omitted: true, budget: None },
         Some(_) => return Err(invalid("thinking.display", "must be `summarized` or `omitted`")),
     };
+    let mut display = display;
     match obj.get("type").and_then(Value::as_str) {
         Some("disabled") => {
             kwargs.insert("enable_thinking".into(), Value::Bool(false));
@@ -309,8 +312,9 @@ fn thinking(
                 .get("budget_tokens")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| invalid("thinking.budget_tokens", "is required: a whole number of tokens"))?;
-            if budget < 1024 {
-                return Err(invalid("thinking.budget_tokens", "must be at least 1024"));
+            // Anthropic's floor of 1024 is not imposed: small local models think briefly.
+            if budget == 0 {
+                return Err(invalid("thinking.budget_tokens", "must be at least 1"));
             }
             if let Some(max) = max_tokens {
                 if budget >= u64::from(max) {
@@ -318,6 +322,7 @@ fn thinking(
                 }
             }
             kwargs.insert("enable_thinking".into(), Value::Bool(true));
+            display.budget = Some(usize::try_from(budget).unwrap_or(usize::MAX));
         }
         _ => return Err(invalid("thinking.type", "must be `enabled`, `adaptive` or `disabled`")),
     }
@@ -464,6 +469,7 @@ pub fn turn_of(
         params: CommonParams::default(),
         prompt_param: "messages",
         clamp_max_tokens: true,
+        reasoning_budget: display.budget,
     };
     Ok((turn, display))
 }

@@ -58,7 +58,8 @@ pub struct MessagesRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
-    /// `{"type": "enabled", "budget_tokens": N}` (needs the server's `--reasoning-parser`),
+    /// `{"type": "enabled", "budget_tokens": N}` (needs the server's `--reasoning-parser`; the
+    /// reasoning is closed once N tokens are spent),
     /// `{"type": "adaptive"}` (the template's default) or `{"type": "disabled"}`; `display:
     /// "omitted"` returns thinking blocks without their text.
     #[serde(default)]

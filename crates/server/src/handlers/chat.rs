@@ -101,6 +101,7 @@ pub async fn chat_completions(
         params: req.common(),
         prompt_param: "messages",
         clamp_max_tokens: false,
+        reasoning_budget: None,
     };
     let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     let ctx = Context {

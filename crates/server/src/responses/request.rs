@@ -437,6 +437,7 @@ pub fn chat_turn(
         params,
         prompt_param: "input",
         clamp_max_tokens: false,
+        reasoning_budget: None,
     };
     Ok((turn, namespaces))
 }

@@ -7,7 +7,7 @@
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::harness::{shared, SseReader, API_KEY};
+use crate::harness::{client, metric, metrics_text, shared, SseReader, API_KEY};
 
 fn anthropic_client(key: &str) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
@@ -359,5 +359,26 @@ async fn errors_come_in_anthropic_shape() -> Result<()> {
         .await?;
     assert_eq!(resp.status(), 413);
     assert_eq!(anthropic_error(&resp.json().await?), "request_too_large");
+    Ok(())
+}
+
+#[tokio::test]
+async fn metrics_count_both_new_apis_with_ttft() -> Result<()> {
+    let ttft = |text: &str| metric(text, "pagoda:time_to_first_token_seconds_count", "").unwrap_or(0.0);
+    let before = metrics_text(&client(), shared()).await?;
+    let (status, _) = post(&body("Hi", json!({"max_tokens": 2}))).await?;
+    assert_eq!(status, 200);
+    let resp = client()
+        .post(shared().url("/v1/responses"))
+        .json(&json!({"model": "smol", "input": "Hi", "max_output_tokens": 2, "store": false}))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    let after = metrics_text(&client(), shared()).await?;
+    assert!(ttft(&after) >= ttft(&before) + 2.0, "{} -> {}", ttft(&before), ttft(&after));
+    for handler in ["/v1/messages", "/v1/responses"] {
+        let labels = format!("handler=\"{handler}\",method=\"POST\",status=\"200\"");
+        assert!(metric(&after, "http_requests_total", &labels).is_some_and(|n| n >= 1.0), "{handler}");
+    }
     Ok(())
 }

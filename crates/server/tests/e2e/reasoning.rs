@@ -77,3 +77,36 @@ async fn thinking_off_reaches_the_template_and_the_grammar_applies_at_once() -> 
     assert_eq!(resp["choices"][0]["finish_reason"], "stop");
     Ok(())
 }
+
+/// Anthropic's `thinking.budget_tokens` caps the reasoning: SmolLM2 never closes it on its own,
+/// so after the budget the server forces `</think>` and the model goes on to an answer.
+#[tokio::test]
+async fn a_thinking_budget_closes_the_reasoning() -> Result<()> {
+    let s = server();
+    let body = json!({"model": "smol", "max_tokens": 60, "temperature": 0,
+                      "thinking": {"type": "enabled", "budget_tokens": 8},
+                      "messages": [{"role": "user", "content": "Is the sky blue? Think first."}]});
+    let (status, m) = post_json(&client(), &s.url("/v1/messages"), &body).await?;
+    assert_eq!(status, 200, "{m}");
+    assert_eq!(m["content"][0]["type"], "thinking", "{m}");
+    let thinking = m["content"][0]["thinking"].as_str().context("thinking")?;
+    assert!(!thinking.is_empty(), "{m}");
+    let (_, ids) =
+        post_json(&client(), &s.url("/tokenize"), &json!({"prompt": thinking, "add_special_tokens": false}))
+            .await?;
+    assert!(ids["count"].as_u64().context("count")? <= 8, "{thinking:?}: {ids}");
+    // The answer came after the forced close.
+    assert!(m["content"].as_array().unwrap().iter().any(|b| b["type"] == "text"), "{m}");
+    // Without a budget the same request thinks past 8 tokens.
+    let mut free = body.clone();
+    free["thinking"] = json!({"type": "adaptive"});
+    let (_, m) = post_json(&client(), &s.url("/v1/messages"), &free).await?;
+    let (_, ids) = post_json(
+        &client(),
+        &s.url("/tokenize"),
+        &json!({"prompt": m["content"][0]["thinking"], "add_special_tokens": false}),
+    )
+    .await?;
+    assert!(ids["count"].as_u64().unwrap_or(0) > 8, "{m}");
+    Ok(())
+}

@@ -192,7 +192,12 @@ async fn bad_tool_requests_are_400s() -> Result<()> {
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (
             json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strnig"}}}], "tool_choice": "required"}),
-            "tools",
+            "tools[0].function.parameters",
+        ),
+        // Arguments are an object: a schema of another type is refused, as OpenAI refuses it.
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}),
+            "tools[0].function.parameters",
         ),
     ];
     for (extra, param) in cases {
