@@ -182,6 +182,20 @@ fn structured_outputs(value: &Value) -> Result<(GrammarSpec, String), InvalidPar
     found.ok_or_else(|| invalid(P, "give one of `json`, `regex`, `choice`, `grammar`, `json_object`"))
 }
 
+/// A `response_format` that another API spells elsewhere (`text.format` in the Responses API,
+/// `output_config.format` in Anthropic's), read by the same rules, its errors naming `param`.
+pub fn response_format_at(
+    param: &str,
+    response_format: &Value,
+) -> Result<Option<RequestedGrammar>, InvalidParam> {
+    let rename = |p: &str| p.replace("response_format.json_schema", param).replace("response_format", param);
+    let fields = GrammarFields { response_format: Some(response_format), ..Default::default() };
+    match fields.grammar() {
+        Ok(grammar) => Ok(grammar.map(|g| RequestedGrammar { param: rename(&g.param), spec: g.spec })),
+        Err(e) => Err(InvalidParam { param: e.param.as_deref().map(rename), message: rename(&e.message) }),
+    }
+}
+
 impl GrammarFields<'_> {
     /// The grammar the request asks for, if any.
     pub fn grammar(&self) -> Result<Option<RequestedGrammar>, InvalidParam> {

@@ -11,7 +11,7 @@ use crate::error::{ApiError, InvalidParam};
 use crate::openai::{CommonParams, StopSpec};
 use crate::prompt::ChatOptions;
 use crate::state::AppState;
-use crate::structured::{GrammarFields, RequestedGrammar};
+use crate::structured::{response_format_at, RequestedGrammar};
 use crate::tools::ToolRequest;
 use pagoda_text::ChatMessage;
 
@@ -361,15 +361,7 @@ fn output_config(
     }
     let schema = format.get("schema").ok_or_else(|| invalid("output_config.format.schema", "is required"))?;
     let response_format = json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}});
-    let fields = GrammarFields { response_format: Some(&response_format), ..Default::default() };
-    let rename = |p: String| p.replace("response_format.json_schema", "output_config.format");
-    fields
-        .grammar()
-        .map(|g| g.map(|g| RequestedGrammar { param: rename(g.param.clone()), spec: g.spec }))
-        .map_err(|e| InvalidParam {
-            param: e.param.map(rename),
-            message: e.message.replace("response_format.json_schema", "output_config.format"),
-        })
+    response_format_at("output_config.format", &response_format)
 }
 
 /// `context_management`: only clearing earlier thinking, which the prompt always does.

@@ -13,7 +13,7 @@ use crate::error::{ApiError, InvalidParam};
 use crate::openai::CommonParams;
 use crate::prompt::ChatOptions;
 use crate::state::AppState;
-use crate::structured::{GrammarFields, RequestedGrammar};
+use crate::structured::{response_format_at, RequestedGrammar};
 use crate::tools::ToolRequest;
 use pagoda_text::ChatMessage;
 
@@ -342,17 +342,7 @@ fn text_format(text: Option<&Value>) -> Result<Option<RequestedGrammar>, Invalid
         }
         _ => return Err(invalid("text.format.type", "must be text, json_object or json_schema")),
     };
-    let fields = GrammarFields { response_format: Some(&response_format), ..Default::default() };
-    let rename = |p: String| {
-        p.replace("response_format.json_schema", "text.format").replace("response_format", "text.format")
-    };
-    fields
-        .grammar()
-        .map(|g| g.map(|g| RequestedGrammar { param: rename(g.param.clone()), spec: g.spec }))
-        .map_err(|e| InvalidParam {
-            param: e.param.map(rename),
-            message: e.message.replace("response_format", "text.format"),
-        })
+    response_format_at("text.format", &response_format)
 }
 
 /// `reasoning` as template kwargs: `enable_thinking` (false only for effort `none`) and
