@@ -14,7 +14,7 @@ use axum::{Extension, Json, Router};
 use tower::ServiceBuilder;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 
-use crate::anthropic::error::anthropic_errors;
+use crate::anthropic::error::{anthropic_errors, in_anthropic_shape, is_anthropic_route};
 use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
@@ -47,7 +47,12 @@ async fn not_found(method: Method, uri: Uri, req: Request) -> Response {
 
 async fn method_not_allowed(method: Method, uri: Uri, req: Request) -> Response {
     let error = ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_owned() };
-    layers::reject_unread(req, error).await
+    let response = layers::reject_unread(req, error).await;
+    if is_anthropic_route(uri.path()) {
+        in_anthropic_shape(response)
+    } else {
+        response
+    }
 }
 
 pub fn router(state: SharedState, options: &HttpOptions) -> Router {

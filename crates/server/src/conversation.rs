@@ -53,8 +53,20 @@ pub struct StartedTurn {
 
 impl ChatTurn {
     /// The prompt the model sees: tools shown through the template, or written into the
-    /// conversation for templates without tools. Also what `count_tokens` counts.
+    /// conversation for templates without tools.
     pub async fn render(&self, state: &AppState) -> Result<TokenizedPrompt, ApiError> {
+        let (messages, options) = self.template_input(state);
+        state.prompts.chat(messages, options).await
+    }
+
+    /// The number of tokens [`Self::render`] gives, even beyond the context (`count_tokens`).
+    pub async fn count(&self, state: &AppState) -> Result<usize, ApiError> {
+        let (messages, options) = self.template_input(state);
+        state.prompts.count_chat(messages, options).await
+    }
+
+    /// The messages and options the template renders, with the tools in one or the other.
+    fn template_input(&self, state: &AppState) -> (Vec<ChatMessage>, ChatOptions) {
         let mut messages = self.messages.clone();
         let mut options = self.options.clone();
         if let Some(t) = &self.tools {
@@ -67,7 +79,7 @@ impl ChatTurn {
                     .or_insert_with(|| serde_json::Value::Array(t.raw.clone()));
             }
         }
-        state.prompts.chat(messages, options).await
+        (messages, options)
     }
 
     /// Validates, renders and submits the turn.

@@ -4,7 +4,8 @@
 //! request type does not know is a 400 naming it (see [`crate::openai::fields`]).
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
@@ -14,6 +15,25 @@ use crate::openai::fields::{top_level_keys, KnownFields};
 /// A request body parsed as `T`; rejections are [`ApiError`]s.
 #[derive(Debug, Clone)]
 pub struct JsonBody<T>(pub T);
+
+/// One path parameter as a string; a parameter that is not valid UTF-8 once decoded (`%ff`) is
+/// a 400 in the API's error shape, not axum's plain-text rejection.
+#[derive(Debug, Clone)]
+pub struct PathParam(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParam {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(PathParam(value)),
+            Err(rejection) => Err(ApiError::InvalidParam(InvalidParam {
+                param: None,
+                message: format!("Invalid URL: {}", rejection.body_text()),
+            })),
+        }
+    }
+}
 
 /// The body limit, stored in request extensions by the router so that the 413 message can say it.
 #[derive(Debug, Clone, Copy)]

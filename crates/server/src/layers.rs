@@ -108,7 +108,7 @@ pub fn cors(allowed_origins: &[String]) -> CorsLayer {
     };
     CorsLayer::new()
         .allow_origin(origin)
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         .allow_headers(Any)
         .expose_headers([X_REQUEST_ID.clone()])
 }

@@ -217,6 +217,26 @@ impl PromptBuilder {
         messages: Vec<ChatMessage>,
         options: ChatOptions,
     ) -> Result<TokenizedPrompt, ApiError> {
+        self.chat_within(messages, options, self.max_model_len).await
+    }
+
+    /// The number of tokens of the rendered conversation, however many (a count, as Anthropic's
+    /// `count_tokens` gives, may exceed the context; the body limit bounds the work).
+    pub async fn count_chat(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: ChatOptions,
+    ) -> Result<usize, ApiError> {
+        Ok(self.chat_within(messages, options, usize::MAX).await?.token_ids.len())
+    }
+
+    /// [`Self::chat`], refusing a prompt of more than `limit` tokens.
+    async fn chat_within(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: ChatOptions,
+        limit: usize,
+    ) -> Result<TokenizedPrompt, ApiError> {
         let template = self.template.clone().ok_or_else(|| {
             ApiError::invalid(
                 "messages",
@@ -224,7 +244,7 @@ impl PromptBuilder {
             )
         })?;
         let tokenizer = self.tokenizer.clone();
-        let max_model_len = self.max_model_len;
+        let max_model_len = limit;
         self.blocking(move || {
             let rendered = template.render_with(&messages, options.add_generation_prompt, &options.template_kwargs);
             let mut text = rendered.map_err(|e| match e {

@@ -45,10 +45,20 @@ pub fn body(error: &ApiError) -> AnthropicErrorResponse {
     }
 }
 
+/// Whether `path` is one of the Anthropic routes (whose errors take Anthropic's shape, a wrong
+/// method's too).
+pub fn is_anthropic_route(path: &str) -> bool {
+    matches!(path, "/v1/messages" | "/v1/messages/count_tokens")
+}
+
 /// Middleware for the Anthropic routes: an error response is rendered in Anthropic's shape,
 /// keeping its headers (`retry-after`).
 pub async fn anthropic_errors(req: Request, next: Next) -> Response {
-    let response = next.run(req).await;
+    in_anthropic_shape(next.run(req).await)
+}
+
+/// `response` with its error, if it carries one, in Anthropic's shape and status.
+pub fn in_anthropic_shape(response: Response) -> Response {
     let Some(error) = response.extensions().get::<ApiError>().cloned() else { return response };
     let (mut parts, _) = response.into_parts();
     let (status, _) = status_and_type(&error);

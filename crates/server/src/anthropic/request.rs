@@ -440,16 +440,16 @@ pub fn turn_of(
     // A last assistant turn is a prefill: the answer continues it.
     let prefill = messages.last().is_some_and(|m| m.role == "assistant");
     if prefill {
+        // Trailing whitespace cannot end a prefill (as at Anthropic).
+        if let Some(m) = messages.last_mut() {
+            m.content.truncate(m.content.trim_end().len());
+        }
         let last = messages.last().filter(|m| m.tool_calls.is_none() && !m.content.is_empty());
         if last.is_none() {
             return Err(ApiError::invalid(
                 format!("messages[{}]", fields.messages.len() - 1),
-                "a final assistant message is continued, so it must hold text and no tool use",
+                "a final assistant message is continued, so it must hold text (not only whitespace) and no tool use",
             ));
-        }
-        // Trailing whitespace cannot end a prefill (as at Anthropic).
-        if let Some(m) = messages.last_mut() {
-            m.content.truncate(m.content.trim_end().len());
         }
     }
     let options = ChatOptions::of(&messages, Some(!prefill), Some(prefill), None, Some(kwargs))?;

@@ -1,11 +1,12 @@
 //! `GET /v1/models`, `GET /health`, `GET /version` and `GET /metrics`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::error::ApiError;
+use crate::extract::PathParam;
 use crate::openai::{ErrorResponse, ModelCard, ModelList, VersionResponse};
 use crate::state::SharedState;
 
@@ -39,7 +40,7 @@ fn card(state: &SharedState, name: &str) -> ModelCard {
     security((), ("api_key" = [])))]
 pub async fn retrieve_model(
     State(state): State<SharedState>,
-    Path(model): Path<String>,
+    PathParam(model): PathParam,
 ) -> Result<Json<ModelCard>, ApiError> {
     match state.model.served_names.iter().find(|n| **n == model) {
         Some(name) => Ok(Json(card(&state, name))),

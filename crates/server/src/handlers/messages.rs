@@ -94,8 +94,7 @@ pub async fn count_tokens(
 ) -> Result<Json<CountTokensResponse>, ApiError> {
     state.model.resolve(Some(&req.model))?;
     let (turn, _) = turn_of(&state, PromptFields::of_count(&req), None)?;
-    let prompt = turn.render(&state).await?;
-    Ok(Json(CountTokensResponse { input_tokens: prompt.token_ids.len() }))
+    Ok(Json(CountTokensResponse { input_tokens: turn.count(&state).await? }))
 }
 
 fn sse_event((name, data): StreamEvent) -> Event {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use crate::chat_output::{whole_message, ChoiceSplit, ChoiceText};
 use crate::conversation::{ChatTurn, StartedTurn};
 use crate::error::ApiError;
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, PathParam};
 use crate::layers::Arrival;
 use crate::openai::{unix_now, ErrorResponse};
 use crate::responses::reply::{output_items, OutputEvents};
@@ -355,7 +355,7 @@ fn stream_response(
 )]
 pub async fn retrieve(
     State(state): State<SharedState>,
-    Path(id): Path<String>,
+    PathParam(id): PathParam,
 ) -> Result<Json<ResponseObject>, ApiError> {
     state.responses.get(&id).map(|e| Json(e.response)).ok_or_else(|| not_found(&id))
 }
@@ -374,7 +374,7 @@ pub async fn retrieve(
 )]
 pub async fn delete(
     State(state): State<SharedState>,
-    Path(id): Path<String>,
+    PathParam(id): PathParam,
 ) -> Result<Json<DeletedResponse>, ApiError> {
     state.responses.remove(&id).ok_or_else(|| not_found(&id))?;
     Ok(Json(DeletedResponse { id, object: "response".into(), deleted: true }))
@@ -431,7 +431,7 @@ fn paging(query: Option<&str>) -> Result<(usize, bool, Option<String>), ApiError
 )]
 pub async fn input_item_list(
     State(state): State<SharedState>,
-    Path(id): Path<String>,
+    PathParam(id): PathParam,
     RawQuery(query): RawQuery,
 ) -> Result<Json<InputItemList>, ApiError> {
     let (limit, descending, after) = paging(query.as_deref())?;

@@ -1,9 +1,14 @@
-//! The fuzz suite (issue 14): a few thousand requests generated from the OpenAI wire types and
-//! mutated (`gen`, `mutate`, `bytes`), sent to the real `pagoda` binary with the real model, each
-//! checked (`check`): no 5xx, every error in OpenAI's shape, 2xx bodies and streams well formed.
-//! Every rejection is also sent once more on a raw connection that must then serve another
-//! request (`reuse`). Afterwards `/health` is 200, a greedy request gives the text it gave
-//! before, the process is alive and its log has no panic.
+//! The fuzz suite (issue 14): a few thousand requests generated from the wire types and mutated
+//! (`gen`, `agent_gen`, `mutate`, `bytes`), sent to the real `pagoda` binary with the real model,
+//! each checked (`check`, `agent_check`): no 5xx, 2xx bodies and streams well formed, every error
+//! in its API's shape. The requests cover OpenAI's chat and completions, tokenize and
+//! detokenize, Anthropic's Messages API (`/v1/messages` and `count_tokens`: errors in
+//! Anthropic's shape, streams of named events ending with `message_stop` or `error`) and OpenAI's
+//! Responses API (`/v1/responses`: streams of typed events numbered from 0, ending with
+//! `response.completed`, `.incomplete` or `.failed`; and `GET` / `DELETE` on made-up stored
+//! responses, which are 404s). Every rejection is also sent once more on a raw connection that
+//! must then serve another request (`reuse`). Afterwards `/health` is 200, a greedy request gives
+//! the text it gave before, the process is alive and its log has no panic.
 //!
 //! The server runs as a child process so that its log is its own: a panic anywhere in it (HTTP
 //! task, engine thread, model pool) shows up there and nowhere else, whatever the other tests of
@@ -11,11 +16,14 @@
 //! `PAGODA_FUZZ_CASES` the number of cases, `PAGODA_FUZZ_ONLY=3,17` runs only those cases, and
 //! `PAGODA_FUZZ_VERBOSE=1` prints every case with its status.
 
+mod agent_check;
+mod agent_gen;
 mod bytes;
 mod check;
 mod gen;
 mod mutate;
 mod reuse;
+mod rng;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -58,8 +66,9 @@ impl Server {
             .args(["serve", "--model"])
             .arg(model_path())
             .args(["--served-model-name", MODEL, "--api-key", API_KEY, "--port", "0"])
-            // A short context bounds what any request can cost (a mutation may drop max_tokens).
-            .args(["--max-model-len", "96", "--kv-cache-memory", "64MiB", "--max-num-seqs", "16"])
+            // A short context bounds what any request can cost (a mutation may drop max_tokens),
+            // long enough for SmolLM2's tool prompt (over 100 tokens) and a short conversation.
+            .args(["--max-model-len", "256", "--kv-cache-memory", "64MiB", "--max-num-seqs", "16"])
             .args(["--max-waiting-requests", "4096", "--max-request-body-bytes", &limit])
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")

@@ -257,6 +257,10 @@ async fn count_tokens_counts_what_the_template_renders() -> Result<()> {
     let tools = count(json!({"model": "smol", "messages": messages, "tools": weather_tools()})).await?;
     // SmolLM2's template has a default system prompt, longer than "Be brief.".
     assert!(plain > 5 && system != plain && tools > plain, "{plain} {system} {tools}");
+    // A count may exceed the context (1024 here); only a message must fit.
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(150);
+    let over = count(json!({"model": "smol", "messages": [{"role": "user", "content": long}]})).await?;
+    assert!(over > 1024, "{over}");
     // Each count is the prompt a message with the same fields has.
     for (extra, counted) in [
         (json!({}), plain),
@@ -350,6 +354,10 @@ async fn errors_come_in_anthropic_shape() -> Result<()> {
     assert_eq!(anthropic_error(&resp.json().await?), "authentication_error");
     let resp = anthropic_client(API_KEY).post(shared().url("/v1/messages")).body("{not json").send().await?;
     assert_eq!(resp.status(), 400);
+    assert_eq!(anthropic_error(&resp.json().await?), "invalid_request_error");
+    // A wrong method on a Messages route is Anthropic's error too.
+    let resp = anthropic_client(API_KEY).get(shared().url("/v1/messages")).send().await?;
+    assert_eq!(resp.status(), 405);
     assert_eq!(anthropic_error(&resp.json().await?), "invalid_request_error");
     let big = "x".repeat(70 * 1024);
     let resp = anthropic_client(API_KEY)

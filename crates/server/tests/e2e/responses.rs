@@ -173,6 +173,12 @@ async fn stored_responses_are_retrieved_listed_and_deleted() -> Result<()> {
     let resp =
         c.get(shared().url(&format!("/v1/responses/{}", unstored["id"].as_str().unwrap()))).send().await?;
     assert_eq!(resp.status(), 404);
+    // An id that is not UTF-8 once decoded is a 400 in OpenAI's shape.
+    for path in ["/v1/responses/%ff", "/v1/responses/resp_%C3%28/input_items", "/v1/models/%ff"] {
+        let resp = c.get(shared().url(path)).send().await?;
+        assert_eq!(resp.status(), 400, "{path}");
+        assert_error_shape(&resp.json().await?);
+    }
     let (status, e) = create(&body(json!("Hi"), json!({"previous_response_id": "resp_unknown"}))).await?;
     assert_eq!(status, 404, "{e}");
     assert_eq!(assert_error_shape(&e)["param"], "previous_response_id");

@@ -1,6 +1,7 @@
 //! Byte-level mutations of a valid body (truncated, duplicated keys, trailing garbage, comments,
-//! random bytes, invalid UTF-8, another encoding) and HTTP-level ones around it (API key,
-//! method, path, content type, headers, an oversized body, the GET routes).
+//! random bytes, invalid UTF-8, another encoding) and HTTP-level ones around it (API key, in
+//! `Authorization` or Anthropic's `x-api-key`, method, path, content type, headers, an oversized
+//! body, the GET routes).
 
 use serde_json::Value;
 
@@ -69,10 +70,13 @@ pub fn mutate_bytes(rng: &mut Rng, case: &mut Case) {
             // strings may be skipped unchecked).
             let options: &[&[u8]] = &[b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe2\x82"];
             let bad = *rng.pick(options);
-            let value_start = ["model", "prompt", "content", "text"].iter().find_map(|key| {
-                let pattern = format!("\"{key}\":\"");
-                body.windows(pattern.len()).position(|w| w == pattern.as_bytes()).map(|at| at + pattern.len())
-            });
+            let value_start =
+                ["model", "prompt", "content", "text", "input", "system"].iter().find_map(|key| {
+                    let pattern = format!("\"{key}\":\"");
+                    body.windows(pattern.len())
+                        .position(|w| w == pattern.as_bytes())
+                        .map(|at| at + pattern.len())
+                });
             match value_start {
                 Some(at) => {
                     let what = format!("invalid UTF-8 {bad:?} in a string");
@@ -97,6 +101,25 @@ pub fn mutate_bytes(rng: &mut Rng, case: &mut Case) {
 pub fn mutate_http(rng: &mut Rng, case: &mut Case) {
     match rng.below(8) {
         0 | 1 => {
+            case.headers.retain(|(name, _)| *name != "x-api-key");
+            if rng.chance(25) {
+                // Anthropic's header, which is judged alone when it is there.
+                let bearer = Some(format!("Bearer {API_KEY}"));
+                let (key, auth, expect) = rng
+                    .pick(&[
+                        (API_KEY.to_owned(), None, case.expect),
+                        (API_KEY.to_owned(), Some("Bearer wrong".to_owned()), case.expect),
+                        ("wrong".to_owned(), bearer.clone(), Expect::Status(401)),
+                        (String::new(), bearer, Expect::Status(401)),
+                        (format!("Bearer {API_KEY}"), None, Expect::Status(401)),
+                    ])
+                    .clone();
+                case.what.push(format!("x-api-key {key:?}, authorization {auth:?}"));
+                case.headers.push(("x-api-key", key));
+                case.auth = auth;
+                case.expect = expect;
+                return;
+            }
             let (auth, expect) = rng
                 .pick(&[
                     (None, Expect::Status(401)),
@@ -145,6 +168,16 @@ pub fn mutate_http(rng: &mut Rng, case: &mut Case) {
                     "/%ff%fe",
                     "/v1/chat/completions/../../health",
                     "/v1/models/smol",
+                    "/v1/message",
+                    "/v1/messages/",
+                    "/v1/Messages",
+                    "/v1/messages/count_tokens/",
+                    "/v1/messages/batches",
+                    "/v1/response",
+                    "/v1/responses/",
+                    "/v1/responses//input_items",
+                    "/v1/responses/x/input_items/y",
+                    "/v1/models/%ff",
                     "/",
                     long.as_str(),
                 ])
@@ -190,7 +223,10 @@ pub fn mutate_http(rng: &mut Rng, case: &mut Case) {
         6 => {
             let size = BODY_LIMIT + 1 + rng.below(28 * 1024) as usize;
             let (key, value) = match case.endpoint {
-                Endpoint::Chat => ("messages", r#"[{"role":"user","content":""#),
+                Endpoint::Chat | Endpoint::Messages | Endpoint::CountTokens => {
+                    ("messages", r#"[{"role":"user","content":""#)
+                }
+                Endpoint::Responses => ("input", "\""),
                 _ => ("prompt", "\""),
             };
             let head = format!(r#"{{"model":"{MODEL}","max_tokens":1,"{key}":{value}"#);
@@ -211,6 +247,9 @@ pub fn mutate_http(rng: &mut Rng, case: &mut Case) {
                     ("accept-encoding", "gzip, br".to_owned()),
                     ("origin", "http://evil.example".to_owned()),
                     ("x-forwarded-for", "::1".to_owned()),
+                    ("anthropic-version", "2023-06-01".to_owned()),
+                    ("anthropic-version", "1999-01-01".to_owned()),
+                    ("anthropic-beta", "tools-2024-04-04,x".to_owned()),
                 ])
                 .clone();
             case.what.push(format!("header {name}: {value:.40}"));

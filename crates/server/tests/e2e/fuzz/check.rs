@@ -1,11 +1,14 @@
 //! The fuzz suite's checks of one response: never 5xx, the expected status, every 4xx body (and
-//! every error event of a stream) in OpenAI's error shape, 2xx bodies of the endpoint's type,
-//! and streams that end with `data: [DONE]` or an error event.
+//! every error event of a stream) in its API's error shape (Anthropic's on the Messages routes,
+//! whatever the method; OpenAI's elsewhere), 2xx bodies of the endpoint's type, and OpenAI
+//! streams that end with `data: [DONE]` or an error event. The agent APIs' bodies and streams
+//! are checked in `agent_check`.
 
 use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use super::agent_check;
 use super::gen::{Case, Endpoint, Expect, VOCAB};
 
 /// What came back for one case.
@@ -71,7 +74,14 @@ pub fn check(case: &Case, reply: &Reply) -> Result<(), String> {
         return Ok(()); // no body by definition
     }
     if status >= 400 {
-        return error_shape(&json(body)?).map_err(|e| format!("{status} body: {e}: {}", excerpt(body)));
+        let v = json(body)?;
+        let shaped = match agent_check::route_api(&case.path) {
+            agent_check::Api::Anthropic => agent_check::anthropic_error(status, &v),
+            agent_check::Api::OpenAi => error_shape(&v),
+            // An unknown path under /v1/messages: the fallback cannot know whose client it is.
+            agent_check::Api::Either => agent_check::anthropic_error(status, &v).or_else(|_| error_shape(&v)),
+        };
+        return shaped.map_err(|e| format!("{status} body: {e}: {}", excerpt(body)));
     }
     let sse = reply.content_type.starts_with("text/event-stream");
     if let Some(stream) = case.stream {
@@ -94,6 +104,11 @@ pub fn check(case: &Case, reply: &Reply) -> Result<(), String> {
         Endpoint::Detokenize => {
             let v = json(body)?;
             v["prompt"].as_str().map(drop).ok_or_else(|| format!("no prompt string: {v}"))
+        }
+        Endpoint::Messages if sse => agent_check::anthropic_stream(case, body),
+        Endpoint::Responses if sse => agent_check::responses_stream(case, body),
+        Endpoint::Messages | Endpoint::CountTokens | Endpoint::Responses | Endpoint::StoredResponses => {
+            agent_check::agent_body(case, &json(body)?)
         }
         Endpoint::Info => info_body(&case.path, body),
         Endpoint::Other => Ok(()),
@@ -158,21 +173,26 @@ fn completion_body(case: &Case, v: &Value) -> Result<(), String> {
     }
 }
 
-/// The `data:` payloads of an SSE body, in order.
-fn sse_payloads(body: &[u8]) -> Result<Vec<String>, String> {
+/// The events of an SSE body that carry data, in order: the `event:` name if any, and the
+/// `data:` payload.
+pub fn sse_events(body: &[u8]) -> Result<Vec<(Option<String>, String)>, String> {
     let text = std::str::from_utf8(body).map_err(|e| format!("stream is not UTF-8: {e}"))?;
     let mut out = Vec::new();
     for event in text.split("\n\n") {
-        let data: Vec<&str> = event
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| d.strip_prefix(' ').unwrap_or(d))
-            .collect();
+        let field = |name: &'static str| {
+            event.lines().filter_map(move |l| l.strip_prefix(name)).map(|d| d.strip_prefix(' ').unwrap_or(d))
+        };
+        let data: Vec<&str> = field("data:").collect();
         if !data.is_empty() {
-            out.push(data.join("\n"));
+            out.push((field("event:").next_back().map(str::to_owned), data.join("\n")));
         }
     }
     Ok(out)
+}
+
+/// The `data:` payloads of an SSE body, in order.
+fn sse_payloads(body: &[u8]) -> Result<Vec<String>, String> {
+    Ok(sse_events(body)?.into_iter().map(|(_, data)| data).collect())
 }
 
 fn stream_body(case: &Case, body: &[u8]) -> Result<(), String> {

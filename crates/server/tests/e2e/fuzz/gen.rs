@@ -1,11 +1,14 @@
 //! The fuzz suite's request generator: valid requests for every POST endpoint built from the
-//! wire types' fields, then mutated at three levels (JSON values, the body's bytes, and the HTTP
-//! request around it). Each case is a pure function of `(seed, index)`, so one failing case can
-//! be rebuilt alone.
+//! wire types' fields (the OpenAI endpoints' here, Anthropic's Messages and OpenAI's Responses
+//! in `agent_gen`), then mutated at three levels (JSON values, the body's bytes, and the HTTP
+//! request around it), and calls on made-up stored responses. Each case is a pure function of
+//! `(seed, index)`, so one failing case can be rebuilt alone.
 
 use serde_json::{json, Map, Value};
 
+use super::agent_gen;
 use super::mutate::{mutate_values, Raw};
+pub use super::rng::Rng;
 
 /// The fuzz server's API key and served model name.
 pub const API_KEY: &str = "fuzz-secret";
@@ -16,50 +19,6 @@ pub const VOCAB: u64 = 49152;
 /// the oversized ones.
 pub const BODY_LIMIT: usize = 32 * 1024;
 
-/// SplitMix64: tiny, and the same sequence everywhere.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// The generator of case `index` under `seed`.
-    pub fn for_case(seed: u64, index: usize) -> Rng {
-        let mut rng = Rng(seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F));
-        rng.next_u64();
-        rng
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-
-    /// A number with two decimals in `[lo, hi]` (hundredths).
-    fn hundredths(&mut self, lo: i64, hi: i64) -> Value {
-        json!(self.range(lo, hi) as f64 / 100.0)
-    }
-}
-
 /// What the request is for, in the report's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Endpoint {
@@ -67,6 +26,15 @@ pub enum Endpoint {
     Completions,
     Tokenize,
     Detokenize,
+    /// Anthropic's `POST /v1/messages`.
+    Messages,
+    /// Anthropic's `POST /v1/messages/count_tokens`.
+    CountTokens,
+    /// OpenAI's `POST /v1/responses`.
+    Responses,
+    /// `GET` / `DELETE /v1/responses/{id}` and `GET .../input_items` on made-up ids, and
+    /// `previous_response_id` naming one.
+    StoredResponses,
     /// The GET routes (`/health`, `/v1/models`, ...).
     Info,
     /// Unknown paths and methods.
@@ -80,6 +48,9 @@ impl Endpoint {
             Endpoint::Completions => "/v1/completions",
             Endpoint::Tokenize => "/tokenize",
             Endpoint::Detokenize => "/detokenize",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::Responses | Endpoint::StoredResponses => "/v1/responses",
             Endpoint::Info | Endpoint::Other => "/",
         }
     }
@@ -90,6 +61,10 @@ impl Endpoint {
             Endpoint::Completions => "completions",
             Endpoint::Tokenize => "tokenize",
             Endpoint::Detokenize => "detokenize",
+            Endpoint::Messages => "messages",
+            Endpoint::CountTokens => "count-tokens",
+            Endpoint::Responses => "responses",
+            Endpoint::StoredResponses => "stored-responses",
             Endpoint::Info => "get-routes",
             Endpoint::Other => "unknown-route-or-method",
         }
@@ -164,7 +139,7 @@ const TEXTS: &[&str] = &[
 /// repetition_penalty): subnormal, tiny, and the upper bound.
 const EDGES: &[f64] = &[1e-45, 1e-30, 1e-7, 1.0, 2.0];
 
-const STOPS: &[&str] = &["\n", ".", "!", "the", "ab", "🦀", "<|im_end|>", " ", "\u{0}", "é"];
+pub const STOPS: &[&str] = &["\n", ".", "!", "the", "ab", "🦀", "<|im_end|>", " ", "\u{0}", "é"];
 
 const ROLES: &[&str] = &["system", "developer", "user", "assistant"];
 
@@ -173,7 +148,7 @@ pub fn text(rng: &mut Rng) -> Value {
 }
 
 /// A text that tokenizes to at least one token (a completion prompt must not be empty).
-fn prompt_text(rng: &mut Rng) -> Value {
+pub fn prompt_text(rng: &mut Rng) -> Value {
     json!(*rng.pick(&TEXTS[..TEXTS.len() - 1]))
 }
 
@@ -182,7 +157,7 @@ fn token_ids(rng: &mut Rng, min: i64, max: i64) -> Value {
     Value::Array((0..len).map(|_| json!(rng.below(VOCAB))).collect())
 }
 
-fn maybe_model(rng: &mut Rng, m: &mut Map<String, Value>) {
+pub fn maybe_model(rng: &mut Rng, m: &mut Map<String, Value>) {
     match rng.below(4) {
         0 => {}
         1 => {
@@ -397,12 +372,18 @@ fn sampling(rng: &mut Rng, m: &mut Map<String, Value>, max_tokens: i64, chat: bo
 
 /// Sets `stream` (and sometimes `stream_options`); returns whether it streams.
 fn streaming(rng: &mut Rng, m: &mut Map<String, Value>) -> bool {
+    let stream = stream_flag(rng, m);
+    if stream && rng.chance(50) {
+        m.insert("stream_options".into(), json!({"include_usage": rng.chance(50)}));
+    }
+    stream
+}
+
+/// Sets `stream` alone; returns whether it streams.
+pub fn stream_flag(rng: &mut Rng, m: &mut Map<String, Value>) -> bool {
     let stream = rng.chance(35);
     if stream || rng.chance(10) {
         m.insert("stream".into(), json!(stream));
-    }
-    if stream && rng.chance(50) {
-        m.insert("stream_options".into(), json!({"include_usage": rng.chance(50)}));
     }
     stream
 }
@@ -474,29 +455,35 @@ fn valid(rng: &mut Rng, endpoint: Endpoint) -> (Value, Option<bool>, Option<usiz
             }
             (Value::Object(m), None, None)
         }
-        _ => {
+        Endpoint::Detokenize => {
             m.insert("tokens".into(), token_ids(rng, 0, 12));
             (Value::Object(m), None, None)
+        }
+        _ => {
+            let (body, stream) = agent_gen::valid(rng, endpoint);
+            (body, stream, stream.map(|_| 1))
         }
     }
 }
 
+/// How often each endpoint comes, out of 20. The generation endpoints get half (60% before the
+/// agent APIs came: the server's context is longer now, for tools, so what a mutated request
+/// without a token limit costs is too).
+const ENDPOINTS: &[(Endpoint, u64)] = &[
+    (Endpoint::Chat, 3),
+    (Endpoint::Completions, 3),
+    (Endpoint::Messages, 2),
+    (Endpoint::Responses, 2),
+    (Endpoint::Tokenize, 2),
+    (Endpoint::Detokenize, 2),
+    (Endpoint::CountTokens, 3),
+    (Endpoint::StoredResponses, 3),
+];
+
 /// Builds case `index` of the suite under `seed`.
 pub fn generate(seed: u64, index: usize) -> Case {
     let mut rng = Rng::for_case(seed, index);
-    let endpoint = *rng.pick(&[
-        Endpoint::Chat,
-        Endpoint::Chat,
-        Endpoint::Chat,
-        Endpoint::Completions,
-        Endpoint::Completions,
-        Endpoint::Completions,
-        Endpoint::Tokenize,
-        Endpoint::Tokenize,
-        Endpoint::Detokenize,
-        Endpoint::Detokenize,
-    ]);
-    let (mut body, stream, choices) = valid(&mut rng, endpoint);
+    let endpoint = rng.weighted(ENDPOINTS);
     let mut case = Case {
         index,
         endpoint,
@@ -508,9 +495,18 @@ pub fn generate(seed: u64, index: usize) -> Case {
         body: Vec::new(),
         expect: Expect::Ok,
         what: Vec::new(),
-        stream,
-        choices,
+        stream: None,
+        choices: None,
     };
+    if endpoint == Endpoint::StoredResponses {
+        agent_gen::stored_response_call(&mut rng, &mut case);
+        return case;
+    }
+    let (mut body, stream, choices) = valid(&mut rng, endpoint);
+    (case.stream, case.choices) = (stream, choices);
+    if matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens) {
+        agent_gen::anthropic_headers(&mut rng, &mut case);
+    }
     let mut raw = Raw::default();
     let kind = rng.below(100);
     if (15..70).contains(&kind) {
@@ -537,20 +533,45 @@ mod tests {
     #[test]
     fn cases_are_reproducible_and_cover_every_endpoint() {
         let mut endpoints = std::collections::BTreeSet::new();
-        let mut valid = 0;
+        let mut valid = std::collections::BTreeMap::new();
+        let mut features = std::collections::BTreeMap::new();
         for (seed, index) in (0..4).flat_map(|seed| (0..2000).map(move |i| (seed, i))) {
             let (a, b) = (generate(seed, index), generate(seed, index));
             assert_eq!((a.method, &a.path, &a.body, a.expect), (b.method, &b.path, &b.body, b.expect));
             assert!(a.body.len() < 64 * 1024, "case {seed}/{index} is {} bytes", a.body.len());
             if a.expect == Expect::Ok {
-                valid += 1;
+                *valid.entry(a.endpoint).or_insert(0) += 1;
                 assert!(serde_json::from_slice::<Value>(&a.body).is_ok(), "case {seed}/{index}");
                 assert!(a.body.len() <= BODY_LIMIT, "case {seed}/{index}");
+                let body = String::from_utf8_lossy(&a.body);
+                for feature in ["\"tools\"", "\"tool_result\"", "\"function_call_output\"", "\"stream\":true"]
+                {
+                    if body.contains(feature) {
+                        *features.entry((a.endpoint, feature)).or_insert(0) += 1;
+                    }
+                }
             }
             endpoints.insert(a.endpoint);
         }
-        assert_eq!(endpoints.len(), 6, "{endpoints:?}");
-        assert!(valid > 4 * 300, "{valid} valid cases");
+        assert_eq!(endpoints.len(), 10, "{endpoints:?}");
+        assert!(valid.values().sum::<usize>() > 4 * 250, "{valid:?} valid cases");
+        // Every POST endpoint has valid cases, and the agent APIs' tools, exchanges and streams.
+        assert_eq!(valid.len(), 7, "{valid:?}");
+        assert!(valid.values().all(|&n| n > 4 * 20), "{valid:?}");
+        for (endpoint, feature) in [
+            (Endpoint::Messages, "\"tools\""),
+            (Endpoint::Messages, "\"tool_result\""),
+            (Endpoint::Messages, "\"stream\":true"),
+            (Endpoint::CountTokens, "\"tools\""),
+            (Endpoint::Responses, "\"tools\""),
+            (Endpoint::Responses, "\"function_call_output\""),
+            (Endpoint::Responses, "\"stream\":true"),
+        ] {
+            assert!(
+                features.get(&(endpoint, feature)).is_some_and(|&n| n >= 4 * 3),
+                "{endpoint:?} {feature}: {features:?}"
+            );
+        }
         assert_ne!(generate(7, 1).body, generate(8, 1).body);
     }
 }

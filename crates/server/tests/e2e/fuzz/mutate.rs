@@ -1,7 +1,7 @@
-//! Value-level mutations of a valid request: a field of the wrong type or out of range, null,
-//! removed, emptied, repeated, very long, an unknown field, or raw JSON text that `Value` cannot
-//! hold (NaN, 1e400, lone surrogates, invalid UTF-8, deep nesting) spliced in after
-//! serialization.
+//! Value-level mutations of a valid request (of any API: OpenAI's, Anthropic's Messages, the
+//! Responses API): a field of the wrong type or out of range, null, removed, emptied, repeated,
+//! very long, an unknown field, or raw JSON text that `Value` cannot hold (NaN, 1e400, lone
+//! surrogates, invalid UTF-8, deep nesting) spliced in after serialization.
 
 use serde_json::{json, Value};
 
@@ -86,8 +86,81 @@ const TOKENIZE_FIELDS: &[&str] = &[
     "chat_template_kwargs",
 ];
 const DETOKENIZE_FIELDS: &[&str] = &["model", "tokens"];
-const NESTED_FIELDS: &[&str] =
-    &["role", "content", "name", "type", "text", "include_usage", "image_url", "tool_calls"];
+const MESSAGES_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "messages",
+    "system",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stream",
+    "metadata",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "service_tier",
+    "output_config",
+    "context_management",
+];
+const COUNT_TOKENS_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "context_management",
+];
+const RESPONSES_FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "stream",
+    "metadata",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "reasoning",
+    "store",
+    "previous_response_id",
+    "include",
+    "truncation",
+];
+const NESTED_FIELDS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "type",
+    "text",
+    "include_usage",
+    "image_url",
+    "tool_calls",
+    // Anthropic's blocks and tools.
+    "tool_use_id",
+    "input",
+    "input_schema",
+    "cache_control",
+    "is_error",
+    "source",
+    "user_id",
+    "disable_parallel_tool_use",
+    // The Responses API's items and formats.
+    "call_id",
+    "arguments",
+    "output",
+    "format",
+    "id",
+    "status",
+    "strict",
+];
 const UNKNOWN_FIELDS: &[&str] = &[
     "tools",
     "functions",
@@ -359,6 +432,9 @@ pub fn mutate_values(
         Endpoint::Chat => CHAT_FIELDS,
         Endpoint::Completions => COMPLETION_FIELDS,
         Endpoint::Tokenize => TOKENIZE_FIELDS,
+        Endpoint::Messages => MESSAGES_FIELDS,
+        Endpoint::CountTokens => COUNT_TOKENS_FIELDS,
+        Endpoint::Responses => RESPONSES_FIELDS,
         _ => DETOKENIZE_FIELDS,
     };
     let count = match rng.below(10) {
