@@ -11,6 +11,7 @@ pub mod app;
 pub mod auth;
 pub mod chat_output;
 pub mod config;
+pub mod config_doc;
 pub mod conversation;
 pub mod error;
 pub mod extract;
