@@ -317,7 +317,7 @@ pub struct ServeArgs {
     pub cpu_gemm_dtype: Option<GemmDtypeArg>,
     /// Every step runs the same kernels whatever its size, so a request's tokens and logprobs
     /// are bit-identical however it is batched: alone or beside others, cached or not, chunked,
-    /// preempted or speculated (see the README). CPU (float32): with auto, the int16 kernel on
+    /// preempted or speculated (docs/numerics.md). CPU (float32): with auto, the int16 kernel on
     /// CPUs with AVX512-VNNI, else the exact f32 block kernel, or the --cpu-gemm-dtype named.
     /// CUDA (bfloat16/float16): our skinny matmul at every step, attention per token.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]

@@ -21,7 +21,8 @@ pub fn configuration_doc() -> String {
         "# Configuration\n\n\
          Every flag of `pagoda serve`, as `pagoda serve --help` prints it. A TOML file given with \
          `--config` takes the same names in kebab-case (see `configs/serve-cpu.toml`); flags and \
-         environment variables override it.\n\n\
+         environment variables override it. [configuration-notes.md](configuration-notes.md) \
+         explains the flags that need more than a line.\n\n\
          This file is generated: `PAGODA_BLESS_DOCS=1 cargo test -p pagoda-server --lib config_doc` \
          rewrites it, and `make test` fails when it is out of date.\n\n```text\n{}\n```\n",
         help.join("\n").trim_end()
