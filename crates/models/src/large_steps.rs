@@ -3,13 +3,13 @@
 //! serves every step.
 //!
 //! Why: the two do the same multiply-adds per instruction issued, so the faster one depends on the
-//! CPU. On the AMD Zen 4 VM of benches/README.md bfloat16 panels win (int16 ran one weight at
-//! 0.78-0.81x of their speed, and 32 streams at 0.83-1.01x); on the Intel Xeon VM, whose
-//! `vdpbf16ps` issues at about a third of `vpdpbusd`'s multiply-add rate, bfloat16 GEMMs bound 32
-//! streams, and int16 should be about 1.3x as fast (predicted, not measured there:
-//! benches/README.md). int16 is also the finer of the two (logit drift 0.0088 against 0.094 on the
-//! golden prompts), and one kernel at every step size gives a row the same bits whatever is batched
-//! with it.
+//! CPU. On an AMD Zen 4 VM bfloat16 panels win (int16 ran one weight at 0.78-0.81x of their
+//! speed, and 32 streams at 0.83-1.01x); on the Intel Xeon VM, whose `vdpbf16ps` issues at about a
+//! third of `vpdpbusd`'s multiply-add rate, bfloat16 GEMMs bound 32 streams, and int16 should be
+//! about 1.3x as fast (predicted, not measured there). Both:
+//! benches/reports/2026-11-26-large-step-kernel-timing-amd.md. int16 is also the finer of the two
+//! (logit drift 0.0088 against 0.094 on the golden prompts), and one kernel at every step size
+//! gives a row the same bits whatever is batched with it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};

@@ -36,7 +36,7 @@ pub enum SmallSteps {
     /// 16 bits per block of 32 ([`PanelPrecision::Int16`]), on CPUs with AVX512-VNNI: one
     /// kernel from 1 to 16 tokens, so a speculative step's verified positions get a one-token
     /// step's bits, at 0.8x the blocks' time for one token and 0.55x for five on SmolLM2
-    /// (benches/README.md).
+    /// (benches/reports/2026-11-25-int16-small-steps-amd.md).
     Int16,
 }
 
@@ -58,7 +58,8 @@ pub struct CpuGemm {
 impl CpuGemm {
     /// Whether a packed weight's steps of `tokens` rows take the exact block kernel. Integer
     /// panels serve every step size (both beat the blocks from one token on, and one kernel
-    /// keeps a row's bits independent of its neighbours: benches/README.md);
+    /// keeps a row's bits independent of its neighbours:
+    /// benches/reports/2026-11-25-int16-small-steps-amd.md);
     /// float ones only past [`PACKED_MAX_TOKENS`].
     fn uses_blocks(self, tokens: usize) -> bool {
         if self.batch_invariant {

@@ -3,12 +3,13 @@
 //! codes, [`crate::int16_matmul`]), so that a caller can choose by measurement, not by CPU name.
 //!
 //! Why: both do 32 multiply-adds per instruction issued, so which one wins depends on how fast a
-//! CPU issues each. On the AMD Zen 4 VM of benches/README.md they tie at 32 rows and bfloat16 wins
-//! at 128 (fewer instructions per block); on the Intel Xeon VM `vdpbf16ps` reached 155 GFLOP/s
-//! against 495 Gop/s for `vpdpbusd`, so the int16 kernel should win there, by about 1.3x (a
-//! prediction: benches/README.md). The timing runs on one thread, on the caller's own weight, each
-//! kernel several times in alternation, keeping each one's fastest run: a busy neighbour slows both
-//! alike.
+//! CPU issues each. On an AMD Zen 4 VM they tie at 32 rows and bfloat16 wins at 128 (fewer
+//! instructions per block: benches/reports/2026-11-25-int16-small-steps-amd.md); on the Intel
+//! Xeon VM `vdpbf16ps` reached 155 GFLOP/s against 495 Gop/s for `vpdpbusd`, so the int16 kernel
+//! should win there, by about 1.3x (a prediction:
+//! benches/reports/2026-11-26-large-step-kernel-timing-amd.md). The timing runs on one thread, on
+//! the caller's own weight, each kernel several times in alternation, keeping each one's fastest
+//! run: a busy neighbour slows both alike.
 
 use std::time::Instant;
 

@@ -9,10 +9,11 @@
 //! `vpdpbusd`: a 16-bit code `q` is split into two signed bytes, `q = 256 * high + low`, and
 //! the block's int32 sum is `256 * sum(c * high) + sum(c * low)`, two byte passes over the
 //! same panel. That is twice the int8 kernel's multiply-adds, as many instructions per weight
-//! as `vdpbf16ps` (on the Intel VM of benches/README.md `vpdpbusd` issues about 1.6x as fast;
-//! on the AMD one int16 and bfloat16 panels tie at 32 tokens). It pays most for the small steps:
-//! with 4-bit codes kept two per byte, a one-token step reads 0.75 bytes per weight, as the
-//! blocks do, and beats their exact f32 kernel from one token on.
+//! as `vdpbf16ps` (on an Intel Xeon VM `vpdpbusd` issues about 1.6x as fast:
+//! benches/reports/2026-11-26-large-step-kernel-timing-amd.md; on an AMD one int16 and bfloat16
+//! panels tie at 32 tokens: benches/reports/2026-11-25-int16-small-steps-amd.md). It pays most
+//! for the small steps: with 4-bit codes kept two per byte, a one-token step reads 0.75 bytes per
+//! weight, as the blocks do, and beats their exact f32 kernel from one token on.
 //!
 //! Codes are rounded to at most 32639 = 127 * 256 + 127 in magnitude so that both bytes of
 //! the split stay in -128..=127: `low = ((q + 128) mod 256) - 128`, `high = (q - low) / 256`.

@@ -145,7 +145,7 @@ pub enum DeviceArg {
 /// The step token budget when none is given. On the CPU a step's time grows with its tokens,
 /// so a 2048-token prefill chunk stalls every running decode for seconds. Measured at 32
 /// streams, 512 tokens lost no throughput, halved TTFT p50 and the longest stall, and cost
-/// decodes some TPOT (benches/README.md, "Step token budget on the CPU").
+/// decodes some TPOT (benches/reports/2026-11-25-step-token-budget-cpu.md).
 pub fn default_max_num_batched_tokens(device: DeviceArg) -> usize {
     match device {
         DeviceArg::Cpu => 512,

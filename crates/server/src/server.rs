@@ -95,11 +95,12 @@ fn kv_cache_dtype(arg: DtypeArg, compute: DType) -> DType {
 }
 
 /// `auto` is [`PanelPrecision::auto_float`]. With `batch_invariant` it is the int16 kernel at
-/// every step size on CPUs with AVX512-VNNI (on the AMD VM of benches/README.md as fast as the
-/// default at 1 and 32 streams, where the exact f32 blocks ran 32 streams at half speed), else
-/// f32, the exact block kernel at every step size (bfloat16 panels would halve the one-stream
-/// speed). `int8` and `int16` need AVX512-VNNI: without it the portable loops are slower than
-/// `auto`'s kernels.
+/// every step size on CPUs with AVX512-VNNI (on an AMD VM as fast as the default at 1 and 32
+/// streams, where the exact f32 blocks ran 32 streams at half speed:
+/// benches/reports/2026-11-26-batch-invariant-int16-amd.md), else f32, the exact block kernel at
+/// every step size (bfloat16 panels would halve the one-stream speed:
+/// benches/reports/2026-11-25-batch-invariant-cpu-intel.md). `int8` and `int16` need
+/// AVX512-VNNI: without it the portable loops are slower than `auto`'s kernels.
 fn panel_precision(arg: GemmDtypeArg, batch_invariant: bool) -> PanelPrecision {
     match arg {
         GemmDtypeArg::Auto if batch_invariant && PanelPrecision::cpu_has_native_int8() => {
@@ -121,7 +122,8 @@ fn panel_precision(arg: GemmDtypeArg, batch_invariant: bool) -> PanelPrecision {
 
 /// `auto` on CPUs with AVX512-VNNI runs steps of up to 16 tokens on int16 panels, faster than
 /// the exact blocks from one token on and one kernel for a speculative step's positions
-/// (benches/README.md); the named float dtypes and `--batch-invariant` keep the blocks.
+/// (benches/reports/2026-11-25-int16-small-steps-amd.md); the named float dtypes and
+/// `--batch-invariant` keep the blocks.
 fn small_steps(arg: GemmDtypeArg, batch_invariant: bool) -> SmallSteps {
     if arg == GemmDtypeArg::Auto && !batch_invariant && PanelPrecision::cpu_has_native_int8() {
         SmallSteps::Int16

@@ -16,10 +16,11 @@ use crate::config::DeviceArg;
 
 /// Running sequences above which no step proposes anything, unless the config says otherwise.
 /// On the CPU a batch of more than a few sequences has no compute to spare for verification
-/// (benches/README.md, "Speculative decoding"). On a GPU the default model's steps stay far from
-/// compute-bound: n-gram k = 8 still gave 1.27x at 128 streams on an H200, and a Llama-8B-shaped
-/// step grows about 37 % from 1 to 128 tokens ("Speculative decoding on a GPU"), so proposals stop
-/// only above 32 sequences (up to 288 verified positions a step).
+/// (benches/reports/2026-11-24-speculative-batch-crossover.md). On a GPU the default model's steps
+/// stay far from compute-bound: n-gram k = 8 still gave 1.27x at 128 streams on an H200, and a
+/// Llama-8B-shaped step grows about 37 % from 1 to 128 tokens
+/// (benches/reports/2026-11-26-speculative-gpu-h200.md), so proposals stop only above 32 sequences
+/// (up to 288 verified positions a step).
 pub fn default_disable_by_batch_size(device: DeviceArg) -> usize {
     match device {
         DeviceArg::Cpu => 4,

@@ -19,7 +19,7 @@ use super::launch::{Arg, KernelLaunch};
 const DEFAULT_SHARED_BYTES: u32 = 48 * 1024;
 /// Room kept for static shared memory beside a dynamic buffer. The tensor-core attention kernel
 /// declares none today; a CUDA-core variant with about 1 KiB of it failed to launch at 48 KiB of
-/// dynamic memory without the opt-in (benches/README.md, "Split-KV decode on the GPU").
+/// dynamic memory without the opt-in (benches/reports/2026-11-26-split-kv-decode-h200.md).
 const STATIC_SHARED_ALLOWANCE: u32 = 16 * 1024;
 
 /// The device's compute capability (major, minor).

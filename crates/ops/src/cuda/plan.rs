@@ -24,8 +24,8 @@ pub(crate) const SIMT_MAX_ROWS: usize = 8;
 pub(crate) const MMA_ROWS: usize = 64;
 /// Splitting aims at this many blocks per SM.
 pub(crate) const BLOCKS_PER_SM: usize = 4;
-/// Fewest keys a split may have. On an H200 (benches/README.md, "Split-KV decode on the
-/// GPU"), 128 against 256 took batch-1 decode attention at 1k and 4k keys from 29.5 and 30.5 us
+/// Fewest keys a split may have. On an H200 (benches/reports/2026-11-26-split-kv-decode-h200.md),
+/// 128 against 256 took batch-1 decode attention at 1k and 4k keys from 29.5 and 30.5 us
 /// to 22 and 24 us and changed nothing at larger batches; 64 made batch 16 x 4k and 64 x 1k
 /// about 15 % slower.
 pub(crate) const SPLIT_MIN_KEYS: usize = 128;

@@ -12,7 +12,8 @@ const OP: &str = "skinny_matmul";
 /// rows, each reading all of W: what batch-invariant models do at every step.
 pub const SKINNY_MAX_ROWS: usize = 16;
 
-/// The most rows models give the kernel: one tile. On an H100 (benches/README.md) a batch-1
+/// The most rows models give the kernel: one tile. On an H100
+/// (benches/reports/2026-11-27-skinny-matmul-h100.md) a batch-1
 /// decode step of Llama-3.1-8B's shape took 2 % less time than on cuBLAS and a batch-8 step 1 %
 /// more (both within the run's noise), and up to here a row's result is the same bits whatever
 /// the rows beside it. With two tiles each warp's ring holds a third more, fewer warps
@@ -29,7 +30,7 @@ pub(crate) const SKINNY_K_CHUNK: usize = 32;
 const WIDE_WEIGHT_ROWS: usize = 16_384;
 
 /// Warps per block for N output features of K inputs. From a sweep of every spread on an H100,
-/// weights cold (benches/README.md, "Decode-step matmuls on our own kernel"): Llama-3.1-8B's
+/// weights cold (benches/reports/2026-11-27-skinny-matmul-h100.md): Llama-3.1-8B's
 /// QKV, O and down (N <= 6144, a few hundred blocks) ran fastest with 2 to 4 warps, each
 /// streaming a long range of K; gate+up and the lm head (N >= 28672, thousands of blocks) with
 /// 8. Never more warps than K has groups of chunks. A function of the weight's shape only, so
