@@ -112,6 +112,18 @@ pub enum DtypeArg {
     Bfloat16,
 }
 
+/// How waiting requests are ordered (vLLM's `--scheduling-policy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingPolicy {
+    /// First come, first served; a request's `priority` other than 0 is refused.
+    #[default]
+    Fcfs,
+    /// By the request's `priority` (lower first; ties by arrival); under KV pressure the least
+    /// urgent running sequence is preempted first.
+    Priority,
+}
+
 /// What the CPU's many-token matmuls multiply in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -275,6 +287,10 @@ pub struct ServeArgs {
     /// Requests allowed to wait for admission; beyond that a request gets 429. [default: 1024]
     #[arg(long)]
     pub max_waiting_requests: Option<usize>,
+    /// How waiting requests are ordered: `fcfs`, or `priority` (the request's `priority` field,
+    /// lower first). [default: fcfs]
+    #[arg(long, value_enum)]
+    pub scheduling_policy: Option<SchedulingPolicy>,
     /// Tokens per KV-cache block. [default: 16]
     #[arg(long)]
     pub block_size: Option<usize>,
@@ -400,6 +416,7 @@ pub struct ServerConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_waiting_requests: usize,
+    pub scheduling_policy: SchedulingPolicy,
     pub block_size: usize,
     pub kv_cache_memory: Option<u64>,
     pub gpu_memory_utilization: f64,
@@ -477,6 +494,7 @@ impl ServerConfig {
                 .or(file.max_num_batched_tokens)
                 .unwrap_or_else(|| default_max_num_batched_tokens(device)),
             max_waiting_requests: cli.max_waiting_requests.or(file.max_waiting_requests).unwrap_or(1024),
+            scheduling_policy: cli.scheduling_policy.or(file.scheduling_policy).unwrap_or_default(),
             block_size: cli.block_size.or(file.block_size).unwrap_or(16),
             kv_cache_memory: cli.kv_cache_memory.or(file.kv_cache_memory).map(|b| b.0),
             gpu_memory_utilization: cli.gpu_memory_utilization.or(file.gpu_memory_utilization).unwrap_or(0.9),

@@ -195,3 +195,16 @@ fn batch_invariant_is_float32_on_the_cpu_and_half_precision_on_cuda() {
         assert!(e.to_string().contains("--batch-invariant"), "{args:?}: {e}");
     }
 }
+
+#[test]
+fn scheduling_policy_defaults_to_fcfs() {
+    let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+    assert_eq!(c.scheduling_policy, SchedulingPolicy::Fcfs);
+    let c = ServerConfig::merge(cli(&["--scheduling-policy", "priority"]), ServeArgs::default()).unwrap();
+    assert_eq!(c.scheduling_policy, SchedulingPolicy::Priority);
+    let file: ServeArgs = toml::from_str("scheduling-policy = \"priority\"").unwrap();
+    assert_eq!(
+        ServerConfig::merge(ServeArgs::default(), file).unwrap().scheduling_policy,
+        SchedulingPolicy::Priority
+    );
+}

@@ -27,7 +27,6 @@ pub mod openai;
 pub mod openapi;
 pub mod prompt;
 pub mod reasoning_budget;
-pub mod refuse;
 pub mod responses;
 pub mod runtime;
 pub mod server;

@@ -22,7 +22,8 @@ use tokio::net::TcpListener;
 
 use crate::app::{router, HttpOptions};
 use crate::config::{
-    DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, ServerConfig, DEFAULT_CPU_KV_CACHE_BYTES,
+    DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, SchedulingPolicy, ServerConfig,
+    DEFAULT_CPU_KV_CACHE_BYTES,
 };
 use crate::grammars::Grammars;
 use crate::hub;
@@ -349,7 +350,12 @@ impl Server {
                 architecture: running.model_config.architecture.clone(),
                 context_length: running.model_config.max_position_embeddings,
             },
-            limits: Limits { vocab_size, max_model_len: ec.max_model_len, max_logprobs: config.max_logprobs },
+            limits: Limits {
+                vocab_size,
+                max_model_len: ec.max_model_len,
+                max_logprobs: config.max_logprobs,
+                priority_scheduling: config.scheduling_policy == SchedulingPolicy::Priority,
+            },
         });
         let http = HttpOptions {
             api_key: config.api_key.clone(),

@@ -92,6 +92,7 @@ pub fn submit(
                     .with_stop(stop.clone())
                     .with_n(params.n)
                     .with_group(group)
+                    .with_priority(params.priority)
                     .with_arrival(arrival);
             request.skip_special_tokens = params.skip_special_tokens;
             request.max_speculative_tokens = params.max_speculative_tokens;

@@ -27,6 +27,8 @@ pub struct Limits {
     pub max_model_len: usize,
     /// Most alternatives a request may ask for (`--max-logprobs`).
     pub max_logprobs: usize,
+    /// Requests' `priority` orders the queue (`--scheduling-policy priority`).
+    pub priority_scheduling: bool,
 }
 
 /// Validated generation parameters, independent of the wire format.
@@ -48,6 +50,8 @@ pub struct GenerationParams {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
+    /// The queue's order: lower first (0 unless the server schedules by priority).
+    pub priority: i32,
     /// Structured output: the compiled grammar every choice must match.
     pub grammar: Option<pagoda_structured::CompiledGrammar>,
     /// The grammar applies only after this text (the end of the model's reasoning).
@@ -171,6 +175,18 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         }
     }
 
+    let priority = match params.priority {
+        None | Some(0) => 0,
+        Some(_) if !limits.priority_scheduling => {
+            return Err(InvalidParam::new(
+                "priority",
+                "priority scheduling is not enabled: start the server with --scheduling-policy priority",
+            ))
+        }
+        Some(p) => i32::try_from(p)
+            .map_err(|_| InvalidParam::new("priority", format!("priority must fit in 32 bits, got {p}")))?,
+    };
+
     let sampling = SamplingParams {
         temperature: params.temperature.unwrap_or(1.0),
         top_k,
@@ -200,6 +216,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         stop_token_ids,
         ignore_eos: params.ignore_eos,
         skip_special_tokens: params.skip_special_tokens,
+        priority,
         grammar: None,
         grammar_after: None,
         reasoning_budget: None,
@@ -233,7 +250,19 @@ mod tests {
     use super::*;
     use crate::openai::StopSpec;
 
-    const LIMITS: Limits = Limits { vocab_size: 1000, max_model_len: 2048, max_logprobs: 20 };
+    const LIMITS: Limits =
+        Limits { vocab_size: 1000, max_model_len: 2048, max_logprobs: 20, priority_scheduling: false };
+
+    #[test]
+    fn priority_needs_the_priority_policy() {
+        let with = |p: i64| CommonParams { priority: Some(p), ..base() };
+        assert_eq!(validate(with(0), &LIMITS).unwrap().priority, 0);
+        assert_eq!(validate(with(-5), &LIMITS).unwrap_err().param.as_deref(), Some("priority"));
+        let by_priority = Limits { priority_scheduling: true, ..LIMITS };
+        assert_eq!(validate(with(-5), &by_priority).unwrap().priority, -5);
+        let err = validate(with(1 << 40), &by_priority).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("priority"));
+    }
 
     fn base() -> CommonParams {
         CommonParams {

@@ -81,7 +81,6 @@ pub async fn chat_completions(
     if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
     }
-    crate::refuse::chat(&req)?;
     let tools = ToolRequest::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?
         .filter(ToolRequest::active);
     let grammar = req.grammar_fields().grammar()?;

@@ -91,7 +91,6 @@ pub async fn completions(
             "echo together with logprobs is not supported (no prompt logprobs)",
         ));
     }
-    crate::refuse::completion(&req)?;
     let requested_grammar = req.grammar_fields().grammar()?;
     let mut params = validate(req.common(), &state.limits)?;
     if let Some(requested) = requested_grammar {

@@ -135,7 +135,8 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
-    /// Only 0 (or absent): this server schedules without priorities.
+    /// With `--scheduling-policy priority`, the queue's order: lower runs first, ties by
+    /// arrival. Otherwise only 0 (or absent).
     #[serde(default)]
     pub priority: Option<i64>,
 }
@@ -184,6 +185,7 @@ impl ChatCompletionRequest {
             num_speculative_tokens: self.num_speculative_tokens,
             speculative_method: self.speculative_method,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            priority: self.priority,
         }
     }
 }

@@ -105,7 +105,8 @@ pub struct CompletionRequest {
     /// Add the tokenizer's special tokens (e.g. BOS) to text prompts. Default true.
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
-    /// Only 0 (or absent): this server schedules without priorities.
+    /// With `--scheduling-policy priority`, the queue's order: lower runs first, ties by
+    /// arrival. Otherwise only 0 (or absent).
     #[serde(default)]
     pub priority: Option<i64>,
 }
@@ -146,6 +147,7 @@ impl CompletionRequest {
             num_speculative_tokens: self.num_speculative_tokens,
             speculative_method: self.speculative_method,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            priority: self.priority,
         }
     }
 }

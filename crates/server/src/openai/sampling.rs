@@ -38,6 +38,8 @@ pub struct CommonParams {
     /// Where this request's proposals come from, when not the server's method.
     pub speculative_method: Option<SpeculativeMethodParam>,
     pub skip_special_tokens: bool,
+    /// The queue's order (lower first), with `--scheduling-policy priority`.
+    pub priority: Option<i64>,
 }
 
 /// Pagoda extension: the speculative decoding method of one request (vLLM's method names).

@@ -15,6 +15,7 @@ mod hub;
 mod load;
 mod messages;
 mod metric_labels;
+mod priority;
 mod reasoning;
 mod responses;
 mod sdk;
