@@ -148,7 +148,7 @@ impl Scheduler {
 
     /// Frees blocks until running sequence `id` can compute at least one of `want` tokens, by
     /// preempting the least urgent, most recently admitted sequence not yet scheduled in this
-    /// step — or `id` itself when there is none (then `None`). `cursor` (a position in
+    /// step — or `id` itself when there is none or that one is more urgent (then `None`). `cursor` (a position in
     /// `running`) is kept pointing at the same sequence while entries before it are removed.
     fn make_room(&mut self, id: SeqId, want: usize, cursor: &mut usize) -> Option<usize> {
         loop {
@@ -158,12 +158,13 @@ impl Scheduler {
                 return Some(q);
             }
             match self.pick_victim(id) {
-                Some(victim) => {
+                // Never a more urgent sequence for a less urgent one: then `id` itself goes.
+                Some(victim) if self.priority_of(victim) >= self.priority_of(id) => {
                     if self.preempt(victim).is_some_and(|pos| pos < *cursor) {
                         *cursor -= 1;
                     }
                 }
-                None => {
+                _ => {
                     // The next sequence moves into `id`'s position; the cursor stays.
                     self.preempt(id);
                     return None;

@@ -360,6 +360,31 @@ fn priority_orders_the_queue() {
 }
 
 #[test]
+fn kv_pressure_preempts_the_least_urgent_first() {
+    // As in `preemption_by_recompute_keeps_outputs`, three sequences cannot all grow to 40
+    // tokens in 12 blocks; the victim is the least urgent, not the most recently admitted.
+    let mut h = Harness::small(4, 12);
+    let reqs: Vec<_> = [(0, 9), (1, 0), (2, 5)]
+        .into_iter()
+        .map(|(i, priority)| req(i, prompt(8, i as u32), 32).with_priority(priority))
+        .collect();
+    // The least urgent starts first, so that it is not also the most recently admitted.
+    h.add(reqs[0].clone());
+    h.step();
+    h.step();
+    h.add(reqs[1].clone());
+    h.add(reqs[2].clone());
+    h.run();
+    assert!(h.sched.num_preemptions() > 0);
+    let preempted = |id: u64| h.metrics.iter().find(|m| m.request_id == id).map_or(0, |m| m.num_preemptions);
+    assert_eq!(preempted(1), 0, "the most urgent request was preempted");
+    assert!(preempted(0) > 0, "the least urgent request was not preempted");
+    for r in &reqs {
+        assert_eq!(h.tokens(r.id, 0), solo(r)[0], "request {}", r.id);
+    }
+}
+
+#[test]
 fn prefix_caching_off_gives_the_same_outputs() {
     let mut config = EngineConfig::new(4, 64, 256);
     config.enable_prefix_caching = false;
