@@ -14,7 +14,9 @@ use axum::{Extension, Json, Router};
 use tower::ServiceBuilder;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 
-use crate::anthropic::error::{anthropic_errors, in_anthropic_shape, is_anthropic_route};
+use crate::anthropic::error::{
+    anthropic_errors, in_anthropic_shape, is_anthropic_route, ROUTES as ANTHROPIC_ROUTES,
+};
 use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
@@ -66,9 +68,10 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/v1/models/{*model}", get(info::retrieve_model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
+    let [messages_route, count_tokens_route] = ANTHROPIC_ROUTES;
     let mut anthropic = Router::new()
-        .route("/v1/messages", post(messages::messages))
-        .route("/v1/messages/count_tokens", post(messages::count_tokens));
+        .route(messages_route, post(messages::messages))
+        .route(count_tokens_route, post(messages::count_tokens));
     if let Some(key) = &options.api_key {
         api = api.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));
         anthropic = anthropic.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));

@@ -15,6 +15,7 @@ pub mod config_doc;
 pub mod conversation;
 pub mod error;
 pub mod extract;
+pub mod flag_values;
 pub mod generate;
 pub mod grammars;
 pub mod handlers;

@@ -45,10 +45,12 @@ pub fn body(error: &ApiError) -> AnthropicErrorResponse {
     }
 }
 
-/// Whether `path` is one of the Anthropic routes (whose errors take Anthropic's shape, a wrong
-/// method's too).
+/// The Anthropic routes, whose errors (a wrong method's too) take Anthropic's shape.
+pub const ROUTES: [&str; 2] = ["/v1/messages", "/v1/messages/count_tokens"];
+
+/// Whether `path` is one of [`ROUTES`].
 pub fn is_anthropic_route(path: &str) -> bool {
-    matches!(path, "/v1/messages" | "/v1/messages/count_tokens")
+    ROUTES.contains(&path)
 }
 
 /// Middleware for the Anthropic routes: an error response is rendered in Anthropic's shape,

@@ -247,13 +247,8 @@ pub fn tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
         }
         Some(_) => return Err(invalid("tool_choice", "must be an object such as {\"type\": \"auto\"}")),
     };
-    let parsed =
-        ToolRequest::parse(Some(&Value::Array(openai_tools)), choice.as_ref(), parallel).map_err(|e| {
-            InvalidParam {
-                param: e.param.map(|p| anthropic_param(&p)),
-                message: anthropic_message(&e.message),
-            }
-        })?;
+    let parsed = ToolRequest::parse(Some(&Value::Array(openai_tools)), choice.as_ref(), parallel)
+        .map_err(|e| InvalidParam { param: e.param.map(|p| anthropic_param(&p)), message: e.message })?;
     Ok(parsed.filter(ToolRequest::active))
 }
 
@@ -261,10 +256,6 @@ pub fn tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
 /// `tools[0].input_schema`).
 fn anthropic_param(param: &str) -> String {
     param.replace(".function.parameters", ".input_schema").replace(".function.", ".")
-}
-
-fn anthropic_message(message: &str) -> String {
-    message.replace("`tool_choice` `required`", "`tool_choice` `any`")
 }
 
 /// What a request's thinking settings ask of the answer.
