@@ -357,6 +357,21 @@ fn reasoning(
     if let Some(k) = obj.keys().find(|k| !matches!(k.as_str(), "effort" | "summary" | "generate_summary")) {
         return Err(invalid(format!("reasoning.{k}"), format!("unknown field `{k}`")));
     }
+    // The reasoning comes whole, in the item's `content`: no summarizer runs here, which is
+    // what `auto` (the model's own, if any) gives; a summary asked for by name cannot be made.
+    for key in ["summary", "generate_summary"] {
+        match obj.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "auto" => {}
+            Some(Value::String(s)) if matches!(s.as_str(), "concise" | "detailed") => {
+                return Err(invalid(
+                    format!("reasoning.{key}"),
+                    format!("`{s}` summaries are not made by this server: the reasoning itself is in the reasoning item's content; use `auto` or leave it out"),
+                ))
+            }
+            Some(_) => return Err(invalid(format!("reasoning.{key}"), "must be auto, concise or detailed")),
+        }
+    }
     match obj.get("effort") {
         None | Some(Value::Null) => {}
         Some(Value::String(e)) if e == "none" => {

@@ -249,6 +249,7 @@ async fn errors_come_in_openai_shape() -> Result<()> {
         (body(json!("hi"), json!({"include": ["file_search_call.results"]})), "include"),
         (body(json!("hi"), json!({"truncation": "sometimes"})), "truncation"),
         (body(json!("hi"), json!({"reasoning": {"effort": "high"}})), "reasoning.effort"),
+        (body(json!("hi"), json!({"reasoning": {"summary": "concise"}})), "reasoning.summary"),
         (json!({"model": "smol"}), "input"),
     ];
     for (b, param) in cases {
