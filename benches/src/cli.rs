@@ -1,11 +1,10 @@
-//! The command line of `pagoda-bench`: `serve` (an OpenAI-API client against a running server)
-//! and `offline` (the engine in-process), with the dataset options they share.
+//! The command line of `pagoda-bench serve` (an OpenAI-API client against a running server), and
+//! the dataset and output options that `pagoda-bench-offline` shares.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use pagoda_server::config::{ByteSize, DeviceArg};
 use serde_json::{Map, Value};
 
 use crate::client::Endpoint;
@@ -26,11 +25,9 @@ pub struct Cli {
 pub enum Command {
     /// Stream requests to an OpenAI-compatible server and report throughput and latencies.
     Serve(ServeArgs),
-    /// Run the engine in-process (no HTTP) on a dataset and report its throughput.
-    Offline(OfflineArgs),
 }
 
-/// The request set; `serve` and `offline` share it.
+/// The request set; `pagoda-bench serve` and `pagoda-bench-offline` share it.
 #[derive(Debug, Clone, Args)]
 pub struct DatasetArgs {
     /// random, sharegpt-like, prefix-repetition, or a FILE.jsonl of {"prompt": ..., "output_len": N} lines.
@@ -210,44 +207,6 @@ impl ServeArgs {
     }
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct OfflineArgs {
-    /// GGUF file or Hugging Face model directory.
-    #[arg(long, default_value = pagoda_server::config::DEFAULT_MODEL, value_name = "PATH")]
-    pub model: PathBuf,
-    /// Tokenizer source when it is not the model itself (also counts the prompt lengths).
-    #[arg(long, value_name = "PATH")]
-    pub tokenizer: Option<PathBuf>,
-    #[command(flatten)]
-    pub dataset: DatasetArgs,
-    /// Most sequences in one engine step.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: usize,
-    /// Token budget of one engine step.
-    #[arg(long, default_value_t = 2048)]
-    pub max_num_batched_tokens: usize,
-    /// Longest prompt plus output. [default: what the model and the cache allow]
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
-    /// KV-cache size, e.g. 1GiB.
-    #[arg(long, default_value = "1GiB", value_name = "BYTES")]
-    pub kv_cache_memory: ByteSize,
-    /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// Turn prefix caching off.
-    #[arg(long)]
-    pub no_enable_prefix_caching: bool,
-    /// GGUF projections as dequantized matmuls (true) or quantized ones (false). [default: by model size]
-    #[arg(long, value_name = "BOOL")]
-    pub dequantize: Option<bool>,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceArg,
-    #[command(flatten)]
-    pub output: OutputArgs,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,7 +251,7 @@ mod tests {
             "r.json",
         ])
         .unwrap();
-        let Command::Serve(a) = cli.command else { panic!("not serve") };
+        let Command::Serve(a) = cli.command;
         assert_eq!(
             (a.endpoint, a.request_rate, a.max_concurrency, a.ignore_eos),
             (Endpoint::Chat, 2.5, Some(4), true)
@@ -306,9 +265,7 @@ mod tests {
 
     #[test]
     fn serve_defaults_send_everything_at_once() {
-        let Command::Serve(a) = Cli::try_parse_from(["pagoda-bench", "serve"]).unwrap().command else {
-            panic!("not serve")
-        };
+        let Command::Serve(a) = Cli::try_parse_from(["pagoda-bench", "serve"]).unwrap().command;
         assert!(a.request_rate.is_infinite());
         assert_eq!(
             (a.endpoint, a.max_concurrency, a.dataset.num_prompts),
@@ -324,7 +281,6 @@ mod tests {
             let argv = ["pagoda-bench", "serve"].into_iter().chain(extra.iter().copied());
             match Cli::try_parse_from(argv).map(|c| c.command) {
                 Ok(Command::Serve(a)) => Ok(a),
-                Ok(Command::Offline(_)) => panic!("not serve"),
                 Err(e) => Err(e),
             }
         };
@@ -349,27 +305,5 @@ mod tests {
             let argv = ["pagoda-bench", "serve", bad[0], bad[1]];
             assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn offline_flags_parse() {
-        let cli = Cli::try_parse_from([
-            "pagoda-bench",
-            "offline",
-            "--model",
-            "m.gguf",
-            "--num-prompts",
-            "3",
-            "--kv-cache-memory",
-            "64MiB",
-            "--no-enable-prefix-caching",
-            "--dequantize",
-            "false",
-        ])
-        .unwrap();
-        let Command::Offline(a) = cli.command else { panic!("not offline") };
-        assert_eq!(a.kv_cache_memory, ByteSize(64 << 20));
-        assert!(a.no_enable_prefix_caching);
-        assert_eq!((a.dequantize, a.device), (Some(false), DeviceArg::Cpu));
     }
 }

@@ -3,7 +3,9 @@
 //! - `pagoda-bench serve` ([`serve`]) streams a dataset's requests to any OpenAI-compatible
 //!   server on a Poisson or all-at-once schedule and reports throughput and the TTFT, TPOT, ITL
 //!   and end-to-end latency distributions ([`metrics`], [`report`]).
-//! - `pagoda-bench offline` ([`offline`]) runs the engine in-process, without HTTP.
+//! - `pagoda-bench-offline` (its own package, `benches/offline`) runs the engine in-process,
+//!   without HTTP, and reports through [`metrics`] and [`report`] too. Only it links the model
+//!   code: this crate is an HTTP client.
 //! - Datasets ([`dataset`], [`words`]): random, sharegpt-like, prefix-repetition, or a JSONL file.
 //! - `serve --json-schema` ([`structured`]): requests ask for JSON schemas and their answers are
 //!   validated.
@@ -14,7 +16,6 @@ pub mod cli;
 pub mod client;
 pub mod dataset;
 pub mod metrics;
-pub mod offline;
 pub mod report;
 pub mod run;
 pub mod serve;

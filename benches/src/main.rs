@@ -1,4 +1,4 @@
-//! The `pagoda-bench` binary: parses the command line and runs `serve` or `offline`.
+//! The `pagoda-bench` binary: parses the command line and runs `serve`.
 
 use std::process::ExitCode;
 
@@ -13,7 +13,6 @@ fn main() -> ExitCode {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(pagoda_bench::run::serve(args))),
-        Command::Offline(args) => pagoda_bench::run::offline(args),
     };
     match result {
         Ok(_) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
-//! The two commands from parsed arguments to the printed table and the saved JSON.
+//! `pagoda-bench serve` from parsed arguments to the printed table and the saved JSON, and the
+//! printing and saving that `pagoda-bench-offline` shares.
 
 use std::io::Write;
 use std::path::Path;
@@ -6,13 +7,10 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
-use candle_core::{DType, Device};
-use pagoda_server::config::DeviceArg;
-use pagoda_server::runtime::RuntimeOptions;
 use pagoda_text::Tokenizer;
 use serde_json::Value;
 
-use crate::cli::{OfflineArgs, OutputArgs, ServeArgs};
+use crate::cli::{OutputArgs, ServeArgs};
 use crate::client::{first_model, Client, ClientConfig, Endpoint};
 use crate::dataset::{generate, Dataset};
 use crate::metrics::{summarize, RequestResult, Summary};
@@ -60,7 +58,7 @@ fn length_notes(dataset: &Dataset) -> Vec<String> {
 }
 
 /// Prints the table, saves the JSON if asked, and fails when no request succeeded.
-fn finish(
+pub fn finish(
     mode: &'static str,
     info: TableInfo,
     output: &OutputArgs,
@@ -209,68 +207,4 @@ fn show_invalid_examples(results: &[RequestResult], invalid: usize) {
     for example in examples {
         eprintln!("  {example}");
     }
-}
-
-/// The runtime options `args` asks for (the server's defaults otherwise).
-pub fn runtime_options(args: &OfflineArgs) -> anyhow::Result<RuntimeOptions> {
-    if !args.model.exists() {
-        bail!(
-            "--model {}: no such file or directory (run `make model` for the default model)",
-            args.model.display()
-        );
-    }
-    let mut o = RuntimeOptions::new(&args.model);
-    o.tokenizer = args.tokenizer.clone();
-    o.dequantize = args.dequantize;
-    (o.device, o.dtype) = match args.device {
-        DeviceArg::Cpu => (Device::Cpu, DType::F32),
-        DeviceArg::Cuda(n) => {
-            (Device::new_cuda(n).with_context(|| format!("--device {}", args.device))?, DType::BF16)
-        }
-    };
-    o.block_size = args.block_size;
-    o.kv_cache_bytes = args.kv_cache_memory.0;
-    o.max_model_len = args.max_model_len;
-    o.max_num_seqs = args.max_num_seqs;
-    o.max_num_batched_tokens = args.max_num_batched_tokens;
-    // Everything is submitted at once: let it all wait.
-    o.max_waiting_requests = o.max_waiting_requests.max(args.dataset.num_prompts);
-    o.enable_prefix_caching = !args.no_enable_prefix_caching;
-    Ok(o)
-}
-
-/// `pagoda-bench offline`.
-pub fn offline(args: OfflineArgs) -> anyhow::Result<Report> {
-    let options = runtime_options(&args)?;
-    eprintln!("pagoda-bench offline: loading {}", args.model.display());
-    let run = crate::offline::run(&options, &args.dataset.spec(), !args.output.no_progress)?;
-    eprintln!(
-        "model loaded and engine started in {:.2}s; ran {} requests ({}, {} prompt / {} output tokens)",
-        run.startup.as_secs_f64(),
-        run.dataset.prompts.len(),
-        args.dataset.dataset,
-        run.dataset.total_prompt_tokens(),
-        run.dataset.total_output_tokens(),
-    );
-    let summary = summarize(&run.results, run.duration, &args.output.percentiles.0);
-    let info = TableInfo {
-        title: "Offline Throughput Result".into(),
-        notes: vec![format!(
-            "in-process engine, all requests submitted at once with ignore_eos; start-up ({:.2}s) not counted",
-            run.startup.as_secs_f64()
-        )],
-        ..TableInfo::default()
-    };
-    let mut config = args.dataset.to_json();
-    config.insert("model".into(), args.model.display().to_string().into());
-    config.insert("max_num_seqs".into(), args.max_num_seqs.into());
-    config.insert("max_num_batched_tokens".into(), args.max_num_batched_tokens.into());
-    config.insert("max_model_len".into(), options.max_model_len.into());
-    config.insert("kv_cache_bytes".into(), options.kv_cache_bytes.into());
-    config.insert("block_size".into(), args.block_size.into());
-    config.insert("enable_prefix_caching".into(), options.enable_prefix_caching.into());
-    config.insert("dequantize".into(), args.dequantize.into());
-    config.insert("device".into(), args.device.to_string().into());
-    config.insert("startup_s".into(), run.startup.as_secs_f64().into());
-    finish("offline", info, &args.output, Value::Object(config), summary, run.results)
 }

@@ -1,6 +1,6 @@
 //! `pagoda-bench` against the real thing: the Pagoda server started in-process on 127.0.0.1:0
-//! with the real model (`models/SmolLM2-135M-Instruct.Q4_1.gguf`, fetched by `make model`), the
-//! offline mode on the same model, and exact prompt lengths with its tokenizer.
+//! with the real model (`models/SmolLM2-135M-Instruct.Q4_1.gguf`, fetched by `make model`), and
+//! exact prompt lengths with its tokenizer.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,7 +82,7 @@ async fn serve(extra: &[&str]) -> Report {
     let tok = model_path().display().to_string();
     let mut argv = vec!["serve", "--base-url", &url, "--tokenizer", &tok, "--no-progress"];
     argv.extend_from_slice(extra);
-    let Command::Serve(args) = parse(&argv) else { unreachable!() };
+    let Command::Serve(args) = parse(&argv);
     pagoda_bench::run::serve(args).await.unwrap()
 }
 
@@ -177,70 +177,6 @@ async fn serve_chat_prefix_repetition_with_a_concurrency_limit() {
     // The chat template wraps each 56-token prompt in its own tokens.
     assert!(report.results.iter().all(|r| r.prompt_len > 56), "{:?}", report.results);
     check_latencies(&report, 8);
-}
-
-#[test]
-fn offline_runs_the_engine_in_process() {
-    let model = model_path().display().to_string();
-    let Command::Offline(args) = parse(&[
-        "offline",
-        "--model",
-        &model,
-        "--num-prompts",
-        "4",
-        "--input-len",
-        "24",
-        "--output-len",
-        "8",
-        "--kv-cache-memory",
-        "32MiB",
-        "--max-model-len",
-        "512",
-        "--no-progress",
-        "--seed",
-        "2",
-    ]) else {
-        unreachable!()
-    };
-    let report = pagoda_bench::run::offline(args).unwrap();
-    let s = &report.summary;
-    assert_eq!((s.completed, s.failed, s.total_output_tokens), (4, 0, 32), "{:?}", s.errors);
-    let spec = DatasetSpec {
-        input_len: Some(24),
-        output_len: Some(8),
-        seed: 2,
-        ..DatasetSpec::new(DatasetKind::Random, 4)
-    };
-    assert_eq!(s.total_input_tokens, server_prompt_lens(&spec).iter().sum::<usize>());
-    assert!(s.duration_s > 0.0 && s.output_throughput > 0.0);
-    check_latencies(&report, 8);
-    assert!(report.table.contains("Offline Throughput Result"));
-}
-
-#[test]
-fn offline_reports_requests_the_engine_refuses() {
-    let model = model_path().display().to_string();
-    // 300 + 8 tokens do not fit --max-model-len 128: every submission is refused, and said so.
-    let Command::Offline(args) = parse(&[
-        "offline",
-        "--model",
-        &model,
-        "--num-prompts",
-        "2",
-        "--input-len",
-        "300",
-        "--output-len",
-        "8",
-        "--kv-cache-memory",
-        "16MiB",
-        "--max-model-len",
-        "128",
-        "--no-progress",
-    ]) else {
-        unreachable!()
-    };
-    let err = pagoda_bench::run::offline(args).unwrap_err();
-    assert!(format!("{err:#}").contains("every request failed"), "{err:#}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device};
 use pagoda_engine::{ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision, SmallSteps};
+use pagoda_models::{load_model, resolve_kernel_plan, KernelRequest, KvCache, LoadOptions, ModelRunner};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -22,15 +22,10 @@ fn main() -> anyhow::Result<()> {
     if positions.is_empty() {
         positions = ["1", "2", "3", "5", "9"].map(String::from).to_vec();
     }
-    let options = LoadOptions {
-        panel_precision: PanelPrecision::auto_float(),
-        small_steps: if PanelPrecision::cpu_has_native_int8() {
-            SmallSteps::Int16
-        } else {
-            SmallSteps::Blocks
-        },
-        ..LoadOptions::default()
-    };
+    // The plan `pagoda serve` resolves with its default flags.
+    let mut options = LoadOptions::default();
+    options.kernel_plan = resolve_kernel_plan(path.as_ref(), &options, KernelRequest::default())?.plan;
+    eprintln!("kernel plan: {}", options.kernel_plan);
     let model = load_model(path.as_ref(), &options)?.model;
     let block_size = 16;
     let num_blocks = (context + 512).div_ceil(block_size);

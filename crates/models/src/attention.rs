@@ -122,7 +122,7 @@ impl Attention {
                 softmax_scale: c.softmax_scale(),
                 window: c.layer_window(i),
                 logit_softcap: c.attn_logit_softcapping,
-                batch_invariant: source.cpu_gemm().batch_invariant,
+                batch_invariant: source.kernel_plan().batch_invariant,
             },
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,

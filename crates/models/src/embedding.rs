@@ -27,8 +27,8 @@ pub(crate) fn load_embedding_and_head(
     // A tied table in a format the block matmul reads serves as lm head (blocks for small
     // steps, panels for large ones) and as embedding (rows dequantized from the blocks).
     let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
-        let gemm = source.cpu_gemm();
-        source.blocks("token_embd.weight", c.vocab_size, h)?.map(|b| Linear::packed(b, gemm))
+        let plan = source.kernel_plan();
+        source.blocks("token_embd.weight", c.vocab_size, h)?.map(|b| Linear::packed(b, plan))
     } else {
         None
     };
@@ -45,8 +45,8 @@ pub(crate) fn load_embedding_and_head(
         }
         // Tied, dense: share the embedding tensor rather than load a second copy.
         None => match &embedding {
-            Embedding::Dense(table) => Linear::dense(table.clone(), None, source.cpu_gemm())?,
-            Embedding::Blocks(blocks) => Linear::packed((**blocks).clone(), source.cpu_gemm()),
+            Embedding::Dense(table) => Linear::dense(table.clone(), None, source.kernel_plan())?,
+            Embedding::Blocks(blocks) => Linear::packed((**blocks).clone(), source.kernel_plan()),
         },
     };
     Ok((embedding, head))

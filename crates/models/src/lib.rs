@@ -12,10 +12,10 @@ pub mod draft_model;
 pub mod embedding;
 pub mod error;
 pub mod gemma;
+pub mod kernel_plan;
 pub mod kv_cache;
 pub mod kv_layout;
 pub mod kv_sizing;
-pub mod large_steps;
 pub mod linear;
 pub mod llama;
 pub mod loader;
@@ -27,11 +27,12 @@ pub mod weights;
 pub use config::{ModelConfig, MoeConfig};
 pub use draft_model::DraftModel;
 pub use error::{ModelError, Result};
+pub use kernel_plan::{CpuGemmDtype, CpuKernel, KernelPlan, KernelRequest, ResolvedPlan};
 pub use kv_cache::KvCache;
 pub use kv_layout::KvLayout;
-pub use large_steps::LargeStepChoice;
-pub use linear::SmallSteps;
-pub use loader::{load_model, LoadFormat, LoadOptions, LoadedModel, AUTO_DEQUANTIZE_MAX_BYTES};
+pub use loader::{
+    load_model, resolve_kernel_plan, LoadFormat, LoadOptions, LoadedModel, AUTO_DEQUANTIZE_MAX_BYTES,
+};
 pub use model::{ForwardInput, Model};
 pub use pagoda_ops::PanelPrecision;
 pub use runner::ModelRunner;

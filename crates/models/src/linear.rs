@@ -1,11 +1,8 @@
 //! A linear layer over quantized, dense or both forms of a weight, `y = x W^T (+ b)`, and
 //! [`StackedLinear`], several projections of one input run as one matmul.
 //!
-//! On the CPU, [`CpuGemm`] says which kernels run: for steps of a few tokens the exact block
-//! kernel, or int8 panels with 16-bit activations ([`SmallSteps`]), and the panel GEMM for
-//! larger ones (two summation orders, so a row's last bits depend on the step's size); with
-//! `batch_invariant`, one kernel for every step (the blocks in f32, else the panels), whose
-//! sums per output run in one order whatever the number of rows.
+//! On the CPU, the [`KernelPlan`] says which kernel a step of each size runs: the exact blocks,
+//! or panels of some precision (`crate::kernel_plan`).
 //!
 //! On CUDA a dense weight multiplies steps of up to 8 rows on our skinny kernel and larger ones
 //! on cuBLAS; a batch-invariant model takes the skinny kernel at every step
@@ -18,66 +15,7 @@ use candle_core::{DType, Module, Tensor};
 use pagoda_ops::{PanelPrecision, PanelWeight, QuantizedWeight};
 
 use crate::error::Result;
-
-/// Steps of at most this many tokens multiply [`LinearWeight::Packed`] blocks directly; larger
-/// ones use the dense copy. From `cargo bench -p pagoda-bench --bench matmul` on a 2-core
-/// AVX-512 machine, SmolLM2's 30 layers: the block kernel takes 5.7 / 12.2 / 24.9 / 37.4 ms at
-/// 1 / 8 / 16 / 24 tokens against 12.3 / 14.0 / 30.3 / 29.1 ms for the panel GEMM.
-pub const PACKED_MAX_TOKENS: usize = 16;
-
-/// What a block-quantized weight's steps of at most [`PACKED_MAX_TOKENS`] tokens run when its
-/// large steps use float panels.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum SmallSteps {
-    /// The GGUF blocks times exact f32 activations.
-    #[default]
-    Blocks,
-    /// The codes in int8 panels (two per byte for 4-bit formats) times activations rounded to
-    /// 16 bits per block of 32 ([`PanelPrecision::Int16`]), on CPUs with AVX512-VNNI: one
-    /// kernel from 1 to 16 tokens, so a speculative step's verified positions get a one-token
-    /// step's bits, at 0.8x the blocks' time for one token and 0.55x for five on SmolLM2
-    /// (benches/reports/2026-11-25-int16-small-steps-amd.md).
-    Int16,
-}
-
-/// How the CPU multiplies a layer's weight.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CpuGemm {
-    /// What the panel copy of a block-quantized weight stores and multiplies in.
-    pub precision: PanelPrecision,
-    /// What steps of at most [`PACKED_MAX_TOKENS`] tokens run when `precision` is a float one
-    /// and `batch_invariant` is off.
-    pub small_steps: SmallSteps,
-    /// Every step, whatever its number of tokens, runs one kernel (the row sums of each kernel
-    /// run in an order that does not depend on the number of rows), so a row's output does not
-    /// depend on the rows beside it: the exact block kernel for `F32`, else the panels of
-    /// `precision`. Dense weights are packed in panels (candle's GEMM blocks by shape).
-    pub batch_invariant: bool,
-}
-
-impl CpuGemm {
-    /// Whether a packed weight's steps of `tokens` rows take the exact block kernel. Integer
-    /// panels serve every step size (both beat the blocks from one token on, and one kernel
-    /// keeps a row's bits independent of its neighbours:
-    /// benches/reports/2026-11-25-int16-small-steps-amd.md);
-    /// float ones only past [`PACKED_MAX_TOKENS`].
-    fn uses_blocks(self, tokens: usize) -> bool {
-        if self.batch_invariant {
-            return self.blocks_only();
-        }
-        !self.precision.is_integer() && tokens <= PACKED_MAX_TOKENS
-    }
-
-    /// Batch-invariant in f32: the blocks serve every step and no panel copy is made.
-    fn blocks_only(self) -> bool {
-        self.batch_invariant && self.precision == PanelPrecision::F32
-    }
-
-    /// Whether small steps take int16 panels of their own.
-    fn small_int16(self) -> bool {
-        self.small_steps == SmallSteps::Int16 && !self.batch_invariant && !self.precision.is_integer()
-    }
-}
+use crate::kernel_plan::{CpuKernel, KernelPlan};
 
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
@@ -85,17 +23,8 @@ pub enum LinearWeight {
     Quantized(QMatMul),
     /// A dense `[out, in]` matrix.
     Dense(Tensor),
-    /// GGUF blocks multiplied with exact f32 activations for small steps, plus their dense form
-    /// (the same values in f32, or rounded to bfloat16) packed in panels for large ones. CPU
-    /// only.
-    /// `panels` is `None` when the blocks serve every step ([`CpuGemm::batch_invariant`] in f32);
-    /// `small`, int16 panels for the small steps ([`SmallSteps::Int16`]).
-    Packed {
-        blocks: Arc<QuantizedWeight>,
-        panels: Option<Arc<PanelWeight>>,
-        small: Option<Arc<PanelWeight>>,
-        gemm: CpuGemm,
-    },
+    /// GGUF blocks, plus a copy packed in panels for each panel kernel the plan runs. CPU only.
+    Packed { blocks: Arc<QuantizedWeight>, panels: Vec<Arc<PanelWeight>>, plan: KernelPlan },
     /// A dense weight packed in panels: what a batch-invariant CPU model multiplies dense
     /// weights with.
     Panels(Arc<PanelWeight>),
@@ -126,14 +55,20 @@ impl Linear {
             }
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::RowInvariant(w) => pagoda_ops::row_invariant_matmul(x, w)?,
-            LinearWeight::Packed { blocks, panels, small, gemm } => {
+            LinearWeight::Packed { blocks, panels, plan } => {
                 let x = &x.to_dtype(DType::F32)?;
-                let tokens = x.dim(0)?;
-                match (panels, small) {
-                    (_, Some(small)) if tokens <= PACKED_MAX_TOKENS => pagoda_ops::panel_matmul(x, small)?,
-                    (Some(panels), _) if !gemm.uses_blocks(tokens) => pagoda_ops::panel_matmul(x, panels)?,
-                    _ if gemm.batch_invariant => pagoda_ops::quant_matmul_batch_invariant(x, blocks)?,
-                    _ => pagoda_ops::quant_matmul(x, blocks)?,
+                match plan.kernel_for(x.dim(0)?) {
+                    CpuKernel::Blocks if plan.batch_invariant => {
+                        pagoda_ops::quant_matmul_batch_invariant(x, blocks)?
+                    }
+                    CpuKernel::Blocks => pagoda_ops::quant_matmul(x, blocks)?,
+                    CpuKernel::Panels(precision) => {
+                        let panels = panels
+                            .iter()
+                            .find(|p| p.precision() == precision)
+                            .expect("`packed` makes a copy for each panel kernel of the plan");
+                        pagoda_ops::panel_matmul(x, panels)?
+                    }
                 }
             }
             LinearWeight::Panels(panels) => pagoda_ops::panel_matmul(&x.to_dtype(DType::F32)?, panels)?,
@@ -144,30 +79,36 @@ impl Linear {
         })
     }
 
-    /// Blocks for the few-token steps (or their int16 panels, [`SmallSteps::Int16`]) plus their
-    /// dense form, packed in panels of `gemm.precision`, for larger ones (dequantized here, in
-    /// parallel); the blocks alone when they serve every step.
-    pub fn packed(blocks: QuantizedWeight, gemm: CpuGemm) -> Self {
+    /// GGUF blocks, packed (dequantized here, in parallel) in panels of each precision the
+    /// plan's kernels use; the blocks alone when they serve every step.
+    pub fn packed(blocks: QuantizedWeight, plan: KernelPlan) -> Self {
+        let mut precisions: Vec<PanelPrecision> = Vec::new();
+        for kernel in [plan.decode_sized, plan.prefill_sized] {
+            if let CpuKernel::Panels(p) = kernel {
+                if !precisions.contains(&p) {
+                    precisions.push(p);
+                }
+            }
+        }
         let panels =
-            (!gemm.blocks_only()).then(|| Arc::new(PanelWeight::from_quantized(&blocks, gemm.precision)));
-        let small =
-            gemm.small_int16().then(|| Arc::new(PanelWeight::from_quantized(&blocks, PanelPrecision::Int16)));
-        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels, small, gemm }, None)
+            precisions.into_iter().map(|p| Arc::new(PanelWeight::from_quantized(&blocks, p))).collect();
+        Self::new(LinearWeight::Packed { blocks: Arc::new(blocks), panels, plan }, None)
     }
 
     /// A dense `[out, in]` weight: candle's matmul, or for a batch-invariant model on CUDA
     /// [`LinearWeight::RowInvariant`], and on the CPU an f32 weight packed in panels of the
-    /// chosen precision (int8 has no codes to keep, so it packs as [`PanelPrecision::auto`]).
-    pub fn dense(weight: Tensor, bias: Option<Tensor>, gemm: CpuGemm) -> Result<Self> {
-        if gemm.batch_invariant && weight.device().is_cuda() {
+    /// plan's precision (int8 has no codes to keep, so it packs as
+    /// [`PanelPrecision::auto_float`]).
+    pub fn dense(weight: Tensor, bias: Option<Tensor>, plan: KernelPlan) -> Result<Self> {
+        if plan.batch_invariant && weight.device().is_cuda() {
             return Ok(Self::new(LinearWeight::RowInvariant(weight), bias));
         }
-        if !(gemm.batch_invariant && weight.device().is_cpu() && weight.dtype() == DType::F32) {
+        if !(plan.batch_invariant && weight.device().is_cpu() && weight.dtype() == DType::F32) {
             return Ok(Self::new(LinearWeight::Dense(weight), bias));
         }
         let (rows, cols) = weight.dims2()?;
         let values = weight.flatten_all()?.to_vec1::<f32>()?;
-        let panels = PanelWeight::from_rows(rows, cols, &values, gemm.precision);
+        let panels = PanelWeight::from_rows(rows, cols, &values, plan.dense_precision());
         Ok(Self::new(LinearWeight::Panels(Arc::new(panels)), bias))
     }
 
@@ -208,10 +149,10 @@ impl Linear {
             }
             _ => return Ok(None),
         };
-        let packed: Option<Vec<(&QuantizedWeight, CpuGemm)>> = parts
+        let packed: Option<Vec<(&QuantizedWeight, KernelPlan)>> = parts
             .iter()
             .map(|p| match &p.weight {
-                LinearWeight::Packed { blocks, gemm, .. } => Some((&**blocks, *gemm)),
+                LinearWeight::Packed { blocks, plan, .. } => Some((&**blocks, *plan)),
                 _ => None,
             })
             .collect();
@@ -268,13 +209,13 @@ impl StackedLinear {
     }
 
     /// Block-quantized parts stacked into one weight, dequantized once.
-    pub fn from_blocks(parts: Vec<QuantizedWeight>, gemm: CpuGemm) -> Result<Self> {
+    pub fn from_blocks(parts: Vec<QuantizedWeight>, plan: KernelPlan) -> Result<Self> {
         let widths: Vec<usize> = parts.iter().map(QuantizedWeight::rows).collect();
         let blocks = match parts.len() {
             1 => parts.into_iter().next().expect("one part"),
             _ => QuantizedWeight::concat_rows(&parts.iter().collect::<Vec<_>>())?,
         };
-        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks, gemm), widths })
+        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks, plan), widths })
     }
 
     /// The projection of a one-part stack.
@@ -348,6 +289,7 @@ mod tests {
     use pagoda_ops::QuantFormat;
 
     use super::*;
+    use crate::kernel_plan::DECODE_SIZED_MAX_TOKENS;
 
     /// A Q4_1 weight of `rows x cols` with varied codes, scales and minimums.
     fn packed(rows: usize, cols: usize, seed: u32) -> Linear {
@@ -360,7 +302,7 @@ mod tests {
         }
         Linear::packed(
             QuantizedWeight::from_gguf(QuantFormat::Q4_1, rows, cols, &bytes).unwrap(),
-            CpuGemm::default(),
+            KernelPlan::default(),
         )
     }
 
@@ -374,10 +316,10 @@ mod tests {
         let LinearWeight::Packed { blocks, .. } = &l.weight else { unreachable!() };
         let dense = Tensor::from_vec(blocks.dequantize(), (48, 64), &Device::Cpu).unwrap();
         // Rows up to the cutoff take the block kernel, the whole batch the panel GEMM.
-        let x = Tensor::randn(0f32, 1.0, (PACKED_MAX_TOKENS + 1, 64), &Device::Cpu).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (DECODE_SIZED_MAX_TOKENS + 1, 64), &Device::Cpu).unwrap();
         let dense_y = x.matmul(&dense.t().unwrap()).unwrap();
-        let small = l.forward(&x.narrow(0, 0, PACKED_MAX_TOKENS).unwrap()).unwrap();
-        assert!(max_diff(&small, &dense_y.narrow(0, 0, PACKED_MAX_TOKENS).unwrap()) < 1e-4);
+        let small = l.forward(&x.narrow(0, 0, DECODE_SIZED_MAX_TOKENS).unwrap()).unwrap();
+        assert!(max_diff(&small, &dense_y.narrow(0, 0, DECODE_SIZED_MAX_TOKENS).unwrap()) < 1e-4);
         assert!(max_diff(&l.forward(&x).unwrap(), &dense_y) < 1e-5);
     }
 
@@ -387,7 +329,7 @@ mod tests {
         let stacked = StackedLinear::new(parts.clone()).unwrap();
         assert!(stacked.is_stacked());
         let separate = StackedLinear::Separate(parts);
-        for tokens in [3, PACKED_MAX_TOKENS + 5] {
+        for tokens in [3, DECODE_SIZED_MAX_TOKENS + 5] {
             let x = Tensor::randn(0f32, 1.0, (tokens, 64), &Device::Cpu).unwrap();
             let a = stacked.forward_heads(&x, &[4, 2, 2], 16).unwrap();
             let b = separate.forward_heads(&x, &[4, 2, 2], 16).unwrap();
@@ -405,7 +347,7 @@ mod tests {
     /// which the default switches from the block kernel to the panels.
     #[test]
     fn batch_invariant_rows_do_not_depend_on_the_rows_beside_them() {
-        let x = Tensor::randn(0f32, 1.0, (2 * PACKED_MAX_TOKENS + 7, 64), &Device::Cpu).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (2 * DECODE_SIZED_MAX_TOKENS + 7, 64), &Device::Cpu).unwrap();
         let bits = |t: &Tensor| -> Vec<Vec<u32>> {
             t.to_vec2::<f32>().unwrap().iter().map(|r| r.iter().map(|v| v.to_bits()).collect()).collect()
         };
@@ -413,7 +355,7 @@ mod tests {
             let alone: Vec<Vec<u32>> = (0..x.dim(0).unwrap())
                 .map(|r| bits(&l.forward(&x.narrow(0, r, 1).unwrap()).unwrap()).remove(0))
                 .collect();
-            for tokens in [2, 5, PACKED_MAX_TOKENS, PACKED_MAX_TOKENS + 1, x.dim(0).unwrap()] {
+            for tokens in [2, 5, DECODE_SIZED_MAX_TOKENS, DECODE_SIZED_MAX_TOKENS + 1, x.dim(0).unwrap()] {
                 for start in [0, 3] {
                     let n = tokens.min(x.dim(0).unwrap() - start);
                     let got = bits(&l.forward(&x.narrow(0, start, n).unwrap()).unwrap());
@@ -427,14 +369,14 @@ mod tests {
         for precision in
             [PanelPrecision::F32, PanelPrecision::Bf16, PanelPrecision::Int8, PanelPrecision::Int16]
         {
-            let gemm = CpuGemm { precision, batch_invariant: true, ..CpuGemm::default() };
-            let linear = Linear::packed((**blocks).clone(), gemm);
+            let plan = KernelPlan::batch_invariant(precision);
+            let linear = Linear::packed((**blocks).clone(), plan);
             // f32: the exact block kernel at every size, without a panel copy.
             let LinearWeight::Packed { panels, .. } = &linear.weight else { unreachable!() };
-            assert_eq!(panels.is_none(), precision == PanelPrecision::F32);
+            assert_eq!(panels.is_empty(), precision == PanelPrecision::F32);
             check(&linear, &format!("packed {precision:?}"));
             let dense = Tensor::from_vec(blocks.dequantize(), (48, 64), &Device::Cpu).unwrap();
-            let linear = Linear::dense(dense, None, gemm).unwrap();
+            let linear = Linear::dense(dense, None, plan).unwrap();
             assert!(matches!(linear.weight, LinearWeight::Panels(_)));
             check(&linear, &format!("dense {precision:?}"));
         }
@@ -445,19 +387,19 @@ mod tests {
     /// 16-bit rounding of the exact product; larger steps take the float panels.
     #[test]
     fn int16_small_steps_give_a_row_its_one_token_bits() {
-        let x = Tensor::randn(0f32, 1.0, (PACKED_MAX_TOKENS + 8, 64), &Device::Cpu).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (DECODE_SIZED_MAX_TOKENS + 8, 64), &Device::Cpu).unwrap();
         let LinearWeight::Packed { blocks, .. } = &packed(48, 64, 3).weight else { unreachable!() };
-        let gemm =
-            CpuGemm { precision: PanelPrecision::F32, small_steps: SmallSteps::Int16, ..CpuGemm::default() };
-        let linear = Linear::packed((**blocks).clone(), gemm);
-        let LinearWeight::Packed { small, .. } = &linear.weight else { unreachable!() };
-        assert_eq!(small.as_ref().map(|p| p.precision()), Some(PanelPrecision::Int16));
-        let exact = Linear::packed((**blocks).clone(), CpuGemm::default());
+        let plan = KernelPlan::panels(PanelPrecision::F32).with_int16_decode();
+        let linear = Linear::packed((**blocks).clone(), plan);
+        let LinearWeight::Packed { panels, .. } = &linear.weight else { unreachable!() };
+        let precisions: Vec<PanelPrecision> = panels.iter().map(|p| p.precision()).collect();
+        assert_eq!(precisions, [PanelPrecision::Int16, PanelPrecision::F32]);
+        let exact = Linear::packed((**blocks).clone(), KernelPlan::default());
         let rows = |n: usize| linear.forward(&x.narrow(0, 0, n).unwrap()).unwrap().to_vec2::<f32>().unwrap();
-        let alone: Vec<Vec<f32>> = (0..PACKED_MAX_TOKENS)
+        let alone: Vec<Vec<f32>> = (0..DECODE_SIZED_MAX_TOKENS)
             .map(|r| linear.forward(&x.narrow(0, r, 1).unwrap()).unwrap().to_vec2::<f32>().unwrap().remove(0))
             .collect();
-        for n in [2, 5, 9, PACKED_MAX_TOKENS] {
+        for n in [2, 5, 9, DECODE_SIZED_MAX_TOKENS] {
             for (r, row) in rows(n).iter().enumerate() {
                 let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "row {r} of a {n}-token step");
@@ -468,9 +410,10 @@ mod tests {
         assert!(diff > 0.0 && diff < 1e-3, "16-bit activations: {diff}");
         // Past 16 tokens both take the f32 panels.
         assert_eq!(max_diff(&linear.forward(&x).unwrap(), &exact.forward(&x).unwrap()), 0.0);
-        // Under batch_invariant one kernel serves every step: no int16 copy.
-        let invariant = Linear::packed((**blocks).clone(), CpuGemm { batch_invariant: true, ..gemm });
-        assert!(matches!(&invariant.weight, LinearWeight::Packed { small: None, .. }));
+        // Under batch_invariant one kernel serves every step: one copy.
+        let invariant =
+            Linear::packed((**blocks).clone(), KernelPlan::batch_invariant(PanelPrecision::Int16));
+        assert!(matches!(&invariant.weight, LinearWeight::Packed { panels, .. } if panels.len() == 1));
     }
 
     #[test]

@@ -5,12 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use pagoda_ops::PanelPrecision;
 
 use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::large_steps::LargeStepChoice;
-use crate::linear::{CpuGemm, SmallSteps};
+use crate::kernel_plan::{self, CpuFeatures, KernelPlan, KernelRequest, ResolvedPlan};
 use crate::model::Model;
 use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
 
@@ -39,23 +37,12 @@ pub struct LoadOptions {
     /// candle's quantized matmul rounds activations to 8 bits.
     pub dequantize: Option<bool>,
     pub format: LoadFormat,
-    /// What the dense copies of block-quantized CPU weights (the many-token GEMM's operand) are
-    /// stored and multiplied in.
-    pub panel_precision: PanelPrecision,
-    /// What steps of at most 16 tokens run when `panel_precision` is a float one
-    /// ([`CpuGemm::small_steps`]).
-    pub small_steps: SmallSteps,
-    /// Every CPU matmul runs one kernel whatever the step's size (the blocks for f32, else the
-    /// panels of `panel_precision`), so a sequence's outputs do not depend on what else is batched
-    /// with it ([`CpuGemm::batch_invariant`]). On the CPU in f32; on CUDA in f16/bf16, where
-    /// dense projections take [`crate::linear::LinearWeight::RowInvariant`] and attention plans
-    /// each token as its own decode. GGUF projections are dequantized (candle's quantized matmul
-    /// is not covered).
-    pub batch_invariant: bool,
-    /// `--cpu-gemm-dtype auto` on a CPU with both native kernels (`panel_precision` bfloat16,
-    /// small steps int16): time both on one of a GGUF's own projections and run every step on
-    /// int16 panels where they are clearly faster ([`LargeStepChoice`]).
-    pub choose_large_steps: bool,
+    /// Which kernels the CPU's matmuls run, as [`resolve_kernel_plan`] resolved them; with
+    /// `batch_invariant` also on CUDA, where dense projections take
+    /// [`crate::linear::LinearWeight::RowInvariant`] and attention plans each token as its own
+    /// decode. A batch-invariant plan dequantizes GGUF projections (candle's quantized matmul is
+    /// not covered).
+    pub kernel_plan: KernelPlan,
 }
 
 impl Default for LoadOptions {
@@ -65,10 +52,7 @@ impl Default for LoadOptions {
             dtype: DType::F32,
             dequantize: None,
             format: LoadFormat::Auto,
-            panel_precision: PanelPrecision::F32,
-            small_steps: SmallSteps::Blocks,
-            batch_invariant: false,
-            choose_large_steps: false,
+            kernel_plan: KernelPlan::default(),
         }
     }
 }
@@ -79,8 +63,6 @@ pub struct LoadedModel {
     pub path: PathBuf,
     pub format: LoadFormat,
     pub load_seconds: f64,
-    /// What [`LoadOptions::choose_large_steps`] measured and chose, when it ran.
-    pub large_steps: Option<LargeStepChoice>,
 }
 
 /// Phi-3's LongRoPE tables of a GGUF (`rope_factors_short`/`_long`), with the original context
@@ -113,63 +95,81 @@ fn long_rope_of(path: &Path, weights: &mut GgufWeights, c: &ModelConfig) -> Resu
     }))
 }
 
-pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
-    let started = Instant::now();
-    if !path.exists() {
-        return Err(ModelError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
-        });
-    }
-    let format = match options.format {
+/// The format `options` names for `path`, with `Auto` resolved.
+fn format_of(path: &Path, format: LoadFormat) -> LoadFormat {
+    match format {
         LoadFormat::Auto if path.is_dir() => LoadFormat::Safetensors,
         LoadFormat::Auto => LoadFormat::Gguf,
         f => f,
+    }
+}
+
+fn missing(path: &Path) -> ModelError {
+    ModelError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+    }
+}
+
+/// Whether a GGUF's projections are dequantized: as asked, else always for a batch-invariant
+/// plan, else when the dequantized weights fit in [`AUTO_DEQUANTIZE_MAX_BYTES`].
+fn dequantizes(weights: &GgufWeights, options: &LoadOptions, batch_invariant: bool) -> bool {
+    options.dequantize.unwrap_or_else(|| {
+        batch_invariant
+            || weights.num_elements() * options.dtype.size_in_bytes() as u64 <= AUTO_DEQUANTIZE_MAX_BYTES
+    })
+}
+
+/// The kernel plan `request` resolves to for the model at `path` loaded with `options` (whose
+/// own `kernel_plan` is ignored). Where `auto` has kernels to choose among, they are timed on
+/// one of a GGUF's projections as the CPU would multiply it (once per model file and process,
+/// [`kernel_plan::time_once`]).
+pub fn resolve_kernel_plan(
+    path: &Path,
+    options: &LoadOptions,
+    request: KernelRequest,
+) -> Result<ResolvedPlan> {
+    let sample = || {
+        if !(options.device.is_cpu() && format_of(path, options.format) == LoadFormat::Gguf) {
+            return None;
+        }
+        let mut weights = GgufWeights::open(path, &options.device, options.dtype, false).ok()?;
+        let dequantize = dequantizes(&weights, options, request.batch_invariant);
+        weights.set_dequantize(dequantize);
+        // The projection is read once more when the model loads: a few MB, next to the timing's
+        // few ms.
+        weights.sample_projection()
     };
+    if !path.exists() {
+        return Err(missing(path));
+    }
+    Ok(request.resolve(CpuFeatures::detect(), |candidates| kernel_plan::time_once(path, candidates, sample)))
+}
+
+pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let started = Instant::now();
+    if !path.exists() {
+        return Err(missing(path));
+    }
+    let format = format_of(path, options.format);
     let (dtype, device) = (options.dtype, &options.device);
-    if options.batch_invariant {
-        let refused = if options.dequantize == Some(false) {
-            Some("with dequantized weights only (candle's quantized matmul is not covered)")
-        } else if device.is_cpu() && dtype != DType::F32 {
-            Some("in float32 only on the CPU")
-        } else if device.is_cuda() && !matches!(dtype, DType::BF16 | DType::F16) {
-            Some("in bfloat16 or float16 only on CUDA")
-        } else if !device.is_cpu() && !device.is_cuda() {
-            Some("on the CPU and CUDA only")
+    let plan = options.kernel_plan;
+    if plan.batch_invariant {
+        let refused = if !device.is_cpu() && !device.is_cuda() {
+            Some("runs on the CPU and CUDA only")
         } else {
-            None
+            kernel_plan::batch_invariant_refusal(device.is_cuda(), dtype, options.dequantize)
         };
         if let Some(why) = refused {
-            return Err(ModelError::InvalidOption(format!("batch-invariant kernels run {why}")));
+            return Err(ModelError::InvalidOption(format!("--batch-invariant {why}")));
         }
     }
-    let mut large_steps = None;
-    let mut gemm = CpuGemm {
-        precision: options.panel_precision,
-        small_steps: options.small_steps,
-        batch_invariant: options.batch_invariant,
-    };
     let model = match format {
         LoadFormat::Gguf => {
             let mut weights = GgufWeights::open(path, device, dtype, false)?;
-            let dequantize = options.dequantize.unwrap_or_else(|| {
-                options.batch_invariant
-                    || weights.num_elements() * dtype.size_in_bytes() as u64 <= AUTO_DEQUANTIZE_MAX_BYTES
-            });
+            let dequantize = dequantizes(&weights, options, plan.batch_invariant);
             weights.set_dequantize(dequantize);
-            let choosing = options.choose_large_steps
-                && !options.batch_invariant
-                && gemm.precision == PanelPrecision::Bf16
-                && gemm.small_steps == SmallSteps::Int16;
-            if choosing {
-                // The projection is read once more when the model loads: a few MB, next to
-                // the timing's few ms.
-                large_steps = LargeStepChoice::measure_once(path, || weights.sample_projection());
-                if let Some(choice) = large_steps {
-                    gemm.precision = choice.precision;
-                }
-            }
-            weights.set_cpu_gemm(gemm);
+            weights.set_kernel_plan(plan);
             let has_output = weights.contains("output.weight");
             let has_bias = weights.contains("blk.0.attn_q.bias");
             let mut config = ModelConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;
@@ -183,10 +183,10 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         LoadFormat::Safetensors => {
             let config = ModelConfig::from_hf_json(&path.join("config.json"))?;
             let mut weights = SafetensorsWeights::open(path, &config.architecture, device, dtype)?;
-            weights.set_cpu_gemm(gemm);
+            weights.set_kernel_plan(plan);
             Model::load(&mut weights, config, dtype, device)?
         }
-        LoadFormat::Dummy if options.batch_invariant => {
+        LoadFormat::Dummy if plan.batch_invariant => {
             return Err(ModelError::InvalidOption("dummy weights have no batch-invariant kernels".into()));
         }
         LoadFormat::Dummy => {
@@ -197,11 +197,5 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         }
         LoadFormat::Auto => unreachable!("resolved above"),
     };
-    Ok(LoadedModel {
-        model,
-        path: path.to_path_buf(),
-        format,
-        load_seconds: started.elapsed().as_secs_f64(),
-        large_steps,
-    })
+    Ok(LoadedModel { model, path: path.to_path_buf(), format, load_seconds: started.elapsed().as_secs_f64() })
 }

@@ -17,7 +17,7 @@ use pagoda_engine::{
     Engine, EngineConfig, EngineHandle, FinishReason, Request, SamplingParams, Shutdown, SpeculativeConfig,
     StopConditions, TokenDecoder,
 };
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision};
+use pagoda_models::{load_model, KernelPlan, KvCache, LoadOptions, ModelRunner, PanelPrecision};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -39,7 +39,8 @@ fn engine_for(
     max_model_len: usize,
     tweak: impl FnOnce(&mut EngineConfig),
 ) -> (EngineHandle, Arc<StepLog>) {
-    let options = LoadOptions { panel_precision: precision, batch_invariant: true, ..LoadOptions::default() };
+    let options =
+        LoadOptions { kernel_plan: KernelPlan::batch_invariant(precision), ..LoadOptions::default() };
     let loaded = load_model(path, &options).unwrap();
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();

@@ -137,43 +137,34 @@ fn int16_gemm_with_f16_kv_cache_stays_close_to_reference_logits_and_greedy_conti
 /// Where the CPU lacks them, the portable kernels run.
 #[test]
 fn default_cpu_gemms_with_int16_small_steps_stay_close_to_reference_logits_and_greedy_continuation() {
-    let mut runner = runner_with_gemm(
-        true,
-        64,
-        candle_core::DType::F16,
-        pagoda_models::PanelPrecision::Bf16,
-        pagoda_models::SmallSteps::Int16,
-    );
+    let plan = pagoda_models::KernelPlan::panels(pagoda_models::PanelPrecision::Bf16).with_int16_decode();
+    let mut runner = runner_with_plan(true, 64, candle_core::DType::F16, plan);
     let worst = assert_matches_reference(&mut runner, BF16_GEMM_LOGIT_TOLERANCE);
     eprintln!("largest logit difference with int16 small steps, bf16 GEMMs and an f16 cache: {worst}");
 }
 
-/// `--cpu-gemm-dtype auto` with `choose_large_steps`: the loader times bfloat16 and int16 panels
-/// on one of the model's weights (where the CPU runs both natively) and builds every projection
-/// for the one it chose. A 24-token prefill (a large step) then has the bits of the model loaded
-/// with that precision named, and not those of the other one.
+/// `--cpu-gemm-dtype auto`: the kernel plan times the prefill-sized kernels this CPU runs
+/// natively on one of the model's weights and names the one it chose. A 24-token prefill (a
+/// prefill-sized step) then has the bits of that kernel, and not those of another candidate.
 #[test]
-fn auto_times_the_large_step_kernels_and_runs_the_one_it_chose() {
-    use pagoda_models::large_steps::{LargeStepChoice, PROBE_ROWS};
-    use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision, SmallSteps};
-
-    let native = PanelPrecision::cpu_has_native_bf16() && PanelPrecision::cpu_has_native_int8();
-    let options = |panel_precision, choose_large_steps| LoadOptions {
-        dequantize: Some(true),
-        panel_precision,
-        small_steps: if native { SmallSteps::Int16 } else { SmallSteps::Blocks },
-        choose_large_steps,
-        ..LoadOptions::default()
+fn auto_times_the_prefill_sized_kernels_and_runs_the_one_it_chose() {
+    use pagoda_models::kernel_plan::{CpuFeatures, PROBE_ROWS};
+    use pagoda_models::{
+        load_model, resolve_kernel_plan, CpuKernel, KernelPlan, KernelRequest, KvCache, LoadOptions,
+        ModelRunner,
     };
-    let auto = PanelPrecision::auto_float();
-    let loaded = load_model(&model_path(), &options(auto, true)).unwrap();
-    assert_eq!(loaded.large_steps.is_some(), native, "timed only where both kernels are native");
-    let Some(choice) = loaded.large_steps else { return };
-    eprintln!("large steps: {choice:?} (int16 {:.2}x)", choice.timing.int16_speedup());
-    assert_eq!(choice.timing.rows, PROBE_ROWS);
-    assert_eq!(choice, LargeStepChoice::from_timing(choice.timing));
-    // Timed once per file and process: a second load takes the first one's timing, seconds and all.
-    assert_eq!(load_model(&model_path(), &options(auto, true)).unwrap().large_steps, Some(choice));
+
+    let cpu = CpuFeatures::detect();
+    let options = LoadOptions { dequantize: Some(true), ..LoadOptions::default() };
+    let request = KernelRequest::default();
+    let resolved = resolve_kernel_plan(&model_path(), &options, request).unwrap();
+    assert_eq!(resolved.timing.is_some(), cpu.bf16 || cpu.vnni, "timed where there is a choice");
+    let Some(timing) = resolved.timing.clone() else { return };
+    eprintln!("prefill-sized kernels: {timing:?}; plan: {}", resolved.plan);
+    assert_eq!(timing.rows, PROBE_ROWS);
+    assert_eq!(request.resolve(cpu, |_| Some(timing.clone())).plan, resolved.plan);
+    // Timed once per file and process: a second resolution takes the first one's timing.
+    assert_eq!(resolve_kernel_plan(&model_path(), &options, request).unwrap(), resolved);
 
     let prompt: Vec<u32> = (0..24).map(|i| 100 + i * 37).collect();
     let logits_bits = |model: pagoda_models::Model| {
@@ -192,14 +183,16 @@ fn auto_times_the_large_step_kernels_and_runs_the_one_it_chose() {
             .map(|v| v.to_bits())
             .collect::<Vec<_>>()
     };
-    let named = |precision| {
-        let loaded = load_model(&model_path(), &options(precision, false)).unwrap();
-        assert!(loaded.large_steps.is_none(), "timed without choose_large_steps");
-        logits_bits(loaded.model)
+    let load = |plan: KernelPlan| {
+        logits_bits(
+            load_model(&model_path(), &LoadOptions { kernel_plan: plan, ..options.clone() }).unwrap().model,
+        )
     };
-    let chosen = logits_bits(loaded.model);
-    let other =
-        if choice.precision == PanelPrecision::Int16 { PanelPrecision::Bf16 } else { PanelPrecision::Int16 };
-    assert!(chosen == named(choice.precision), "the loaded model runs {:?}", choice.precision);
-    assert!(chosen != named(other), "the two kernels' bits differ, so the check above tells them apart");
+    let chosen = load(resolved.plan);
+    for (other, _) in
+        timing.seconds.iter().filter(|(p, _)| CpuKernel::Panels(*p) != resolved.plan.prefill_sized)
+    {
+        let plan = KernelPlan { prefill_sized: CpuKernel::Panels(*other), ..resolved.plan };
+        assert!(chosen != load(plan), "a 24-token step runs the chosen kernel, not {other:?}");
+    }
 }

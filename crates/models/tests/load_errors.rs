@@ -73,7 +73,8 @@ fn unsupported_safetensors_dtype_is_named() {
 #[test]
 fn batch_invariant_without_kernels_is_refused() {
     let refused = |dtype: DType, dequantize: Option<bool>| {
-        let options = LoadOptions { batch_invariant: true, dtype, dequantize, ..LoadOptions::default() };
+        let kernel_plan = pagoda_models::KernelPlan::batch_invariant(pagoda_models::PanelPrecision::F32);
+        let options = LoadOptions { kernel_plan, dtype, dequantize, ..LoadOptions::default() };
         match load_model(&common::model_path(), &options) {
             Ok(_) => panic!("batch-invariant {dtype:?} {dequantize:?} loaded"),
             Err(e) => e.to_string(),
@@ -81,8 +82,8 @@ fn batch_invariant_without_kernels_is_refused() {
     };
     for dtype in [DType::BF16, DType::F16] {
         let e = refused(dtype, None);
-        assert!(e.contains("batch-invariant") && e.contains("float32 only on the CPU"), "{e}");
+        assert!(e.contains("batch-invariant") && e.contains("float32 on the CPU"), "{e}");
     }
     let e = refused(DType::F32, Some(false));
-    assert!(e.contains("batch-invariant") && e.contains("dequantized weights only"), "{e}");
+    assert!(e.contains("batch-invariant") && e.contains("needs dequantized weights"), "{e}");
 }

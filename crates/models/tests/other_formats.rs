@@ -92,7 +92,8 @@ fn safetensors_directory_matches_the_gguf() {
 
     // Batch-invariant, the dense weights run the panel GEMM: the last position's logits have the
     // same bits from a 24-token prefill and from a 23-token one followed by a 1-token step.
-    let options = LoadOptions { batch_invariant: true, ..LoadOptions::default() };
+    let kernel_plan = pagoda_models::KernelPlan::batch_invariant(pagoda_models::PanelPrecision::F32);
+    let options = LoadOptions { kernel_plan, ..LoadOptions::default() };
     let loaded = load_model(dir.path(), &options).unwrap();
     let cache = KvCache::new(loaded.model.config(), 16, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
     let mut invariant = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();

@@ -1,15 +1,13 @@
-//! Times the two panel kernels that can multiply a block-quantized weight in a large step, bfloat16
-//! panels (`vdpbf16ps`) and the weight's codes times 16-bit activations (two `vpdpbusd` per four
-//! codes, [`crate::int16_matmul`]), so that a caller can choose by measurement, not by CPU name.
+//! Times the panel kernels that can multiply a block-quantized weight in a prefill-sized step
+//! (f32 panels, bfloat16 panels with `vdpbf16ps`, or the weight's codes times 16-bit activations
+//! with `vpdpbusd`, [`crate::int16_matmul`]), so that a caller chooses by measurement, not by CPU
+//! name.
 //!
-//! Why: both do 32 multiply-adds per instruction issued, so which one wins depends on how fast a
-//! CPU issues each. On an AMD Zen 4 VM they tie at 32 rows and bfloat16 wins at 128 (fewer
-//! instructions per block: benches/reports/2026-11-25-int16-small-steps-amd.md); on the Intel
-//! Xeon VM `vdpbf16ps` reached 155 GFLOP/s against 495 Gop/s for `vpdpbusd`, so the int16 kernel
-//! should win there, by about 1.3x (a prediction:
-//! benches/reports/2026-11-26-large-step-kernel-timing-amd.md). The timing runs on one thread, on
-//! the caller's own weight, each kernel several times in alternation, keeping each one's fastest
-//! run: a busy neighbour slows both alike.
+//! Why: which kernel wins depends on how fast a CPU issues each instruction, not on which ones
+//! it has. bfloat16 and int16 both do 32 multiply-adds per instruction, and a CPU may issue one
+//! at a third of the other's rate; f32 panels do half as many per instruction but need no
+//! conversion. The timing runs on one thread, on the caller's own weight, each kernel several
+//! times in alternation, keeping each one's fastest run: a busy neighbour slows all alike.
 
 use std::time::Instant;
 
@@ -17,39 +15,40 @@ use crate::cpu_matmul::CpuWeight;
 use crate::panel_matmul::{PanelPrecision, PanelWeight};
 use crate::quant_weight::QuantizedWeight;
 
-/// How long each kernel took for one large step of one weight, at its fastest.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LargeStepTiming {
+/// How long each timed kernel took for one prefill-sized step of one weight, at its fastest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PanelTiming {
     /// Activation rows of the timed step.
     pub rows: usize,
-    /// Seconds on bfloat16 panels.
-    pub bf16_seconds: f64,
-    /// Seconds on int8 panels with 16-bit activations.
-    pub int16_seconds: f64,
+    /// Seconds per kernel, in the order they were asked for.
+    pub seconds: Vec<(PanelPrecision, f64)>,
 }
 
-impl LargeStepTiming {
-    /// How many times faster the int16 kernel ran (below 1: slower).
-    pub fn int16_speedup(&self) -> f64 {
-        self.bf16_seconds / self.int16_seconds
+impl PanelTiming {
+    /// The seconds `precision` took, when it was timed.
+    pub fn seconds_of(&self, precision: PanelPrecision) -> Option<f64> {
+        self.seconds.iter().find(|(p, _)| *p == precision).map(|&(_, s)| s)
     }
 }
 
-/// Times `weight` as bfloat16 and as int16 panels on `rows` rows of activations, `rounds`
-/// times each in alternation on one thread (after one untimed run each). `None` unless this
-/// CPU runs both natively (AVX512-BF16 and AVX512-VNNI), or when `rows` or `rounds` is zero.
-pub fn time_large_steps(weight: &QuantizedWeight, rows: usize, rounds: usize) -> Option<LargeStepTiming> {
-    if !(PanelPrecision::cpu_has_native_bf16() && PanelPrecision::cpu_has_native_int8())
-        || rows == 0
-        || rounds == 0
-    {
+/// Times `weight` packed in each of `precisions` on `rows` rows of activations, `rounds` times
+/// each in alternation on one thread (after one untimed run each). `None` when fewer than two
+/// kernels are asked for, or when `rows` or `rounds` is zero. The caller names only kernels
+/// this CPU runs natively: the portable loops are slower and not worth timing.
+pub fn time_panel_kernels(
+    weight: &QuantizedWeight,
+    precisions: &[PanelPrecision],
+    rows: usize,
+    rounds: usize,
+) -> Option<PanelTiming> {
+    if precisions.len() < 2 || rows == 0 || rounds == 0 {
         return None;
     }
-    let bf16 = PanelWeight::from_quantized(weight, PanelPrecision::Bf16);
-    let int16 = PanelWeight::from_quantized(weight, PanelPrecision::Int16);
+    let panels: Vec<PanelWeight> =
+        precisions.iter().map(|&p| PanelWeight::from_quantized(weight, p)).collect();
     let x = activations(rows, weight.cols());
     let x_rows: Vec<&[f32]> = x.chunks(weight.cols()).collect();
-    // One thread: the answer is a per-core rate, and the other core may be busy.
+    // One thread: the answer is a per-core rate, and the other cores may be busy.
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().ok()?;
     let time = |w: &PanelWeight| {
         let started = Instant::now();
@@ -57,14 +56,16 @@ pub fn time_large_steps(weight: &QuantizedWeight, rows: usize, rounds: usize) ->
         started.elapsed().as_secs_f64()
     };
     pool.install(|| {
-        time(&bf16);
-        time(&int16);
-        let (mut bf16_seconds, mut int16_seconds) = (f64::INFINITY, f64::INFINITY);
-        for _ in 0..rounds {
-            bf16_seconds = bf16_seconds.min(time(&bf16));
-            int16_seconds = int16_seconds.min(time(&int16));
+        for w in &panels {
+            time(w);
         }
-        Some(LargeStepTiming { rows, bf16_seconds, int16_seconds })
+        let mut best = vec![f64::INFINITY; panels.len()];
+        for _ in 0..rounds {
+            for (b, w) in best.iter_mut().zip(&panels) {
+                *b = b.min(time(w));
+            }
+        }
+        Some(PanelTiming { rows, seconds: precisions.iter().copied().zip(best).collect() })
     })
 }
 
@@ -90,19 +91,20 @@ mod tests {
     use crate::quant_weight::QuantFormat;
 
     #[test]
-    fn times_both_kernels_where_the_cpu_runs_both() {
+    fn times_every_kernel_asked_for() {
         let weight = random_weight(&mut StdRng::seed_from_u64(7), QuantFormat::Q4_0, 256, 128);
-        let native = PanelPrecision::cpu_has_native_bf16() && PanelPrecision::cpu_has_native_int8();
-        let timing = time_large_steps(&weight, 8, 2);
-        assert_eq!(timing.is_some(), native);
-        if let Some(t) = timing {
-            assert_eq!(t.rows, 8);
-            assert!(t.bf16_seconds > 0.0 && t.bf16_seconds.is_finite(), "{t:?}");
-            assert!(t.int16_seconds > 0.0 && t.int16_seconds.is_finite(), "{t:?}");
-            assert_eq!(t.int16_speedup(), t.bf16_seconds / t.int16_seconds);
+        let asked = [PanelPrecision::F32, PanelPrecision::Bf16, PanelPrecision::Int16];
+        let t = time_panel_kernels(&weight, &asked, 8, 2).unwrap();
+        assert_eq!(t.rows, 8);
+        assert_eq!(t.seconds.iter().map(|s| s.0).collect::<Vec<_>>(), asked);
+        for p in asked {
+            let s = t.seconds_of(p).unwrap();
+            assert!(s > 0.0 && s.is_finite(), "{t:?}");
         }
-        assert_eq!(time_large_steps(&weight, 0, 2), None);
-        assert_eq!(time_large_steps(&weight, 8, 0), None);
+        assert_eq!(t.seconds_of(PanelPrecision::Int8), None);
+        assert_eq!(time_panel_kernels(&weight, &asked[..1], 8, 2), None);
+        assert_eq!(time_panel_kernels(&weight, &asked, 0, 2), None);
+        assert_eq!(time_panel_kernels(&weight, &asked, 8, 0), None);
     }
 
     #[test]

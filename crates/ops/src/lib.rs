@@ -12,8 +12,8 @@
 //! `skinny_matmul` is the CUDA matmul of decode steps (up to 8 rows in models): tensor cores,
 //! each weight streamed once, the same bits for a row whatever the batch.
 //!
-//! `time_large_steps` times the bfloat16 and int16 panel kernels on a weight, so the loader can
-//! choose the faster by measurement (`gemm_probe`).
+//! `time_panel_kernels` times panel kernels on one weight, so that the kernel plan
+//! (`pagoda_models::kernel_plan`) chooses the fastest by measurement (`gemm_probe`).
 //!
 //! `device_memory` and the pool's peak (`reset_peak_memory`, `peak_memory`) size the KV cache from
 //! free GPU memory. `sample_on_device` is the GPU sampler (one token per row of logits that stay on the device);
@@ -59,7 +59,7 @@ mod skinny_matmul;
 pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
-pub use gemm_probe::{time_large_steps, LargeStepTiming};
+pub use gemm_probe::{time_panel_kernels, PanelTiming};
 pub use kv_cache::reshape_and_cache;
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
 pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams, CUDA_ATTENTION_HEAD_DIMS};

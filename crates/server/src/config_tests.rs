@@ -16,17 +16,17 @@ fn cli(args: &[&str]) -> ServeArgs {
 #[test]
 fn defaults() {
     let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
-    assert_eq!(c.model, DEFAULT_MODEL);
-    assert!(c.model_is_default);
+    assert_eq!(c.engine.model, DEFAULT_MODEL);
+    assert!(c.engine.model_is_default);
     assert_eq!(c.served_model_names, vec!["SmolLM2-135M-Instruct.Q4_1".to_owned()]);
     let name = crate::state::default_served_name;
     assert_eq!(name("HuggingFaceTB/SmolLM2-135M-Instruct"), "HuggingFaceTB/SmolLM2-135M-Instruct");
     assert_eq!(name("org/repo/model.Q8_0.GGUF"), "model.Q8_0");
     assert_eq!(c.bind_addr(), "127.0.0.1:8000");
-    assert!(c.enable_prefix_caching);
-    assert_eq!(c.block_size, 16);
-    assert_eq!(c.device, DeviceArg::Cpu);
-    assert_eq!(c.max_num_batched_tokens, 512);
+    assert!(c.engine.enable_prefix_caching);
+    assert_eq!(c.engine.block_size, 16);
+    assert_eq!(c.engine.device, DeviceArg::Cpu);
+    assert_eq!(c.engine.max_num_batched_tokens, 512);
     assert_eq!(c.metrics_prefix, MetricsPrefix::Pagoda);
     assert_eq!(c.http_header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.http_keep_alive_timeout, Duration::from_secs(75));
@@ -35,15 +35,22 @@ fn defaults() {
 
 #[test]
 fn the_step_budget_defaults_by_device_and_a_given_one_wins() {
-    let budget =
-        |args: &[&str]| ServerConfig::merge(cli(args), ServeArgs::default()).unwrap().max_num_batched_tokens;
+    let budget = |args: &[&str]| {
+        ServerConfig::merge(cli(args), ServeArgs::default()).unwrap().engine.max_num_batched_tokens
+    };
     assert_eq!(budget(&[]), 512);
     assert_eq!(budget(&["--device", "cuda"]), 2048);
     assert_eq!(budget(&["--device", "cuda", "--max-num-batched-tokens", "300"]), 300);
     assert_eq!(budget(&["--max-num-batched-tokens", "4096"]), 4096);
     // From the file when the flag is absent, for either device.
-    let file = ServeArgs { max_num_batched_tokens: Some(1024), ..ServeArgs::default() };
-    assert_eq!(ServerConfig::merge(cli(&["--device", "cuda"]), file).unwrap().max_num_batched_tokens, 1024);
+    let file = ServeArgs {
+        engine: EngineArgs { max_num_batched_tokens: Some(1024), ..EngineArgs::default() },
+        ..ServeArgs::default()
+    };
+    assert_eq!(
+        ServerConfig::merge(cli(&["--device", "cuda"]), file).unwrap().engine.max_num_batched_tokens,
+        1024
+    );
 }
 
 #[test]
@@ -74,17 +81,17 @@ fn vllm_flags_parse() {
     ]);
     let c = ServerConfig::merge(a, ServeArgs::default()).unwrap();
     assert_eq!(c.served_model_names, vec!["a", "b"]);
-    assert_eq!(c.max_model_len, Some(2048));
-    assert!(!c.enable_prefix_caching);
-    assert_eq!(c.kv_cache_memory, Some(512 << 20));
-    assert_eq!(c.device, DeviceArg::Cuda(1));
-    assert_eq!(c.dtype, DtypeArg::Bfloat16);
-    assert_eq!(c.kv_cache_dtype, DtypeArg::Float32);
-    assert_eq!(c.cpu_gemm_dtype, GemmDtypeArg::Float32);
+    assert_eq!(c.engine.max_model_len, Some(2048));
+    assert!(!c.engine.enable_prefix_caching);
+    assert_eq!(c.engine.kv_cache_memory, Some(512 << 20));
+    assert_eq!(c.engine.device, DeviceArg::Cuda(1));
+    assert_eq!(c.engine.dtype, DtypeArg::Bfloat16);
+    assert_eq!(c.engine.kv_cache_dtype, DtypeArg::Float32);
+    assert_eq!(c.engine.kernels.cpu_gemm_dtype, GemmDtypeArg::Float32.into());
     assert_eq!(c.metrics_prefix, MetricsPrefix::Vllm);
-    assert!(!c.model_is_default);
+    assert!(!c.engine.model_is_default);
     let c = ServerConfig::merge(cli(&["--enable-prefix-caching"]), ServeArgs::default()).unwrap();
-    assert!(c.enable_prefix_caching);
+    assert!(c.engine.enable_prefix_caching);
 }
 
 #[test]
@@ -99,7 +106,7 @@ fn shipped_example_configs_parse() {
             let path = path.display().to_string();
             let c =
                 ServerConfig::from_args(cli(&["--config", &path])).unwrap_or_else(|e| panic!("{path}: {e}"));
-            assert!(!c.model.is_empty());
+            assert!(!c.engine.model.is_empty());
             checked += 1;
         }
     }
@@ -108,7 +115,7 @@ fn shipped_example_configs_parse() {
 
 #[test]
 fn file_is_under_flags() {
-    let file: ServeArgs = toml::from_str(
+    let file = ServerConfig::parse_file(
         r#"
         model = "from-file.gguf"
         port = 9000
@@ -120,18 +127,29 @@ fn file_is_under_flags() {
     )
     .unwrap();
     let c = ServerConfig::merge(cli(&["--port", "9100"]), file).unwrap();
-    assert_eq!(c.model, "from-file.gguf");
+    assert_eq!(c.engine.model, "from-file.gguf");
     assert_eq!(c.port, 9100);
-    assert_eq!(c.max_num_seqs, 8);
-    assert_eq!(c.kv_cache_memory, Some(1 << 30));
-    assert!(!c.enable_prefix_caching);
+    assert_eq!(c.engine.max_num_seqs, 8);
+    assert_eq!(c.engine.kv_cache_memory, Some(1 << 30));
+    assert!(!c.engine.enable_prefix_caching);
     assert_eq!(c.allowed_origins, vec!["http://localhost:3000"]);
 }
 
 #[test]
 fn unknown_file_keys_are_errors() {
-    assert!(toml::from_str::<ServeArgs>("max_model_lenn = 3").is_err());
-    assert!(toml::from_str::<ServeArgs>("config = \"x\"").is_err());
+    for (text, key) in [
+        ("max-model-lenn = 3", "max-model-lenn"),
+        ("max_model_len = 3", "max_model_len"),
+        ("config = \"x\"", "config"),
+        ("no-enable-prefix-caching = true", "no-enable-prefix-caching"),
+    ] {
+        match ServerConfig::parse_file(text) {
+            Err(FileError::UnknownKey(k)) => assert_eq!(k, key),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    assert!(matches!(ServerConfig::parse_file("port = \"eighty\""), Err(FileError::Parse(_))));
+    assert!(matches!(ServerConfig::parse_file("max-num-seqs = -1"), Err(FileError::Parse(_))));
 }
 
 #[test]
@@ -173,8 +191,8 @@ fn ipv6_bind_address() {
 #[test]
 fn batch_invariant_is_float32_on_the_cpu_and_half_precision_on_cuda() {
     let on = |args: &[&str], file: &str| {
-        ServerConfig::merge(cli(args), toml::from_str::<ServeArgs>(file).unwrap())
-            .map(|c| c.batch_invariant)
+        ServerConfig::merge(cli(args), ServerConfig::parse_file(file).unwrap())
+            .map(|c| c.engine.kernels.batch_invariant)
             .ok()
     };
     assert_eq!(on(&[], ""), Some(false));
@@ -202,7 +220,7 @@ fn scheduling_policy_defaults_to_fcfs() {
     assert_eq!(c.scheduling_policy, SchedulingPolicy::Fcfs);
     let c = ServerConfig::merge(cli(&["--scheduling-policy", "priority"]), ServeArgs::default()).unwrap();
     assert_eq!(c.scheduling_policy, SchedulingPolicy::Priority);
-    let file: ServeArgs = toml::from_str("scheduling-policy = \"priority\"").unwrap();
+    let file = ServerConfig::parse_file("scheduling-policy = \"priority\"").unwrap();
     assert_eq!(
         ServerConfig::merge(ServeArgs::default(), file).unwrap().scheduling_policy,
         SchedulingPolicy::Priority

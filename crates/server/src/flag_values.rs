@@ -1,6 +1,7 @@
-//! The value sets of `pagoda serve`'s enumerated flags (`--tool-call-parser`, `--dtype`,
-//! `--scheduling-policy`, ...), each parsed by clap and by the TOML file alike. The flags
-//! themselves and their merging live in [`crate::config`], which re-exports these.
+//! The value sets of `pagoda serve`'s own enumerated flags (`--tool-call-parser`,
+//! `--reasoning-parser`, `--scheduling-policy`), each parsed by clap and by the TOML file alike.
+//! The model's and engine's flags are `pagoda_runtime::flags`; the flags themselves and their
+//! merging live in [`crate::config`], which re-exports these.
 
 use serde::Deserialize;
 
@@ -54,35 +55,6 @@ impl ReasoningParserArg {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LoadFormatArg {
-    /// GGUF for a file, safetensors for a directory.
-    #[default]
-    Auto,
-    Gguf,
-    Safetensors,
-    /// Random weights shaped by a config.json-style file (for benchmarking).
-    Dummy,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum DtypeArg {
-    /// float32 on the CPU, bfloat16 on CUDA.
-    #[default]
-    Auto,
-    #[value(alias = "f32", alias = "float")]
-    #[serde(alias = "f32", alias = "float")]
-    Float32,
-    #[value(alias = "f16", alias = "half")]
-    #[serde(alias = "f16", alias = "half")]
-    Float16,
-    #[value(alias = "bf16")]
-    #[serde(alias = "bf16")]
-    Bfloat16,
-}
-
 /// How waiting requests are ordered (vLLM's `--scheduling-policy`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -93,26 +65,4 @@ pub enum SchedulingPolicy {
     /// By the request's `priority` (lower first; ties by arrival); under KV pressure the least
     /// urgent running sequence is preempted first.
     Priority,
-}
-
-/// What the CPU's many-token matmuls multiply in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum GemmDtypeArg {
-    /// bfloat16 where the CPU multiplies it natively (AVX512-BF16), else float32; steps of up
-    /// to 16 tokens on int16 panels where the CPU has AVX512-VNNI.
-    #[default]
-    Auto,
-    #[value(alias = "f32", alias = "float")]
-    #[serde(alias = "f32", alias = "float")]
-    Float32,
-    #[value(alias = "bf16")]
-    #[serde(alias = "bf16")]
-    Bfloat16,
-    /// GGUF weights' integer codes times activations rounded to 8 bits per block of 32
-    /// (llama.cpp's precision), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
-    Int8,
-    /// GGUF weights' integer codes times activations rounded to 16 bits per block of 32 (finer
-    /// than bfloat16), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
-    Int16,
 }

@@ -1,24 +1,18 @@
 //! `pagoda generate`: one answer on the command line, through the same engine as the server.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use pagoda_engine::{NoopObserver, Request, SamplingParams, Shutdown, StopConditions};
-use pagoda_models::LoadFormat;
+use pagoda_runtime::{EngineArgs, LoadedRuntime};
 use pagoda_text::ChatMessage;
-
-use crate::runtime::{LoadedRuntime, RuntimeOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// GGUF file, Hugging Face directory, or hub id (ORG/NAME or ORG/NAME/FILE.gguf).
-    #[arg(long, default_value = crate::config::DEFAULT_MODEL)]
-    pub model: PathBuf,
-    /// Tokenizer source when it is not the model itself.
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
+    /// The model and engine, with `pagoda serve`'s flags and defaults.
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// The user's message (or the raw prompt with --raw).
     #[arg(long)]
     pub prompt: String,
@@ -37,25 +31,10 @@ pub struct GenerateArgs {
     pub top_p: f32,
     #[arg(long)]
     pub seed: Option<u64>,
-    /// GGUF projections as dequantized f32 matmuls (true) or quantized matmuls (false);
-    /// unset: dequantize models whose f32 weights fit in 2 GiB.
-    #[arg(long)]
-    pub dequantize: Option<bool>,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let model = match args.model.to_str() {
-        Some(id) if !args.model.exists() && crate::hub::is_hub_id(id) => {
-            crate::hub::resolve(id, None, crate::hub::offline_from_env())
-                .map_err(|e| anyhow::anyhow!("--model {e}"))?
-        }
-        _ => args.model.clone(),
-    };
-    let mut options = RuntimeOptions::new(model);
-    options.tokenizer = args.tokenizer.clone();
-    options.load_format = LoadFormat::Auto;
-    options.dequantize = args.dequantize;
-    options.kv_cache_bytes = 512 << 20;
+    let options = args.engine.settings(EngineArgs::default())?.runtime_options()?;
     let loaded = LoadedRuntime::load(&options)?;
     let runtime = loaded.start(Arc::new(NoopObserver), Shutdown::new())?;
     let tokenizer = &runtime.tokenizer;

@@ -19,7 +19,7 @@ enum Command {
     /// Serve the OpenAI-compatible HTTP API.
     Serve(Box<ServeArgs>),
     /// Generate one answer to a prompt and print it.
-    Generate(pagoda_server::generate::GenerateArgs),
+    Generate(Box<pagoda_server::generate::GenerateArgs>),
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -57,7 +57,8 @@ fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Serve(_) => "info",
-        Command::Generate(_) => "warn",
+        // The kernel plan and its timing, then only what went wrong.
+        Command::Generate(_) => "warn,pagoda_runtime=info",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -68,7 +69,7 @@ fn main() {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve(*args),
-        Command::Generate(args) => pagoda_server::generate::run(args),
+        Command::Generate(args) => pagoda_server::generate::run(*args),
     };
     if let Err(e) = result {
         // Our errors carry their causes in their messages already.

@@ -14,7 +14,8 @@ use pagoda_ops::{QuantFormat, QuantizedWeight};
 
 use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
-use crate::linear::{CpuGemm, Linear, LinearWeight};
+use crate::kernel_plan::KernelPlan;
+use crate::linear::{Linear, LinearWeight};
 
 /// One file of the model.
 struct Part {
@@ -33,8 +34,8 @@ pub struct GgufWeights {
     dtype: DType,
     /// Dequantize every projection to `dtype` instead of keeping quantized blocks.
     dequantize: bool,
-    /// How the CPU multiplies packed and dense weights.
-    cpu_gemm: CpuGemm,
+    /// Which kernels multiply packed and dense weights on the CPU.
+    kernel_plan: KernelPlan,
 }
 
 impl GgufWeights {
@@ -72,7 +73,7 @@ impl GgufWeights {
             device: device.clone(),
             dtype,
             dequantize,
-            cpu_gemm: CpuGemm::default(),
+            kernel_plan: KernelPlan::default(),
         })
     }
 
@@ -86,8 +87,8 @@ impl GgufWeights {
         self.dequantize = dequantize;
     }
 
-    pub fn set_cpu_gemm(&mut self, gemm: CpuGemm) {
-        self.cpu_gemm = gemm;
+    pub fn set_kernel_plan(&mut self, plan: KernelPlan) {
+        self.kernel_plan = plan;
     }
 
     /// The blocks of the first layer's MLP up projection (else its gate, else its query), as
@@ -218,8 +219,8 @@ impl WeightSource for GgufWeights {
         self.part_of.contains_key(name)
     }
 
-    fn cpu_gemm(&self) -> CpuGemm {
-        self.cpu_gemm
+    fn kernel_plan(&self) -> KernelPlan {
+        self.kernel_plan
     }
 
     fn keeps_quantized(&self, name: &str) -> bool {
@@ -255,13 +256,13 @@ impl WeightSource for GgufWeights {
                     let blocks = QuantizedWeight::from_gguf(format, rows, cols, bytes).map_err(|e| {
                         ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
                     })?;
-                    Ok(Linear::packed(blocks, self.cpu_gemm))
+                    Ok(Linear::packed(blocks, self.kernel_plan))
                 })
                 .collect();
         }
         // Otherwise every expert is dequantized (candle's quantized matmul has no per-expert view).
         let dense = q.dequantize(&self.device)?.to_dtype(self.dtype)?;
-        (0..num_experts).map(|e| Linear::dense(dense.get(e)?.contiguous()?, None, self.cpu_gemm)).collect()
+        (0..num_experts).map(|e| Linear::dense(dense.get(e)?.contiguous()?, None, self.kernel_plan)).collect()
     }
 
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear> {
@@ -272,7 +273,7 @@ impl WeightSource for GgufWeights {
             _ => None,
         };
         if !self.keeps_quantized(name) {
-            return Linear::dense(q.dequantize(&self.device)?.to_dtype(self.dtype)?, bias, self.cpu_gemm);
+            return Linear::dense(q.dequantize(&self.device)?.to_dtype(self.dtype)?, bias, self.kernel_plan);
         }
         Ok(Linear::new(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(q))?), bias))
     }

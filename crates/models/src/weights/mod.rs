@@ -16,7 +16,8 @@ pub use gguf::GgufWeights;
 pub use safetensors::SafetensorsWeights;
 
 use crate::error::Result;
-use crate::linear::{CpuGemm, Linear, StackedLinear};
+use crate::kernel_plan::KernelPlan;
+use crate::linear::{Linear, StackedLinear};
 
 /// A store of named weights that the model builder reads from.
 pub trait WeightSource {
@@ -37,10 +38,9 @@ pub trait WeightSource {
     fn blocks(&mut self, _name: &str, _rows: usize, _cols: usize) -> Result<Option<QuantizedWeight>> {
         Ok(None)
     }
-    /// How the CPU multiplies this source's weights: what the dense copy of
-    /// [`WeightSource::blocks`] weights is packed in, and whether every step size runs one kernel.
-    fn cpu_gemm(&self) -> CpuGemm {
-        CpuGemm::default()
+    /// Which kernels multiply this source's weights on the CPU.
+    fn kernel_plan(&self) -> KernelPlan {
+        KernelPlan::default()
     }
     /// A `[out, in]` projection, kept quantized when the source and options allow it.
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear>;
@@ -77,13 +77,13 @@ pub fn load_stacked(
             }
         }
         if blocks.len() == parts.len() {
-            let gemm = source.cpu_gemm();
+            let plan = source.kernel_plan();
             // Parts in different formats (Gemma 3's Q5_0 Q/K and Q8_0 V) run as separate matmuls.
             if blocks.iter().any(|b| b.format() != blocks[0].format()) {
-                let linears = blocks.into_iter().map(|b| Linear::packed(b, gemm)).collect();
+                let linears = blocks.into_iter().map(|b| Linear::packed(b, plan)).collect();
                 return Ok(StackedLinear::Separate(linears));
             }
-            return StackedLinear::from_blocks(blocks, gemm);
+            return StackedLinear::from_blocks(blocks, plan);
         }
     }
     let linears = parts

@@ -7,7 +7,8 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
-use crate::linear::{CpuGemm, Linear};
+use crate::kernel_plan::KernelPlan;
+use crate::linear::Linear;
 
 pub struct SafetensorsWeights {
     dir: PathBuf,
@@ -17,7 +18,7 @@ pub struct SafetensorsWeights {
     device: Device,
     dtype: DType,
     /// How the CPU multiplies the (dense) projections.
-    cpu_gemm: CpuGemm,
+    kernel_plan: KernelPlan,
 }
 
 /// Maps our GGUF-style tensor names to Hugging Face names for `architecture`.
@@ -105,12 +106,12 @@ impl SafetensorsWeights {
             tensors,
             device: device.clone(),
             dtype,
-            cpu_gemm: CpuGemm::default(),
+            kernel_plan: KernelPlan::default(),
         })
     }
 
-    pub fn set_cpu_gemm(&mut self, gemm: CpuGemm) {
-        self.cpu_gemm = gemm;
+    pub fn set_kernel_plan(&mut self, plan: KernelPlan) {
+        self.kernel_plan = plan;
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
@@ -142,8 +143,8 @@ impl SafetensorsWeights {
 }
 
 impl WeightSource for SafetensorsWeights {
-    fn cpu_gemm(&self) -> CpuGemm {
-        self.cpu_gemm
+    fn kernel_plan(&self) -> KernelPlan {
+        self.kernel_plan
     }
 
     fn path(&self) -> &Path {
@@ -174,7 +175,7 @@ impl WeightSource for SafetensorsWeights {
                         path: self.dir.clone(),
                         tensor: format!("{name} (expert {e})"),
                     })?;
-                Linear::dense(self.load_hf(hf, &[rows, cols])?, None, self.cpu_gemm)
+                Linear::dense(self.load_hf(hf, &[rows, cols])?, None, self.kernel_plan)
             })
             .collect()
     }
@@ -185,7 +186,7 @@ impl WeightSource for SafetensorsWeights {
             Some(b) if self.contains(b) => Some(self.load(b, &[out_dim])?),
             _ => None,
         };
-        Linear::dense(weight, bias, self.cpu_gemm)
+        Linear::dense(weight, bias, self.kernel_plan)
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device};
 use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, PanelPrecision, SmallSteps};
+use pagoda_models::{load_model, KernelPlan, KvCache, LoadOptions, ModelRunner, PanelPrecision};
 
 pub const BLOCK_SIZE: usize = 16;
 
@@ -82,7 +82,11 @@ pub fn runner_for_with_panels(
     num_blocks: usize,
     panels: PanelPrecision,
 ) -> ModelRunner {
-    let options = LoadOptions { dequantize: Some(true), panel_precision: panels, ..LoadOptions::default() };
+    let options = LoadOptions {
+        dequantize: Some(true),
+        kernel_plan: KernelPlan::panels(panels),
+        ..LoadOptions::default()
+    };
     let loaded = load_model(path, &options).expect("the model loads");
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
@@ -123,23 +127,17 @@ pub fn runner_with_panels(
     cache_dtype: DType,
     panels: PanelPrecision,
 ) -> ModelRunner {
-    runner_with_gemm(dequantize, num_blocks, cache_dtype, panels, SmallSteps::Blocks)
+    runner_with_plan(dequantize, num_blocks, cache_dtype, KernelPlan::panels(panels))
 }
 
-/// The same with the few-token steps on `small_steps`.
-pub fn runner_with_gemm(
+/// The same with the CPU's kernels as `kernel_plan` says.
+pub fn runner_with_plan(
     dequantize: bool,
     num_blocks: usize,
     cache_dtype: DType,
-    panels: PanelPrecision,
-    small_steps: SmallSteps,
+    kernel_plan: KernelPlan,
 ) -> ModelRunner {
-    let options = LoadOptions {
-        dequantize: Some(dequantize),
-        panel_precision: panels,
-        small_steps,
-        ..LoadOptions::default()
-    };
+    let options = LoadOptions { dequantize: Some(dequantize), kernel_plan, ..LoadOptions::default() };
     let loaded = load_model(&model_path(), &options).expect("the default model loads");
     let cache =
         KvCache::new(loaded.model.config(), num_blocks, BLOCK_SIZE, cache_dtype, &Device::Cpu).unwrap();

@@ -1,21 +1,26 @@
-//! Assembles what serving needs from a `--model` path: the model runner with its KV cache, the
-//! tokenizer and chat template, and the engine thread over them. Used by `pagoda serve`,
-//! `pagoda generate` and the offline benchmark, so all three run the same path.
+//! Assembles what serving needs from [`RuntimeOptions`]: the kernel plan, the model runner with
+//! its KV cache (sized from the budget or from device memory), the tokenizer and chat template,
+//! and the engine thread over them. Used by `pagoda serve`, `pagoda generate` and the offline
+//! benchmark, so all three run the same path.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use candle_core::{DType, Device};
+use candle_core::DType;
 use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
 use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
 use pagoda_models::{
-    load_model, DraftModel, KvCache, KvLayout, LargeStepChoice, LoadFormat, LoadOptions, Model, ModelConfig,
-    ModelError, ModelRunner, PanelPrecision, SmallSteps,
+    load_model, DraftModel, KvCache, KvLayout, LoadFormat, LoadOptions, Model, ModelConfig, ModelError,
+    ModelRunner,
 };
+use pagoda_ops::PanelTiming;
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
+
+use crate::options::RuntimeOptions;
+use crate::plan::{resolve_plan, RuntimePlan};
 
 /// Why the model or the engine could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -43,77 +48,6 @@ pub enum RuntimeError {
     DraftIncompatible { path: PathBuf, reason: String },
 }
 
-/// What to load and how big to make the cache and the batches.
-#[derive(Debug, Clone)]
-pub struct RuntimeOptions {
-    pub model: PathBuf,
-    /// Tokenizer source when it is not the model itself (required for dummy weights).
-    pub tokenizer: Option<PathBuf>,
-    pub load_format: LoadFormat,
-    /// See [`LoadOptions::dequantize`]; `None` decides by model size.
-    pub dequantize: Option<bool>,
-    pub device: Device,
-    pub dtype: DType,
-    /// Storage dtype of the KV cache (attention computes in f32 whatever it is).
-    pub kv_cache_dtype: DType,
-    /// What block-quantized weights' dense copies (the CPU's many-token GEMM) are stored in.
-    pub panel_precision: PanelPrecision,
-    /// What the CPU's steps of at most 16 tokens run (see [`LoadOptions::small_steps`]).
-    pub small_steps: SmallSteps,
-    /// One kernel per op for every step size, so outputs do not depend on batching (CPU only;
-    /// see [`LoadOptions::batch_invariant`]).
-    pub batch_invariant: bool,
-    /// Time the two large-step kernels on the model's own weight and take the faster (see
-    /// [`LoadOptions::choose_large_steps`]).
-    pub choose_large_steps: bool,
-    pub block_size: usize,
-    /// Bytes of KV cache; ignored when `num_blocks` is set or the cache is sized from device
-    /// memory.
-    pub kv_cache_bytes: u64,
-    pub num_blocks: Option<usize>,
-    /// On a GPU without `num_blocks`: size the cache to this fraction of device memory after a
-    /// profiling step (see `pagoda_models::kv_sizing`) instead of `kv_cache_bytes`.
-    pub gpu_memory_utilization: Option<f64>,
-    pub max_model_len: Option<usize>,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub max_waiting_requests: usize,
-    pub enable_prefix_caching: bool,
-    pub speculative: Option<pagoda_engine::SpeculativeConfig>,
-    /// A separate draft model (`SpeculativeMethod::DraftModel`), loaded like the target.
-    pub draft_model: Option<PathBuf>,
-}
-
-impl RuntimeOptions {
-    /// Defaults for a CPU run of `model`.
-    pub fn new(model: impl Into<PathBuf>) -> Self {
-        Self {
-            model: model.into(),
-            tokenizer: None,
-            load_format: LoadFormat::Auto,
-            dequantize: None,
-            device: Device::Cpu,
-            dtype: DType::F32,
-            kv_cache_dtype: DType::F16,
-            panel_precision: PanelPrecision::F32,
-            small_steps: SmallSteps::Blocks,
-            batch_invariant: false,
-            choose_large_steps: false,
-            block_size: 16,
-            kv_cache_bytes: 1 << 30,
-            num_blocks: None,
-            gpu_memory_utilization: None,
-            max_model_len: None,
-            max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
-            max_waiting_requests: 1024,
-            enable_prefix_caching: true,
-            speculative: None,
-            draft_model: None,
-        }
-    }
-}
-
 /// Stage timings of start-up, for the log.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StartupTimes {
@@ -137,8 +71,10 @@ pub struct LoadedRuntime {
     pub kv_cache_dtype: DType,
     /// How the cache was sized from device memory, when it was.
     pub gpu_kv_budget: Option<GpuKvBudget>,
-    /// The CPU's kernel for large steps, when `auto` timed it.
-    pub large_steps: Option<LargeStepChoice>,
+    /// What the model runs on; its text is the `kernel plan: ...` line.
+    pub plan: RuntimePlan,
+    /// The timing `auto` chose the prefill-sized kernel by, when it timed.
+    pub kernel_timing: Option<PanelTiming>,
     pub times: StartupTimes,
 }
 
@@ -190,15 +126,26 @@ fn load_text(path: &Path) -> Result<TextParts, RuntimeError> {
 
 impl LoadedRuntime {
     pub fn load(options: &RuntimeOptions) -> Result<Self, RuntimeError> {
+        let (plan, resolved) = resolve_plan(options)?;
+        tracing::info!("{plan}");
+        if let Some(why) = &resolved.fallback {
+            tracing::warn!("{why}");
+        }
+        if let Some(timing) = &resolved.timing {
+            let ms: Vec<String> =
+                timing.seconds.iter().map(|(p, s)| format!("{p:?} {:.3} ms", s * 1e3)).collect();
+            tracing::info!(
+                rows = timing.rows,
+                "prefill-sized kernels timed on the model's weight: {}",
+                ms.join(", ")
+            );
+        }
         let load = LoadOptions {
             device: options.device.clone(),
             dtype: options.dtype,
             dequantize: options.dequantize,
             format: options.load_format,
-            panel_precision: options.panel_precision,
-            small_steps: options.small_steps,
-            batch_invariant: options.batch_invariant,
-            choose_large_steps: options.choose_large_steps,
+            kernel_plan: plan.kernels,
         };
         // The model (parallel over the rayon pool) and the text side (one thread) load at once.
         let tokenizer_path = tokenizer_source(options)?;
@@ -227,15 +174,9 @@ impl LoadedRuntime {
         }
         let cache_dtype = options.kv_cache_dtype;
         let layout = KvLayout::for_config(&config);
-        // A draft runs the kernels the target's timing chose.
-        let large_steps = loaded.large_steps;
-        let draft_load = LoadOptions {
-            panel_precision: large_steps.map_or(load.panel_precision, |c| c.precision),
-            choose_large_steps: false,
-            ..load.clone()
-        };
+        // A draft runs the target's kernel plan.
         let draft = match &options.draft_model {
-            Some(path) => Some(load_draft(path, &draft_load, &config, &tokenizer)?),
+            Some(path) => Some(load_draft(path, &load, &config, &tokenizer)?),
             None => None,
         };
         let draft_config = draft.as_ref().map(|d| d.config().clone());
@@ -350,7 +291,8 @@ impl LoadedRuntime {
             kv_bytes_per_token,
             kv_cache_dtype: cache_dtype,
             gpu_kv_budget,
-            large_steps,
+            plan,
+            kernel_timing: resolved.timing,
             times,
         })
     }

@@ -12,7 +12,7 @@ use pagoda_engine::speculative::{DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKU
 use pagoda_engine::{SpeculativeConfig, SpeculativeMethod};
 use serde::Deserialize;
 
-use crate::config::DeviceArg;
+use crate::flags::DeviceArg;
 
 /// Running sequences above which no step proposes anything, unless the config says otherwise.
 /// On the CPU a batch of more than a few sequences has no compute to spare for verification

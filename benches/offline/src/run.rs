@@ -1,7 +1,8 @@
-//! `pagoda-bench offline`: the engine's throughput without HTTP, like `vllm bench throughput`.
+//! One offline run: load the model, generate the dataset, submit everything at once, follow the
+//! streams.
 //!
-//! The model is loaded through `pagoda_server::runtime`, the path `pagoda serve` takes, so the
-//! engine, scheduler and model runner are the server's. The dataset is generated with the
+//! The model is loaded through `pagoda_runtime`, the path `pagoda serve` takes, so the engine,
+//! scheduler, kernel plan and model runner are the server's. The dataset is generated with the
 //! model's own tokenizer (exact lengths), every prompt is tokenized before the clock starts, and
 //! then all requests are submitted at once with `ignore_eos`, so each produces exactly its
 //! output length. Per-request TTFT, ITL and latency are measured as events leave the engine
@@ -11,17 +12,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use pagoda_bench::client::Outcome;
+use pagoda_bench::dataset::{generate, Dataset, DatasetSpec};
+use pagoda_bench::metrics::RequestResult;
+use pagoda_bench::serve::{progress_bar, to_result};
+use pagoda_bench::words::TextSynth;
 use pagoda_engine::{
     EngineHandle, FinishReason, NoopObserver, Request, SamplingParams, Shutdown, StopConditions,
 };
-use pagoda_server::runtime::{LoadedRuntime, RuntimeOptions};
+use pagoda_runtime::{LoadedRuntime, RuntimeOptions, RuntimePlan};
 use tokio::task::JoinSet;
-
-use crate::client::Outcome;
-use crate::dataset::{generate, Dataset, DatasetSpec};
-use crate::metrics::RequestResult;
-use crate::serve::{progress_bar, to_result};
-use crate::words::TextSynth;
 
 /// A finished offline run.
 #[derive(Debug, Clone)]
@@ -33,6 +33,8 @@ pub struct OfflineRun {
     pub duration: Duration,
     /// Loading the model and starting the engine (not part of `duration`).
     pub startup: Duration,
+    /// What the model ran on.
+    pub plan: RuntimePlan,
 }
 
 /// Loads the model `runtime` names, generates `spec`'s dataset with its tokenizer and runs it.
@@ -40,6 +42,8 @@ pub fn run(runtime: &RuntimeOptions, spec: &DatasetSpec, progress: bool) -> anyh
     let started = Instant::now();
     let loaded =
         LoadedRuntime::load(runtime).with_context(|| format!("loading {}", runtime.model.display()))?;
+    let plan = loaded.plan.clone();
+    eprintln!("{plan}");
     let running = loaded.start(Arc::new(NoopObserver), Shutdown::new())?;
     let startup = started.elapsed();
 
@@ -59,7 +63,7 @@ pub fn run(runtime: &RuntimeOptions, spec: &DatasetSpec, progress: bool) -> anyh
     if joined.is_err() {
         anyhow::bail!("the engine thread panicked");
     }
-    Ok(OfflineRun { dataset, results, duration, startup })
+    Ok(OfflineRun { dataset, results, duration, startup, plan })
 }
 
 /// Submits every prompt at once and follows the streams to their ends.

@@ -1,0 +1,20 @@
+//! `pagoda-runtime`: from flags to a running engine. It owns the model's and engine's flags and
+//! their defaults ([`engine_args`], [`flags`]), finds the model on disk or in the Hugging Face
+//! cache ([`hub`]), resolves the kernel plan ([`plan`]), loads the model and tokenizer, sizes the
+//! KV cache and starts the engine thread ([`load`]). `pagoda serve`, `pagoda generate` and
+//! `pagoda-bench-offline` all start through it; the HTTP server then speaks only to the engine's
+//! handle and the tokenizer.
+
+pub mod engine_args;
+pub mod flags;
+pub mod hub;
+pub mod load;
+pub mod options;
+pub mod plan;
+pub mod speculative_config;
+
+pub use engine_args::{ArgsError, EngineArgs, EngineSettings, DEFAULT_MODEL};
+pub use flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg};
+pub use load::{LoadedRuntime, Runtime, RuntimeError, StartupTimes};
+pub use options::{OptionsError, RuntimeOptions};
+pub use plan::{resolve_plan, RuntimePlan};
