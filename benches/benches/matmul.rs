@@ -3,7 +3,7 @@
 //! steps: `quant_matmul` over the Q4_1/Q8_0 blocks, `panel_matmul` over the dequantized weights
 //! packed in panels (f32, and rounded to bfloat16), the int8 panels of `--cpu-gemm-dtype int8`,
 //! and candle's general f32 GEMM over the same values row-major. The crossover between the first
-//! two decides the model's `PACKED_MAX_TOKENS`. Each step runs inside a rayon pool, as the model
+//! two decides the model's `DECODE_SIZED_MAX_TOKENS`. Each step runs inside a rayon pool, as the model
 //! runner runs one, so the times do not include waking the pool's threads per matmul.
 //!
 //! `gemma3_270m`: the block kernel for each format at Gemma 3 270M's shapes (Q4_K_M file: Q5_0,

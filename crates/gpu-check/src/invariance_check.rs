@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::report::Report;
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
+use pagoda_models::{load_model, KernelPlan, KvCache, LoadOptions, ModelRunner};
 use pagoda_text::Tokenizer;
 
 const SECTION: &str = "invariance";
@@ -30,7 +30,12 @@ fn runner(model: &Path, gpu: &Device, batch_invariant: bool, blocks: usize) -> R
         device: gpu.clone(),
         dtype: DType::BF16,
         dequantize: Some(true),
-        batch_invariant,
+        // On CUDA only the plan's batch-invariance applies (the row-invariant matmul).
+        kernel_plan: if batch_invariant {
+            KernelPlan::batch_invariant(pagoda_ops::PanelPrecision::F32)
+        } else {
+            KernelPlan::default()
+        },
         ..LoadOptions::default()
     };
     let loaded = load_model(model, &options).with_context(|| format!("loading {}", model.display()))?;

@@ -25,51 +25,36 @@
 mod attention_group;
 mod attention_plan;
 mod check;
-mod cpu_matmul;
 mod cuda;
 mod device_memory;
 mod device_sampler;
 mod dtype;
 mod gated_activation;
-mod gemm_probe;
-mod int16_matmul;
-#[cfg(target_arch = "x86_64")]
-mod int16_matmul_x86;
-mod int8_matmul;
-#[cfg(target_arch = "x86_64")]
-mod int8_matmul_x86;
 mod kv_cache;
+mod matmul;
 mod metadata;
 mod paged_attention;
 mod paged_attention_cpu;
-mod panel_matmul;
-#[cfg(target_arch = "x86_64")]
-mod panel_matmul_x86;
 mod par_rows;
-mod quant_matmul;
-#[cfg(target_arch = "x86_64")]
-mod quant_matmul_x86;
-mod quant_weight;
 mod rms_norm;
 mod rotary;
 mod rotary_tables;
 mod simd;
-mod skinny_matmul;
 
 pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
-pub use gemm_probe::{time_panel_kernels, PanelTiming};
 pub use kv_cache::reshape_and_cache;
-pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
-pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams, CUDA_ATTENTION_HEAD_DIMS};
-pub use panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
-pub use quant_matmul::{quant_matmul, quant_matmul_batch_invariant};
-pub use quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
-pub use rms_norm::{add_rms_norm, rms_norm};
-pub use rotary::{rotary_embedding, RotaryStyle};
-pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};
-pub use skinny_matmul::{
+pub use matmul::gemm_probe::{time_panel_kernels, PanelTiming};
+pub use matmul::panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
+pub use matmul::quant_matmul::{quant_matmul, quant_matmul_batch_invariant};
+pub use matmul::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
+pub use matmul::skinny_matmul::{
     row_invariant_matmul, skinny_matmul, skinny_matmul_fits, skinny_matmul_preferred, skinny_matmul_with,
     SkinnyLaunch, SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS,
 };
+pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
+pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams, CUDA_ATTENTION_HEAD_DIMS};
+pub use rms_norm::{add_rms_norm, rms_norm};
+pub use rotary::{rotary_embedding, RotaryStyle};
+pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};

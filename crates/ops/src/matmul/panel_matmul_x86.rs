@@ -1,11 +1,11 @@
-//! x86-64 kernels of [`crate::panel_matmul`]: AVX-512 (two 16-lane accumulators per activation
+//! x86-64 kernels of [`crate::matmul::panel_matmul`]: AVX-512 (two 16-lane accumulators per activation
 //! row), AVX2+FMA (the portable loop compiled for 256-bit vectors) and, for bfloat16 panels,
 //! AVX512-BF16 (the AVX-512 tile with `vdpbf16ps`), chosen once at run time from what the CPU
 //! reports, so a generic x86-64 build still uses them.
 
 use std::arch::x86_64::*;
 
-use crate::panel_matmul::{tile_rows, Bf16TileKernel, TileKernel, PANEL, TILE_ROWS};
+use crate::matmul::panel_matmul::{tile_rows, Bf16TileKernel, TileKernel, PANEL, TILE_ROWS};
 use crate::simd::{level, Fused, Level};
 
 /// The best kernel on this CPU, if it has AVX2 and FMA at least.
@@ -199,5 +199,5 @@ unsafe fn to_bf16_pairs_avx512(src: &[f32], dst: &mut [u32]) {
             _mm512_storeu_si512(d.as_mut_ptr().cast(), packed);
         }
     }
-    crate::panel_matmul::to_bf16_pairs_portable(&src[whole..], &mut dst[whole / 2..]);
+    crate::matmul::panel_matmul::to_bf16_pairs_portable(&src[whole..], &mut dst[whole / 2..]);
 }

@@ -1,4 +1,4 @@
-//! Block-quantized weight matrices kept in memory for [`crate::quant_matmul`].
+//! Block-quantized weight matrices kept in memory for [`crate::matmul::quant_matmul`].
 //!
 //! GGUF stores weights as blocks of 32 elements (Q4_0, Q4_1, Q5_0, Q8_0) or super-blocks of 256
 //! (Q4_K, Q5_K, Q6_K) with f16 scales and, for K-quants, 6- or 8-bit sub-block scales inside

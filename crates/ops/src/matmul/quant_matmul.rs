@@ -21,8 +21,8 @@ use std::sync::Arc;
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu_matmul::{self, CpuWeight, OutPtr};
-use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
+use crate::matmul::cpu_matmul::{self, CpuWeight, OutPtr};
+use crate::matmul::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 
 /// Activation rows computed together per pass over the weights.
 pub(crate) const GROUP: usize = 8;
@@ -143,7 +143,7 @@ fn block_sums(x: &[f32]) -> Vec<f32> {
 /// The fastest kernel this CPU runs for `format`.
 pub(crate) fn kernel(format: QuantFormat) -> RowsKernel {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::quant_matmul_x86::kernel(format) {
+    if let Some(k) = crate::matmul::quant_matmul_x86::kernel(format) {
         return k;
     }
     portable_kernel(format)

@@ -1,4 +1,4 @@
-//! The AVX512-VNNI kernel of [`crate::int8_matmul`]: per block and tile row, `vpdpbusd` sums
+//! The AVX512-VNNI kernel of [`crate::matmul::int8_matmul`]: per block and tile row, `vpdpbusd` sums
 //! the unsigned (offset) codes of 16 columns times 32 signed activation bytes into int32 lanes
 //! (starting from the row's correction), then one convert and one fused multiply-add scale the
 //! block into the row's f32 accumulators. [`quad_codes`] loads a quad's codes from either
@@ -6,11 +6,11 @@
 
 use std::arch::x86_64::*;
 
-use crate::int8_matmul::{
+use crate::matmul::int8_matmul::{
     block_code_bytes, Int8Activations, Int8Panel, Int8TileKernel, QuantizeBlock, INT8_TILE_ROWS,
 };
-use crate::panel_matmul::PANEL;
-use crate::quant_weight::QUANT_BLOCK;
+use crate::matmul::panel_matmul::PANEL;
+use crate::matmul::quant_weight::QUANT_BLOCK;
 use crate::simd::{level, Level};
 
 fn has_vnni() -> bool {

@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::quant_weight::tests::{random_gguf, ALL_FORMATS};
+use crate::matmul::quant_weight::tests::{random_gguf, ALL_FORMATS};
 
 /// A matrix of random GGUF bytes of `format`, with scales and minimums (either sign) of a real
 /// model's magnitude.
@@ -60,7 +60,7 @@ fn assert_close(got: &[f32], want: &[(f64, f64)], what: &str) {
 fn kernels(format: QuantFormat) -> Vec<(&'static str, RowsKernel)> {
     let mut ks = vec![("portable", portable_kernel(format)), ("best", kernel(format))];
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::quant_matmul_x86::avx2_kernel(format) {
+    if let Some(k) = crate::matmul::quant_matmul_x86::avx2_kernel(format) {
         ks.push(("avx2", k));
     }
     ks

@@ -32,9 +32,9 @@
 
 use rayon::prelude::*;
 
-use crate::cpu_matmul::CpuWeight;
-use crate::panel_matmul::{for_each_tile, PANEL};
-use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
+use crate::matmul::cpu_matmul::CpuWeight;
+use crate::matmul::panel_matmul::{for_each_tile, PANEL};
+use crate::matmul::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 
 /// Quads of 4 inputs per block.
 const QUADS: usize = QUANT_BLOCK / 4;
@@ -315,7 +315,7 @@ pub(crate) type QuantizeBlock = fn(&[f32], &mut [i8]) -> (f32, [i32; 2]);
 /// same f32 operations, rounding to nearest even).
 fn quantize_block() -> QuantizeBlock {
     #[cfg(target_arch = "x86_64")]
-    if let Some(quantize) = crate::int8_matmul_x86::quantize_block() {
+    if let Some(quantize) = crate::matmul::int8_matmul_x86::quantize_block() {
         return quantize;
     }
     quantize_block_portable
@@ -337,7 +337,7 @@ pub(crate) fn quantize_block_portable(x: &[f32], codes: &mut [i8]) -> (f32, [i32
 /// The fastest int8 kernel this CPU runs.
 pub(crate) fn kernel() -> Int8TileKernel {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::int8_matmul_x86::kernel() {
+    if let Some(k) = crate::matmul::int8_matmul_x86::kernel() {
         return k;
     }
     portable_kernel

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::quant_weight::{QuantFormat, QUANT_BLOCK};
+use crate::matmul::quant_weight::{QuantFormat, QUANT_BLOCK};
 
 fn random_matrix(rng: &mut StdRng, rows: usize, cols: usize) -> Vec<f32> {
     (0..rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect()
@@ -51,7 +51,7 @@ fn random_q4_1(rng: &mut StdRng, rows: usize, cols: usize) -> QuantizedWeight {
 fn kernels() -> Vec<(&'static str, TileKernel)> {
     let mut ks = vec![("portable", portable_kernel as TileKernel), ("best", kernel())];
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::panel_matmul_x86::avx2_kernel() {
+    if let Some(k) = crate::matmul::panel_matmul_x86::avx2_kernel() {
         ks.push(("avx2", k));
     }
     ks
@@ -140,7 +140,7 @@ fn packing_blocks_gives_their_dequantized_values() {
 fn bf16_kernels() -> Vec<(&'static str, Bf16TileKernel)> {
     let mut ks = vec![("portable", portable_bf16_kernel as Bf16TileKernel)];
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::panel_matmul_x86::bf16_kernel() {
+    if let Some(k) = crate::matmul::panel_matmul_x86::bf16_kernel() {
         ks.push(("avx512-bf16", k));
     }
     ks

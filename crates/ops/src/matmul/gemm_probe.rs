@@ -1,6 +1,6 @@
 //! Times the panel kernels that can multiply a block-quantized weight in a prefill-sized step
 //! (f32 panels, bfloat16 panels with `vdpbf16ps`, or the weight's codes times 16-bit activations
-//! with `vpdpbusd`, [`crate::int16_matmul`]), so that a caller chooses by measurement, not by CPU
+//! with `vpdpbusd`, [`crate::matmul::int16_matmul`]), so that a caller chooses by measurement, not by CPU
 //! name.
 //!
 //! Why: which kernel wins depends on how fast a CPU issues each instruction, not on which ones
@@ -11,9 +11,9 @@
 
 use std::time::Instant;
 
-use crate::cpu_matmul::CpuWeight;
-use crate::panel_matmul::{PanelPrecision, PanelWeight};
-use crate::quant_weight::QuantizedWeight;
+use crate::matmul::cpu_matmul::CpuWeight;
+use crate::matmul::panel_matmul::{PanelPrecision, PanelWeight};
+use crate::matmul::quant_weight::QuantizedWeight;
 
 /// How long each timed kernel took for one prefill-sized step of one weight, at its fastest.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,8 +87,8 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
-    use crate::quant_matmul::tests::random_weight;
-    use crate::quant_weight::QuantFormat;
+    use crate::matmul::quant_matmul::tests::random_weight;
+    use crate::matmul::quant_weight::QuantFormat;
 
     #[test]
     fn times_every_kernel_asked_for() {

@@ -12,8 +12,8 @@
 //! multiplies bfloat16 natively the second does twice the work per instruction and reads half
 //! the bytes; on 2 cores of f32 FMAs the exact GEMM is compute-bound, so this is what large
 //! batches gain most from. A block-quantized weight can instead keep its integer codes in int8
-//! panels, multiplied with 8-bit ([`crate::int8_matmul`]) or 16-bit
-//! ([`crate::int16_matmul`]) activations on AVX512-VNNI.
+//! panels, multiplied with 8-bit ([`crate::matmul::int8_matmul`]) or 16-bit
+//! ([`crate::matmul::int16_matmul`]) activations on AVX512-VNNI.
 //!
 //! Work is split over rayon by panels; each task runs every activation row against its panels
 //! (a panel stays in L1/L2 while the activations stream past it). x86 kernels (AVX-512,
@@ -26,10 +26,10 @@ use std::sync::Arc;
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-use crate::cpu_matmul::{self, CpuWeight, OutPtr};
-use crate::int8_matmul::Int8Weight;
+use crate::matmul::cpu_matmul::{self, CpuWeight, OutPtr};
+use crate::matmul::int8_matmul::Int8Weight;
+use crate::matmul::quant_weight::QuantizedWeight;
 use crate::par_rows::par_rows;
-use crate::quant_weight::QuantizedWeight;
 use crate::simd::{MulAdd, Separate};
 
 /// Output columns per panel: two AVX-512 vectors (four AVX2 ones).
@@ -50,11 +50,11 @@ pub enum PanelPrecision {
     /// whose `vdpbf16ps` multiplies pairs of bfloat16 values into f32 sums.
     Bf16,
     /// A block-quantized weight's own integer codes (exact) times activations rounded to 8 bits
-    /// per block of 32, as llama.cpp multiplies ([`crate::int8_matmul`]). A weight given as
+    /// per block of 32, as llama.cpp multiplies ([`crate::matmul::int8_matmul`]). A weight given as
     /// dense rows has no codes and is packed as [`PanelPrecision::auto_float`].
     Int8,
     /// The same int8 panels times activations rounded to 16 bits per block of 32
-    /// ([`crate::int16_matmul`]): about 2^-15 of each block's largest value, finer than
+    /// ([`crate::matmul::int16_matmul`]): about 2^-15 of each block's largest value, finer than
     /// bfloat16's 8 significant bits, at twice `Int8`'s multiply-adds. A dense weight packs as
     /// [`PanelPrecision::auto_float`].
     Int16,
@@ -65,7 +65,7 @@ impl PanelPrecision {
     /// slower than `F32`).
     pub fn cpu_has_native_bf16() -> bool {
         #[cfg(target_arch = "x86_64")]
-        if crate::panel_matmul_x86::bf16_kernel().is_some() {
+        if crate::matmul::panel_matmul_x86::bf16_kernel().is_some() {
             return true;
         }
         false
@@ -75,7 +75,7 @@ impl PanelPrecision {
     /// portable loop, slower than the float panels.
     pub fn cpu_has_native_int8() -> bool {
         #[cfg(target_arch = "x86_64")]
-        if crate::int8_matmul_x86::kernel().is_some() {
+        if crate::matmul::int8_matmul_x86::kernel().is_some() {
             return true;
         }
         false
@@ -334,7 +334,7 @@ pub(crate) fn matmul_bf16(w: &PanelWeight, x_rows: &[&[f32]], kernel: Bf16TileKe
 /// Rounds `src` to bfloat16 pairs (a zero pads an odd length).
 fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::panel_matmul_x86::to_bf16_pairs(src, dst) {
+    if crate::matmul::panel_matmul_x86::to_bf16_pairs(src, dst) {
         return;
     }
     to_bf16_pairs_portable(src, dst);
@@ -416,7 +416,7 @@ pub(crate) fn for_each_tile(
 /// The fastest kernel this CPU runs.
 pub(crate) fn kernel() -> TileKernel {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::panel_matmul_x86::kernel() {
+    if let Some(k) = crate::matmul::panel_matmul_x86::kernel() {
         return k;
     }
     portable_kernel
@@ -425,7 +425,7 @@ pub(crate) fn kernel() -> TileKernel {
 /// The fastest bfloat16 kernel this CPU runs.
 pub(crate) fn bf16_kernel() -> Bf16TileKernel {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::panel_matmul_x86::bf16_kernel() {
+    if let Some(k) = crate::matmul::panel_matmul_x86::bf16_kernel() {
         return k;
     }
     portable_bf16_kernel

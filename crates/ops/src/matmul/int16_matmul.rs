@@ -3,7 +3,7 @@
 //! per block and scaled into f32 once per block.
 //!
 //! Why: bfloat16 activations keep 8 significant bits per element and 8-bit ones (llama.cpp's,
-//! [`crate::int8_matmul`]) 7 bits of the block's largest; on the default 135M model the latter
+//! [`crate::matmul::int8_matmul`]) 7 bits of the block's largest; on the default 135M model the latter
 //! already change greedy answers. Here each block's rounding step is `max|x| / 32639`, about
 //! 2^-15 of the block's largest value, while the multiply still runs on AVX512-VNNI's
 //! `vpdpbusd`: a 16-bit code `q` is split into two signed bytes, `q = 256 * high + low`, and
@@ -18,7 +18,7 @@
 //! Codes are rounded to at most 32639 = 127 * 256 + 127 in magnitude so that both bytes of
 //! the split stay in -128..=127: `low = ((q + 128) mod 256) - 128`, `high = (q - low) / 256`.
 //! The panels store `c + offset` (128, or a 4-bit format's offset; see
-//! [`crate::int8_matmul`]), so each block's sum starts from `-offset * sum(q)`. No int32 sum
+//! [`crate::matmul::int8_matmul`]), so each block's sum starts from `-offset * sum(q)`. No int32 sum
 //! overflows: `|sum((c + 128) * high)| <= 32 * 255 * 128`, which shifted by 8 bits plus the
 //! correction and the low pass stays under 2^29.
 //!
@@ -29,10 +29,10 @@
 
 use rayon::prelude::*;
 
-use crate::cpu_matmul::CpuWeight;
-use crate::int8_matmul::{Int8Panel, Int8Weight};
-use crate::panel_matmul::{for_each_tile, PANEL};
-use crate::quant_weight::QUANT_BLOCK;
+use crate::matmul::cpu_matmul::CpuWeight;
+use crate::matmul::int8_matmul::{Int8Panel, Int8Weight};
+use crate::matmul::panel_matmul::{for_each_tile, PANEL};
+use crate::matmul::quant_weight::QUANT_BLOCK;
 
 /// The largest code magnitude: both bytes of its split fit a signed byte.
 pub(crate) const INT16_MAX_CODE: i32 = 127 * 256 + 127;
@@ -169,7 +169,7 @@ fn round_row(
 /// The fastest block rounding this CPU runs (every build gives the portable one's bytes).
 fn quantize_block16() -> QuantizeBlock16 {
     #[cfg(target_arch = "x86_64")]
-    if let Some(quantize) = crate::int16_matmul_x86::quantize_block() {
+    if let Some(quantize) = crate::matmul::int16_matmul_x86::quantize_block() {
         return quantize;
     }
     quantize_block16_portable
@@ -200,7 +200,7 @@ pub(crate) fn split(q: i32) -> (i8, i8) {
 /// The fastest 16-bit-activation kernel this CPU runs.
 pub(crate) fn kernel() -> Int16TileKernel {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::int16_matmul_x86::kernel() {
+    if let Some(k) = crate::matmul::int16_matmul_x86::kernel() {
         return k;
     }
     portable_kernel

@@ -7,11 +7,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::int8_matmul::tests as int8_tests;
-use crate::int8_matmul::tests::reference;
-use crate::quant_matmul::tests::random_weight;
-use crate::quant_weight::tests::ALL_FORMATS;
-use crate::quant_weight::QuantFormat;
+use crate::matmul::int8_matmul::tests as int8_tests;
+use crate::matmul::int8_matmul::tests::reference;
+use crate::matmul::quant_matmul::tests::random_weight;
+use crate::matmul::quant_weight::tests::ALL_FORMATS;
+use crate::matmul::quant_weight::QuantFormat;
 
 /// Rows of random activations; row 1 (when present) has an all-zero first block, row 2 one
 /// large outlier per block.
@@ -41,7 +41,7 @@ fn rounded(x: &[f32]) -> Vec<f64> {
 fn kernels() -> Vec<(&'static str, Int16TileKernel)> {
     let mut ks = vec![("portable", portable_kernel as Int16TileKernel)];
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::int16_matmul_x86::kernel() {
+    if let Some(k) = crate::matmul::int16_matmul_x86::kernel() {
         ks.push(("vnni", k));
     }
     ks

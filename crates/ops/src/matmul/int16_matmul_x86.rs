@@ -1,4 +1,4 @@
-//! The AVX512-VNNI kernel of [`crate::int16_matmul`]: per block and tile row, `vpdpbusd` sums
+//! The AVX512-VNNI kernel of [`crate::matmul::int16_matmul`]: per block and tile row, `vpdpbusd` sums
 //! the unsigned (offset) codes of 16 columns times the activations' high bytes, the int32 sums
 //! are shifted left by 8 bits and take the correction, then a second pass adds the low bytes;
 //! one convert and one fused multiply-add scale the block into the row's f32 accumulators.
@@ -8,17 +8,17 @@
 
 use std::arch::x86_64::*;
 
-use crate::int16_matmul::{
+use crate::matmul::int16_matmul::{
     Int16Activations, Int16TileKernel, QuantizeBlock16, INT16_MAX_CODE, INT16_TILE_ROWS,
 };
-use crate::int8_matmul::{block_code_bytes, Int8Panel};
-use crate::int8_matmul_x86::{add_mins, prefetch_codes, quad_codes, scale_sums, store_rows};
-use crate::panel_matmul::PANEL;
-use crate::quant_weight::QUANT_BLOCK;
+use crate::matmul::int8_matmul::{block_code_bytes, Int8Panel};
+use crate::matmul::int8_matmul_x86::{add_mins, prefetch_codes, quad_codes, scale_sums, store_rows};
+use crate::matmul::panel_matmul::PANEL;
+use crate::matmul::quant_weight::QUANT_BLOCK;
 
 /// The VNNI kernel, if this CPU has AVX-512F, AVX-512BW and AVX512-VNNI.
 pub(crate) fn kernel() -> Option<Int16TileKernel> {
-    crate::int8_matmul_x86::kernel().is_some().then_some(tile_vnni as Int16TileKernel)
+    crate::matmul::int8_matmul_x86::kernel().is_some().then_some(tile_vnni as Int16TileKernel)
 }
 
 /// The AVX-512 rounding, on the CPUs that run the VNNI kernel.

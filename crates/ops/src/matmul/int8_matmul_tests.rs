@@ -6,9 +6,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::quant_matmul::tests::random_weight;
-use crate::quant_weight::tests::ALL_FORMATS;
-use crate::quant_weight::QuantFormat;
+use crate::matmul::quant_matmul::tests::random_weight;
+use crate::matmul::quant_weight::tests::ALL_FORMATS;
+use crate::matmul::quant_weight::QuantFormat;
 
 /// Rows of random activations; row 1 (when present) has an all-zero first block.
 pub(crate) fn random_rows(rng: &mut StdRng, m: usize, cols: usize) -> Vec<Vec<f32>> {
@@ -48,7 +48,7 @@ pub(crate) fn reference(w: &QuantizedWeight, x: &[Vec<f64>]) -> Vec<(f64, f64)> 
 fn kernels() -> Vec<(&'static str, Int8TileKernel)> {
     let mut ks = vec![("portable", portable_kernel as Int8TileKernel)];
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::int8_matmul_x86::kernel() {
+    if let Some(k) = crate::matmul::int8_matmul_x86::kernel() {
         ks.push(("vnni", k));
     }
     ks

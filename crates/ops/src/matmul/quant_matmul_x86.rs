@@ -1,4 +1,4 @@
-//! x86-64 kernels of [`crate::quant_matmul`]: AVX-512 and AVX2+FMA versions for every format,
+//! x86-64 kernels of [`crate::matmul::quant_matmul`]: AVX-512 and AVX2+FMA versions for every format,
 //! chosen once at run time from what the CPU reports (a binary built for a generic x86-64 still
 //! uses them). This file holds the dispatch and the row loops shared by all formats, and the
 //! block decoders of Q4_1 (which Q4_K's layout in memory shares) and Q8_0; those of Q4_0,
@@ -13,8 +13,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use crate::quant_matmul::{RowsKernel, XGroup, GROUP};
-use crate::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
+use crate::matmul::quant_matmul::{RowsKernel, XGroup, GROUP};
+use crate::matmul::quant_weight::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 use crate::simd::{dot, level, prefetch, Fused, Level};
 
 /// The best kernel for `format` on this CPU, if it has AVX2 and FMA at least.
