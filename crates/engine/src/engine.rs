@@ -1,5 +1,6 @@
-//! The engine loop, on its own OS thread: drain commands (add, abort) -> drop requests whose
-//! stream was dropped -> `schedule()` -> `execute()` -> `update()` -> send events. It blocks on
+//! The engine loop, on its own OS thread: drain commands (add, abort, end a sample cut by a stop
+//! string) -> drop requests whose stream was dropped -> `schedule()` -> `execute()` ->
+//! `update()` -> send token events (their text is made on the caller's side, `crate::output`). It blocks on
 //! the command channel when there is nothing to do and never busy-waits.
 //!
 //! No request is lost: every stream ends with a last event (finished, aborted or failed), also
@@ -46,11 +47,12 @@ impl Engine {
         shutdown: Shutdown,
     ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
         config.validate_for(&executor)?;
-        let scheduler = Scheduler::new(config.clone(), decoder)?;
+        let scheduler = Scheduler::new(config.clone())?;
         let shared = Arc::new(Shared::new(config));
         shared.stats.publish(&scheduler);
         let (tx, rx) = mpsc::channel();
-        let inner = Arc::new(HandleInner { tx, shared: Arc::clone(&shared), shutdown: shutdown.clone() });
+        let inner =
+            Arc::new(HandleInner { tx, shared: Arc::clone(&shared), shutdown: shutdown.clone(), decoder });
         shutdown.register(Arc::downgrade(&inner));
         let engine = EngineLoop {
             scheduler,
@@ -175,6 +177,10 @@ impl<E: ModelExecutor> EngineLoop<E> {
             }
             Command::Abort(id) => {
                 self.scheduler.abort_request(id, FinishReason::Abort, &mut self.events);
+                self.dispatch();
+            }
+            Command::FinishSample { id, index, reason } => {
+                self.scheduler.finish_sample(id, index, reason, &mut self.events);
                 self.dispatch();
             }
             Command::Wake => {}

@@ -8,8 +8,11 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError, Weak};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{Receiver, Sender};
 
+use pagoda_text::TokenDecoder;
+
 use crate::config::{ConfigError, EngineConfig};
-use crate::event::TokenEvent;
+use crate::event::{FinishReason, TokenEvent};
+use crate::output::RequestOutput;
 use crate::request::{Request, RequestError, RequestId};
 use crate::stats::{EngineStatsSnapshot, LiveStats};
 
@@ -40,6 +43,12 @@ pub(crate) enum Command {
     /// The requests of one call, added in one go: the next step sees all of them.
     Add(Vec<(Request, Sender<TokenEvent>)>),
     Abort(RequestId),
+    /// Ends one sample now (the output stage found a stop string in its text).
+    FinishSample {
+        id: RequestId,
+        index: usize,
+        reason: FinishReason,
+    },
     /// Only wakes the loop (shutdown).
     Wake,
 }
@@ -88,6 +97,8 @@ pub(crate) struct HandleInner {
     pub tx: mpsc::Sender<Command>,
     pub shared: Arc<Shared>,
     pub shutdown: Shutdown,
+    /// What the streams' output stages detokenize with.
+    pub decoder: Arc<dyn TokenDecoder>,
 }
 
 /// Submits requests to a running engine. Cheap to clone; usable from any thread.
@@ -131,7 +142,9 @@ impl EngineHandle {
         let mut adds = Vec::with_capacity(requests.len());
         for request in requests {
             let (tx, rx) = crate::outbox::request_channel();
-            streams.push(RequestStream { id: request.id, rx });
+            let output = RequestOutput::new(&request, Arc::clone(&self.inner.decoder));
+            let engine = Arc::downgrade(&self.inner);
+            streams.push(RequestStream { id: request.id, rx, output, engine, ended: false });
             adds.push((request, tx));
         }
         if self.inner.tx.send(Command::Add(adds)).is_err() {
@@ -185,12 +198,30 @@ impl EngineHandle {
     }
 }
 
-/// The events of one request. Every stream ends with an event for which
+/// The events of one request, with their text. Every stream ends with an event for which
 /// [`TokenEvent::is_last`] holds, then `None`. Dropping it aborts the request.
-#[derive(Debug)]
+///
+/// The request's output stage ([`RequestOutput`]) runs here, on the caller's side: the engine
+/// sends token ids, and reading the stream detokenizes them and cuts samples at their stop
+/// strings.
 pub struct RequestStream {
     id: RequestId,
     rx: Receiver<TokenEvent>,
+    output: RequestOutput,
+    /// Where to send the end of a sample cut by a stop string (weak: a stream alone does not
+    /// keep the engine's command channel open).
+    engine: Weak<HandleInner>,
+    /// The engine's channel has closed.
+    ended: bool,
+}
+
+impl std::fmt::Debug for RequestStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestStream")
+            .field("id", &self.id)
+            .field("output", &self.output)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RequestStream {
@@ -198,22 +229,70 @@ impl RequestStream {
         self.id
     }
 
+    /// Runs a raw event through the output stage; a sample cut by a stop string is ended in
+    /// the engine.
+    fn take(&mut self, raw: Option<TokenEvent>) {
+        match raw {
+            Some(event) => {
+                if let Some(stop) = self.output.push(event) {
+                    let command =
+                        Command::FinishSample { id: self.id, index: stop.index, reason: stop.reason };
+                    let sent = self.engine.upgrade().is_some_and(|inner| inner.tx.send(command).is_ok());
+                    if !sent {
+                        // No engine to end it: the held event goes out as it is.
+                        self.output.release_held();
+                    }
+                }
+            }
+            None => {
+                self.ended = true;
+                self.output.release_held();
+            }
+        }
+    }
+
     /// Next event, from async code.
     pub async fn recv(&mut self) -> Option<TokenEvent> {
-        self.rx.recv().await
+        loop {
+            if let Some(event) = self.output.pop() {
+                return Some(event);
+            }
+            if self.ended {
+                return None;
+            }
+            let raw = self.rx.recv().await;
+            self.take(raw);
+        }
     }
 
     /// Next event, from blocking code (not from inside an async runtime).
     pub fn blocking_recv(&mut self) -> Option<TokenEvent> {
-        self.rx.blocking_recv()
+        loop {
+            if let Some(event) = self.output.pop() {
+                return Some(event);
+            }
+            if self.ended {
+                return None;
+            }
+            let raw = self.rx.blocking_recv();
+            self.take(raw);
+        }
     }
 
     pub fn try_recv(&mut self) -> Result<TokenEvent, TryRecvError> {
-        self.rx.try_recv()
-    }
-
-    pub fn into_inner(self) -> Receiver<TokenEvent> {
-        self.rx
+        loop {
+            if let Some(event) = self.output.pop() {
+                return Ok(event);
+            }
+            if self.ended {
+                return Err(TryRecvError::Disconnected);
+            }
+            match self.rx.try_recv() {
+                Ok(event) => self.take(Some(event)),
+                Err(TryRecvError::Disconnected) => self.take(None),
+                Err(TryRecvError::Empty) => return Err(TryRecvError::Empty),
+            }
+        }
     }
 }
 
@@ -272,18 +351,23 @@ impl Shutdown {
 mod tests {
     use super::*;
 
+    fn decoder() -> Arc<dyn TokenDecoder> {
+        Arc::new(crate::fake::FakeDecoder)
+    }
+
     #[test]
     fn shutdown_wakes_registered_engines_and_ignores_dropped_ones() {
         let shutdown = Shutdown::new();
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::new(EngineConfig::new(16, 128, 2048)));
-        let inner = Arc::new(HandleInner { tx, shared, shutdown: shutdown.clone() });
+        let inner = Arc::new(HandleInner { tx, shared, shutdown: shutdown.clone(), decoder: decoder() });
         shutdown.register(Arc::downgrade(&inner));
         let (gone_tx, _gone_rx) = mpsc::channel();
         let gone = Arc::new(HandleInner {
             tx: gone_tx,
             shared: Arc::new(Shared::new(EngineConfig::new(16, 128, 2048))),
             shutdown: shutdown.clone(),
+            decoder: decoder(),
         });
         shutdown.register(Arc::downgrade(&gone));
         drop(gone);

@@ -8,7 +8,9 @@
 //!   [`EngineHandle::submit`] takes a [`Request`] and returns a [`RequestStream`] of
 //!   [`TokenEvent`]s.
 //! - [`Scheduler`] (`schedule()` / `update()`) and [`block_manager::BlockManager`] never touch
-//!   tensors; [`fake::FakeExecutor`] drives them in tests and benchmarks.
+//!   tensors or text; [`fake::FakeExecutor`] drives them in tests and benchmarks.
+//! - [`output`]: the output stage, on the caller's side of each stream: detokenizing and stop
+//!   strings.
 //! - [`constraint`]: structured output's per-sequence grammar state ([`TokenConstraint`]), whose
 //!   token masks are computed while the model runs.
 //! - [`speculative`]: proposals a decoding sequence carries into a step (n-gram, suffix, or the
@@ -29,6 +31,7 @@ pub mod handle;
 mod id_map;
 pub mod kv_groups;
 mod outbox;
+pub mod output;
 pub mod request;
 pub mod rng;
 pub mod sampler;
@@ -37,7 +40,6 @@ pub mod scheduler;
 pub mod sequence;
 pub mod speculative;
 pub mod stats;
-mod stop;
 
 pub use config::{ConfigError, EngineConfig};
 pub use constraint::{ConstraintError, DraftGrammar, MaskSlot, SeqConstraint, TokenConstraint, TokenMask};

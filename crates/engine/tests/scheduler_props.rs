@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{drive, reference_with, VOCAB};
-use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
+use pagoda_engine::fake::FakeExecutor;
 use pagoda_engine::{
     EngineConfig, FinishReason, KvGroups, Request, SamplingParams, Scheduler, SpeculativeConfig,
     SpeculativeMethod, StopConditions,
@@ -103,7 +103,7 @@ fn check(config: EngineConfig, specs: &[Spec]) -> Result<(), TestCaseError> {
     let arrivals = specs.iter().zip(&requests).map(|(s, r)| (s.arrival, r.clone())).collect();
     let aborts = specs.iter().zip(&requests).filter_map(|(s, r)| s.abort_at.map(|a| (a, r.id))).collect();
 
-    let mut sched = Scheduler::new(config.clone(), Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config.clone()).unwrap();
     let mut exec =
         FakeExecutor::with_groups(config.block_size, config.num_blocks, VOCAB, config.kv_groups.clone());
     let (out, _) = drive(&mut sched, &mut exec, arrivals, aborts);

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{drive_counting, reference, VOCAB};
-use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
+use pagoda_engine::fake::FakeExecutor;
 use pagoda_engine::speculative::{ProposerKind, DRAFT_PLACEHOLDER};
 use pagoda_engine::{
     EngineConfig, FinishReason, ModelExecutor, Request, SamplingParams, Scheduler, SpecDecodeStats,
@@ -38,7 +38,7 @@ fn run(
     config: EngineConfig,
     requests: &[Request],
 ) -> (HashMap<u64, common::Collected>, usize, SpecDecodeStats) {
-    let mut sched = Scheduler::new(config.clone(), Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config.clone()).unwrap();
     let mut exec = FakeExecutor::new(config.block_size, config.num_blocks, VOCAB);
     let mut spec = SpecDecodeStats::default();
     let arrivals = requests.iter().enumerate().map(|(i, r)| (i / 4, r.clone())).collect();
@@ -156,8 +156,7 @@ fn suffix_decoding_proposes_what_earlier_requests_answered() {
             again
         })
         .collect();
-    let mut sched =
-        Scheduler::new(config(400, Some(SpeculativeConfig::suffix(8))), Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config(400, Some(SpeculativeConfig::suffix(8)))).unwrap();
     let mut exec = FakeExecutor::new(4, 400, VOCAB);
     let mut cold = SpecDecodeStats::default();
     let arrivals = first.iter().map(|r| (0, r.clone())).collect();
@@ -178,7 +177,7 @@ fn large_batches_switch_speculation_off() {
         Arc::new(SamplingParams { logit_bias: HashMap::from([(5u32, 100.0f32)]), ..Default::default() });
     let mut spec = ngram(4, 1, 2);
     spec.disable_by_batch_size = 2;
-    let mut sched = Scheduler::new(config(400, Some(spec)), Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config(400, Some(spec))).unwrap();
     let mut exec = FakeExecutor::new(4, 400, VOCAB);
     let mut events = StepEvents::default();
     for id in 0..3 {
@@ -213,7 +212,7 @@ fn a_request_caps_its_own_proposals() {
         Request::new(1, vec![5; 6], Arc::clone(&params)).with_max_tokens(30).with_max_speculative_tokens(0),
         Request::new(2, vec![5; 6], Arc::clone(&params)).with_max_tokens(30).with_max_speculative_tokens(2),
     ];
-    let mut sched = Scheduler::new(config(400, Some(ngram(4, 1, 2))), Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config(400, Some(ngram(4, 1, 2)))).unwrap();
     let mut exec = FakeExecutor::new(4, 400, VOCAB);
     let mut events = StepEvents::default();
     for r in &requests {
@@ -256,7 +255,7 @@ fn each_request_may_choose_its_proposer() {
         num_speculative_tokens: 4,
         disable_by_batch_size: usize::MAX,
     };
-    let mut sched = Scheduler::new(config(400, Some(spec)), Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config(400, Some(spec))).unwrap();
     let mut exec = FakeExecutor::new(4, 400, VOCAB);
     let mut events = StepEvents::default();
     for r in &requests {
@@ -287,6 +286,6 @@ fn each_request_may_choose_its_proposer() {
     }
     assert!(stats.acceptance_rate() > 0.5, "{stats:?}");
     // Asking for a draft the engine does not have is refused when the request is added.
-    let mut sched = Scheduler::new(config(400, Some(ngram(4, 1, 2))), Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config(400, Some(ngram(4, 1, 2)))).unwrap();
     assert!(sched.add_request(request(3).with_speculative_method(ProposerKind::Executor)).is_err());
 }

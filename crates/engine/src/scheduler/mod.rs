@@ -1,7 +1,10 @@
 //! The continuous-batching scheduler: owns every live sequence, the waiting queue, the running
 //! set and the block manager, and turns them into one [`ScheduledBatch`](crate::ScheduledBatch) per step
 //! ([`schedule`](Scheduler::schedule), in `schedule.rs`) and the step's sampled tokens back into
-//! [`TokenEvent`]s ([`update`](Scheduler::update), in `update.rs`). Never touches tensors.
+//! [`TokenEvent`]s ([`update`](Scheduler::update), in `update.rs`). Never touches tensors, and
+//! never text: its events carry token ids, and the output stage (`crate::output`, on the
+//! caller's side of each stream) detokenizes them and finds stop strings, ending a sample
+//! through [`finish_sample`](Scheduler::finish_sample).
 //!
 //! Prefill and decode are one thing: every step a scheduled sequence computes
 //! `token_ids[num_computed..num_computed + q]`. A request with `n > 1` starts as one sequence
@@ -19,8 +22,6 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pagoda_text::TokenDecoder;
-
 use crate::block_manager::BlockManager;
 use crate::config::{ConfigError, EngineConfig};
 use crate::constraint::SeqConstraint;
@@ -32,7 +33,6 @@ use crate::rng::{combine, sample_seed};
 use crate::sampling::SamplingParams;
 use crate::sequence::{SeqStatus, Sequence};
 use crate::speculative::{ProposerKind, Proposers, SpecDecodeStats, MAX_SPECULATIVE_TOKENS};
-use crate::stop::OutputProcessor;
 
 /// Why [`Scheduler::add_request`] refused a request.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -99,7 +99,6 @@ pub(crate) struct RequestShared {
     pub priority: i32,
     /// The admission group (the API call) the request belongs to.
     pub group: u64,
-    pub skip_special_tokens: bool,
     pub seed: u64,
     /// Banned from sampling while `min_tokens` is not reached: eos (unless ignored) and stop ids.
     pub min_tokens_banned: Vec<u32>,
@@ -113,7 +112,6 @@ pub(crate) struct RequestShared {
 pub(crate) struct SeqEntry {
     pub seq: Sequence,
     pub shared: Arc<RequestShared>,
-    pub output: OutputProcessor,
     /// Samples this sequence forks into once all but the last prompt token are computed; 0 once
     /// forked (or for `n == 1`).
     pub fork_into: usize,
@@ -174,7 +172,6 @@ pub(crate) struct Scheduled {
 
 pub struct Scheduler {
     pub(crate) config: EngineConfig,
-    pub(crate) decoder: Arc<dyn TokenDecoder>,
     pub(crate) blocks: BlockManager,
     pub(crate) seqs: IdMap<SeqId, SeqEntry>,
     pub(crate) requests: IdMap<RequestId, RequestState>,
@@ -202,7 +199,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(config: EngineConfig, decoder: Arc<dyn TokenDecoder>) -> Result<Self, ConfigError> {
+    pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let blocks = BlockManager::with_groups(
             config.num_blocks,
@@ -213,7 +210,6 @@ impl Scheduler {
         let proposers = config.speculative.as_ref().map(Proposers::new);
         Ok(Self {
             config,
-            decoder,
             blocks,
             seqs: IdMap::default(),
             requests: IdMap::default(),
@@ -263,7 +259,6 @@ impl Scheduler {
             n: request.n,
             priority: request.priority,
             group: request.group,
-            skip_special_tokens: request.skip_special_tokens,
             seed,
             min_tokens_banned,
             stop,
@@ -275,8 +270,6 @@ impl Scheduler {
         }
         let constraint = request.constraint;
         let seq_id = self.new_seq_id();
-        let output =
-            OutputProcessor::new(&request.prompt_token_ids, shared.skip_special_tokens, &shared.stop);
         let seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
         let fork_into = if shared.n > 1 { shared.n } else { 0 };
         self.seqs.insert(
@@ -284,7 +277,6 @@ impl Scheduler {
             SeqEntry {
                 seq,
                 shared: shared.clone(),
-                output,
                 fork_into,
                 last_scheduled: 0,
                 constraint,
@@ -379,6 +371,41 @@ impl Scheduler {
             }
             out.events.push((id, event));
         }
+        true
+    }
+
+    /// Ends sample `index` of request `id` with `reason` now (the output stage found a stop
+    /// string in its text): frees its blocks and sends its last event, with the request's usage
+    /// when it was the last sample. Returns false when the sample is unknown or already ended.
+    pub fn finish_sample(
+        &mut self,
+        id: RequestId,
+        index: usize,
+        reason: FinishReason,
+        out: &mut StepEvents,
+    ) -> bool {
+        let Some(state) = self.requests.get(&id) else { return false };
+        let seqs = &self.seqs;
+        let found = state
+            .seq_ids
+            .iter()
+            .copied()
+            .find(|s| seqs.get(s).is_some_and(|e| e.seq.sample_index == index && e.fork_into == 0));
+        let Some(seq_id) = found else { return false };
+        let status = self.seqs.get(&seq_id).map(|e| e.seq.status);
+        if status == Some(SeqStatus::Waiting) {
+            // Preempted: it holds no blocks and takes no running slot.
+            self.waiting.retain(|&w| w != seq_id);
+            if let Some(e) = self.seqs.get_mut(&seq_id) {
+                e.seq.status = SeqStatus::Running;
+                self.running_slots += e.slots();
+            }
+        }
+        let mut event = TokenEvent::finish(index, reason.clone());
+        self.finish_seq(seq_id, reason, Instant::now(), &mut event, out);
+        out.events.push((id, event));
+        let seqs = &self.seqs;
+        self.running.retain(|s| seqs.contains_key(s));
         true
     }
 

@@ -12,7 +12,6 @@ use crate::executor::{ExecutorDraft, SampleRequest, ScheduledBatch, ScheduledSeq
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
 use crate::speculative::{ProposerKind, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
-use crate::stop::OutputProcessor;
 
 use super::{ScheduleStats, Scheduled, Scheduler, SeqEntry};
 
@@ -370,14 +369,12 @@ impl Scheduler {
             let id = self.new_seq_id();
             let seq = base.fork(id, index, sample_seed(shared.seed, index));
             self.blocks.share(&seq.block_tables);
-            let output = OutputProcessor::new(&seq.token_ids, shared.skip_special_tokens, &shared.stop);
             let last_scheduled = 0;
             self.seqs.insert(
                 id,
                 SeqEntry {
                     seq,
                     shared: Arc::clone(&shared),
-                    output,
                     fork_into: 0,
                     last_scheduled,
                     constraint: constraint.clone(),

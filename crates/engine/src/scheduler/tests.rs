@@ -14,6 +14,7 @@ struct Harness {
     sched: Scheduler,
     exec: FakeExecutor,
     events: StepEvents,
+    output: crate::output::OutputStage,
     /// Per request: every event received, in order.
     received: HashMap<RequestId, Vec<TokenEvent>>,
     metrics: Vec<RequestMetrics>,
@@ -22,8 +23,16 @@ struct Harness {
 impl Harness {
     fn new(config: EngineConfig) -> Self {
         let exec = FakeExecutor::new(config.block_size, config.num_blocks, VOCAB);
-        let sched = Scheduler::new(config, Arc::new(FakeDecoder)).unwrap();
-        Self { sched, exec, events: StepEvents::default(), received: HashMap::new(), metrics: Vec::new() }
+        let sched = Scheduler::new(config).unwrap();
+        let output = crate::output::OutputStage::new(Arc::new(FakeDecoder));
+        Self {
+            sched,
+            exec,
+            events: StepEvents::default(),
+            output,
+            received: HashMap::new(),
+            metrics: Vec::new(),
+        }
     }
 
     fn small(block_size: usize, num_blocks: usize) -> Self {
@@ -31,6 +40,7 @@ impl Harness {
     }
 
     fn add(&mut self, r: Request) {
+        self.output.add(&r);
         self.sched.add_request(r).unwrap();
     }
 
@@ -47,7 +57,7 @@ impl Harness {
     }
 
     fn drain(&mut self) {
-        for (id, ev) in self.events.events.drain(..) {
+        for (id, ev) in self.output.process(&mut self.sched, &mut self.events) {
             self.received.entry(id).or_default().push(ev);
         }
         self.metrics.append(&mut self.events.finished);

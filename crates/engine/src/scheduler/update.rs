@@ -1,11 +1,11 @@
 //! After a step: advance `num_computed_tokens`, offer newly full blocks to the prefix cache,
 //! fork parents that reached their fork point, append sampled tokens (several when proposals
-//! were accepted), check stop conditions after each, roll back rejected proposals, free finished
-//! sequences and produce the step's [`TokenEvent`]s.
+//! were accepted), check the token-level stop conditions after each (end-of-sequence, stop
+//! token ids, `min_tokens`, length, a complete grammar; stop strings are the output stage's),
+//! roll back rejected proposals, free finished sequences and produce the step's
+//! [`TokenEvent`]s, which carry token ids and no text.
 
 use std::time::Instant;
-
-use pagoda_text::TokenDecoder;
 
 use crate::event::{FinishReason, StopReason, TokenEvent};
 use crate::executor::{SeqId, StepOutput, TopLogprobs};
@@ -46,8 +46,7 @@ impl Scheduler {
             let mut finish = None;
             for &token_id in &token.token_ids {
                 let lp = logprobs.as_mut().and_then(Iterator::next);
-                let (event, reason) =
-                    Self::append_token(e, token_id, lp, &*self.decoder, self.config.max_model_len);
+                let (event, reason) = Self::append_token(e, token_id, lp, self.config.max_model_len);
                 if e.seq.output_len() == 1 {
                     if let Some(state) = self.requests.get_mut(&request_id) {
                         state.timestamps.first_token.get_or_insert(now);
@@ -114,43 +113,47 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Appends one sampled token and runs the stop checks; returns the token's event and the
-    /// finish reason if a stop condition hit.
+    /// Appends one sampled token and runs the token-level stop checks; returns the token's
+    /// event and the finish reason if a stop condition hit.
     fn append_token(
         e: &mut SeqEntry,
         token: u32,
         logprobs: Option<TopLogprobs>,
-        decoder: &dyn TokenDecoder,
         max_model_len: usize,
     ) -> (TokenEvent, Option<FinishReason>) {
         e.seq.token_ids.push(token);
         let output_len = e.seq.output_len();
         let grammar = Self::advance_constraint(e, token);
-        let grammar_done = matches!(grammar, Ok(true));
-        let at_limit = output_len >= e.shared.max_tokens
-            || e.seq.len() >= max_model_len
-            || grammar.is_err()
-            || grammar_done;
-        let mut outcome = e.output.push(decoder, &e.shared.stop, token, output_len, at_limit);
-        match grammar {
+        let stop = &e.shared.stop;
+        // The first `min_tokens` tokens can never stop the sample (eos / stop ids are also
+        // banned from sampling until then, see `SampleRequest::banned_token_ids`).
+        let may_stop = output_len > stop.min_tokens;
+        let finish = match grammar {
             // A token outside the mask cannot be sampled; getting here is a bug, not the client's.
-            Err(message) => outcome.finish = Some(FinishReason::Error(message)),
-            // A complete structure ends the sample even at the length limit.
-            Ok(true) if outcome.finish == Some(FinishReason::Length) => {
-                outcome.finish = Some(FinishReason::Stop(StopReason::GrammarComplete));
+            Err(message) => Some(FinishReason::Error(message)),
+            _ if may_stop && !stop.ignore_eos && stop.eos_token_ids.contains(&token) => {
+                Some(FinishReason::Stop(StopReason::Eos(token)))
             }
-            Ok(_) => {}
-        }
+            _ if may_stop && stop.stop_token_ids.contains(&token) => {
+                Some(FinishReason::Stop(StopReason::StopTokenId(token)))
+            }
+            // A complete structure ends the sample, at the length limit too.
+            Ok(true) => Some(FinishReason::Stop(StopReason::GrammarComplete)),
+            Ok(false) if output_len >= e.shared.max_tokens || e.seq.len() >= max_model_len => {
+                Some(FinishReason::Length)
+            }
+            Ok(false) => None,
+        };
         let event = TokenEvent {
             index: e.seq.sample_index,
             token_ids: vec![token],
-            text: outcome.text,
+            text: String::new(),
             logprobs: logprobs.map(|l| vec![l]),
-            finished: outcome.finish.clone(),
+            finished: finish.clone(),
             usage: None,
             timestamps: None,
         };
-        (event, outcome.finish)
+        (event, finish)
     }
 
     /// Feeds the token to the sequence's grammar, if it has one; `Ok(true)` when the grammar is
@@ -167,7 +170,7 @@ impl Scheduler {
 
     /// Frees a finished sequence; on the request's last sample, completes the event with usage
     /// and timestamps and drops the request. The caller removes it from `running`.
-    fn finish_seq(
+    pub(super) fn finish_seq(
         &mut self,
         id: SeqId,
         reason: FinishReason,

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
+use pagoda_engine::output::OutputStage;
 use pagoda_engine::{
     EngineConfig, FinishReason, KvGroups, ModelExecutor, Request, RequestId, Scheduler, SpecDecodeStats,
     StepEvents, TokenEvent,
@@ -73,10 +74,12 @@ pub fn drive_counting(
     aborts.sort_by_key(|(s, _)| *s);
     let mut out: HashMap<RequestId, Collected> = HashMap::new();
     let mut events = StepEvents::default();
+    let mut output = OutputStage::new(Arc::new(FakeDecoder));
     let (mut ai, mut bi) = (0, 0);
     let mut step = 0;
     while ai < arrivals.len() || sched.has_unfinished() {
         while ai < arrivals.len() && arrivals[ai].0 <= step {
+            output.add(&arrivals[ai].1);
             sched.add_request(arrivals[ai].1.clone()).expect("valid request");
             ai += 1;
         }
@@ -90,7 +93,7 @@ pub fn drive_counting(
             sched.update(output, &mut events).expect("output matches the batch");
             spec.add(sched.last_spec_stats());
         }
-        for (id, ev) in events.events.drain(..) {
+        for (id, ev) in output.process(sched, &mut events) {
             out.entry(id).or_default().push(ev);
         }
         events.finished.clear();
@@ -114,7 +117,7 @@ pub fn reference_with(request: &Request, max_model_len: usize, groups: KvGroups)
     config.max_num_batched_tokens = max_model_len * request.n;
     config.max_num_seqs = request.n;
     config.kv_groups = groups.clone();
-    let mut sched = Scheduler::new(config, Arc::new(FakeDecoder)).unwrap();
+    let mut sched = Scheduler::new(config).unwrap();
     let mut exec = FakeExecutor::with_groups(16, sched.block_manager().num_total_blocks(), VOCAB, groups);
     // Without speculation, where a proposer of its own would be refused.
     let request = Request { speculative_method: None, ..request.clone() };
