@@ -80,7 +80,9 @@ pub struct EngineArgs {
     /// 2048 on CUDA]
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
-    /// Requests allowed to wait for admission; beyond that a request gets 429. [default: 1024]
+    /// Sequences allowed to wait for admission (a request with n = 4 counts 4, a call with
+    /// several prompts counts them all); beyond that a request gets 429, and a call that could
+    /// never fit gets 400. [default: 1024]
     #[arg(long)]
     pub max_waiting_requests: Option<usize>,
     /// Tokens per KV-cache block. [default: 16]

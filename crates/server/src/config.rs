@@ -69,7 +69,8 @@ pub struct ServeArgs {
     /// lower first). [default: fcfs]
     #[arg(long, value_enum)]
     pub scheduling_policy: Option<SchedulingPolicy>,
-    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize and
+    /// /detokenize.
     #[arg(long, env = "PAGODA_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// CORS origins allowed to call the API; `*` for any. [default: *]
@@ -88,7 +89,8 @@ pub struct ServeArgs {
     /// Largest request body accepted; larger ones get 413. [default: 8MiB]
     #[arg(long, value_name = "BYTES")]
     pub max_request_body_bytes: Option<ByteSize>,
-    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT. [default: 30]
+    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT; a second signal aborts
+    /// them at once (streams end with `finish_reason: "abort"`) and exits. [default: 30]
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_timeout: Option<f64>,
     /// Seconds a client has to send a request's head, from connecting or from the first byte

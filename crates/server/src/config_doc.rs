@@ -21,8 +21,10 @@ pub fn configuration_doc() -> String {
         "# Configuration\n\n\
          Every flag of `pagoda serve`, as `pagoda serve --help` prints it. A TOML file given with \
          `--config` takes the same names in kebab-case (see `configs/serve-cpu.toml`); flags and \
-         environment variables override it. [configuration-notes.md](configuration-notes.md) \
-         explains the flags that need more than a line.\n\n\
+         environment variables override it. The topics behind the flags: kernels, dtypes and \
+         `--batch-invariant` in [numerics.md](numerics.md), `--speculative-config` in \
+         [speculative.md](speculative.md), tool and reasoning parsers in [tools.md](tools.md), \
+         images, replicas behind a proxy and CUDA builds in [deployment.md](deployment.md).\n\n\
          This file is generated: `PAGODA_BLESS_DOCS=1 cargo test -p pagoda-server --lib config_doc` \
          rewrites it, and `make test` fails when it is out of date.\n\n```text\n{}\n```\n",
         help.join("\n").trim_end()
