@@ -104,16 +104,14 @@ impl Scheduler {
                 drafts.truncate(fits - 1);
                 let q = 1 + drafts.len();
                 let by_executor = executor_drafts && !drafts.is_empty();
-                Self::push_entry(
-                    e,
-                    q,
-                    Drafts { tokens: drafts, by_executor },
-                    self.step,
-                    &mut self.blocks,
+                let mut step = StepBuilder {
+                    step: self.step,
+                    blocks: &mut self.blocks,
                     batch,
-                    &mut self.scheduled,
-                    &mut self.last_stats,
-                );
+                    scheduled: &mut self.scheduled,
+                    stats: &mut self.last_stats,
+                };
+                step.push(e, q, Drafts { tokens: drafts, by_executor });
                 *budget -= q;
                 i += 1;
                 continue;
@@ -272,54 +270,14 @@ impl Scheduler {
     /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch.
     fn push_scheduled(&mut self, id: SeqId, q: usize, batch: &mut ScheduledBatch) -> bool {
         let Some(e) = self.seqs.get_mut(&id) else { return false };
-        let (step, blocks, scheduled, stats) =
-            (self.step, &mut self.blocks, &mut self.scheduled, &mut self.last_stats);
-        Self::push_entry(e, q, Drafts::default(), step, blocks, batch, scheduled, stats)
-    }
-
-    /// [`push_scheduled`](Self::push_scheduled) for an entry already looked up; the last
-    /// `drafts.tokens.len()` of the `q` tokens are `drafts`, proposed after the sequence's own
-    /// tokens.
-    #[allow(clippy::too_many_arguments)]
-    fn push_entry(
-        e: &mut SeqEntry,
-        q: usize,
-        Drafts { tokens: drafts, by_executor }: Drafts,
-        step: u64,
-        blocks: &mut BlockManager,
-        batch: &mut ScheduledBatch,
-        scheduled: &mut Vec<Scheduled>,
-        stats: &mut ScheduleStats,
-    ) -> bool {
-        if blocks.allocate(&mut e.seq, q, &mut batch.block_copies).is_err() {
-            debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
-            return false;
-        }
-        let start = e.seq.num_computed_tokens;
-        let own = q - drafts.len();
-        let sample = start + own == e.target() && e.fork_into <= 1;
-        debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
-        let sample_request = sample.then(|| sample_request(e));
-        let mut token_ids = Vec::with_capacity(q);
-        token_ids.extend_from_slice(&e.seq.token_ids[start..start + own]);
-        token_ids.extend_from_slice(&drafts);
-        batch.seqs.push(ScheduledSeq {
-            seq_id: e.seq.id,
-            token_ids,
-            start_pos: start,
-            block_tables: e.seq.block_tables.clone(),
-            sample: sample_request,
-            num_draft_tokens: drafts.len(),
-            executor_drafts: by_executor,
-        });
-        e.last_scheduled = step;
-        if own == 1 && sample && e.seq.output_len() > 0 {
-            stats.num_decode_tokens += q;
-        } else {
-            stats.num_prefill_tokens += q;
-        }
-        scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, executor_drafts: by_executor });
-        true
+        let mut step = StepBuilder {
+            step: self.step,
+            blocks: &mut self.blocks,
+            batch,
+            scheduled: &mut self.scheduled,
+            stats: &mut self.last_stats,
+        };
+        step.push(e, q, Drafts::default())
     }
 
     /// The least urgent (highest priority value), most recently admitted running sequence other
@@ -476,5 +434,52 @@ fn sample_request(e: &SeqEntry) -> SampleRequest {
         allowed: None,
         draft_masks: Vec::new(),
         draft_grammar: None,
+    }
+}
+
+/// What appending one sequence to the step's batch changes besides the sequence itself: the
+/// scheduler's parts borrowed apart from its map of sequences, which holds the entry.
+struct StepBuilder<'a> {
+    step: u64,
+    blocks: &'a mut BlockManager,
+    batch: &'a mut ScheduledBatch,
+    scheduled: &'a mut Vec<Scheduled>,
+    stats: &'a mut ScheduleStats,
+}
+
+impl StepBuilder<'_> {
+    /// Allocates blocks for `q` tokens of `e` and appends it to the batch; the last
+    /// `drafts.tokens.len()` of the `q` tokens are `drafts`, proposed after the sequence's own
+    /// tokens.
+    fn push(&mut self, e: &mut SeqEntry, q: usize, Drafts { tokens: drafts, by_executor }: Drafts) -> bool {
+        if self.blocks.allocate(&mut e.seq, q, &mut self.batch.block_copies).is_err() {
+            debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
+            return false;
+        }
+        let start = e.seq.num_computed_tokens;
+        let own = q - drafts.len();
+        let sample = start + own == e.target() && e.fork_into <= 1;
+        debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
+        let sample_request = sample.then(|| sample_request(e));
+        let mut token_ids = Vec::with_capacity(q);
+        token_ids.extend_from_slice(&e.seq.token_ids[start..start + own]);
+        token_ids.extend_from_slice(&drafts);
+        self.batch.seqs.push(ScheduledSeq {
+            seq_id: e.seq.id,
+            token_ids,
+            start_pos: start,
+            block_tables: e.seq.block_tables.clone(),
+            sample: sample_request,
+            num_draft_tokens: drafts.len(),
+            executor_drafts: by_executor,
+        });
+        e.last_scheduled = self.step;
+        if own == 1 && sample && e.seq.output_len() > 0 {
+            self.stats.num_decode_tokens += q;
+        } else {
+            self.stats.num_prefill_tokens += q;
+        }
+        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, executor_drafts: by_executor });
+        true
     }
 }
