@@ -10,12 +10,13 @@
 //! held event when the engine's own end of the sample arrives, with the usage counting only the
 //! tokens delivered.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use pagoda_text::{IncrementalDetokenizer, StopMatcher, TokenDecoder};
 
 use crate::event::{FinishReason, StopReason, TokenEvent};
+use crate::id_map::IdMap;
 use crate::request::{Request, RequestId, StopConditions};
 use crate::scheduler::{Scheduler, StepEvents};
 
@@ -150,14 +151,14 @@ impl RequestOutput {
             if !stop_id {
                 // A stop token's own text is not part of the output.
                 let delta = sample.detok.push(&*self.decoder, token);
-                if let Some(which) = stop_text(sample, &self.stop, &delta, true, &mut text) {
+                if let Some(which) = stop_text(sample, &self.stop, delta, true, &mut text) {
                     cut = Some((k, which));
                     break;
                 }
             }
             if finish.is_some() {
                 let tail = sample.detok.flush(&*self.decoder);
-                if let Some(which) = stop_text(sample, &self.stop, &tail, false, &mut text) {
+                if let Some(which) = stop_text(sample, &self.stop, tail, false, &mut text) {
                     cut = Some((k, which));
                     break;
                 }
@@ -211,12 +212,12 @@ impl RequestOutput {
 /// ended in the scheduler at once (where a [`crate::RequestStream`] asks the engine thread).
 pub struct OutputStage {
     decoder: Arc<dyn TokenDecoder>,
-    requests: HashMap<RequestId, RequestOutput>,
+    requests: IdMap<RequestId, RequestOutput>,
 }
 
 impl OutputStage {
     pub fn new(decoder: Arc<dyn TokenDecoder>) -> Self {
-        Self { decoder, requests: HashMap::new() }
+        Self { decoder, requests: IdMap::default() }
     }
 
     /// Prepares the output of `request` (before it is added to the scheduler).
@@ -261,15 +262,20 @@ impl OutputStage {
 fn stop_text(
     sample: &mut SampleText,
     stop: &StopConditions,
-    delta: &str,
+    delta: String,
     gated: bool,
     text: &mut String,
 ) -> Option<String> {
     if sample.matcher.is_empty() || (gated && sample.output_len <= stop.min_tokens) {
-        text.push_str(delta);
+        // Most events hold one token: its text becomes the event's without a copy.
+        if text.is_empty() {
+            *text = delta;
+        } else {
+            text.push_str(&delta);
+        }
         return None;
     }
-    let outcome = sample.matcher.push(delta);
+    let outcome = sample.matcher.push(&delta);
     text.push_str(&outcome.emit);
     outcome.stopped.map(|i| stop.stop_strings.get(i).unwrap_or_default().to_owned())
 }
