@@ -127,12 +127,9 @@ impl RequestOutput {
                 return None;
             }
             sample.done = true;
-            held.usage = event.usage.map(|mut u| {
-                u.completion_tokens = u.completion_tokens.saturating_sub(self.dropped_tokens);
-                u
-            });
+            held.usage = event.usage;
             held.timestamps = event.timestamps;
-            self.ready.push_back(held);
+            self.release(held);
             return None;
         }
         if sample.done {
@@ -170,40 +167,35 @@ impl RequestOutput {
         let Some((k, which)) = cut else {
             sample.done = engine_finish.is_some();
             event.finished = engine_finish;
-            if let Some(usage) = &mut event.usage {
-                usage.completion_tokens = usage.completion_tokens.saturating_sub(self.dropped_tokens);
-            }
-            self.ready.push_back(event);
+            self.release(event);
             return None;
         };
         let reason = FinishReason::Stop(StopReason::StopString(which));
-        let dropped = event.token_ids.len() - (k + 1);
+        self.dropped_tokens += event.token_ids.len() - (k + 1);
         event.token_ids.truncate(k + 1);
         if let Some(logprobs) = &mut event.logprobs {
             logprobs.truncate(k + 1);
         }
         event.finished = Some(reason.clone());
-        if engine_finish.is_some() && dropped == 0 {
-            // The engine ended the sample at this very token.
-            sample.done = true;
-            self.ready.push_back(event);
-            return None;
-        }
-        self.dropped_tokens += dropped;
         if engine_finish.is_some() {
-            // The engine already ended the sample a few tokens later: its end came with this
-            // event, usage included.
+            // The engine ended the sample at this token or a few later: its end came with
+            // this event, usage included.
             sample.done = true;
-            if let Some(usage) = &mut event.usage {
-                usage.completion_tokens = usage.completion_tokens.saturating_sub(self.dropped_tokens);
-            }
-            self.ready.push_back(event);
+            self.release(event);
             return None;
         }
         event.usage = None;
         event.timestamps = None;
         sample.held = Some(event);
         Some(SampleStop { index, reason })
+    }
+
+    /// Hands `event` to the caller, its usage (if any) less the tokens dropped so far.
+    fn release(&mut self, mut event: TokenEvent) {
+        if let Some(usage) = &mut event.usage {
+            usage.completion_tokens = usage.completion_tokens.saturating_sub(self.dropped_tokens);
+        }
+        self.ready.push_back(event);
     }
 }
 

@@ -191,3 +191,23 @@ fn held_events_go_out_when_the_engine_is_gone() {
     assert_eq!((held.text.as_str(), held.token_ids.as_slice()), ("a", &[0, 1][..]));
     assert_eq!(held.finished, Some(FinishReason::Stop(StopReason::StopString("b".into()))));
 }
+
+#[test]
+fn usage_is_corrected_whichever_event_carries_it() {
+    let stop = StopConditions { stop_strings: stop_strings(&["b"]), ..Default::default() };
+    let mut out = output(&stop);
+    // Sample 0 is cut; the engine makes two more of its tokens before ending it.
+    let asked = out.push(raw(0, &[1], None)).expect("sample 0 is cut");
+    assert_eq!(out.push(raw(0, &[0, 0], None)), None);
+    assert_eq!(out.push(raw(0, &[], Some(asked.reason))), None);
+    // Sample 1's last event is the request's: the engine ended it by length at a token that
+    // also completes the stop string, and its usage counts sample 0's two dropped tokens.
+    let mut last = raw(1, &[0, 1], Some(FinishReason::Length));
+    last.usage = usage(7);
+    assert_eq!(out.push(last), None);
+    let events: Vec<TokenEvent> = std::iter::from_fn(|| out.pop()).collect();
+    let end = events.last().unwrap();
+    assert_eq!((end.index, end.text.as_str()), (1, "a"));
+    assert_eq!(end.finished, Some(FinishReason::Stop(StopReason::StopString("b".into()))));
+    assert_eq!(end.usage.unwrap().completion_tokens, 5);
+}
