@@ -469,3 +469,40 @@ fn the_draft_budget_follows_what_verification_accepted() {
     assert_eq!(next_draft_budget(8, 0), 1, "a miss at the first position probes with one");
     assert_eq!(next_draft_budget(8, 3), 4, "one past the accepted prefix");
 }
+
+/// The output stage ends a sample by its stop string whether the sequence is running or was
+/// preempted and waits: its blocks and slots come back, and its request ends with that reason.
+#[test]
+fn finish_sample_ends_a_running_or_a_preempted_sequence() {
+    let mut h = Harness::small(4, 12);
+    let reqs: Vec<_> = (0..3).map(|i| req(i, prompt(8, i as u32), 32)).collect();
+    for r in &reqs {
+        h.add(r.clone());
+    }
+    // Step until a sequence with output waits after a preemption.
+    let waiting_with_output = |h: &Harness| {
+        h.sched.waiting.iter().find_map(|id| {
+            let e = h.sched.seqs.get(id)?;
+            (e.seq.output_len() > 0).then_some(e.seq.request_id)
+        })
+    };
+    let mut steps = 0;
+    while waiting_with_output(&h).is_none() {
+        h.step();
+        steps += 1;
+        assert!(steps < 200 && h.sched.has_unfinished(), "no preemption");
+    }
+    let preempted = waiting_with_output(&h).unwrap();
+    let running = h.sched.request_ids().find(|&id| id != preempted);
+    let reason = FinishReason::Stop(StopReason::StopString("x".into()));
+    for id in std::iter::once(preempted).chain(running) {
+        assert!(h.sched.finish_sample(id, 0, reason.clone(), &mut h.events), "request {id}");
+        assert!(!h.sched.finish_sample(id, 0, reason.clone(), &mut h.events), "ended twice");
+        h.drain();
+        h.sched.audit().unwrap();
+        assert_eq!(h.finish(id, 0), reason);
+        assert!(h.usage(id).completion_tokens > 0);
+    }
+    h.run();
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 12);
+}
