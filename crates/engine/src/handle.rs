@@ -251,14 +251,21 @@ impl RequestStream {
         }
     }
 
+    /// An event ready for the caller (`Some(Some(_))`), the stream's end (`Some(None)`), or
+    /// nothing until the engine sends more (`None`).
+    fn ready(&mut self) -> Option<Option<TokenEvent>> {
+        match self.output.pop() {
+            Some(event) => Some(Some(event)),
+            None if self.ended => Some(None),
+            None => None,
+        }
+    }
+
     /// Next event, from async code.
     pub async fn recv(&mut self) -> Option<TokenEvent> {
         loop {
-            if let Some(event) = self.output.pop() {
-                return Some(event);
-            }
-            if self.ended {
-                return None;
+            if let Some(next) = self.ready() {
+                return next;
             }
             let raw = self.rx.recv().await;
             self.take(raw);
@@ -268,11 +275,8 @@ impl RequestStream {
     /// Next event, from blocking code (not from inside an async runtime).
     pub fn blocking_recv(&mut self) -> Option<TokenEvent> {
         loop {
-            if let Some(event) = self.output.pop() {
-                return Some(event);
-            }
-            if self.ended {
-                return None;
+            if let Some(next) = self.ready() {
+                return next;
             }
             let raw = self.rx.blocking_recv();
             self.take(raw);
@@ -281,11 +285,8 @@ impl RequestStream {
 
     pub fn try_recv(&mut self) -> Result<TokenEvent, TryRecvError> {
         loop {
-            if let Some(event) = self.output.pop() {
-                return Ok(event);
-            }
-            if self.ended {
-                return Err(TryRecvError::Disconnected);
+            if let Some(next) = self.ready() {
+                return next.ok_or(TryRecvError::Disconnected);
             }
             match self.rx.try_recv() {
                 Ok(event) => self.take(Some(event)),

@@ -392,14 +392,9 @@ impl Scheduler {
             .copied()
             .find(|s| seqs.get(s).is_some_and(|e| e.seq.sample_index == index && e.fork_into == 0));
         let Some(seq_id) = found else { return false };
-        let status = self.seqs.get(&seq_id).map(|e| e.seq.status);
-        if status == Some(SeqStatus::Waiting) {
-            // Preempted: it holds no blocks and takes no running slot.
+        if self.seqs.get(&seq_id).is_some_and(|e| e.seq.status == SeqStatus::Waiting) {
+            // Preempted: it holds no blocks and waits in the queue.
             self.waiting.retain(|&w| w != seq_id);
-            if let Some(e) = self.seqs.get_mut(&seq_id) {
-                e.seq.status = SeqStatus::Running;
-                self.running_slots += e.slots();
-            }
         }
         let mut event = TokenEvent::finish(index, reason.clone());
         self.finish_seq(seq_id, reason, Instant::now(), &mut event, out);

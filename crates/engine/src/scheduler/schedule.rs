@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::block_manager::BlockManager;
 use crate::constraint::{SeqConstraint, TokenConstraint};
 use crate::executor::{ExecutorDraft, SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
 use crate::rng::sample_seed;
@@ -104,19 +103,13 @@ impl Scheduler {
                 drafts.truncate(fits - 1);
                 let q = 1 + drafts.len();
                 let by_executor = executor_drafts && !drafts.is_empty();
-                let mut step = StepBuilder {
-                    step: self.step,
-                    blocks: &mut self.blocks,
-                    batch,
-                    scheduled: &mut self.scheduled,
-                    stats: &mut self.last_stats,
-                };
-                step.push(e, q, Drafts { tokens: drafts, by_executor });
+                self.push_scheduled(id, q, Drafts { tokens: drafts, by_executor }, batch);
                 *budget -= q;
                 i += 1;
                 continue;
             }
-            if self.make_room(id, 1, &mut i).is_some() && self.push_scheduled(id, 1, batch) {
+            if self.make_room(id, 1, &mut i).is_some() && self.push_scheduled(id, 1, Drafts::default(), batch)
+            {
                 *budget -= 1;
                 i += 1;
             }
@@ -135,7 +128,7 @@ impl Scheduler {
             let fits = self.blocks.max_tokens_fitting(&e.seq, want);
             let q = if fits > 0 { Some(fits) } else { self.make_room(id, want, &mut 0) };
             if let Some(q) = q {
-                if self.push_scheduled(id, q, batch) {
+                if self.push_scheduled(id, q, Drafts::default(), batch) {
                     *budget -= q;
                 }
             }
@@ -247,7 +240,7 @@ impl Scheduler {
                     self.num_unstarted -= state.shared.n;
                 }
             }
-            if q > 0 && self.push_scheduled(id, q, batch) {
+            if q > 0 && self.push_scheduled(id, q, Drafts::default(), batch) {
                 *budget -= q;
             }
             if forks_now {
@@ -259,7 +252,7 @@ impl Scheduler {
                     }
                     let fits =
                         self.seqs.get(&sid).is_some_and(|e| self.blocks.max_tokens_fitting(&e.seq, 1) == 1);
-                    if fits && self.push_scheduled(sid, 1, batch) {
+                    if fits && self.push_scheduled(sid, 1, Drafts::default(), batch) {
                         *budget -= 1;
                     }
                 }
@@ -267,17 +260,46 @@ impl Scheduler {
         }
     }
 
-    /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch.
-    fn push_scheduled(&mut self, id: SeqId, q: usize, batch: &mut ScheduledBatch) -> bool {
+    /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch; the last
+    /// `drafts.tokens.len()` of the `q` tokens are `drafts`, proposed after the sequence's own
+    /// tokens.
+    fn push_scheduled(
+        &mut self,
+        id: SeqId,
+        q: usize,
+        Drafts { tokens: drafts, by_executor }: Drafts,
+        batch: &mut ScheduledBatch,
+    ) -> bool {
         let Some(e) = self.seqs.get_mut(&id) else { return false };
-        let mut step = StepBuilder {
-            step: self.step,
-            blocks: &mut self.blocks,
-            batch,
-            scheduled: &mut self.scheduled,
-            stats: &mut self.last_stats,
-        };
-        step.push(e, q, Drafts::default())
+        if self.blocks.allocate(&mut e.seq, q, &mut batch.block_copies).is_err() {
+            debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
+            return false;
+        }
+        let start = e.seq.num_computed_tokens;
+        let own = q - drafts.len();
+        let sample = start + own == e.target() && e.fork_into <= 1;
+        debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
+        let sample_request = sample.then(|| sample_request(e));
+        let mut token_ids = Vec::with_capacity(q);
+        token_ids.extend_from_slice(&e.seq.token_ids[start..start + own]);
+        token_ids.extend_from_slice(&drafts);
+        batch.seqs.push(ScheduledSeq {
+            seq_id: e.seq.id,
+            token_ids,
+            start_pos: start,
+            block_tables: e.seq.block_tables.clone(),
+            sample: sample_request,
+            num_draft_tokens: drafts.len(),
+            executor_drafts: by_executor,
+        });
+        e.last_scheduled = self.step;
+        if own == 1 && sample && e.seq.output_len() > 0 {
+            self.last_stats.num_decode_tokens += q;
+        } else {
+            self.last_stats.num_prefill_tokens += q;
+        }
+        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, executor_drafts: by_executor });
+        true
     }
 
     /// The least urgent (highest priority value), most recently admitted running sequence other
@@ -434,52 +456,5 @@ fn sample_request(e: &SeqEntry) -> SampleRequest {
         allowed: None,
         draft_masks: Vec::new(),
         draft_grammar: None,
-    }
-}
-
-/// What appending one sequence to the step's batch changes besides the sequence itself: the
-/// scheduler's parts borrowed apart from its map of sequences, which holds the entry.
-struct StepBuilder<'a> {
-    step: u64,
-    blocks: &'a mut BlockManager,
-    batch: &'a mut ScheduledBatch,
-    scheduled: &'a mut Vec<Scheduled>,
-    stats: &'a mut ScheduleStats,
-}
-
-impl StepBuilder<'_> {
-    /// Allocates blocks for `q` tokens of `e` and appends it to the batch; the last
-    /// `drafts.tokens.len()` of the `q` tokens are `drafts`, proposed after the sequence's own
-    /// tokens.
-    fn push(&mut self, e: &mut SeqEntry, q: usize, Drafts { tokens: drafts, by_executor }: Drafts) -> bool {
-        if self.blocks.allocate(&mut e.seq, q, &mut self.batch.block_copies).is_err() {
-            debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
-            return false;
-        }
-        let start = e.seq.num_computed_tokens;
-        let own = q - drafts.len();
-        let sample = start + own == e.target() && e.fork_into <= 1;
-        debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
-        let sample_request = sample.then(|| sample_request(e));
-        let mut token_ids = Vec::with_capacity(q);
-        token_ids.extend_from_slice(&e.seq.token_ids[start..start + own]);
-        token_ids.extend_from_slice(&drafts);
-        self.batch.seqs.push(ScheduledSeq {
-            seq_id: e.seq.id,
-            token_ids,
-            start_pos: start,
-            block_tables: e.seq.block_tables.clone(),
-            sample: sample_request,
-            num_draft_tokens: drafts.len(),
-            executor_drafts: by_executor,
-        });
-        e.last_scheduled = self.step;
-        if own == 1 && sample && e.seq.output_len() > 0 {
-            self.stats.num_decode_tokens += q;
-        } else {
-            self.stats.num_prefill_tokens += q;
-        }
-        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, executor_drafts: by_executor });
-        true
     }
 }

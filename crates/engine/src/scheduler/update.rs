@@ -169,7 +169,7 @@ impl Scheduler {
     }
 
     /// Frees a finished sequence; on the request's last sample, completes the event with usage
-    /// and timestamps and drops the request. The caller removes it from `running`.
+    /// and timestamps and drops the request. The caller removes it from `running` (or `waiting`).
     pub(super) fn finish_seq(
         &mut self,
         id: SeqId,
@@ -183,8 +183,11 @@ impl Scheduler {
             proposers.record_output(e.seq.output_token_ids());
         }
         self.blocks.free(&mut e.seq);
+        // A preempted sequence waits without a running slot.
+        if e.seq.status == crate::sequence::SeqStatus::Running {
+            self.running_slots -= e.slots();
+        }
         e.seq.status = crate::sequence::SeqStatus::Finished;
-        self.running_slots -= e.slots();
         let request_id = e.seq.request_id;
         let Some(state) = self.requests.get_mut(&request_id) else { return };
         state.completion_tokens += e.seq.output_len();
