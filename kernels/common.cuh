@@ -70,6 +70,58 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
     return Float<T>::f32_to_bits(lo) | (Float<T>::f32_to_bits(hi) << 16);
 }
 
+// As pack2, in one conversion instruction for both halves on the device (cvt.rn.*x2.f32).
+template <typename T> __device__ __forceinline__ uint32_t pack2_rn(float lo, float hi);
+
+template <> __device__ __forceinline__ uint32_t pack2_rn<bf16>(float lo, float hi) {
+#ifdef PAGODA_SIM
+    return pack2<bf16>(lo, hi);
+#else
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+#endif
+}
+
+template <> __device__ __forceinline__ uint32_t pack2_rn<f16>(float lo, float hi) {
+#ifdef PAGODA_SIM
+    return pack2<f16>(lo, hi);
+#else
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+#endif
+}
+
+// Rounded products and sums that the compiler may not fuse into a multiply-add (the CPU
+// reference rounds each).
+__device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef PAGODA_SIM
+    return a * b;
+#else
+    return __fmul_rn(a, b);
+#endif
+}
+
+__device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef PAGODA_SIM
+    return a + b;
+#else
+    return __fadd_rn(a, b);
+#endif
+}
+
+// 16 bytes of data read once (a weight streamed by a matmul): not kept in L1 on the device.
+__device__ __forceinline__ uint4 load_stream_16(const uint32_t *p) {
+#ifdef PAGODA_SIM
+    return *reinterpret_cast<const uint4 *>(p);
+#else
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#endif
+}
+
 // 16 bytes of storage elements (what one cp.async / vector load moves), widened to f32.
 template <typename T> struct Vec16;
 

@@ -10,6 +10,7 @@
 #include "../paged_attention_combine.cu"
 #include "../paged_attention_mma.cu"
 #include "../paged_attention_simt.cu"
+#include "../quant_matmul.cu"
 #include "../reshape_and_cache.cu"
 #include "../rms_norm.cu"
 #include "../rotary.cu"

@@ -14,6 +14,7 @@ mod bench;
 mod invariance_check;
 mod model_check;
 mod ops_check;
+mod quant_check;
 mod sampler_check;
 mod step_profile;
 
@@ -41,11 +42,11 @@ struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
-    /// Model shape for the `steps` section (random weights).
+    /// Model shape for the `steps` and `quant` sections (random weights).
     #[arg(long, default_value = "configs/models/llama-3.1-8b.json")]
     dummy_config: PathBuf,
-    /// Sections to run (comma-separated): ops, model, invariance, server, timings, steps (not
-    /// in the default set: it loads 16 GB of random weights).
+    /// Sections to run (comma-separated): ops, model, invariance, server, timings, steps and
+    /// quant (the last two not in the default set: they load 8B models of random weights).
     #[arg(long, value_delimiter = ',', default_value = "ops,model,invariance,server,timings")]
     sections: Vec<String>,
 }
@@ -135,6 +136,7 @@ fn main() -> Result<()> {
             "server" => server_section(&args, &mut report),
             "timings" => bench::run(&device, &mut report),
             "steps" => step_profile::run(&args.dummy_config, &device, &mut report),
+            "quant" => quant_check::run(&args.dummy_config, &device, &mut report),
             other => Err(anyhow::anyhow!("unknown section {other:?}")),
         };
         if let Err(e) = result {

@@ -3,7 +3,8 @@
 //! generates 64 greedy tokens each. CUDA then runs the same batches fed the CPU's tokens
 //! (teacher forcing), and at every step its greedy choice is compared with the CPU's, so one
 //! early near-tie does not count as 63 disagreements. Checked in f32 and in bf16 (the
-//! server's default on CUDA).
+//! server's default on CUDA) on dequantized weights, and in bf16 with the GGUF's blocks kept on
+//! the device (`--dequantize false`: our quantized matmul).
 
 use std::path::Path;
 
@@ -26,9 +27,15 @@ const PROMPTS: [&str; 3] = [
     "def fibonacci(n):",
 ];
 
-fn runner(model: &Path, device: &Device, dtype: DType, max_tokens: usize) -> Result<ModelRunner> {
+fn runner(
+    model: &Path,
+    device: &Device,
+    dtype: DType,
+    dequantize: bool,
+    max_tokens: usize,
+) -> Result<ModelRunner> {
     let options =
-        LoadOptions { device: device.clone(), dtype, dequantize: Some(true), ..LoadOptions::default() };
+        LoadOptions { device: device.clone(), dtype, dequantize: Some(dequantize), ..LoadOptions::default() };
     let loaded = load_model(model, &options).with_context(|| format!("loading {}", model.display()))?;
     let blocks = PROMPTS.len() * max_tokens.div_ceil(BLOCK_SIZE);
     let cache = KvCache::new(loaded.model.config(), blocks, BLOCK_SIZE, dtype, device)?;
@@ -99,7 +106,7 @@ pub fn run(model: &Path, gpu: &Device, report: &mut Report) -> Result<()> {
         PROMPTS.iter().map(|p| tokenizer.encode(p, true)).collect::<Result<_, _>>()?;
     let max_tokens = prompts.iter().map(Vec::len).max().unwrap_or(0) + STEPS + 1;
 
-    let mut cpu = runner(model, &Device::Cpu, DType::F32, max_tokens)?;
+    let mut cpu = runner(model, &Device::Cpu, DType::F32, true, max_tokens)?;
     let reference = run_schedule(&mut cpu, &prompts, None, max_tokens)?;
     drop(cpu);
     for (i, toks) in reference.iter().enumerate() {
@@ -108,10 +115,13 @@ pub fn run(model: &Path, gpu: &Device, report: &mut Report) -> Result<()> {
         report.info(SECTION, &format!("CPU f32 continuation {i}"), format!("{shown:?}"));
     }
 
-    for dtype in [DType::F32, DType::BF16] {
-        let check =
-            format!("greedy agreement with the CPU, CUDA {dtype:?}, {} x {STEPS} steps", PROMPTS.len());
-        let result = runner(model, gpu, dtype, max_tokens)
+    for (dtype, dequantize) in [(DType::F32, true), (DType::BF16, true), (DType::BF16, false)] {
+        let weights = if dequantize { "" } else { ", GGUF blocks on the device" };
+        let check = format!(
+            "greedy agreement with the CPU, CUDA {dtype:?}{weights}, {} x {STEPS} steps",
+            PROMPTS.len()
+        );
+        let result = runner(model, gpu, dtype, dequantize, max_tokens)
             .and_then(|mut r| run_schedule(&mut r, &prompts, Some(&reference), max_tokens));
         match result {
             Ok(chosen) => {
@@ -125,7 +135,7 @@ pub fn run(model: &Path, gpu: &Device, report: &mut Report) -> Result<()> {
                     .collect();
                 report.info(
                     SECTION,
-                    &format!("steps before the first disagreement, CUDA {dtype:?}"),
+                    &format!("steps before the first disagreement, CUDA {dtype:?}{weights}"),
                     format!("{prefix:?}"),
                 );
             }

@@ -36,13 +36,13 @@ use pagoda_ops::SkinnyLaunch;
 use crate::bench::{copy_bandwidth, time_calls};
 
 const SECTION: &str = "steps";
-const BLOCK_SIZE: usize = 16;
-const CONTEXT: usize = 128;
+pub(crate) const BLOCK_SIZE: usize = 16;
+pub(crate) const CONTEXT: usize = 128;
 const BATCHES: [usize; 4] = [1, 8, 32, 128];
 const TIMED_STEPS: usize = 20;
 
 /// B sequences, each decoding the token after a `CONTEXT`-token context, on blocks of its own.
-fn decode_batch(batch: usize) -> ScheduledBatch {
+pub(crate) fn decode_batch(batch: usize) -> ScheduledBatch {
     let per_seq = (CONTEXT + 1).div_ceil(BLOCK_SIZE) as u32;
     let seqs = (0..batch as u32)
         .map(|i| ScheduledSeq {

@@ -28,7 +28,11 @@ pub(crate) fn load_embedding_and_head(
     // steps, panels for large ones) and as embedding (rows dequantized from the blocks).
     let tied_head = if tied && !source.keeps_quantized("token_embd.weight") {
         let plan = source.kernel_plan();
-        source.blocks("token_embd.weight", c.vocab_size, h)?.map(|b| Linear::packed(b, plan))
+        let device = source.device().clone();
+        source
+            .blocks("token_embd.weight", c.vocab_size, h)?
+            .map(|b| Linear::blocks_on(b, plan, &device))
+            .transpose()?
     } else {
         None
     };

@@ -6,13 +6,15 @@
 //!
 //! On CUDA a dense weight multiplies steps of up to 8 rows on our skinny kernel and larger ones
 //! on cuBLAS; a batch-invariant model takes the skinny kernel at every step
-//! ([`LinearWeight::RowInvariant`]).
+//! ([`LinearWeight::RowInvariant`]). GGUF blocks stay quantized on the device
+//! ([`LinearWeight::DeviceBlocks`]): decode steps multiply them directly, larger steps a copy
+//! dequantized for the call.
 
 use std::sync::Arc;
 
 use candle_core::quantized::QMatMul;
-use candle_core::{DType, Module, Tensor};
-use pagoda_ops::{PanelPrecision, PanelWeight, QuantizedWeight};
+use candle_core::{DType, Device, Module, Tensor};
+use pagoda_ops::{DeviceQuantWeight, PanelPrecision, PanelWeight, QuantizedWeight};
 
 use crate::error::Result;
 use crate::kernel_plan::{CpuKernel, KernelPlan};
@@ -28,6 +30,9 @@ pub enum LinearWeight {
     /// A dense weight packed in panels: what a batch-invariant CPU model multiplies dense
     /// weights with.
     Panels(Arc<PanelWeight>),
+    /// GGUF blocks on a CUDA device, multiplied by our quantized kernel at decode-sized steps
+    /// and dequantized per call for larger ones.
+    DeviceBlocks(Arc<DeviceQuantWeight>),
     /// A dense `[out, in]` matrix of a batch-invariant CUDA model, multiplied by
     /// [`pagoda_ops::row_invariant_matmul`] at every step (the skinny kernel, a grid row per 16
     /// rows), so a row's output does not depend on the rows beside it.
@@ -55,6 +60,7 @@ impl Linear {
             }
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::RowInvariant(w) => pagoda_ops::row_invariant_matmul(x, w)?,
+            LinearWeight::DeviceBlocks(w) => w.forward(x)?,
             LinearWeight::Packed { blocks, panels, plan } => {
                 let x = &x.to_dtype(DType::F32)?;
                 match plan.kernel_for(x.dim(0)?) {
@@ -77,6 +83,21 @@ impl Linear {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
+    }
+
+    /// The same weight with `bias` added after the matmul.
+    pub fn with_bias(self, bias: Option<Tensor>) -> Self {
+        Self { bias, ..self }
+    }
+
+    /// GGUF blocks for `device`: on CUDA uploaded as they are ([`LinearWeight::DeviceBlocks`]);
+    /// on the CPU [`Linear::packed`].
+    pub fn blocks_on(blocks: QuantizedWeight, plan: KernelPlan, device: &Device) -> Result<Self> {
+        if device.is_cuda() {
+            let weight = DeviceQuantWeight::new(&blocks, device)?;
+            return Ok(Self::new(LinearWeight::DeviceBlocks(Arc::new(weight)), None));
+        }
+        Ok(Self::packed(blocks, plan))
     }
 
     /// GGUF blocks, packed (dequantized here, in parallel) in panels of each precision the
@@ -119,12 +140,15 @@ impl Linear {
             LinearWeight::Dense(_)
             | LinearWeight::RowInvariant(_)
             | LinearWeight::Quantized(_)
+            | LinearWeight::DeviceBlocks(_)
             | LinearWeight::Panels(_) => None,
         }
     }
 
+    /// Whether the weight stays in quantized blocks that the matmul reads directly (candle's
+    /// quantized matmul, or our CUDA kernel).
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, LinearWeight::Quantized(QMatMul::QTensor(_)))
+        matches!(self.weight, LinearWeight::Quantized(QMatMul::QTensor(_)) | LinearWeight::DeviceBlocks(_))
     }
 
     /// Rows of the output.
@@ -135,6 +159,7 @@ impl Linear {
             LinearWeight::Dense(t) | LinearWeight::RowInvariant(t) => t.dim(0)?,
             LinearWeight::Packed { blocks, .. } => blocks.rows(),
             LinearWeight::Panels(panels) => panels.rows(),
+            LinearWeight::DeviceBlocks(w) => w.rows(),
         })
     }
 
@@ -169,7 +194,10 @@ impl Linear {
             .map(|p| match &p.weight {
                 LinearWeight::Dense(d) => Some((d, false)),
                 LinearWeight::RowInvariant(d) => Some((d, true)),
-                LinearWeight::Packed { .. } | LinearWeight::Quantized(_) | LinearWeight::Panels(_) => None,
+                LinearWeight::Packed { .. }
+                | LinearWeight::Quantized(_)
+                | LinearWeight::DeviceBlocks(_)
+                | LinearWeight::Panels(_) => None,
             })
             .collect();
         let Some(denses) = denses.filter(|ds| ds.iter().all(|d| d.1 == ds[0].1)) else { return Ok(None) };
@@ -208,14 +236,15 @@ impl StackedLinear {
         StackedLinear::Stacked { linear, widths }
     }
 
-    /// Block-quantized parts stacked into one weight, dequantized once.
-    pub fn from_blocks(parts: Vec<QuantizedWeight>, plan: KernelPlan) -> Result<Self> {
+    /// Block-quantized parts stacked into one weight, for `device` as [`Linear::blocks_on`]
+    /// keeps them.
+    pub fn from_blocks(parts: Vec<QuantizedWeight>, plan: KernelPlan, device: &Device) -> Result<Self> {
         let widths: Vec<usize> = parts.iter().map(QuantizedWeight::rows).collect();
         let blocks = match parts.len() {
             1 => parts.into_iter().next().expect("one part"),
             _ => QuantizedWeight::concat_rows(&parts.iter().collect::<Vec<_>>())?,
         };
-        Ok(StackedLinear::Stacked { linear: Linear::packed(blocks, plan), widths })
+        Ok(StackedLinear::Stacked { linear: Linear::blocks_on(blocks, plan, device)?, widths })
     }
 
     /// The projection of a one-part stack.

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
+use pagoda_ops::QuantFormat;
 
 use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -32,9 +33,10 @@ pub struct LoadOptions {
     /// Compute dtype; f32 on the CPU.
     pub dtype: DType,
     /// Dequantize GGUF projections to `dtype` (`Some(true)`) or run them as quantized matmuls
-    /// (`Some(false)`). `None` dequantizes when the dequantized weights fit in
-    /// [`AUTO_DEQUANTIZE_MAX_BYTES`]: for small models f32 GEMMs are both exact and fast, while
-    /// candle's quantized matmul rounds activations to 8 bits.
+    /// (`Some(false)`: on CUDA our kernels over the blocks kept on the device, on the CPU
+    /// candle's quantized matmul). `None` dequantizes when the dequantized weights fit in
+    /// [`AUTO_DEQUANTIZE_MAX_BYTES`]: for small models dense matmuls are both exact and fast,
+    /// while candle's quantized matmul rounds activations to 8 bits.
     pub dequantize: Option<bool>,
     pub format: LoadFormat,
     /// Which kernels the CPU's matmuls run, as [`resolve_kernel_plan`] resolved them; with
@@ -43,6 +45,10 @@ pub struct LoadOptions {
     /// decode. A batch-invariant plan dequantizes GGUF projections (candle's quantized matmul is
     /// not covered).
     pub kernel_plan: KernelPlan,
+    /// With [`LoadFormat::Dummy`]: every projection random blocks of this GGUF format (kept
+    /// quantized as a GGUF's are, or dequantized with `dequantize: Some(true)`) instead of dense
+    /// `dtype` values, every tensor seeded by its name. For timings and device comparisons.
+    pub dummy_quantization: Option<QuantFormat>,
 }
 
 impl Default for LoadOptions {
@@ -53,6 +59,7 @@ impl Default for LoadOptions {
             dequantize: None,
             format: LoadFormat::Auto,
             kernel_plan: KernelPlan::default(),
+            dummy_quantization: None,
         }
     }
 }
@@ -192,7 +199,8 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         LoadFormat::Dummy => {
             let config_path = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
             let config = ModelConfig::from_hf_json(&config_path)?;
-            let mut weights = DummyWeights::new(&config_path, device, dtype);
+            let mut weights = DummyWeights::new(&config_path, device, dtype)
+                .quantized(options.dummy_quantization, options.dequantize == Some(true));
             Model::load(&mut weights as &mut dyn WeightSource, config, dtype, device)?
         }
         LoadFormat::Auto => unreachable!("resolved above"),

@@ -120,6 +120,39 @@ fn dummy_weights_follow_the_shape_config() {
     assert!(logits.iter().all(|v| v.is_finite()));
 }
 
+/// Dummy weights with every projection in a GGUF block format load as blocks and run; the
+/// logits differ between formats (the blocks are what is multiplied), stay finite, and repeat
+/// with the blocks dequantized (the same seeded values).
+#[test]
+fn dummy_weights_in_block_formats_run() {
+    let config = repo_root().join("configs/models/smollm2-135m.json");
+    let logits = |format, dequantize| {
+        let options = LoadOptions {
+            format: LoadFormat::Dummy,
+            dummy_quantization: Some(format),
+            dequantize: Some(dequantize),
+            ..LoadOptions::default()
+        };
+        let loaded = load_model(&config, &options).unwrap();
+        let cache = KvCache::new(loaded.model.config(), 4, BLOCK_SIZE, DType::F32, &Device::Cpu).unwrap();
+        let mut runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
+        prompt_logits(&mut runner, &[1, 2, 3, 4, 5])
+    };
+    let mut firsts = Vec::new();
+    for format in [pagoda_ops::QuantFormat::Q4K, pagoda_ops::QuantFormat::Q8_0, pagoda_ops::QuantFormat::Q4_0]
+    {
+        let (blocks, dense) = (logits(format, false), logits(format, true));
+        assert_eq!(blocks.len(), 49152);
+        assert!(blocks.iter().all(|v| v.is_finite()), "{format:?}");
+        let scale = dense.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+        let worst = blocks.iter().zip(&dense).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        println!("{format:?}: blocks and dense differ by {worst} of {scale}");
+        assert!(worst / scale < 1e-3, "{format:?}: blocks and dense differ by {worst} of {scale}");
+        firsts.push(blocks[..16].to_vec());
+    }
+    assert_ne!(firsts[0], firsts[1]);
+}
+
 #[test]
 fn auto_mode_dequantizes_small_gguf_models_only_when_asked_or_small() {
     let auto = load_model(&model_path(), &LoadOptions::default()).unwrap();

@@ -10,7 +10,9 @@
 //! KV-cache layout, metadata contract and launch shapes are documented in `kernels/README.md`.
 //!
 //! `skinny_matmul` is the CUDA matmul of decode steps (up to 8 rows in models): tensor cores,
-//! each weight streamed once, the same bits for a row whatever the batch.
+//! each weight streamed once, the same bits for a row whatever the batch. `DeviceQuantWeight`
+//! keeps GGUF blocks quantized on CUDA: decode steps multiply the blocks directly, larger steps
+//! a copy dequantized for the call.
 //!
 //! `time_panel_kernels` times panel kernels on one weight, so that the kernel plan
 //! (`pagoda_models::kernel_plan`) chooses the fastest by measurement (`gemm_probe`).
@@ -45,6 +47,7 @@ pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMem
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
 pub use kv_cache::reshape_and_cache;
+pub use matmul::device_quant::{DeviceQuantWeight, QUANT_MATMUL_MAX_ROWS};
 pub use matmul::gemm_probe::{time_panel_kernels, PanelTiming};
 pub use matmul::panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use matmul::quant_matmul::{quant_matmul, quant_matmul_batch_invariant};

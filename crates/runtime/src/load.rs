@@ -146,6 +146,7 @@ impl LoadedRuntime {
             dequantize: options.dequantize,
             format: options.load_format,
             kernel_plan: plan.kernels,
+            ..LoadOptions::default()
         };
         // The model (parallel over the rayon pool) and the text side (one thread) load at once.
         let tokenizer_path = tokenizer_source(options)?;

@@ -117,10 +117,16 @@ impl GgufWeights {
         self.parts[*self.part_of.get(name)?].content.tensor_infos.get(name)
     }
 
-    /// The block format of `name` for [`pagoda_ops::quant_matmul`], when this source dequantizes
-    /// to f32 on the CPU (the op's only case) and the tensor is in a format the op reads.
+    /// The block format `name` is kept in when our kernels read it: on the CPU when this source
+    /// dequantizes to f32 ([`pagoda_ops::quant_matmul`]'s only case), on CUDA when it does not
+    /// dequantize ([`pagoda_ops::DeviceQuantWeight`]).
     fn packed_format(&self, name: &str) -> Option<QuantFormat> {
-        if !self.dequantize || !self.device.is_cpu() || self.dtype != DType::F32 {
+        let ours = match &self.device {
+            Device::Cpu => self.dequantize && self.dtype == DType::F32,
+            Device::Cuda(_) => !self.dequantize,
+            _ => false,
+        };
+        if !ours {
             return None;
         }
         match self.info(name)?.ggml_dtype {
@@ -256,7 +262,7 @@ impl WeightSource for GgufWeights {
                     let blocks = QuantizedWeight::from_gguf(format, rows, cols, bytes).map_err(|e| {
                         ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
                     })?;
-                    Ok(Linear::packed(blocks, self.kernel_plan))
+                    Linear::blocks_on(blocks, self.kernel_plan, &self.device)
                 })
                 .collect();
         }
@@ -274,6 +280,13 @@ impl WeightSource for GgufWeights {
         };
         if !self.keeps_quantized(name) {
             return Linear::dense(q.dequantize(&self.device)?.to_dtype(self.dtype)?, bias, self.kernel_plan);
+        }
+        if let (Some(format), true) = (self.packed_format(name), self.device.is_cuda()) {
+            let blocks = QuantizedWeight::from_gguf(format, out_dim, in_dim, &q.data()?).map_err(|e| {
+                ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
+            })?;
+            let weight = Linear::blocks_on(blocks, self.kernel_plan, &self.device)?;
+            return Ok(weight.with_bias(bias));
         }
         Ok(Linear::new(LinearWeight::Quantized(QMatMul::from_arc(Arc::new(q))?), bias))
     }

@@ -32,9 +32,10 @@ pub trait WeightSource {
     fn keeps_quantized(&self, _name: &str) -> bool {
         false
     }
-    /// The `[rows, cols]` weight `name` as GGUF blocks for [`pagoda_ops::quant_matmul`], when the
-    /// source is dequantizing to f32 on the CPU and the tensor is in a format that op reads. Decides
-    /// from the tensor index before reading any data.
+    /// The `[rows, cols]` weight `name` as GGUF blocks, when the source keeps it in blocks our
+    /// kernels read: [`pagoda_ops::quant_matmul`] on the CPU (dequantizing to f32), or
+    /// [`pagoda_ops::DeviceQuantWeight`] on CUDA (not dequantizing). Decides from the tensor
+    /// index before reading any data.
     fn blocks(&mut self, _name: &str, _rows: usize, _cols: usize) -> Result<Option<QuantizedWeight>> {
         Ok(None)
     }
@@ -80,10 +81,12 @@ pub fn load_stacked(
             let plan = source.kernel_plan();
             // Parts in different formats (Gemma 3's Q5_0 Q/K and Q8_0 V) run as separate matmuls.
             if blocks.iter().any(|b| b.format() != blocks[0].format()) {
-                let linears = blocks.into_iter().map(|b| Linear::packed(b, plan)).collect();
+                let device = source.device().clone();
+                let linears =
+                    blocks.into_iter().map(|b| Linear::blocks_on(b, plan, &device)).collect::<Result<_>>()?;
                 return Ok(StackedLinear::Separate(linears));
             }
-            return StackedLinear::from_blocks(blocks, plan);
+            return StackedLinear::from_blocks(blocks, plan, source.device());
         }
     }
     let linears = parts

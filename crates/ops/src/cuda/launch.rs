@@ -21,11 +21,12 @@ pub(crate) enum KernelModule {
     AttentionCombine,
     Sampling,
     SkinnyMatmul,
+    QuantMatmul,
 }
 
 impl KernelModule {
     #[cfg(test)]
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 10] = [
         KernelModule::ReshapeAndCache,
         KernelModule::RmsNorm,
         KernelModule::Rotary,
@@ -35,6 +36,7 @@ impl KernelModule {
         KernelModule::AttentionCombine,
         KernelModule::Sampling,
         KernelModule::SkinnyMatmul,
+        KernelModule::QuantMatmul,
     ];
 
     /// The source file's stem: `kernels/{stem}.cu`.
@@ -49,6 +51,7 @@ impl KernelModule {
             KernelModule::AttentionCombine => "paged_attention_combine",
             KernelModule::Sampling => "sampling",
             KernelModule::SkinnyMatmul => "skinny_matmul",
+            KernelModule::QuantMatmul => "quant_matmul",
         }
     }
 }

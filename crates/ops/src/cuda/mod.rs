@@ -11,6 +11,7 @@
 
 pub(crate) mod launch;
 pub(crate) mod plan;
+pub(crate) mod quant;
 pub(crate) mod skinny;
 
 #[cfg(feature = "cuda")]
@@ -28,12 +29,16 @@ pub(crate) mod norm;
 #[cfg(feature = "cuda")]
 mod ptx;
 #[cfg(feature = "cuda")]
+pub(crate) mod quant_ops;
+#[cfg(feature = "cuda")]
 pub(crate) mod rotary;
 #[cfg(feature = "cuda")]
 pub(crate) mod sampling;
 
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim;
+#[cfg(all(test, feature = "kernel-sim"))]
+mod sim_quant_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_sampling_tests;
 #[cfg(all(test, feature = "kernel-sim"))]

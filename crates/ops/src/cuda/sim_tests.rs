@@ -19,7 +19,7 @@ use crate::AttentionMetadata;
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// Host memory standing in for device memory: a tensor's elements in its storage dtype.
-enum HostBuf {
+pub(super) enum HostBuf {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
@@ -28,7 +28,7 @@ enum HostBuf {
 
 impl HostBuf {
     /// The elements of `t` (contiguous, row-major).
-    fn of(t: &Tensor) -> HostBuf {
+    pub(super) fn of(t: &Tensor) -> HostBuf {
         let flat = t.flatten_all().unwrap();
         match t.dtype() {
             DType::F32 => HostBuf::F32(flat.to_vec1().unwrap()),
@@ -40,7 +40,7 @@ impl HostBuf {
     }
 
     /// `len` elements of NaN (or u32::MAX), so anything a kernel fails to write shows.
-    fn poisoned(dtype: DType, len: usize) -> HostBuf {
+    pub(super) fn poisoned(dtype: DType, len: usize) -> HostBuf {
         match dtype {
             DType::F32 => HostBuf::F32(vec![f32::NAN; len]),
             DType::F16 => HostBuf::F16(vec![f16::NAN; len]),
@@ -49,12 +49,12 @@ impl HostBuf {
         }
     }
 
-    fn words(words: Vec<u32>) -> HostBuf {
+    pub(super) fn words(words: Vec<u32>) -> HostBuf {
         HostBuf::U32(words)
     }
 
     /// The "device" address of element `offset`.
-    fn addr(&mut self, offset: usize) -> u64 {
+    pub(super) fn addr(&mut self, offset: usize) -> u64 {
         match self {
             HostBuf::F32(v) => v[offset..].as_mut_ptr() as u64,
             HostBuf::F16(v) => v[offset..].as_mut_ptr() as u64,
@@ -63,7 +63,7 @@ impl HostBuf {
         }
     }
 
-    fn to_f32(&self) -> Vec<f32> {
+    pub(super) fn to_f32(&self) -> Vec<f32> {
         match self {
             HostBuf::F32(v) => v.clone(),
             HostBuf::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
@@ -73,18 +73,18 @@ impl HostBuf {
     }
 }
 
-fn random(rng: &mut StdRng, shape: &[usize], dtype: DType) -> Tensor {
+pub(super) fn random(rng: &mut StdRng, shape: &[usize], dtype: DType) -> Tensor {
     let n: usize = shape.iter().product();
     let values: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
     Tensor::from_vec(values, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
 }
 
-fn f32_values(t: &Tensor) -> Vec<f32> {
+pub(super) fn f32_values(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
 }
 
 /// Largest absolute difference over the largest reference magnitude; NaN counts as infinite.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+pub(super) fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
     let worst = got
@@ -95,7 +95,7 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     worst / scale
 }
 
-fn tolerance(dtype: DType) -> f32 {
+pub(super) fn tolerance(dtype: DType) -> f32 {
     match dtype {
         DType::F32 => 1e-5,
         DType::F16 => 2e-3,
@@ -103,7 +103,7 @@ fn tolerance(dtype: DType) -> f32 {
     }
 }
 
-fn run(l: Option<launch::KernelLaunch>) {
+pub(super) fn run(l: Option<launch::KernelLaunch>) {
     if let Some(l) = l {
         sim::run(&l).unwrap_or_else(|e| panic!("{e}"));
     }

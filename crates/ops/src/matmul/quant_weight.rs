@@ -268,6 +268,33 @@ impl QuantizedWeight {
         Ok(Self { format, rows, cols, codes, high, scales, mins })
     }
 
+    /// A matrix from its arrays as [`QuantizedWeight`] lays them out (what
+    /// `DeviceQuantWeight` uploads), checking their lengths.
+    pub(crate) fn from_arrays(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        codes: Vec<u8>,
+        high: Vec<u32>,
+        scales: Vec<f32>,
+        mins: Vec<f32>,
+    ) -> Result<Self> {
+        let blocks = rows * cols / QUANT_BLOCK;
+        let lengths = [
+            (codes.len(), blocks * format.code_bytes()),
+            (high.len(), blocks * format.high_planes()),
+            (scales.len(), blocks * format.scales_per_block()),
+            (mins.len(), if format.has_mins() { blocks } else { 0 }),
+        ];
+        if !cols.is_multiple_of(QUANT_BLOCK) || lengths.iter().any(|(got, want)| got != want) {
+            return Err(invalid(
+                OP,
+                format!("{format:?} [{rows}, {cols}]: arrays of {lengths:?} (got, wanted)"),
+            ));
+        }
+        Ok(Self { format, rows, cols, codes, high, scales, mins })
+    }
+
     /// Stacks matrices of one format and width on top of each other (e.g. Q, K and V into one
     /// projection), so one matmul computes all of them.
     pub fn concat_rows(parts: &[&QuantizedWeight]) -> Result<Self> {

@@ -1,0 +1,99 @@
+//! kernels/quant_matmul.cu on the CPU simulator, through the launches the CUDA path makes:
+//! every GGUF format the device keeps, against the CPU references of `DeviceQuantWeight`
+//! (the weight rounded to the activations' dtype, f32 sums), with strided x, widths that end
+//! in a partial fetch and outputs poisoned with NaN.
+
+use candle_core::{DType, Device};
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::quant;
+use super::sim_tests::{f32_values, random, rel_err, run, tolerance, HostBuf};
+use crate::matmul::quant_weight::tests::{random_gguf, ALL_FORMATS};
+use crate::{DeviceQuantWeight, QuantFormat, QuantizedWeight};
+
+/// A random `[rows, cols]` weight of `format` with scales around 0.01.
+fn weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> DeviceQuantWeight {
+    let bytes = random_gguf(rng, format, rows, cols, |r| f16::from_f32(r.random_range(-0.02f32..0.02)));
+    let host = QuantizedWeight::from_gguf(format, rows, cols, &bytes).unwrap();
+    DeviceQuantWeight::new(&host, &Device::Cpu).unwrap()
+}
+
+/// The weight's bytes as a host buffer standing in for device memory, and its arrays there.
+fn on_sim(w: &DeviceQuantWeight) -> (HostBuf, quant::QuantPointers) {
+    let bytes: Vec<u8> = w.bytes_and_pointers(0).0.to_vec1().unwrap();
+    let words = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let mut buf = HostBuf::words(words);
+    let base = buf.addr(0);
+    (buf, w.bytes_and_pointers(base).1)
+}
+
+/// Shapes `(m, n, cols)` a format takes: widths of whole fetches and of a partial last one.
+fn shapes(format: QuantFormat) -> Vec<(usize, usize, usize)> {
+    match format.gguf_block_elems() {
+        256 => vec![(1, 16, 256), (3, 40, 512), (8, 33, 768), (5, 17, 2304)],
+        _ => vec![(1, 16, 128), (3, 40, 96), (8, 33, 576), (6, 70, 32)],
+    }
+}
+
+#[test]
+fn quant_matmul_matches_cpu_in_every_format_and_ignores_the_other_rows() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for format in ALL_FORMATS {
+        for dtype in [DType::F16, DType::BF16] {
+            for (m, n, k) in shapes(format) {
+                let w = weight(&mut rng, format, n, k);
+                let (_w_buf, pointers) = on_sim(&w);
+                let pad = 8;
+                let wide = random(&mut rng, &[m, k + pad], dtype);
+                let x = wide.narrow(1, 0, k).unwrap();
+                let want = f32_values(&w.matmul(&x).unwrap());
+                let sim_matmul = |rows: usize, first: usize, warps: Option<usize>| {
+                    let mut xb = HostBuf::of(&wide);
+                    let mut out = HostBuf::poisoned(dtype, rows * n);
+                    let x_addr = xb.addr(first * (k + pad));
+                    run(quant::quant_matmul(dtype, x_addr, k + pad, &pointers, out.addr(0), n, rows, warps)
+                        .unwrap());
+                    out.to_f32()
+                };
+                let got = sim_matmul(m, 0, None);
+                let err = rel_err(&got, &want);
+                assert!(err <= tolerance(dtype), "{format:?} {dtype:?} {m}x{n}x{k}: {err}");
+                // Other spreads (the timing sweep's) split K differently: same values.
+                for warps in [1, 8] {
+                    let err = rel_err(&sim_matmul(m, 0, Some(warps)), &want);
+                    assert!(err <= tolerance(dtype), "{format:?} {dtype:?} {m}x{n}x{k} {warps} warps: {err}");
+                }
+                // The last row alone gives the same bits as among the others.
+                let alone = sim_matmul(1, m - 1, None);
+                assert_eq!(
+                    alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    got[(m - 1) * n..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format:?} {dtype:?} {m}x{n}x{k}: last row alone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quant_dequantize_matches_cpu_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(22);
+    for format in ALL_FORMATS {
+        let (rows, cols) = (7, 2 * format.gguf_block_elems());
+        let w = weight(&mut rng, format, rows, cols);
+        let (_w_buf, pointers) = on_sim(&w);
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let want = f32_values(&w.dequantize(dtype).unwrap());
+            let mut out = HostBuf::poisoned(dtype, rows * cols);
+            run(quant::quant_dequantize(dtype, &pointers, out.addr(0)).unwrap());
+            let got = out.to_f32();
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{format:?} {dtype:?}"
+            );
+        }
+    }
+}
