@@ -91,6 +91,23 @@ template <> __device__ __forceinline__ uint32_t pack2_rn<f16>(float lo, float hi
 #endif
 }
 
+// Two bf16 values per register: a * b + c in each half, rounded once (fma.rn.bf16x2, sm_80+).
+__device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef PAGODA_SIM
+    uint32_t out = 0;
+    for (int h = 0; h < 2; ++h) {
+        const auto half = [h](uint32_t v) { return (double)Float<bf16>::bits_to_f32((v >> (16 * h)) & 0xffffu); };
+        // The product of two bf16 values and the sum are exact in double; one rounding after.
+        out |= Float<bf16>::f32_to_bits((float)(half(a) * half(b) + half(c))) << (16 * h);
+    }
+    return out;
+#else
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#endif
+}
+
 // Rounded products and sums that the compiler may not fuse into a multiply-add (the CPU
 // reference rounds each).
 __device__ __forceinline__ float mul_rn(float a, float b) {

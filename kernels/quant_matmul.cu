@@ -7,21 +7,32 @@
 // holding element j in its low nibble and element j + 16 in its high one), `PLANES` words of
 // high code bits (bit j of plane p is bit 4 + p of element j's code), `SCALES` f32 scales (one
 // per 16 elements for Q6_K) and, for formats with minimums, one f32 minimum. Element j's value
-// is `scale * (code - OFFSET) (+ min)`, computed exactly as the CPU computes it (a rounded
-// product, then a rounded sum: no fused multiply-add), then rounded once to the 16-bit dtype:
-// the same numbers a dequantized bf16/f16 copy of the weight would hold.
+// is `scale * (code - OFFSET) (+ min)`.
+//
+// Two ways to that value, by dtype and format:
+// - exact (f16, and Q8_0 in bf16; always in quant_dequantize): computed as the CPU computes it
+//   (a rounded product, then a rounded sum: no fused multiply-add), then rounded once to the
+//   16-bit dtype, the numbers a dequantized copy of the weight holds;
+// - packed (bf16, the 4- to 6-bit formats): two elements per register. A shift and a mask put
+//   two codes q under the bf16 pattern of 128 (0x4300 | q is 128 + q exactly), a bf16x2
+//   multiply-add takes off 128 + OFFSET (exact), and a second one applies the scale and the
+//   minimum rounded to bf16, rounding once: within about a bf16 unit of the exact value, in
+//   about a fifth of the instructions. The kernel is bound by these instructions, not by
+//   memory, on the 4-bit formats (benches/reports/2026-11-28-quantized-cuda-h200.md).
 //
 // The matmul is skinny_matmul's tile turned to blocks: each mma.m16n8k16 takes 16 rows of W as
 // A and 8 rows of x as B. A warp walks its range of K four blocks (128 elements) at a time;
 // lane (row g, quad q) takes all 32 elements of block 4f + q for its W rows g and g + 8 and for
 // x row g. The dot product may visit k in any order as long as A and B agree, so mma i of a
 // block takes its elements 4i .. 4i + 3 from every quad, with no shuffles. Each warp loads
-// DEPTH fetches before it multiplies any of them, so DEPTH * 4 blocks of each row are in flight.
+// DEPTH fetches before it multiplies any of them (or, pipelined, two groups of half as many
+// in turn), so up to DEPTH * 4 blocks of each row are in flight.
 //
 // Launch: grid (ceil(N / 16)), `warps` warps per block (blockDim.x = 32 * warps), no dynamic
 // shared memory; M <= 8. Warp w takes a contiguous range of the ceil(blocks_per_row / 4)
 // fetches and the block adds the warps' tiles in warp order, so a row's result does not depend
-// on M. Rows of x start on 16-byte boundaries.
+// on M. Rows of x start on 16-byte boundaries. The `_pipelined` entries issue a group's loads
+// before multiplying the group before it.
 #include "common.cuh"
 
 namespace pagoda {
@@ -110,7 +121,111 @@ template <int FMT> __device__ __forceinline__ float dequant(const QBlock<FMT> &b
     return L::MINS ? add_rn(scaled, b.min) : scaled;
 }
 
-template <typename T, int FMT>
+// Whether (T, FMT) takes the packed bf16 dequantization.
+template <typename T, int FMT> struct PackedDequant {
+    static constexpr bool value = false;
+};
+template <int FMT> struct PackedDequant<bf16, FMT> {
+    static constexpr bool value = FMT != Q8_0;
+};
+
+// The bf16 pair of one block's elements e and e + 2 (e = 16 * half + 4 * word + odd), scaled:
+// `scale2` and `min2` hold the scale (of e's half) and minimum twice, `neg_k2` -(128 + OFFSET).
+template <int FMT>
+__device__ __forceinline__ uint32_t packed_pair(const QBlock<FMT> &b, int word, int half, int odd, uint32_t scale2,
+                                                uint32_t min2, uint32_t neg_k2) {
+    using L = QuantLayout<FMT>;
+    // Bytes 0 and 2 of the word hold elements e and e + 2 (low nibbles) or e + 16 and e + 18.
+    uint32_t q = (b.codes[word] >> (8 * odd + 4 * half)) & 0x000F000Fu;
+    const int e = 16 * half + 4 * word + odd;
+#pragma unroll
+    for (int p = 0; p < L::PLANES; ++p) {
+        const uint32_t t = b.high[p] >> e;
+        q |= ((t & 1u) | ((t & 4u) << 14)) << (4 + p);
+    }
+    const uint32_t code2 = bf16x2_fma(q | 0x43004300u, 0x3F803F80u, neg_k2);
+    return bf16x2_fma(code2, scale2, min2);
+}
+
+// One fetch of a lane: block 4f + quad of its two W rows and the same 32 elements of its x row.
+template <int FMT> struct Fetch {
+    QBlock<FMT> w0, w1;
+    uint4 x[4];
+};
+
+// Where a lane's fetches come from.
+template <typename T> struct LaneRows {
+    QuantArrays w;
+    long long row0, row1;  // first block of the lane's W rows
+    bool w_ok0, w_ok1, x_ok;
+    const T *x_row;
+    int quad, blocks_per_row, last;  // `last`: one past the warp's last fetch
+};
+
+template <typename T, int FMT> __device__ __forceinline__ void load_fetch(Fetch<FMT> &g, const LaneRows<T> &r, int f) {
+    const int block = 4 * f + r.quad;
+    const bool valid = f < r.last && block < r.blocks_per_row;
+    load_block(g.w0, r.w, r.row0 + block, valid && r.w_ok0);
+    load_block(g.w1, r.w, r.row1 + block, valid && r.w_ok1);
+    const uint4 zero = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        g.x[i] = valid && r.x_ok ? *reinterpret_cast<const uint4 *>(r.x_row + (long long)block * 32 + 8 * i) : zero;
+}
+
+// acc += the fetch's 16 x 8 tile product: eight mmas, one per 4 elements of the block.
+template <typename T, int FMT> __device__ __forceinline__ void mma_fetch(float (&acc)[4], const Fetch<FMT> &g) {
+    using L = QuantLayout<FMT>;
+    if constexpr (PackedDequant<T, FMT>::value) {
+        const uint32_t neg_k2 = pack2_rn<bf16>(-(128.f + L::OFFSET), -(128.f + L::OFFSET));
+        uint32_t s0[2], s1[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float x0 = g.w0.scale[L::SCALES == 2 ? h : 0], x1 = g.w1.scale[L::SCALES == 2 ? h : 0];
+            s0[h] = pack2_rn<bf16>(x0, x0);
+            s1[h] = pack2_rn<bf16>(x1, x1);
+        }
+        const uint32_t m0 = pack2_rn<bf16>(g.w0.min, g.w0.min), m1 = pack2_rn<bf16>(g.w1.min, g.w1.min);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            // mma i takes elements 4i .. 4i + 3 as the pairs (4i, 4i + 2) and (4i + 1, 4i + 3),
+            // from code word i % 4, low nibbles for i < 4.
+            const int word = i % 4, half = i / 4;
+            const uint32_t a[4] = {
+                packed_pair(g.w0, word, half, 0, s0[half], m0, neg_k2),
+                packed_pair(g.w1, word, half, 0, s1[half], m1, neg_k2),
+                packed_pair(g.w0, word, half, 1, s0[half], m0, neg_k2),
+                packed_pair(g.w1, word, half, 1, s1[half], m1, neg_k2),
+            };
+            // x words 2i and 2i + 1 hold elements (4i, 4i + 1) and (4i + 2, 4i + 3).
+            const uint4 &v = g.x[i / 2];
+            const uint32_t lo = i % 2 == 0 ? v.x : v.z, hi = i % 2 == 0 ? v.y : v.w;
+            const uint32_t bx[2] = {(lo & 0xFFFFu) | (hi << 16), (lo >> 16) | (hi & 0xFFFF0000u)};
+            mma_16816<T>(acc, a, bx);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int e = 4 * i;
+            const uint32_t a[4] = {
+                pack2_rn<T>(dequant(g.w0, e), dequant(g.w0, e + 1)),
+                pack2_rn<T>(dequant(g.w1, e), dequant(g.w1, e + 1)),
+                pack2_rn<T>(dequant(g.w0, e + 2), dequant(g.w0, e + 3)),
+                pack2_rn<T>(dequant(g.w1, e + 2), dequant(g.w1, e + 3)),
+            };
+            // x elements 4i .. 4i + 3 of the block: words 2(i % 2) and 2(i % 2) + 1 of its
+            // 16-byte piece i / 2.
+            const uint4 &v = g.x[i / 2];
+            const uint32_t bx[2] = {i % 2 == 0 ? v.x : v.z, i % 2 == 0 ? v.y : v.w};
+            mma_16816<T>(acc, a, bx);
+        }
+    }
+}
+
+// PIPELINED: two groups of DEPTH / 2 fetches, the next group's loads issued before the current
+// group is multiplied (twice the registers of one group); otherwise DEPTH fetches loaded, then
+// multiplied.
+template <typename T, int FMT, bool PIPELINED>
 __device__ __forceinline__ void quant_matmul(const T *__restrict__ x, long long x_row_stride, QuantArrays w,
                                              int blocks_per_row, T *__restrict__ out, long long out_row_stride, int m,
                                              int n) {
@@ -119,51 +234,47 @@ __device__ __forceinline__ void quant_matmul(const T *__restrict__ x, long long 
     // Up to 16 warps' partial tiles of 16 x 8 floats.
     __shared__ float partial[16 * 128];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const int quad = lane % 4, lane_row = lane / 4;
+    const int lane_row = lane / 4;
     const int n0 = blockIdx.x * 16;
 
-    const bool w_ok0 = n0 + lane_row < n, w_ok1 = n0 + lane_row + 8 < n;
-    const long long row0 = (long long)(w_ok0 ? n0 + lane_row : 0) * blocks_per_row;
-    const long long row1 = (long long)(w_ok1 ? n0 + lane_row + 8 : 0) * blocks_per_row;
-    const bool x_ok = lane_row < m;
-    const T *x_row = x + (long long)(x_ok ? lane_row : 0) * x_row_stride;
+    LaneRows<T> r;
+    r.w = w;
+    r.quad = lane % 4;
+    r.blocks_per_row = blocks_per_row;
+    r.w_ok0 = n0 + lane_row < n;
+    r.w_ok1 = n0 + lane_row + 8 < n;
+    r.row0 = (long long)(r.w_ok0 ? n0 + lane_row : 0) * blocks_per_row;
+    r.row1 = (long long)(r.w_ok1 ? n0 + lane_row + 8 : 0) * blocks_per_row;
+    r.x_ok = lane_row < m;
+    r.x_row = x + (long long)(r.x_ok ? lane_row : 0) * x_row_stride;
 
     const int fetches = (blocks_per_row + 3) / 4;
-    const int first = (int)((long long)fetches * warp / warps), last = (int)((long long)fetches * (warp + 1) / warps);
+    const int first = (int)((long long)fetches * warp / warps);
+    r.last = (int)((long long)fetches * (warp + 1) / warps);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int f0 = first; f0 < last; f0 += DEPTH) {
-        QBlock<FMT> b0[DEPTH], b1[DEPTH];
-        uint4 xv[DEPTH][4];
+    if constexpr (PIPELINED) {
+        constexpr int HALF = DEPTH / 2;
+        Fetch<FMT> a[HALF], b[HALF];
 #pragma unroll
-        for (int d = 0; d < DEPTH; ++d) {
-            const int block = 4 * (f0 + d) + quad;
-            const bool valid = f0 + d < last && block < blocks_per_row;
-            load_block(b0[d], w, row0 + block, valid && w_ok0);
-            load_block(b1[d], w, row1 + block, valid && w_ok1);
-            const uint4 zero = {0u, 0u, 0u, 0u};
+        for (int d = 0; d < HALF; ++d) load_fetch(a[d], r, first + d);
+        for (int f0 = first; f0 < r.last; f0 += 2 * HALF) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                xv[d][i] = valid && x_ok ? *reinterpret_cast<const uint4 *>(x_row + (long long)block * 32 + 8 * i)
-                                         : zero;
+            for (int d = 0; d < HALF; ++d) load_fetch(b[d], r, f0 + HALF + d);
+#pragma unroll
+            for (int d = 0; d < HALF; ++d) mma_fetch<T, FMT>(acc, a[d]);
+#pragma unroll
+            for (int d = 0; d < HALF; ++d) load_fetch(a[d], r, f0 + 2 * HALF + d);
+#pragma unroll
+            for (int d = 0; d < HALF; ++d) mma_fetch<T, FMT>(acc, b[d]);
         }
+    } else {
+        for (int f0 = first; f0 < r.last; f0 += DEPTH) {
+            Fetch<FMT> g[DEPTH];
 #pragma unroll
-        for (int d = 0; d < DEPTH; ++d) {
+            for (int d = 0; d < DEPTH; ++d) load_fetch(g[d], r, f0 + d);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int e = 4 * i;
-                const uint32_t a[4] = {
-                    pack2_rn<T>(dequant(b0[d], e), dequant(b0[d], e + 1)),
-                    pack2_rn<T>(dequant(b1[d], e), dequant(b1[d], e + 1)),
-                    pack2_rn<T>(dequant(b0[d], e + 2), dequant(b0[d], e + 3)),
-                    pack2_rn<T>(dequant(b1[d], e + 2), dequant(b1[d], e + 3)),
-                };
-                // x elements 4i .. 4i + 3 of the block: words 2(i % 2) and 2(i % 2) + 1 of
-                // its 16-byte piece i / 2.
-                const uint4 &v = xv[d][i / 2];
-                const uint32_t bx[2] = {i % 2 == 0 ? v.x : v.z, i % 2 == 0 ? v.y : v.w};
-                mma_16816<T>(acc, a, bx);
-            }
+            for (int d = 0; d < DEPTH; ++d) mma_fetch<T, FMT>(acc, g[d]);
         }
     }
 
@@ -202,14 +313,19 @@ __device__ __forceinline__ void quant_dequantize(QuantArrays w, long long blocks
 
 }  // namespace pagoda
 
-#define PAGODA_QUANT_MATMUL(suffix, T, fmt)                                                              \
-    extern "C" __global__ void pagoda_quant_matmul_##suffix##_##fmt(                                     \
-        const T *x, long long x_row_stride, const uint32_t *codes, const uint32_t *high, const float *scales, \
-        const float *mins, int blocks_per_row, T *out, long long out_row_stride, int m, int n) {          \
-        pagoda::quant_matmul<T, pagoda::fmt>(x, x_row_stride, pagoda::QuantArrays{codes, high, scales, mins}, \
-                                             blocks_per_row, out, out_row_stride, m, n);                 \
-    }                                                                                                     \
-    PAGODA_ENTRY(pagoda_quant_matmul_##suffix##_##fmt)
+#define PAGODA_QUANT_MATMUL_ENTRY(name, T, fmt, pipelined)                                            \
+    extern "C" __global__ void name(const T *x, long long x_row_stride, const uint32_t *codes, const uint32_t *high, \
+                                    const float *scales, const float *mins, int blocks_per_row, T *out,          \
+                                    long long out_row_stride, int m, int n) {                                    \
+        pagoda::quant_matmul<T, pagoda::fmt, pipelined>(x, x_row_stride,                                         \
+                                                        pagoda::QuantArrays{codes, high, scales, mins},          \
+                                                        blocks_per_row, out, out_row_stride, m, n);              \
+    }                                                                                                            \
+    PAGODA_ENTRY(name)
+
+#define PAGODA_QUANT_MATMUL(suffix, T, fmt)                                                       \
+    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt, T, fmt, false)                \
+    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt##_pipelined, T, fmt, true)
 
 #define PAGODA_QUANT_DEQUANTIZE(suffix, T, fmt)                                                          \
     extern "C" __global__ void pagoda_quant_dequantize_##suffix##_##fmt(                                 \

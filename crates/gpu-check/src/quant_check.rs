@@ -23,7 +23,7 @@ use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, M
 use pagoda_ops::{DeviceQuantWeight, QuantFormat, QuantizedWeight};
 
 use crate::bench::{copy_bandwidth, time_calls};
-use crate::step_profile::{decode_batch, BLOCK_SIZE, CONTEXT};
+use crate::step_profile::{decode_batch, enqueue_time, BLOCK_SIZE, CONTEXT};
 
 const SECTION: &str = "quant";
 const FORMATS: [QuantFormat; 7] = [
@@ -63,8 +63,15 @@ fn check_format(format: QuantFormat, gpu: &Device, seed: &mut u64) -> Result<(f3
                 if m <= pagoda_ops::QUANT_MATMUL_MAX_ROWS && !on_gpu.kernel_takes(&x_gpu) {
                     anyhow::bail!("{format:?} {dtype:?} {m}x{n}x{k}: the kernel does not take it");
                 }
-                let err = rel_err(&values(&on_gpu.forward(&x_gpu)?)?, &values(&on_cpu.matmul(&x)?)?);
+                let want = values(&on_cpu.matmul(&x)?)?;
+                let err = rel_err(&values(&on_gpu.forward(&x_gpu)?)?, &want);
                 worst = worst.max(err / tolerance(dtype));
+                if m <= pagoda_ops::QUANT_MATMUL_MAX_ROWS {
+                    // The pipelined entries the timing sweeps.
+                    let pipelined = Some(pagoda_ops::QuantLaunch { warps: 4, pipelined: true });
+                    let err = rel_err(&values(&on_gpu.matmul_with(&x_gpu, pipelined)?)?, &want);
+                    worst = worst.max(err / tolerance(dtype));
+                }
                 if m == 8 {
                     let all = on_gpu.forward(&x_gpu)?;
                     let alone = on_gpu.forward(&x_gpu.narrow(0, 5, 1)?)?;
@@ -242,14 +249,19 @@ fn kernel_timings(c: &ModelConfig, format: QuantFormat, gpu: &Device, report: &m
         for m in [1, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, cols), gpu)?.to_dtype(DType::BF16)?;
             let mut spreads = Vec::new();
-            for warps in [None, Some(2), Some(4), Some(8), Some(16)] {
+            let spreads_timed = std::iter::once(None).chain([2, 4, 8].into_iter().flat_map(|warps| {
+                [false, true].map(|pipelined| Some(pagoda_ops::QuantLaunch { warps, pipelined }))
+            }));
+            for launch in spreads_timed {
                 let mut next = 0;
                 let seconds = time_calls(gpu, 5, 10, || {
-                    drop(copies[next % copies.len()].matmul_with_warps(&x, warps)?);
+                    drop(copies[next % copies.len()].matmul_with(&x, launch)?);
                     next += 1;
                     Ok(())
                 })?;
-                let label = warps.map_or("rule".to_string(), |w| format!("w{w}"));
+                let label = launch.map_or("rule".to_string(), |l| {
+                    format!("w{}{}", l.warps, if l.pipelined { "p" } else { "" })
+                });
                 spreads.push(format!("{label} {:.0}", bytes as f64 / seconds / 1e9));
             }
             cells.push(format!("{name} {rows}x{cols} M={m}: {}", spreads.join(" ")));
@@ -300,14 +312,17 @@ fn model_steps(
             runner.execute(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
             Ok(())
         })?;
+        // The host's time to enqueue the step: a step near it is bound by the host.
+        let enqueue = enqueue_time(&mut runner, &batch, gpu)?;
         let floor = bytes / copy;
         report.info(
             SECTION,
             &format!("decode step, {name} projections, batch {batch_size}"),
             format!(
-                "{:.2} ms (MBU {:.0}%); {:.2} GB read, floor {:.2} ms; load {:.1} s",
+                "{:.2} ms (MBU {:.0}%); host enqueue {:.2} ms; {:.2} GB read, floor {:.2} ms; load {:.1} s",
                 step * 1e3,
                 100.0 * floor / step,
+                enqueue * 1e3,
                 bytes / 1e9,
                 floor * 1e3,
                 load_seconds

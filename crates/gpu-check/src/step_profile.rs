@@ -59,7 +59,7 @@ pub(crate) fn decode_batch(batch: usize) -> ScheduledBatch {
 }
 
 /// Seconds of host time `logits` takes to return (median), then waited for before the next.
-fn enqueue_time(runner: &mut ModelRunner, batch: &ScheduledBatch, gpu: &Device) -> Result<f64> {
+pub(crate) fn enqueue_time(runner: &mut ModelRunner, batch: &ScheduledBatch, gpu: &Device) -> Result<f64> {
     let mut samples = Vec::with_capacity(TIMED_STEPS);
     for _ in 0..TIMED_STEPS {
         gpu.synchronize()?;

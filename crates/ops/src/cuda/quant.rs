@@ -53,18 +53,33 @@ impl QuantPointers {
     }
 }
 
-/// Warps per block for a weight of `n` rows and `blocks_per_row` blocks: 8 for the wide
-/// weights (thousands of blocks of 16 rows), 4 otherwise, never more than the row's fetches.
-/// A function of the shape only, so a row's result does not depend on M.
-pub(crate) fn quant_warps(n: usize, blocks_per_row: usize) -> usize {
-    let wanted: usize = if n >= 16_384 { 8 } else { 4 };
+/// How a quantized matmul is spread: warps per block (1, 2, 4, 8 or 16), and whether each warp
+/// issues a group's loads before multiplying the group before it (the `_pipelined` entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantLaunch {
+    pub warps: usize,
+    pub pipelined: bool,
+}
+
+/// The rule's spread for a `format` weight of `n` rows and `blocks_per_row` blocks: from the
+/// sweep of every spread on an H200 (benches/reports/2026-11-28-quantized-cuda-h200.md), 8 warps
+/// for weights of at most 4096 rows (Llama-3.1-8B's O and down: 256 blocks of 16 rows, too few
+/// to fill the GPU with 4 warps each), else 4; the pipelined loop for Q8_0 and Q6_K, whose
+/// fetches are the largest (up to 1.08x on the large shapes), not for the 4-bit formats (0.97x).
+/// Never more warps than the row has fetches. A function of the weight alone, so a row's
+/// result does not depend on M.
+pub(crate) fn quant_launch(format: QuantFormat, n: usize, blocks_per_row: usize) -> QuantLaunch {
+    let wanted: usize = if n <= 4096 { 8 } else { 4 };
     let fetches = blocks_per_row.div_ceil(BLOCKS_PER_FETCH).max(1);
-    wanted.min(1 << fetches.ilog2())
+    QuantLaunch {
+        warps: wanted.min(1 << fetches.ilog2()),
+        pipelined: matches!(format, QuantFormat::Q8_0 | QuantFormat::Q6K),
+    }
 }
 
 /// `out [m, w.rows] = x [m, K] . w^T` for `m <= 8`; x rows `x_row_stride` elements apart, out
-/// rows `out_row_stride`; `warps` per block overrides the rule (timing only). `None` when there
-/// is nothing to compute.
+/// rows `out_row_stride`; `launch` overrides the rule (timing only). `None` when there is
+/// nothing to compute.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn quant_matmul(
     dtype: DType,
@@ -74,7 +89,7 @@ pub(crate) fn quant_matmul(
     out: u64,
     out_row_stride: usize,
     m: usize,
-    warps: Option<usize>,
+    launch: Option<QuantLaunch>,
 ) -> Result<Option<KernelLaunch>> {
     let suffix = match dtype {
         DType::F16 | DType::BF16 => dtype_suffix(dtype, OP)?,
@@ -86,7 +101,8 @@ pub(crate) fn quant_matmul(
     if m == 0 || w.rows == 0 || w.blocks_per_row == 0 {
         return Ok(None);
     }
-    let warps = warps.unwrap_or_else(|| quant_warps(w.rows, w.blocks_per_row));
+    let QuantLaunch { warps, pipelined } =
+        launch.unwrap_or_else(|| quant_launch(w.format, w.rows, w.blocks_per_row));
     if !matches!(warps, 1 | 2 | 4 | 8 | 16) {
         candle_core::bail!("{OP}: no launch of {warps} warps per block");
     }
@@ -94,7 +110,11 @@ pub(crate) fn quant_matmul(
     let [codes, high, scales, mins] = w.args();
     Ok(Some(KernelLaunch {
         module: KernelModule::QuantMatmul,
-        function: format!("pagoda_quant_matmul_{suffix}_{}", format_suffix(w.format)),
+        function: format!(
+            "pagoda_quant_matmul_{suffix}_{}{}",
+            format_suffix(w.format),
+            if pipelined { "_pipelined" } else { "" }
+        ),
         grid: [
             u32::try_from(blocks).map_err(|_| candle_core::Error::Msg(format!("{OP}: {} rows", w.rows)))?,
             1,
@@ -147,14 +167,21 @@ mod tests {
     }
 
     #[test]
-    fn warps_depend_on_the_shape_only() {
-        assert_eq!(quant_warps(4096, 128), 4);
-        assert_eq!(quant_warps(28_672, 128), 8);
-        assert_eq!(quant_warps(128_256, 128), 8);
+    fn spreads_depend_on_the_weight_only() {
+        let warps = |n, bpr| quant_launch(QuantFormat::Q4K, n, bpr).warps;
+        // Llama-3.1-8B: QKV, gate+up and the lm head 4 warps, O and down 8.
+        assert_eq!(warps(6144, 128), 4);
+        assert_eq!(warps(28_672, 128), 4);
+        assert_eq!(warps(128_256, 128), 4);
+        assert_eq!(warps(4096, 128), 8);
+        assert_eq!(warps(4096, 448), 8);
         // SmolLM2's 576 columns: 18 blocks, 5 fetches.
-        assert_eq!(quant_warps(960, 18), 4);
-        assert_eq!(quant_warps(65_536, 4), 1);
-        assert_eq!(quant_warps(16, 9), 2);
+        assert_eq!(warps(960, 18), 4);
+        assert_eq!(warps(65_536, 4), 1);
+        assert_eq!(warps(16, 9), 2);
+        assert!(quant_launch(QuantFormat::Q8_0, 6144, 128).pipelined);
+        assert!(quant_launch(QuantFormat::Q6K, 6144, 128).pipelined);
+        assert!(!quant_launch(QuantFormat::Q4K, 6144, 128).pipelined);
     }
 
     #[test]
@@ -165,9 +192,13 @@ mod tests {
         assert_eq!((l.grid, l.block, l.shared_mem_bytes), ([384, 1, 1], [128, 1, 1], 0));
         assert_eq!(l.args.len(), 11);
         assert!(quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 9, None).is_err());
-        assert!(quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 8, Some(3)).is_err());
-        let eight = quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 8, Some(8)).unwrap().unwrap();
-        assert_eq!(eight.block, [256, 1, 1]);
+        let spread = |warps, pipelined| Some(QuantLaunch { warps, pipelined });
+        assert!(quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 8, spread(3, false)).is_err());
+        let eight = quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 8, spread(8, true)).unwrap().unwrap();
+        assert_eq!(
+            (eight.function.as_str(), eight.block),
+            ("pagoda_quant_matmul_bf16_Q4K_pipelined", [256, 1, 1])
+        );
         assert!(quant_matmul(DType::F32, 1, 4096, &w, 2, 6144, 1, None).is_err());
         assert!(quant_matmul(DType::F16, 1, 4096, &w, 2, 6144, 0, None).unwrap().is_none());
         let d = quant_dequantize(DType::F32, &pointers(QuantFormat::Q6K, 3, 8), 7).unwrap().unwrap();

@@ -5,13 +5,13 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
 use super::device;
-use super::quant::{self, QuantPointers};
+use super::quant::{self, QuantLaunch, QuantPointers};
 use crate::check::{self, invalid};
 
 /// `x [M, K] . w^T` for M <= 8 into a new contiguous `[M, rows]`; `pointers` gives the
-/// weight's arrays from the address its bytes start at; `warps` overrides the rule.
+/// weight's arrays from the address its bytes start at; `launch` overrides the rule.
 pub(crate) fn quant_matmul(
-    warps: Option<usize>,
+    launch: Option<QuantLaunch>,
     pointers: &dyn Fn(u64) -> QuantPointers,
     x: &CudaStorage,
     x_l: &Layout,
@@ -43,7 +43,7 @@ pub(crate) fn quant_matmul(
             out_ptr,
             weight.rows,
             xr.rows,
-            warps,
+            launch,
         )?;
         if let Some(l) = launch {
             device::launch(&dev, &l)?;

@@ -49,11 +49,11 @@ fn quant_matmul_matches_cpu_in_every_format_and_ignores_the_other_rows() {
                 let wide = random(&mut rng, &[m, k + pad], dtype);
                 let x = wide.narrow(1, 0, k).unwrap();
                 let want = f32_values(&w.matmul(&x).unwrap());
-                let sim_matmul = |rows: usize, first: usize, warps: Option<usize>| {
+                let sim_matmul = |rows: usize, first: usize, launch: Option<quant::QuantLaunch>| {
                     let mut xb = HostBuf::of(&wide);
                     let mut out = HostBuf::poisoned(dtype, rows * n);
                     let x_addr = xb.addr(first * (k + pad));
-                    run(quant::quant_matmul(dtype, x_addr, k + pad, &pointers, out.addr(0), n, rows, warps)
+                    run(quant::quant_matmul(dtype, x_addr, k + pad, &pointers, out.addr(0), n, rows, launch)
                         .unwrap());
                     out.to_f32()
                 };
@@ -61,9 +61,10 @@ fn quant_matmul_matches_cpu_in_every_format_and_ignores_the_other_rows() {
                 let err = rel_err(&got, &want);
                 assert!(err <= tolerance(dtype), "{format:?} {dtype:?} {m}x{n}x{k}: {err}");
                 // Other spreads (the timing sweep's) split K differently: same values.
-                for warps in [1, 8] {
-                    let err = rel_err(&sim_matmul(m, 0, Some(warps)), &want);
-                    assert!(err <= tolerance(dtype), "{format:?} {dtype:?} {m}x{n}x{k} {warps} warps: {err}");
+                for (warps, pipelined) in [(1, false), (8, false), (1, true), (4, true)] {
+                    let launch = Some(quant::QuantLaunch { warps, pipelined });
+                    let err = rel_err(&sim_matmul(m, 0, launch), &want);
+                    assert!(err <= tolerance(dtype), "{format:?} {dtype:?} {m}x{n}x{k} {launch:?}: {err}");
                 }
                 // The last row alone gives the same bits as among the others.
                 let alone = sim_matmul(1, m - 1, None);

@@ -14,7 +14,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
 use crate::check::{self, invalid};
-pub use crate::cuda::quant::QUANT_MATMUL_MAX_ROWS;
+pub use crate::cuda::quant::{QuantLaunch, QUANT_MATMUL_MAX_ROWS};
 use crate::dtype::{with_float, Float};
 use crate::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 
@@ -119,18 +119,18 @@ impl DeviceQuantWeight {
     /// `x [M, cols] . w^T` on the quantized kernel (CUDA: f16/bf16, M <= 8; the CPU: the
     /// reference, any float dtype and M).
     pub fn matmul(&self, x: &Tensor) -> Result<Tensor> {
-        self.matmul_with_warps(x, None)
+        self.matmul_with(x, None)
     }
 
-    /// As [`DeviceQuantWeight::matmul`] with the kernel's warps per block chosen by the caller
-    /// (`None` for the shape's rule): for timing the rule, not for models.
-    pub fn matmul_with_warps(&self, x: &Tensor, warps: Option<usize>) -> Result<Tensor> {
+    /// As [`DeviceQuantWeight::matmul`] with the kernel's spread chosen by the caller (`None`
+    /// for the shape's rule): for timing the rule, not for models.
+    pub fn matmul_with(&self, x: &Tensor, launch: Option<QuantLaunch>) -> Result<Tensor> {
         let (_, k) = x.dims2()?;
         if k != self.cols {
             return Err(invalid(OP, format!("x has {k} columns, the weight {}", self.cols)));
         }
         check::same_device(x, &self.data, OP)?;
-        x.apply_op2_no_bwd(&self.data, &QuantMatmulOp { weight: self.shape(), warps })
+        x.apply_op2_no_bwd(&self.data, &QuantMatmulOp { weight: self.shape(), launch })
     }
 
     /// The weight as a dense `[rows, cols]` tensor of `dtype` (f32, f16 or bf16).
@@ -187,7 +187,7 @@ impl WeightShape {
 struct QuantMatmulOp {
     weight: WeightShape,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    warps: Option<usize>,
+    launch: Option<QuantLaunch>,
 }
 
 fn reference<T: Float>(x: &CpuStorage, x_l: &Layout, w: &QuantizedWeight) -> Result<CpuStorage> {
@@ -234,7 +234,7 @@ impl CustomOp2 for QuantMatmulOp {
         w_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         crate::cuda::quant_ops::quant_matmul(
-            self.warps,
+            self.launch,
             &|base| self.weight.pointers_at(base),
             x,
             x_l,
