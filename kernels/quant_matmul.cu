@@ -29,7 +29,8 @@
 // in turn), so up to DEPTH * 4 blocks of each row are in flight.
 //
 // Launch: grid (ceil(N / 16)), `warps` warps per block (blockDim.x = 32 * warps), no dynamic
-// shared memory; M <= 8. Warp w takes a contiguous range of the ceil(blocks_per_row / 4)
+// shared memory; M <= 8, or up to 16 and 32 with the `_t2` and `_t4` entries (two and four
+// tiles of x rows per fetch of W; warps * tiles <= 32). Warp w takes a contiguous range of the ceil(blocks_per_row / 4)
 // fetches and the block adds the warps' tiles in warp order, so a row's result does not depend
 // on M. Rows of x start on 16-byte boundaries. The `_pipelined` entries issue a group's loads
 // before multiplying the group before it.
@@ -147,34 +148,43 @@ __device__ __forceinline__ uint32_t packed_pair(const QBlock<FMT> &b, int word, 
     return bf16x2_fma(code2, scale2, min2);
 }
 
-// One fetch of a lane: block 4f + quad of its two W rows and the same 32 elements of its x row.
-template <int FMT> struct Fetch {
+// One fetch of a lane: block 4f + quad of its two W rows and the same 32 elements of its x row
+// in each of the TILES tiles of 8 x rows.
+template <int FMT, int TILES> struct Fetch {
     QBlock<FMT> w0, w1;
-    uint4 x[4];
+    uint4 x[TILES][4];
 };
 
 // Where a lane's fetches come from.
-template <typename T> struct LaneRows {
+template <typename T, int TILES> struct LaneRows {
     QuantArrays w;
     long long row0, row1;  // first block of the lane's W rows
-    bool w_ok0, w_ok1, x_ok;
-    const T *x_row;
+    bool w_ok0, w_ok1;
+    bool x_ok[TILES];
+    const T *x_rows[TILES];
     int quad, blocks_per_row, last;  // `last`: one past the warp's last fetch
 };
 
-template <typename T, int FMT> __device__ __forceinline__ void load_fetch(Fetch<FMT> &g, const LaneRows<T> &r, int f) {
+template <typename T, int FMT, int TILES>
+__device__ __forceinline__ void load_fetch(Fetch<FMT, TILES> &g, const LaneRows<T, TILES> &r, int f) {
     const int block = 4 * f + r.quad;
     const bool valid = f < r.last && block < r.blocks_per_row;
     load_block(g.w0, r.w, r.row0 + block, valid && r.w_ok0);
     load_block(g.w1, r.w, r.row1 + block, valid && r.w_ok1);
     const uint4 zero = {0u, 0u, 0u, 0u};
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        g.x[i] = valid && r.x_ok ? *reinterpret_cast<const uint4 *>(r.x_row + (long long)block * 32 + 8 * i) : zero;
+    for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            g.x[t][i] = valid && r.x_ok[t]
+                            ? *reinterpret_cast<const uint4 *>(r.x_rows[t] + (long long)block * 32 + 8 * i)
+                            : zero;
 }
 
-// acc += the fetch's 16 x 8 tile product: eight mmas, one per 4 elements of the block.
-template <typename T, int FMT> __device__ __forceinline__ void mma_fetch(float (&acc)[4], const Fetch<FMT> &g) {
+// acc[t] += the fetch's 16 x 8 tile product with x tile t: eight mmas per tile, one per 4
+// elements of the block, each W fragment dequantized once for all tiles.
+template <typename T, int FMT, int TILES>
+__device__ __forceinline__ void mma_fetch(float (&acc)[TILES][4], const Fetch<FMT, TILES> &g) {
     using L = QuantLayout<FMT>;
     if constexpr (PackedDequant<T, FMT>::value) {
         const uint32_t neg_k2 = pack2_rn<bf16>(-(128.f + L::OFFSET), -(128.f + L::OFFSET));
@@ -197,11 +207,14 @@ template <typename T, int FMT> __device__ __forceinline__ void mma_fetch(float (
                 packed_pair(g.w0, word, half, 1, s0[half], m0, neg_k2),
                 packed_pair(g.w1, word, half, 1, s1[half], m1, neg_k2),
             };
-            // x words 2i and 2i + 1 hold elements (4i, 4i + 1) and (4i + 2, 4i + 3).
-            const uint4 &v = g.x[i / 2];
-            const uint32_t lo = i % 2 == 0 ? v.x : v.z, hi = i % 2 == 0 ? v.y : v.w;
-            const uint32_t bx[2] = {(lo & 0xFFFFu) | (hi << 16), (lo >> 16) | (hi & 0xFFFF0000u)};
-            mma_16816<T>(acc, a, bx);
+#pragma unroll
+            for (int t = 0; t < TILES; ++t) {
+                // x words 2i and 2i + 1 hold elements (4i, 4i + 1) and (4i + 2, 4i + 3).
+                const uint4 &v = g.x[t][i / 2];
+                const uint32_t lo = i % 2 == 0 ? v.x : v.z, hi = i % 2 == 0 ? v.y : v.w;
+                const uint32_t bx[2] = {(lo & 0xFFFFu) | (hi << 16), (lo >> 16) | (hi & 0xFFFF0000u)};
+                mma_16816<T>(acc[t], a, bx);
+            }
         }
     } else {
 #pragma unroll
@@ -213,31 +226,37 @@ template <typename T, int FMT> __device__ __forceinline__ void mma_fetch(float (
                 pack2_rn<T>(dequant(g.w0, e + 2), dequant(g.w0, e + 3)),
                 pack2_rn<T>(dequant(g.w1, e + 2), dequant(g.w1, e + 3)),
             };
-            // x elements 4i .. 4i + 3 of the block: words 2(i % 2) and 2(i % 2) + 1 of its
-            // 16-byte piece i / 2.
-            const uint4 &v = g.x[i / 2];
-            const uint32_t bx[2] = {i % 2 == 0 ? v.x : v.z, i % 2 == 0 ? v.y : v.w};
-            mma_16816<T>(acc, a, bx);
+#pragma unroll
+            for (int t = 0; t < TILES; ++t) {
+                // x elements 4i .. 4i + 3 of the block: words 2(i % 2) and 2(i % 2) + 1 of its
+                // 16-byte piece i / 2.
+                const uint4 &v = g.x[t][i / 2];
+                const uint32_t bx[2] = {i % 2 == 0 ? v.x : v.z, i % 2 == 0 ? v.y : v.w};
+                mma_16816<T>(acc[t], a, bx);
+            }
         }
     }
 }
 
-// PIPELINED: two groups of DEPTH / 2 fetches, the next group's loads issued before the current
-// group is multiplied (twice the registers of one group); otherwise DEPTH fetches loaded, then
-// multiplied.
-template <typename T, int FMT, bool PIPELINED>
+// The most floats of warps' partial tiles a block keeps (16 KiB): warps * TILES <= 32.
+#define PAGODA_QUANT_PARTIAL_FLOATS 4096
+
+// TILES tiles of 8 rows of x (M <= 8 * TILES), read with each fetch of W. PIPELINED: two groups
+// of DEPTH / 2 fetches, the next group's loads issued before the current group is multiplied
+// (twice the registers of one group); otherwise DEPTH fetches loaded, then multiplied. With
+// more than one tile, half the depth, so the tiles' x fit the registers.
+template <typename T, int FMT, bool PIPELINED, int TILES>
 __device__ __forceinline__ void quant_matmul(const T *__restrict__ x, long long x_row_stride, QuantArrays w,
                                              int blocks_per_row, T *__restrict__ out, long long out_row_stride, int m,
                                              int n) {
     using L = QuantLayout<FMT>;
-    constexpr int DEPTH = L::DEPTH;
-    // Up to 16 warps' partial tiles of 16 x 8 floats.
-    __shared__ float partial[16 * 128];
+    constexpr int DEPTH = TILES == 1 ? L::DEPTH : (L::DEPTH + 1) / 2;
+    __shared__ float partial[PAGODA_QUANT_PARTIAL_FLOATS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const int lane_row = lane / 4;
     const int n0 = blockIdx.x * 16;
 
-    LaneRows<T> r;
+    LaneRows<T, TILES> r;
     r.w = w;
     r.quad = lane % 4;
     r.blocks_per_row = blocks_per_row;
@@ -245,49 +264,58 @@ __device__ __forceinline__ void quant_matmul(const T *__restrict__ x, long long 
     r.w_ok1 = n0 + lane_row + 8 < n;
     r.row0 = (long long)(r.w_ok0 ? n0 + lane_row : 0) * blocks_per_row;
     r.row1 = (long long)(r.w_ok1 ? n0 + lane_row + 8 : 0) * blocks_per_row;
-    r.x_ok = lane_row < m;
-    r.x_row = x + (long long)(r.x_ok ? lane_row : 0) * x_row_stride;
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        r.x_ok[t] = t * 8 + lane_row < m;
+        r.x_rows[t] = x + (long long)(r.x_ok[t] ? t * 8 + lane_row : 0) * x_row_stride;
+    }
 
     const int fetches = (blocks_per_row + 3) / 4;
     const int first = (int)((long long)fetches * warp / warps);
     r.last = (int)((long long)fetches * (warp + 1) / warps);
 
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[TILES][4];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
     if constexpr (PIPELINED) {
-        constexpr int HALF = DEPTH / 2;
-        Fetch<FMT> a[HALF], b[HALF];
+        constexpr int HALF = DEPTH / 2 > 0 ? DEPTH / 2 : 1;
+        Fetch<FMT, TILES> a[HALF], b[HALF];
 #pragma unroll
         for (int d = 0; d < HALF; ++d) load_fetch(a[d], r, first + d);
         for (int f0 = first; f0 < r.last; f0 += 2 * HALF) {
 #pragma unroll
             for (int d = 0; d < HALF; ++d) load_fetch(b[d], r, f0 + HALF + d);
 #pragma unroll
-            for (int d = 0; d < HALF; ++d) mma_fetch<T, FMT>(acc, a[d]);
+            for (int d = 0; d < HALF; ++d) mma_fetch<T, FMT, TILES>(acc, a[d]);
 #pragma unroll
             for (int d = 0; d < HALF; ++d) load_fetch(a[d], r, f0 + 2 * HALF + d);
 #pragma unroll
-            for (int d = 0; d < HALF; ++d) mma_fetch<T, FMT>(acc, b[d]);
+            for (int d = 0; d < HALF; ++d) mma_fetch<T, FMT, TILES>(acc, b[d]);
         }
     } else {
         for (int f0 = first; f0 < r.last; f0 += DEPTH) {
-            Fetch<FMT> g[DEPTH];
+            Fetch<FMT, TILES> g[DEPTH];
 #pragma unroll
             for (int d = 0; d < DEPTH; ++d) load_fetch(g[d], r, f0 + d);
 #pragma unroll
-            for (int d = 0; d < DEPTH; ++d) mma_fetch<T, FMT>(acc, g[d]);
+            for (int d = 0; d < DEPTH; ++d) mma_fetch<T, FMT, TILES>(acc, g[d]);
         }
     }
 
+    // Each warp's tiles, [warp][tile][lane * 4 + i]; then one thread per output element adds
+    // the warps' in warp order.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp * 128 + lane * 4 + i] = acc[i];
+    for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[(warp * TILES + t) * 128 + lane * 4 + i] = acc[t][i];
     __syncthreads();
-    for (int e = threadIdx.x; e < 128; e += blockDim.x) {
-        const int l = e / 4, i = e % 4;
+    for (int e = threadIdx.x; e < 128 * TILES; e += blockDim.x) {
+        const int t = e / 128, l = (e % 128) / 4, i = e % 4;
         // mma's D fragment: element i of lane l is row l/4 (+8 for i >= 2), column 2(l%4) + i%2.
         const int row = n0 + l / 4 + (i >= 2 ? 8 : 0);
-        const int col = 2 * (l % 4) + i % 2;
+        const int col = t * 8 + 2 * (l % 4) + i % 2;
         float sum = 0.f;
-        for (int v = 0; v < warps; ++v) sum += partial[v * 128 + e];
+        for (int v = 0; v < warps; ++v) sum += partial[(v * TILES + t) * 128 + e % 128];
         if (row < n && col < m) out[(long long)col * out_row_stride + row] = Float<T>::from_f32(sum);
     }
 }
@@ -313,19 +341,23 @@ __device__ __forceinline__ void quant_dequantize(QuantArrays w, long long blocks
 
 }  // namespace pagoda
 
-#define PAGODA_QUANT_MATMUL_ENTRY(name, T, fmt, pipelined)                                            \
+#define PAGODA_QUANT_MATMUL_ENTRY(name, T, fmt, pipelined, tiles)                                     \
     extern "C" __global__ void name(const T *x, long long x_row_stride, const uint32_t *codes, const uint32_t *high, \
                                     const float *scales, const float *mins, int blocks_per_row, T *out,          \
                                     long long out_row_stride, int m, int n) {                                    \
-        pagoda::quant_matmul<T, pagoda::fmt, pipelined>(x, x_row_stride,                                         \
-                                                        pagoda::QuantArrays{codes, high, scales, mins},          \
-                                                        blocks_per_row, out, out_row_stride, m, n);              \
+        pagoda::quant_matmul<T, pagoda::fmt, pipelined, tiles>(x, x_row_stride,                                  \
+                                                               pagoda::QuantArrays{codes, high, scales, mins},   \
+                                                               blocks_per_row, out, out_row_stride, m, n);       \
     }                                                                                                            \
     PAGODA_ENTRY(name)
 
+// One tile of rows (models' decode steps), plain and pipelined; two and four tiles (9 to 32
+// rows, timed against the dequantized copy), plain.
 #define PAGODA_QUANT_MATMUL(suffix, T, fmt)                                                       \
-    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt, T, fmt, false)                \
-    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt##_pipelined, T, fmt, true)
+    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt, T, fmt, false, 1)             \
+    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt##_pipelined, T, fmt, true, 1)  \
+    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt##_t2, T, fmt, false, 2)        \
+    PAGODA_QUANT_MATMUL_ENTRY(pagoda_quant_matmul_##suffix##_##fmt##_t4, T, fmt, false, 4)
 
 #define PAGODA_QUANT_DEQUANTIZE(suffix, T, fmt)                                                          \
     extern "C" __global__ void pagoda_quant_dequantize_##suffix##_##fmt(                                 \

@@ -47,7 +47,9 @@ pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMem
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
 pub use kv_cache::reshape_and_cache;
-pub use matmul::device_quant::{DeviceQuantWeight, QuantLaunch, QUANT_MATMUL_MAX_ROWS};
+pub use matmul::device_quant::{
+    DeviceQuantWeight, QuantLaunch, QUANT_KERNEL_MAX_ROWS, QUANT_MATMUL_MAX_ROWS,
+};
 pub use matmul::gemm_probe::{time_panel_kernels, PanelTiming};
 pub use matmul::panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use matmul::quant_matmul::{quant_matmul, quant_matmul_batch_invariant};

@@ -9,8 +9,12 @@ use crate::QuantFormat;
 
 const OP: &str = "quant_matmul";
 
-/// The most rows of x the kernel takes (one mma tile's columns).
+/// The most rows of x models give the kernel: one mma tile's columns. Larger steps run on a
+/// dequantized copy until a GPU run times the kernel's two- and four-tile entries against it.
 pub const QUANT_MATMUL_MAX_ROWS: usize = 8;
+
+/// The most rows of x the kernel takes: four tiles of 8 (the `_t2` and `_t4` entries).
+pub const QUANT_KERNEL_MAX_ROWS: usize = 32;
 
 /// Output features per block (one mma tile's rows).
 const FEATURES_PER_BLOCK: usize = 16;
@@ -77,8 +81,9 @@ pub(crate) fn quant_launch(format: QuantFormat, n: usize, blocks_per_row: usize)
     }
 }
 
-/// `out [m, w.rows] = x [m, K] . w^T` for `m <= 8`; x rows `x_row_stride` elements apart, out
-/// rows `out_row_stride`; `launch` overrides the rule (timing only). `None` when there is
+/// `out [m, w.rows] = x [m, K] . w^T` for `m <= 32` (one, two or four tiles of 8 rows per
+/// fetch of W); x rows `x_row_stride` elements apart, out rows `out_row_stride`; `launch`
+/// overrides the rule (timing only; `pipelined` applies to one tile). `None` when there is
 /// nothing to compute.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn quant_matmul(
@@ -95,26 +100,30 @@ pub(crate) fn quant_matmul(
         DType::F16 | DType::BF16 => dtype_suffix(dtype, OP)?,
         other => return Err(candle_core::Error::UnsupportedDTypeForOp(other, OP)),
     };
-    if m > QUANT_MATMUL_MAX_ROWS {
-        candle_core::bail!("{OP}: takes at most {QUANT_MATMUL_MAX_ROWS} rows, got {m}");
+    if m > QUANT_KERNEL_MAX_ROWS {
+        candle_core::bail!("{OP}: takes at most {QUANT_KERNEL_MAX_ROWS} rows, got {m}");
     }
     if m == 0 || w.rows == 0 || w.blocks_per_row == 0 {
         return Ok(None);
     }
     let QuantLaunch { warps, pipelined } =
         launch.unwrap_or_else(|| quant_launch(w.format, w.rows, w.blocks_per_row));
-    if !matches!(warps, 1 | 2 | 4 | 8 | 16) {
-        candle_core::bail!("{OP}: no launch of {warps} warps per block");
+    // One tile per 8 rows; the warps' partial tiles share 4096 floats of shared memory.
+    let tiles = [1, 2, 4].into_iter().find(|t| m <= 8 * t).unwrap_or(4);
+    if !matches!(warps, 1 | 2 | 4 | 8 | 16) || warps * tiles > 32 {
+        candle_core::bail!("{OP}: no launch of {warps} warps per block over {tiles} tiles of rows");
     }
+    // Only one tile has a pipelined entry.
+    let entry = match (tiles, pipelined) {
+        (1, true) => "_pipelined".to_string(),
+        (1, false) => String::new(),
+        (t, _) => format!("_t{t}"),
+    };
     let blocks = w.rows.div_ceil(FEATURES_PER_BLOCK);
     let [codes, high, scales, mins] = w.args();
     Ok(Some(KernelLaunch {
         module: KernelModule::QuantMatmul,
-        function: format!(
-            "pagoda_quant_matmul_{suffix}_{}{}",
-            format_suffix(w.format),
-            if pipelined { "_pipelined" } else { "" }
-        ),
+        function: format!("pagoda_quant_matmul_{suffix}_{}{entry}", format_suffix(w.format)),
         grid: [
             u32::try_from(blocks).map_err(|_| candle_core::Error::Msg(format!("{OP}: {} rows", w.rows)))?,
             1,
@@ -191,9 +200,16 @@ mod tests {
         assert_eq!(l.function, "pagoda_quant_matmul_bf16_Q4K");
         assert_eq!((l.grid, l.block, l.shared_mem_bytes), ([384, 1, 1], [128, 1, 1], 0));
         assert_eq!(l.args.len(), 11);
-        assert!(quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 9, None).is_err());
+        assert!(quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 33, None).is_err());
+        // Two and four tiles past 8 and 16 rows, never pipelined; at most 32 warp-tiles.
+        let t2 = quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 9, None).unwrap().unwrap();
+        assert_eq!(t2.function, "pagoda_quant_matmul_bf16_Q4K_t2");
+        let q8 = pointers(QuantFormat::Q8_0, 6144, 128);
+        let t4 = quant_matmul(DType::F16, 1, 4096, &q8, 2, 6144, 32, None).unwrap().unwrap();
+        assert_eq!((t4.function.as_str(), t4.block), ("pagoda_quant_matmul_f16_Q8_0_t4", [128, 1, 1]));
         let spread = |warps, pipelined| Some(QuantLaunch { warps, pipelined });
         assert!(quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 8, spread(3, false)).is_err());
+        assert!(quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 17, spread(16, false)).is_err());
         let eight = quant_matmul(DType::BF16, 1, 4096, &w, 2, 6144, 8, spread(8, true)).unwrap().unwrap();
         assert_eq!(
             (eight.function.as_str(), eight.block),

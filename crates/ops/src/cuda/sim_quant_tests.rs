@@ -1,7 +1,7 @@
 //! kernels/quant_matmul.cu on the CPU simulator, through the launches the CUDA path makes:
 //! every GGUF format the device keeps, against the CPU references of `DeviceQuantWeight`
 //! (the weight rounded to the activations' dtype, f32 sums), with strided x, widths that end
-//! in a partial fetch and outputs poisoned with NaN.
+//! in a partial fetch, one to four tiles of rows and outputs poisoned with NaN.
 
 use candle_core::{DType, Device};
 use half::f16;
@@ -29,11 +29,21 @@ fn on_sim(w: &DeviceQuantWeight) -> (HostBuf, quant::QuantPointers) {
     (buf, w.bytes_and_pointers(base).1)
 }
 
+/// The error allowed against the reference: the dtype's, twice over for the packed bf16
+/// dequantization of the 4- to 6-bit formats (scale and minimum rounded to bf16, so a weight is
+/// within about 1.5 bf16 units of the reference's instead of half a unit).
+fn allowed(format: QuantFormat, dtype: DType) -> f32 {
+    match (format, dtype) {
+        (QuantFormat::Q8_0, _) | (_, DType::F16) => tolerance(dtype),
+        _ => 2.0 * tolerance(dtype),
+    }
+}
+
 /// Shapes `(m, n, cols)` a format takes: widths of whole fetches and of a partial last one.
 fn shapes(format: QuantFormat) -> Vec<(usize, usize, usize)> {
     match format.gguf_block_elems() {
-        256 => vec![(1, 16, 256), (3, 40, 512), (8, 33, 768), (5, 17, 2304)],
-        _ => vec![(1, 16, 128), (3, 40, 96), (8, 33, 576), (6, 70, 32)],
+        256 => vec![(1, 16, 256), (3, 40, 512), (8, 33, 768), (5, 17, 2304), (12, 24, 512), (32, 17, 256)],
+        _ => vec![(1, 16, 128), (3, 40, 96), (8, 33, 576), (6, 70, 32), (16, 20, 160), (27, 33, 96)],
     }
 }
 
@@ -59,12 +69,16 @@ fn quant_matmul_matches_cpu_in_every_format_and_ignores_the_other_rows() {
                 };
                 let got = sim_matmul(m, 0, None);
                 let err = rel_err(&got, &want);
-                assert!(err <= tolerance(dtype), "{format:?} {dtype:?} {m}x{n}x{k}: {err}");
-                // Other spreads (the timing sweep's) split K differently: same values.
+                assert!(err <= allowed(format, dtype), "{format:?} {dtype:?} {m}x{n}x{k}: {err}");
+                // Other spreads (the timing sweep's; pipelined applies to one tile) split K
+                // differently: the same values.
                 for (warps, pipelined) in [(1, false), (8, false), (1, true), (4, true)] {
                     let launch = Some(quant::QuantLaunch { warps, pipelined });
                     let err = rel_err(&sim_matmul(m, 0, launch), &want);
-                    assert!(err <= tolerance(dtype), "{format:?} {dtype:?} {m}x{n}x{k} {launch:?}: {err}");
+                    assert!(
+                        err <= allowed(format, dtype),
+                        "{format:?} {dtype:?} {m}x{n}x{k} {launch:?}: {err}"
+                    );
                 }
                 // The last row alone gives the same bits as among the others.
                 let alone = sim_matmul(1, m - 1, None);

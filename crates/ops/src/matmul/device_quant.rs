@@ -14,7 +14,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
 use crate::check::{self, invalid};
-pub use crate::cuda::quant::{QuantLaunch, QUANT_MATMUL_MAX_ROWS};
+pub use crate::cuda::quant::{QuantLaunch, QUANT_KERNEL_MAX_ROWS, QUANT_MATMUL_MAX_ROWS};
 use crate::dtype::{with_float, Float};
 use crate::{QuantFormat, QuantizedWeight, QUANT_BLOCK};
 
@@ -116,8 +116,9 @@ impl DeviceQuantWeight {
         x.matmul(&self.dequantize(x.dtype())?.t()?)
     }
 
-    /// `x [M, cols] . w^T` on the quantized kernel (CUDA: f16/bf16, M <= 8; the CPU: the
-    /// reference, any float dtype and M).
+    /// `x [M, cols] . w^T` on the quantized kernel (CUDA: f16/bf16, up to
+    /// [`QUANT_KERNEL_MAX_ROWS`] rows, of which models send [`QUANT_MATMUL_MAX_ROWS`]; the CPU:
+    /// the reference, any float dtype and M).
     pub fn matmul(&self, x: &Tensor) -> Result<Tensor> {
         self.matmul_with(x, None)
     }
