@@ -16,9 +16,10 @@
 // - packed (bf16, the 4- to 6-bit formats): two elements per register. A shift and a mask put
 //   two codes q under the bf16 pattern of 128 (0x4300 | q is 128 + q exactly), a bf16x2
 //   multiply-add takes off 128 + OFFSET (exact), and a second one applies the scale and the
-//   minimum rounded to bf16, rounding once: within about a bf16 unit of the exact value, in
-//   about a fifth of the instructions. The kernel is bound by these instructions, not by
-//   memory, on the 4-bit formats (benches/reports/2026-11-28-quantized-cuda-h200.md).
+//   minimum rounded to bf16, rounding once: within about 1.5 bf16 units of the exact value, in
+//   half the instructions. Computing every element exactly bound the kernel by its
+//   instructions, not by memory, on the 4-bit formats
+//   (benches/reports/2026-11-28-quantized-cuda-h200.md).
 //
 // The matmul is skinny_matmul's tile turned to blocks: each mma.m16n8k16 takes 16 rows of W as
 // A and 8 rows of x as B. A warp walks its range of K four blocks (128 elements) at a time;
@@ -30,10 +31,10 @@
 //
 // Launch: grid (ceil(N / 16)), `warps` warps per block (blockDim.x = 32 * warps), no dynamic
 // shared memory; M <= 8, or up to 16 and 32 with the `_t2` and `_t4` entries (two and four
-// tiles of x rows per fetch of W; warps * tiles <= 32). Warp w takes a contiguous range of the ceil(blocks_per_row / 4)
-// fetches and the block adds the warps' tiles in warp order, so a row's result does not depend
-// on M. Rows of x start on 16-byte boundaries. The `_pipelined` entries issue a group's loads
-// before multiplying the group before it.
+// tiles of x rows per fetch of W; warps * tiles <= 32). Warp w takes a contiguous range of the
+// ceil(blocks_per_row / 4) fetches and the block adds the warps' tiles in warp order, so a
+// row's result does not depend on M. Rows of x start on 16-byte boundaries. The `_pipelined`
+// entries issue a group's loads before multiplying the group before it.
 #include "common.cuh"
 
 namespace pagoda {
@@ -136,7 +137,8 @@ template <int FMT>
 __device__ __forceinline__ uint32_t packed_pair(const QBlock<FMT> &b, int word, int half, int odd, uint32_t scale2,
                                                 uint32_t min2, uint32_t neg_k2) {
     using L = QuantLayout<FMT>;
-    // Bytes 0 and 2 of the word hold elements e and e + 2 (low nibbles) or e + 16 and e + 18.
+    // After the shift, bits 0-3 and 16-19 hold the codes of elements e and e + 2: bytes
+    // 4 * word + odd and 4 * word + odd + 2, their low nibbles for half 0, high for half 1.
     uint32_t q = (b.codes[word] >> (8 * odd + 4 * half)) & 0x000F000Fu;
     const int e = 16 * half + 4 * word + odd;
 #pragma unroll

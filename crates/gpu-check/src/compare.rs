@@ -28,6 +28,14 @@ pub fn tolerance(dtype: DType) -> f32 {
     }
 }
 
+/// The index of a row's largest value (the first of equal ones): a greedy choice.
+pub fn argmax(row: &[f32]) -> u32 {
+    row.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) })
+        .0 as u32
+}
+
 /// Fraction of positions where two token streams agree.
 pub fn agreement(a: &[u32], b: &[u32]) -> f64 {
     let n = a.len().max(b.len());
@@ -49,6 +57,12 @@ mod tests {
         assert_eq!(rel_err(&[1.0], &[1.0, 2.0]), f32::INFINITY);
         assert!(tolerance(DType::BF16) > tolerance(DType::F16));
         assert!(tolerance(DType::F16) > tolerance(DType::F32));
+    }
+
+    #[test]
+    fn argmax_takes_the_first_largest() {
+        assert_eq!(argmax(&[0.5, 2.0, -1.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
-use pagoda_gpu_check::compare::agreement;
+use pagoda_gpu_check::compare::{agreement, argmax};
 use pagoda_gpu_check::report::Report;
 use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
 use pagoda_text::Tokenizer;
@@ -40,13 +40,6 @@ fn runner(
     let blocks = PROMPTS.len() * max_tokens.div_ceil(BLOCK_SIZE);
     let cache = KvCache::new(loaded.model.config(), blocks, BLOCK_SIZE, dtype, device)?;
     Ok(ModelRunner::new(loaded.model, cache, device.clone())?)
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) })
-        .0 as u32
 }
 
 /// Runs the prompts for STEPS greedy steps each. With `forced`, each sequence is extended by

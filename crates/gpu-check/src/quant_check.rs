@@ -17,7 +17,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use pagoda_engine::{ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
-use pagoda_gpu_check::compare::{rel_err, tolerance};
+use pagoda_gpu_check::compare::{argmax, rel_err, tolerance};
 use pagoda_gpu_check::report::Report;
 use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, ModelRunner};
 use pagoda_ops::{DeviceQuantWeight, QuantFormat, QuantizedWeight};
@@ -26,15 +26,6 @@ use crate::bench::{copy_bandwidth, time_calls};
 use crate::step_profile::{decode_batch, enqueue_time, BLOCK_SIZE, CONTEXT};
 
 const SECTION: &str = "quant";
-const FORMATS: [QuantFormat; 7] = [
-    QuantFormat::Q4_0,
-    QuantFormat::Q4_1,
-    QuantFormat::Q5_0,
-    QuantFormat::Q8_0,
-    QuantFormat::Q4K,
-    QuantFormat::Q5K,
-    QuantFormat::Q6K,
-];
 const MAGNITUDE: f32 = 0.06;
 
 fn values(t: &Tensor) -> Result<Vec<f32>> {
@@ -98,7 +89,7 @@ fn check_format(format: QuantFormat, gpu: &Device, seed: &mut u64) -> Result<(f3
 fn correctness(gpu: &Device, report: &mut Report) {
     let mut seed = 11;
     let (mut rows_same, mut dequant_same) = (true, true);
-    for format in FORMATS {
+    for format in QuantFormat::ALL {
         let check =
             format!("quant_matmul {format:?} against the CPU, f16 and bf16, M = 1..40 (error / tolerance)");
         match check_format(format, gpu, &mut seed) {
@@ -174,13 +165,6 @@ fn small_runner(
     let blocks = (PROMPT + DECODE_STEPS).div_ceil(BLOCK_SIZE);
     let cache = KvCache::new(loaded.model.config(), blocks, BLOCK_SIZE, dtype, device)?;
     Ok(ModelRunner::new(loaded.model, cache, device.clone())?)
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) })
-        .0 as u32
 }
 
 /// The worst relative logit difference over the steps, and the share of steps whose greedy

@@ -56,6 +56,17 @@ pub enum QuantFormat {
 }
 
 impl QuantFormat {
+    /// Every format, in declaration order.
+    pub const ALL: [QuantFormat; 7] = [
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4K,
+        QuantFormat::Q5K,
+        QuantFormat::Q6K,
+    ];
+
     /// Elements of one block in a GGUF file: the matrix width must be a multiple of it.
     pub fn gguf_block_elems(self) -> usize {
         match self {

@@ -10,15 +10,7 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-pub(crate) const ALL_FORMATS: [QuantFormat; 7] = [
-    QuantFormat::Q4_0,
-    QuantFormat::Q4_1,
-    QuantFormat::Q5_0,
-    QuantFormat::Q8_0,
-    QuantFormat::Q4K,
-    QuantFormat::Q5K,
-    QuantFormat::Q6K,
-];
+pub(crate) const ALL_FORMATS: [QuantFormat; 7] = QuantFormat::ALL;
 
 /// Byte offsets of the f16 fields in one GGUF block of `format`.
 fn half_fields(format: QuantFormat) -> &'static [usize] {
