@@ -3,9 +3,11 @@
 //! [`QUANT_MATMUL_MAX_ROWS`] rows without ever being dense, and dequantized into a scratch copy
 //! for the larger steps, which cuBLAS then multiplies.
 //!
-//! A 16-bit weight element is the value the GGUF defines (the CPU's exact f32) rounded once to
-//! the activations' dtype, so both paths multiply the numbers a dequantized bf16/f16 copy of the
-//! weight would hold, while the device keeps 5 to 9 bits per weight instead of 16.
+//! The device keeps 5 to 9 bits per weight instead of 16. The scratch copy, and the kernel in
+//! f16 and for Q8_0, hold the value the GGUF defines (the CPU's exact f32) rounded once to the
+//! activations' dtype: the numbers a dequantized copy of the weight would hold. In bf16 the
+//! kernel dequantizes the 4- to 6-bit formats two elements at a time with the scale and minimum
+//! rounded to bf16, within about 1.5 bf16 units of that value (kernels/quant_matmul.cu).
 //!
 //! On the CPU the ops run their references (for tests): dequantize, round to the dtype, f32
 //! sums in order.
@@ -91,9 +93,9 @@ impl DeviceQuantWeight {
         self.sections.end
     }
 
-    /// Whether [`DeviceQuantWeight::matmul`] takes `x` on CUDA: f16 or bf16 on the weight's
-    /// device, 1 to [`QUANT_MATMUL_MAX_ROWS`] rows of `cols` elements, contiguous and starting on
-    /// 16-byte boundaries.
+    /// Whether [`DeviceQuantWeight::forward`] multiplies `x` on the quantized kernel: on CUDA,
+    /// f16 or bf16 on the weight's device, 1 to [`QUANT_MATMUL_MAX_ROWS`] rows of `cols`
+    /// elements, contiguous and starting on 16-byte boundaries.
     pub fn kernel_takes(&self, x: &Tensor) -> bool {
         if !x.device().is_cuda() || !x.device().same_device(self.data.device()) {
             return false;
@@ -124,7 +126,7 @@ impl DeviceQuantWeight {
     }
 
     /// As [`DeviceQuantWeight::matmul`] with the kernel's spread chosen by the caller (`None`
-    /// for the shape's rule): for timing the rule, not for models.
+    /// for the weight's rule): for timing the rule, not for models.
     pub fn matmul_with(&self, x: &Tensor, launch: Option<QuantLaunch>) -> Result<Tensor> {
         let (_, k) = x.dims2()?;
         if k != self.cols {
