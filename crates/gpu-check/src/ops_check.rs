@@ -38,7 +38,8 @@ fn poison(gpu: &Device) -> Result<()> {
     Ok(())
 }
 
-fn values(t: &Tensor) -> Result<Vec<f32>> {
+/// A tensor's values as f32 on the host.
+pub(crate) fn values(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
 }
 

@@ -23,14 +23,11 @@ use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, M
 use pagoda_ops::{DeviceQuantWeight, QuantFormat, QuantizedWeight};
 
 use crate::bench::{copy_bandwidth, time_calls};
+use crate::ops_check::values;
 use crate::step_profile::{decode_batch, enqueue_time, BLOCK_SIZE, CONTEXT};
 
 const SECTION: &str = "quant";
 const MAGNITUDE: f32 = 0.06;
-
-fn values(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
-}
 
 fn bits(t: &Tensor) -> Result<Vec<u32>> {
     Ok(values(t)?.iter().map(|v| v.to_bits()).collect())

@@ -141,6 +141,21 @@ impl GgufWeights {
         }
     }
 
+    /// `rows` rows of `cols` elements of `format` from the GGUF bytes of tensor `name`.
+    fn parse_blocks(
+        &self,
+        name: &str,
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<QuantizedWeight> {
+        QuantizedWeight::from_gguf(format, rows, cols, bytes).map_err(|e| ModelError::Gguf {
+            path: self.path.clone(),
+            message: format!("tensor `{name}`: {e}"),
+        })
+    }
+
     fn qtensor(&mut self, name: &str) -> Result<QTensor> {
         let Some(&index) = self.part_of.get(name) else {
             return Err(ModelError::MissingTensor { path: self.path.clone(), tensor: name.to_string() });
@@ -243,10 +258,7 @@ impl WeightSource for GgufWeights {
         let Some(format) = self.packed_format(name) else { return Ok(None) };
         let q = self.qtensor(name)?;
         check_shape(&self.path, name, &[rows, cols], q.shape().dims())?;
-        let blocks = QuantizedWeight::from_gguf(format, rows, cols, &q.data()?).map_err(|e| {
-            ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
-        })?;
-        Ok(Some(blocks))
+        Ok(Some(self.parse_blocks(name, format, rows, cols, &q.data()?)?))
     }
 
     fn experts(&mut self, name: &str, num_experts: usize, rows: usize, cols: usize) -> Result<Vec<Linear>> {
@@ -259,9 +271,7 @@ impl WeightSource for GgufWeights {
             return data
                 .chunks_exact(per_expert)
                 .map(|bytes| {
-                    let blocks = QuantizedWeight::from_gguf(format, rows, cols, bytes).map_err(|e| {
-                        ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
-                    })?;
+                    let blocks = self.parse_blocks(name, format, rows, cols, bytes)?;
                     Linear::blocks_on(blocks, self.kernel_plan, &self.device)
                 })
                 .collect();
@@ -281,10 +291,10 @@ impl WeightSource for GgufWeights {
         if !self.keeps_quantized(name) {
             return Linear::dense(q.dequantize(&self.device)?.to_dtype(self.dtype)?, bias, self.kernel_plan);
         }
-        if let (Some(format), true) = (self.packed_format(name), self.device.is_cuda()) {
-            let blocks = QuantizedWeight::from_gguf(format, out_dim, in_dim, &q.data()?).map_err(|e| {
-                ModelError::Gguf { path: self.path.clone(), message: format!("tensor `{name}`: {e}") }
-            })?;
+        // Kept quantized and in a format ours read: only on CUDA (the CPU keeps ours when it
+        // dequantizes, returned above).
+        if let Some(format) = self.packed_format(name) {
+            let blocks = self.parse_blocks(name, format, out_dim, in_dim, &q.data()?)?;
             let weight = Linear::blocks_on(blocks, self.kernel_plan, &self.device)?;
             return Ok(weight.with_bias(bias));
         }

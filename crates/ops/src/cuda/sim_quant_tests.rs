@@ -4,20 +4,17 @@
 //! in a partial fetch, one to four tiles of rows and outputs poisoned with NaN.
 
 use candle_core::{DType, Device};
-use half::f16;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 use super::quant;
 use super::sim_tests::{f32_values, random, rel_err, run, tolerance, HostBuf};
-use crate::matmul::quant_weight::tests::{random_gguf, ALL_FORMATS};
-use crate::{DeviceQuantWeight, QuantFormat, QuantizedWeight};
+use crate::matmul::quant_weight::tests::small_random_weight;
+use crate::{DeviceQuantWeight, QuantFormat};
 
 /// A random `[rows, cols]` weight of `format` with scales around 0.01.
 fn weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> DeviceQuantWeight {
-    let bytes = random_gguf(rng, format, rows, cols, |r| f16::from_f32(r.random_range(-0.02f32..0.02)));
-    let host = QuantizedWeight::from_gguf(format, rows, cols, &bytes).unwrap();
-    DeviceQuantWeight::new(&host, &Device::Cpu).unwrap()
+    DeviceQuantWeight::new(&small_random_weight(rng, format, rows, cols), &Device::Cpu).unwrap()
 }
 
 /// The weight's bytes as a host buffer standing in for device memory, and its arrays there.
@@ -50,7 +47,7 @@ fn shapes(format: QuantFormat) -> Vec<(usize, usize, usize)> {
 #[test]
 fn quant_matmul_matches_cpu_in_every_format_and_ignores_the_other_rows() {
     let mut rng = StdRng::seed_from_u64(21);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         for dtype in [DType::F16, DType::BF16] {
             for (m, n, k) in shapes(format) {
                 let w = weight(&mut rng, format, n, k);
@@ -95,7 +92,7 @@ fn quant_matmul_matches_cpu_in_every_format_and_ignores_the_other_rows() {
 #[test]
 fn quant_dequantize_matches_cpu_bit_for_bit() {
     let mut rng = StdRng::seed_from_u64(22);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         let (rows, cols) = (7, 2 * format.gguf_block_elems());
         let w = weight(&mut rng, format, rows, cols);
         let (_w_buf, pointers) = on_sim(&w);

@@ -49,10 +49,7 @@ impl Sections {
 /// A `[rows, cols]` matrix of GGUF blocks on a device (or, for tests, the CPU).
 #[derive(Debug, Clone)]
 pub struct DeviceQuantWeight {
-    format: QuantFormat,
-    rows: usize,
-    cols: usize,
-    sections: Sections,
+    shape: WeightShape,
     /// The arrays back to back as `u8`, each at its [`Sections`] offset.
     data: Tensor,
 }
@@ -61,36 +58,35 @@ impl DeviceQuantWeight {
     /// Uploads `w`'s arrays to `device`.
     pub fn new(w: &QuantizedWeight, device: &Device) -> Result<Self> {
         let sections = Sections::of(w.format(), w.rows(), w.cols());
-        let mut bytes = vec![0u8; sections.end];
-        bytes[sections.codes..sections.codes + w.codes().len()].copy_from_slice(w.codes());
-        let words = |at: usize, values: &mut dyn Iterator<Item = [u8; 4]>, bytes: &mut [u8]| {
-            for (i, v) in values.enumerate() {
-                bytes[at + 4 * i..at + 4 * i + 4].copy_from_slice(&v);
-            }
-        };
-        words(sections.high, &mut w.high().iter().map(|v| v.to_le_bytes()), &mut bytes);
-        words(sections.scales, &mut w.scales().iter().map(|v| v.to_le_bytes()), &mut bytes);
-        words(sections.mins, &mut w.mins().iter().map(|v| v.to_le_bytes()), &mut bytes);
-        let len = bytes.len();
-        let data = Tensor::from_vec(bytes, len, device)?;
-        Ok(Self { format: w.format(), rows: w.rows(), cols: w.cols(), sections, data })
+        // Each array after the last, zero-padded up to its section's start.
+        let mut bytes = Vec::with_capacity(sections.end);
+        bytes.extend_from_slice(w.codes());
+        bytes.resize(sections.high, 0);
+        bytes.extend(w.high().iter().flat_map(|v| v.to_le_bytes()));
+        bytes.resize(sections.scales, 0);
+        bytes.extend(w.scales().iter().flat_map(|v| v.to_le_bytes()));
+        bytes.resize(sections.mins, 0);
+        bytes.extend(w.mins().iter().flat_map(|v| v.to_le_bytes()));
+        bytes.resize(sections.end, 0);
+        let data = Tensor::from_vec(bytes, sections.end, device)?;
+        Ok(Self { shape: WeightShape { format: w.format(), rows: w.rows(), cols: w.cols(), sections }, data })
     }
 
     pub fn format(&self) -> QuantFormat {
-        self.format
+        self.shape.format
     }
 
     pub fn rows(&self) -> usize {
-        self.rows
+        self.shape.rows
     }
 
     pub fn cols(&self) -> usize {
-        self.cols
+        self.shape.cols
     }
 
     /// Bytes held on the device.
     pub fn size_in_bytes(&self) -> usize {
-        self.sections.end
+        self.shape.sections.end
     }
 
     /// Whether [`DeviceQuantWeight::forward`] multiplies `x` on the quantized kernel: on CUDA,
@@ -103,7 +99,7 @@ impl DeviceQuantWeight {
         let Ok((m, k)) = x.dims2() else { return false };
         matches!(x.dtype(), DType::BF16 | DType::F16)
             && (1..=QUANT_MATMUL_MAX_ROWS).contains(&m)
-            && k == self.cols
+            && k == self.cols()
             && check::rows(x.layout(), 1, OP)
                 .is_ok_and(|r| r.start.is_multiple_of(8) && (r.rows == 1 || r.row_stride.is_multiple_of(8)))
     }
@@ -129,31 +125,27 @@ impl DeviceQuantWeight {
     /// for the weight's rule): for timing the rule, not for models.
     pub fn matmul_with(&self, x: &Tensor, launch: Option<QuantLaunch>) -> Result<Tensor> {
         let (_, k) = x.dims2()?;
-        if k != self.cols {
-            return Err(invalid(OP, format!("x has {k} columns, the weight {}", self.cols)));
+        if k != self.cols() {
+            return Err(invalid(OP, format!("x has {k} columns, the weight {}", self.cols())));
         }
         check::same_device(x, &self.data, OP)?;
-        x.apply_op2_no_bwd(&self.data, &QuantMatmulOp { weight: self.shape(), launch })
+        x.apply_op2_no_bwd(&self.data, &QuantMatmulOp { weight: self.shape, launch })
     }
 
     /// The weight as a dense `[rows, cols]` tensor of `dtype` (f32, f16 or bf16).
     pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
-        self.data.apply_op1_no_bwd(&DequantizeOp { weight: self.shape(), dtype })
+        self.data.apply_op1_no_bwd(&DequantizeOp { weight: self.shape, dtype })
     }
 
     /// The uploaded bytes and the arrays' addresses when they start at `base` (the simulator
     /// tests' host buffers).
     #[cfg_attr(not(all(test, feature = "kernel-sim")), allow(dead_code))]
     pub(crate) fn bytes_and_pointers(&self, base: u64) -> (&Tensor, crate::cuda::quant::QuantPointers) {
-        (&self.data, self.shape().pointers_at(base))
-    }
-
-    fn shape(&self) -> WeightShape {
-        WeightShape { format: self.format, rows: self.rows, cols: self.cols, sections: self.sections }
+        (&self.data, self.shape.pointers_at(base))
     }
 }
 
-/// What the ops need to read the uploaded bytes.
+/// The matrix the uploaded bytes hold, and where its arrays are: what the ops need to read them.
 #[derive(Debug, Clone, Copy)]
 struct WeightShape {
     format: QuantFormat,

@@ -2,22 +2,16 @@
 //! references of its two ops agree with the host blocks' own dequantization.
 
 use candle_core::{DType, Device, Tensor};
-use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::matmul::quant_weight::tests::{random_gguf, ALL_FORMATS};
-
-fn host_weight(rng: &mut StdRng, format: QuantFormat, rows: usize, cols: usize) -> QuantizedWeight {
-    let bytes = random_gguf(rng, format, rows, cols, |r| f16::from_f32(r.random_range(-0.02f32..0.02)));
-    QuantizedWeight::from_gguf(format, rows, cols, &bytes).unwrap()
-}
+use crate::matmul::quant_weight::tests::small_random_weight as host_weight;
 
 #[test]
 fn uploaded_arrays_dequantize_to_the_blocks_values() {
     let mut rng = StdRng::seed_from_u64(5);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         let (rows, cols) = (9, 2 * format.gguf_block_elems());
         let host = host_weight(&mut rng, format, rows, cols);
         let w = DeviceQuantWeight::new(&host, &Device::Cpu).unwrap();
@@ -42,7 +36,7 @@ fn uploaded_arrays_dequantize_to_the_blocks_values() {
 #[test]
 fn matmul_and_forward_multiply_the_dequantized_weight() {
     let mut rng = StdRng::seed_from_u64(6);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         let (rows, cols) = (12, format.gguf_block_elems());
         let host = host_weight(&mut rng, format, rows, cols);
         let w = DeviceQuantWeight::new(&host, &Device::Cpu).unwrap();

@@ -10,7 +10,6 @@ use super::*;
 use crate::matmul::int8_matmul::tests as int8_tests;
 use crate::matmul::int8_matmul::tests::reference;
 use crate::matmul::quant_matmul::tests::random_weight;
-use crate::matmul::quant_weight::tests::ALL_FORMATS;
 use crate::matmul::quant_weight::QuantFormat;
 
 /// Rows of random activations; row 1 (when present) has an all-zero first block, row 2 one
@@ -50,7 +49,7 @@ fn kernels() -> Vec<(&'static str, Int16TileKernel)> {
 #[test]
 fn every_kernel_matches_the_rounded_activation_product_for_every_format() {
     let mut rng = StdRng::seed_from_u64(31);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         let k = if format.gguf_block_elems() == QUANT_BLOCK { 96 } else { 512 };
         // 70 outputs: two whole panels and a partial one.
         let w = random_weight(&mut rng, format, 70, k);

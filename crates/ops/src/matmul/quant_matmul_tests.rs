@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::matmul::quant_weight::tests::{random_gguf, ALL_FORMATS};
+use crate::matmul::quant_weight::tests::random_gguf;
 
 /// A matrix of random GGUF bytes of `format`, with scales and minimums (either sign) of a real
 /// model's magnitude.
@@ -69,7 +69,7 @@ fn kernels(format: QuantFormat) -> Vec<(&'static str, RowsKernel)> {
 #[test]
 fn every_kernel_matches_the_dequantized_matmul() {
     let mut rng = StdRng::seed_from_u64(7);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         // Row counts below, at and above the task split (and odd); widths of 1 to 48 blocks of
         // 32 (1 to 6 super-blocks of 256 for K-quants).
         let shapes: &[(usize, usize)] = if format.gguf_block_elems() == QUANT_BLOCK {
@@ -136,7 +136,7 @@ fn bad_inputs_are_errors() {
 #[test]
 fn batch_invariant_rows_have_the_bits_they_have_alone() {
     let mut rng = StdRng::seed_from_u64(23);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         let cols = if format.gguf_block_elems() == QUANT_BLOCK { 96 } else { 512 };
         let w = random_weight(&mut rng, format, 45, cols);
         let x = random_rows(&mut rng, 21, cols);

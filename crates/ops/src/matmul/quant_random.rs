@@ -83,12 +83,11 @@ impl QuantizedWeight {
 
 #[cfg(test)]
 mod tests {
-    use crate::matmul::quant_weight::tests::ALL_FORMATS;
-    use crate::QuantizedWeight;
+    use crate::{QuantFormat, QuantizedWeight};
 
     #[test]
     fn random_weights_are_seeded_and_stay_within_their_magnitude() {
-        for format in ALL_FORMATS {
+        for format in QuantFormat::ALL {
             let cols = 2 * format.gguf_block_elems();
             let a = QuantizedWeight::random(format, 37, cols, 0.05, 7).unwrap();
             assert_eq!((a.rows(), a.cols(), a.format()), (37, cols, format));

@@ -10,8 +10,6 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-pub(crate) const ALL_FORMATS: [QuantFormat; 7] = QuantFormat::ALL;
-
 /// Byte offsets of the f16 fields in one GGUF block of `format`.
 fn half_fields(format: QuantFormat) -> &'static [usize] {
     match format {
@@ -39,6 +37,18 @@ pub(crate) fn random_gguf(
         }
     }
     bytes
+}
+
+/// A random `[rows, cols]` matrix of `format` whose f16 scales (and minimums) lie within
+/// plus or minus 0.02.
+pub(crate) fn small_random_weight(
+    rng: &mut StdRng,
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+) -> QuantizedWeight {
+    let bytes = random_gguf(rng, format, rows, cols, |r| f16::from_f32(r.random_range(-0.02f32..0.02)));
+    QuantizedWeight::from_gguf(format, rows, cols, &bytes).unwrap()
 }
 
 /// Any finite f16: negative, subnormal and large ones included.
@@ -76,7 +86,7 @@ fn candle_dequantize(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]
 #[test]
 fn every_format_dequantizes_exactly_as_candle() {
     let mut rng = StdRng::seed_from_u64(5);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         let width = format.gguf_block_elems();
         for (rows, cols) in [(1, width), (3, 2 * width), (5, 4 * width), (2, 1024)] {
             let bytes = random_gguf(&mut rng, format, rows, cols, any_finite_half);
@@ -189,7 +199,7 @@ fn concat_rows_stacks_and_checks_widths() {
     let wide = QuantizedWeight::from_gguf(QuantFormat::Q4_1, 1, 64, &[0; 40]).unwrap();
     assert!(QuantizedWeight::concat_rows(&[&a, &wide]).is_err());
     let mut rng = StdRng::seed_from_u64(9);
-    for format in ALL_FORMATS {
+    for format in QuantFormat::ALL {
         let cols = format.gguf_block_elems() * 2;
         let parts: Vec<QuantizedWeight> = [2, 3]
             .iter()
