@@ -30,12 +30,13 @@ pub struct ScheduledSeq {
     /// Speculative decoding: the last `num_draft_tokens` of `token_ids` are proposed, not yet
     /// accepted. The executor samples at each of the last `num_draft_tokens + 1` positions and
     /// keeps drafts while they equal what it drew (see [`crate::speculative::verify`]). 0 unless
-    /// `sample` is `Some`. With `executor_drafts` they are placeholders
-    /// ([`DRAFT_PLACEHOLDER`](crate::speculative::DRAFT_PLACEHOLDER)) for the executor to draft.
+    /// `sample` is `Some`.
     pub num_draft_tokens: usize,
-    /// The proposals are the executor's to draft, with [`ScheduledBatch::executor_draft`]
-    /// (the request chose the server's draft); otherwise they are the scheduler's tokens.
-    pub executor_drafts: bool,
+    /// How many tokens the executor drafts after the tokens it keeps this step, with
+    /// [`ScheduledBatch::executor_draft`], and returns as [`SampledToken::proposals`] for the
+    /// next step to verify. The block tables cover `context_len() + num_to_draft` positions, so
+    /// the drafting passes have slots to write. 0 unless `sample` is `Some`.
+    pub num_to_draft: usize,
 }
 
 impl ScheduledSeq {
@@ -87,8 +88,9 @@ pub struct SampleRequest {
     /// Structured output with speculation: the masks of the positions after each proposed
     /// token (`draft_masks[i]` after `i + 1` of them), computed like `allowed`.
     pub draft_masks: Vec<Arc<MaskSlot>>,
-    /// Structured output with proposals the executor drafts itself: the grammar, for the
-    /// executor to fill `draft_masks` along its drafts ([`crate::speculative::DraftChain`]).
+    /// Structured output with `num_to_draft > 0`: the grammar at the step's first sampled
+    /// position, for the executor to walk past the tokens it keeps and draft under
+    /// ([`crate::speculative::DraftChain`]).
     pub draft_grammar: Option<DraftGrammar>,
 }
 
@@ -119,9 +121,9 @@ pub struct ScheduledBatch {
     /// prefix cache). `dst` is always a block no other sequence uses. A pair copies one whole
     /// page, every layer slot of it (a page belongs to one KV group at a time).
     pub block_copies: Vec<(u32, u32)>,
-    /// What the executor drafts the proposals of sequences with `executor_drafts` with,
-    /// greedily, before verifying them (set whenever the server has a draft, so that a draft
-    /// model sees every step).
+    /// What the executor drafts the proposals of sequences with `num_to_draft > 0` with,
+    /// greedily, after sampling (set whenever the server has a draft, so that a draft model
+    /// sees every step).
     pub executor_draft: Option<ExecutorDraft>,
 }
 
@@ -130,9 +132,9 @@ pub struct ScheduledBatch {
 pub enum ExecutorDraft {
     /// The target's own first this many layers (self-speculative).
     Layers(usize),
-    /// A separate, smaller model with the same vocabulary. It computes every token of every
-    /// step (prefill chunks included), so its own KV cache, paged by the same block tables, stays
-    /// in step with the target's.
+    /// A separate, smaller model with the same vocabulary. It computes every token the target
+    /// keeps in every step (prefill chunks included), so its own KV cache, paged by the same
+    /// block tables, stays in step with the target's.
     Model,
 }
 
@@ -168,9 +170,9 @@ pub struct SampledToken {
     pub token_ids: Vec<u32>,
     /// One entry per token when logprobs were asked for.
     pub logprobs: Option<Vec<TopLogprobs>>,
-    /// The proposals the executor drafted itself (a sequence with
-    /// [`ScheduledSeq::executor_drafts`]); empty otherwise.
-    pub drafted: Vec<u32>,
+    /// The executor's drafts of the tokens after `token_ids`, at most
+    /// [`ScheduledSeq::num_to_draft`] of them, for the scheduler to verify next step.
+    pub proposals: Vec<u32>,
 }
 
 impl SampledToken {

@@ -34,6 +34,9 @@ struct Slot {
 
 const EMPTY: Slot = Slot { token: u32::MAX, pos: u32::MAX, group: u32::MAX };
 
+/// The group mark of a slot a drafting pass wrote (see [`FakeExecutor::propose`]).
+const DRAFTED: u32 = u32::MAX - 1;
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct FakeExecutor {
@@ -130,55 +133,53 @@ impl FakeExecutor {
 }
 
 impl FakeExecutor {
-    /// The fake's self-speculative drafter: the model's greedy token after the history, except
-    /// where a hash of the history and `layers` says to be wrong (a quarter of the time). Returns
-    /// `batch` with every sequence's placeholders replaced by its drafts.
-    fn draft(&self, batch: &ScheduledBatch, layers: usize) -> Result<ScheduledBatch, ExecutorError> {
+    /// The fake's drafter, after the tokens `seq` kept this step (`kept`: accepted proposals,
+    /// then the drawn token, which no step has computed yet): the model's greedy token after
+    /// the history, except where a hash of the history and `salt` says to be wrong (a quarter of
+    /// the time), `seq.num_to_draft` times. Under a grammar, each draft is drawn under its
+    /// position's mask, as the real drafters do.
+    ///
+    /// Each drafting pass writes its input's slot, as a pass of the target's first layers does:
+    /// with a mark [`read`](Self::read) refuses, so a step that attends to a drafted slot it did
+    /// not compute again fails, and block tables without slots for the drafts fail too.
+    fn propose(&mut self, seq: &ScheduledSeq, kept: &[u32], salt: usize) -> Result<Vec<u32>, ExecutorError> {
+        let Some((&drawn, accepted)) = kept.split_last() else { return Ok(Vec::new()) };
         let full = (0..self.groups.len()).find(|&g| self.groups.window(g).is_none());
         let (group, window) = match full {
             Some(g) => (g, None),
             None => (0, self.groups.window(0)),
         };
-        let mut filled = batch.clone();
+        // The position of the drawn token: after the step's own tokens and accepted proposals.
+        let at = seq.start_pos + seq.q_len() - seq.num_draft_tokens + accepted.len();
+        let first = window.map_or(0, |w| (at + 1).saturating_sub(w));
+        let mut history = (first..at).map(|pos| self.read(seq, group, pos)).collect::<Result<Vec<_>, _>>()?;
+        history.push(drawn);
+        let mut chain = seq.sample.as_ref().and_then(|req| DraftChain::after(req, kept));
         let mut logits = Vec::new();
-        for seq in &mut filled.seqs {
-            let k = seq.num_draft_tokens;
-            if k == 0 || !seq.executor_drafts {
-                continue;
+        let mut drafts = Vec::with_capacity(seq.num_to_draft);
+        for j in 0..seq.num_to_draft {
+            let pos = at + j;
+            for g in 0..self.groups.len() {
+                let slot = self.slot(seq, g, pos)?;
+                self.kv[slot] = Slot { token: history[history.len() - 1], pos: pos as u32, group: DRAFTED };
             }
-            let own = seq.q_len() - k;
-            let first = window.map_or(0, |w| (seq.start_pos + own).saturating_sub(w));
-            let mut history = (first..seq.start_pos)
-                .map(|pos| self.read(seq, group, pos))
-                .collect::<Result<Vec<_>, _>>()?;
-            history.extend_from_slice(&seq.token_ids[..own]);
-            // Under a grammar, each draft under its position's mask (as the real drafters).
-            let mut chain = seq.sample.as_ref().and_then(DraftChain::new);
-            for j in 0..k {
-                let start = window.map_or(0, |w| history.len().saturating_sub(w));
-                Self::logits_for(&history[start..], self.vocab_size, &mut logits);
-                if let Some(chain) = &chain {
-                    chain.next_mask().with_mask(|m| m.apply(&mut logits)).map_err(|e| {
-                        ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() }
-                    })?;
-                }
-                let best = (0..logits.len())
-                    .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
-                    .unwrap_or(0);
-                let h = history.iter().fold(layers as u64, |h, &t| combine(h, u64::from(t)));
-                let token =
-                    if mix64(h).is_multiple_of(4) { (best + 1) % self.vocab_size } else { best } as u32;
-                seq.token_ids[own + j] = token;
-                history.push(token);
-                if let Some(chain) = &mut chain {
-                    chain.push(token);
-                }
+            let start = window.map_or(0, |w| history.len().saturating_sub(w));
+            Self::logits_for(&history[start..], self.vocab_size, &mut logits);
+            if let Some(mask) = chain.as_mut().and_then(DraftChain::next_mask) {
+                mask.apply(&mut logits);
             }
-            if let (Some(chain), Some(req)) = (chain, seq.sample.as_mut()) {
-                chain.finish(req);
+            let best = (0..logits.len())
+                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+                .unwrap_or(0);
+            let h = history.iter().fold(salt as u64, |h, &t| combine(h, u64::from(t)));
+            let token = if mix64(h).is_multiple_of(4) { (best + 1) % self.vocab_size } else { best } as u32;
+            history.push(token);
+            drafts.push(token);
+            if let Some(chain) = &mut chain {
+                chain.push(token);
             }
         }
-        Ok(filled)
+        Ok(drafts)
     }
 }
 
@@ -193,19 +194,11 @@ impl ModelExecutor for FakeExecutor {
             }
             self.kv.copy_within(src * bs..(src + 1) * bs, dst * bs);
         }
-        let drafted_batch;
-        let batch = match batch.executor_draft {
-            Some(how) => {
-                // The fake's drafts differ by what drafts them, not by what it computes.
-                let salt = match how {
-                    ExecutorDraft::Layers(layers) => layers,
-                    ExecutorDraft::Model => usize::MAX,
-                };
-                drafted_batch = self.draft(batch, salt)?;
-                &drafted_batch
-            }
-            None => batch,
-        };
+        // The fake's drafts differ by what drafts them, not by what it computes.
+        let draft_salt = batch.executor_draft.map(|how| match how {
+            ExecutorDraft::Layers(layers) => layers,
+            ExecutorDraft::Model => usize::MAX,
+        });
         // Like a real forward pass: every new token's KV is written before anything attends.
         for seq in &batch.seqs {
             for g in 0..self.groups.len() {
@@ -253,8 +246,11 @@ impl ModelExecutor for FakeExecutor {
             let (token_ids, logprobs) = verify(&mut self.sampler, rows, req, seq.draft_tokens())
                 // As the model runner does: a row that cannot be sampled fails its sequence only.
                 .map_err(|e| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message: e.to_string() })?;
-            let drafted = if seq.executor_drafts { seq.draft_tokens().to_vec() } else { Vec::new() };
-            sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, drafted });
+            let proposals = match draft_salt {
+                Some(salt) if seq.num_to_draft > 0 => self.propose(seq, &token_ids, salt)?,
+                _ => Vec::new(),
+            };
+            sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, proposals });
         }
         Ok(StepOutput { sampled })
     }
@@ -331,7 +327,7 @@ mod tests {
             block_tables: vec![table],
             sample: greedy(),
             num_draft_tokens: 0,
-            executor_drafts: false,
+            num_to_draft: 0,
         }
     }
 

@@ -60,7 +60,7 @@ fn chunk(
         block_tables: vec![(first_block..first_block + end.div_ceil(BLOCK_SIZE) as u32).collect()],
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: if all_rows { end - start - 1 } else { 0 },
-        executor_drafts: false,
+        num_to_draft: 0,
     }
 }
 

@@ -72,7 +72,7 @@ fn run_schedule(
                 block_tables: vec![(first..first + end.div_ceil(BLOCK_SIZE) as u32).collect()],
                 sample: Some(SampleRequest::greedy()),
                 num_draft_tokens: 0,
-                executor_drafts: false,
+                num_to_draft: 0,
             });
             members.push(i);
         }

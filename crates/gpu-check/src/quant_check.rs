@@ -127,7 +127,7 @@ fn step(runner: &mut ModelRunner, tokens: &[u32], start: usize) -> Result<Vec<f3
         block_tables: vec![blocks],
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: 0,
-        executor_drafts: false,
+        num_to_draft: 0,
     };
     let logits = runner.logits(&ScheduledBatch { seqs: vec![seq], ..ScheduledBatch::default() })?;
     Ok(logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)

@@ -119,7 +119,7 @@ fn compare_verification(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &m
             block_tables: Vec::new(),
             sample: Some(request(rng, i, vocab)),
             num_draft_tokens: drafts_len,
-            executor_drafts: false,
+            num_to_draft: 0,
         });
     }
     let rows = host.len() / vocab;

@@ -52,7 +52,7 @@ pub(crate) fn decode_batch(batch: usize) -> ScheduledBatch {
             block_tables: vec![(i * per_seq..(i + 1) * per_seq).collect()],
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
-            executor_drafts: false,
+            num_to_draft: 0,
         })
         .collect();
     ScheduledBatch { seqs, ..ScheduledBatch::default() }

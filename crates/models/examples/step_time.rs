@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
         block_tables: vec![table.clone()],
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: len - 1,
-        executor_drafts: false,
+        num_to_draft: 0,
     };
     // The context, as a prefill in one step.
     let prefill = ScheduledSeq { num_draft_tokens: 0, ..seq(0, context) };

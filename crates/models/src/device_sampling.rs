@@ -78,8 +78,8 @@ pub fn sample_batch(
                     })
                     .collect()
             });
-            let drafted = if seq.executor_drafts { drafts.to_vec() } else { Vec::new() };
-            Ok(SampledToken { seq_id: seq.seq_id, token_ids: drawn[..n].to_vec(), logprobs, drafted })
+            let (token_ids, proposals) = (drawn[..n].to_vec(), Vec::new());
+            Ok(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, proposals })
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)

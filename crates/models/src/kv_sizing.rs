@@ -58,7 +58,7 @@ impl ProfileShape {
                         ..SampleRequest::greedy()
                     }),
                     num_draft_tokens: 0,
-                    executor_drafts: false,
+                    num_to_draft: 0,
                 }
             })
             .collect();

@@ -8,7 +8,7 @@ pub mod config;
 mod config_gguf;
 mod config_hf;
 pub mod device_sampling;
-pub mod draft_model;
+pub mod drafter;
 pub mod embedding;
 pub mod error;
 pub mod gemma;
@@ -25,7 +25,7 @@ pub mod runner;
 pub mod weights;
 
 pub use config::{ModelConfig, MoeConfig};
-pub use draft_model::DraftModel;
+pub use drafter::DraftModel;
 pub use error::{ModelError, Result};
 pub use kernel_plan::{CpuGemmDtype, CpuKernel, KernelPlan, KernelRequest, ResolvedPlan};
 pub use kv_cache::KvCache;

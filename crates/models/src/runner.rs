@@ -13,7 +13,7 @@ use pagoda_engine::{
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
-use crate::draft_model::{drafts_here, DraftModel};
+use crate::drafter::{DraftModel, Drafter};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{ForwardInput, Model};
@@ -42,16 +42,6 @@ pub(crate) struct FlatBatch {
     cu_seqlens_q: Vec<u32>,
     context_lens: Vec<u32>,
     logits_rows: Vec<u32>,
-}
-
-impl FlatBatch {
-    /// The token ids of `drafted`, the batch this was flattened from with its proposal
-    /// placeholders filled in (nothing else differs, so nothing else is flattened again).
-    fn take_tokens(&mut self, drafted: &ScheduledBatch) {
-        for (seq, bounds) in drafted.seqs.iter().zip(self.cu_seqlens_q.windows(2)) {
-            self.input_ids[bounds[0] as usize..bounds[1] as usize].copy_from_slice(&seq.token_ids);
-        }
-    }
 }
 
 impl ModelRunner {
@@ -99,87 +89,11 @@ impl ModelRunner {
         Ok(())
     }
 
-    /// Checks every sequence against the model and the cache; the first one that cannot run is
-    /// reported on its own so that the engine fails only its request.
-    pub(crate) fn flatten(&self, batch: &ScheduledBatch) -> std::result::Result<FlatBatch, ExecutorError> {
-        let block_size = self.cache.block_size();
-        let num_blocks = self.cache.num_blocks() as u32;
-        let max_len = self.model.config().max_position_embeddings;
-        let num_tokens = batch.num_tokens();
-        let num_groups = self.cache.layout().num_groups();
-        let mut flat = FlatBatch {
-            input_ids: Vec::with_capacity(num_tokens),
-            positions: Vec::with_capacity(num_tokens),
-            slot_mappings: vec![Vec::with_capacity(num_tokens); num_groups],
-            cu_seqlens_q: Vec::with_capacity(batch.seqs.len() + 1),
-            context_lens: Vec::with_capacity(batch.seqs.len()),
-            logits_rows: Vec::new(),
-        };
-        flat.cu_seqlens_q.push(0);
-        for seq in &batch.seqs {
-            let invalid = |message: String| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message };
-            if seq.token_ids.is_empty() {
-                return Err(invalid("no tokens to compute".into()));
-            }
-            if seq.context_len() > max_len {
-                return Err(invalid(format!(
-                    "the context of {} tokens exceeds the model's {max_len} positions",
-                    seq.context_len()
-                )));
-            }
-            if seq.block_tables.len() != num_groups {
-                return Err(invalid(format!(
-                    "{} block tables for a cache of {num_groups} KV groups",
-                    seq.block_tables.len()
-                )));
-            }
-            for table in &seq.block_tables {
-                if table.len() * block_size < seq.context_len() {
-                    return Err(invalid(format!(
-                        "{} blocks cannot hold {} tokens",
-                        table.len(),
-                        seq.context_len()
-                    )));
-                }
-                // Released entries (NULL_BLOCK) are checked against each layer's window by the
-                // attention op; the blocks this step writes must be real.
-                let written = &table[seq.start_pos / block_size..seq.context_len().div_ceil(block_size)];
-                if let Some(b) = table.iter().find(|&&b| b >= num_blocks && b != pagoda_ops::NULL_BLOCK) {
-                    return Err(invalid(format!("block {b} outside the cache of {num_blocks} blocks")));
-                }
-                if written.contains(&pagoda_ops::NULL_BLOCK) {
-                    return Err(invalid("a block this step writes was released".into()));
-                }
-            }
-            for (offset, &token) in seq.token_ids.iter().enumerate() {
-                let pos = seq.start_pos + offset;
-                flat.input_ids.push(token);
-                flat.positions.push(pos as u32);
-                for (slots, table) in flat.slot_mappings.iter_mut().zip(&seq.block_tables) {
-                    let block = table[pos / block_size] as usize;
-                    slots.push((block * block_size + pos % block_size) as u32);
-                }
-            }
-            flat.cu_seqlens_q.push(flat.input_ids.len() as u32);
-            flat.context_lens.push(seq.context_len() as u32);
-            if seq.num_draft_tokens >= seq.q_len() || (seq.num_draft_tokens > 0 && seq.sample.is_none()) {
-                return Err(invalid(format!(
-                    "{} proposed tokens in a step of {} that samples {}",
-                    seq.num_draft_tokens,
-                    seq.q_len(),
-                    if seq.sample.is_some() { "one" } else { "none" }
-                )));
-            }
-            let end = flat.input_ids.len() as u32;
-            flat.logits_rows.extend(end - seq.num_logits_rows() as u32..end);
-        }
-        Ok(flat)
-    }
-
     /// Runs the batch and returns f32 logits `[n, vocab]`, in batch order: for each sequence
     /// with `sample: Some`, one row per verified position (the last `num_draft_tokens + 1`).
     pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
-        let flat = self.flatten(batch).map_err(|e| ModelError::InvalidOption(e.to_string()))?;
+        let flat =
+            flatten(batch, &self.model, &self.cache).map_err(|e| ModelError::InvalidOption(e.to_string()))?;
         self.cache.copy_blocks(&batch.block_copies)?;
         self.forward_flat(batch, flat)
     }
@@ -190,6 +104,87 @@ impl ModelRunner {
     fn forward_flat(&mut self, batch: &ScheduledBatch, flat: FlatBatch) -> Result<Tensor> {
         forward_with(&self.model, &self.cache, &self.device, batch, flat, None)
     }
+}
+
+/// Flattens `batch` for `model` over `cache`, checking every sequence against both; the first
+/// one that cannot run is reported on its own so that the engine fails only its request.
+pub(crate) fn flatten(
+    batch: &ScheduledBatch,
+    model: &Model,
+    cache: &KvCache,
+) -> std::result::Result<FlatBatch, ExecutorError> {
+    let block_size = cache.block_size();
+    let num_blocks = cache.num_blocks() as u32;
+    let max_len = model.config().max_position_embeddings;
+    let num_tokens = batch.num_tokens();
+    let num_groups = cache.layout().num_groups();
+    let mut flat = FlatBatch {
+        input_ids: Vec::with_capacity(num_tokens),
+        positions: Vec::with_capacity(num_tokens),
+        slot_mappings: vec![Vec::with_capacity(num_tokens); num_groups],
+        cu_seqlens_q: Vec::with_capacity(batch.seqs.len() + 1),
+        context_lens: Vec::with_capacity(batch.seqs.len()),
+        logits_rows: Vec::new(),
+    };
+    flat.cu_seqlens_q.push(0);
+    for seq in &batch.seqs {
+        let invalid = |message: String| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message };
+        if seq.token_ids.is_empty() {
+            return Err(invalid("no tokens to compute".into()));
+        }
+        if seq.context_len() > max_len {
+            return Err(invalid(format!(
+                "the context of {} tokens exceeds the model's {max_len} positions",
+                seq.context_len()
+            )));
+        }
+        if seq.block_tables.len() != num_groups {
+            return Err(invalid(format!(
+                "{} block tables for a cache of {num_groups} KV groups",
+                seq.block_tables.len()
+            )));
+        }
+        for table in &seq.block_tables {
+            if table.len() * block_size < seq.context_len() {
+                return Err(invalid(format!(
+                    "{} blocks cannot hold {} tokens",
+                    table.len(),
+                    seq.context_len()
+                )));
+            }
+            // Released entries (NULL_BLOCK) are checked against each layer's window by the
+            // attention op; the blocks this step writes must be real.
+            let written = &table[seq.start_pos / block_size..seq.context_len().div_ceil(block_size)];
+            if let Some(b) = table.iter().find(|&&b| b >= num_blocks && b != pagoda_ops::NULL_BLOCK) {
+                return Err(invalid(format!("block {b} outside the cache of {num_blocks} blocks")));
+            }
+            if written.contains(&pagoda_ops::NULL_BLOCK) {
+                return Err(invalid("a block this step writes was released".into()));
+            }
+        }
+        for (offset, &token) in seq.token_ids.iter().enumerate() {
+            let pos = seq.start_pos + offset;
+            flat.input_ids.push(token);
+            flat.positions.push(pos as u32);
+            for (slots, table) in flat.slot_mappings.iter_mut().zip(&seq.block_tables) {
+                let block = table[pos / block_size] as usize;
+                slots.push((block * block_size + pos % block_size) as u32);
+            }
+        }
+        flat.cu_seqlens_q.push(flat.input_ids.len() as u32);
+        flat.context_lens.push(seq.context_len() as u32);
+        if seq.num_draft_tokens >= seq.q_len() || (seq.num_draft_tokens > 0 && seq.sample.is_none()) {
+            return Err(invalid(format!(
+                "{} proposed tokens in a step of {} that samples {}",
+                seq.num_draft_tokens,
+                seq.q_len(),
+                if seq.sample.is_some() { "one" } else { "none" }
+            )));
+        }
+        let end = flat.input_ids.len() as u32;
+        flat.logits_rows.extend(end - seq.num_logits_rows() as u32..end);
+    }
+    Ok(flat)
 }
 
 /// The forward pass of `model` over its `cache` for a batch already checked and flattened,
@@ -258,29 +253,35 @@ impl ModelExecutor for ModelRunner {
 impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
-        let mut flat = self.flatten(batch)?;
+        let flat = flatten(batch, &self.model, &self.cache)?;
         self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
         if let Some(draft) = &self.draft {
             draft.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
         }
-        let drafted;
-        let batch = match batch.executor_draft {
-            Some(ExecutorDraft::Layers(layers)) if batch.seqs.iter().any(drafts_here) => {
-                drafted = self.draft_with_layers(batch, layers)?;
-                flat.take_tokens(&drafted);
-                &drafted
+        let mut sampled = self.verify(batch, flat)?;
+        let drafter = match batch.executor_draft {
+            Some(how @ ExecutorDraft::Layers(layers)) => Some(Drafter {
+                model: &self.model,
+                cache: &self.cache,
+                device: &self.device,
+                num_layers: Some(layers),
+                how,
+            }),
+            Some(how @ ExecutorDraft::Model) => {
+                let draft =
+                    self.draft.as_ref().ok_or_else(|| ExecutorError::Execution("no draft model".into()))?;
+                Some(Drafter {
+                    model: &draft.model,
+                    cache: &draft.cache,
+                    device: &self.device,
+                    num_layers: None,
+                    how,
+                })
             }
-            // The draft model runs every step, drafting or not, to keep its cache complete.
-            Some(ExecutorDraft::Model) => {
-                drafted = self.draft_with_model(batch)?;
-                flat.take_tokens(&drafted);
-                &drafted
-            }
-            _ => batch,
+            None => None,
         };
-        let sampled = self.verify(batch, flat)?;
-        if batch.executor_draft == Some(ExecutorDraft::Model) {
-            self.complete_draft_cache(batch, &sampled)?;
+        if let Some(drafter) = drafter {
+            drafter.propose(batch, &mut sampled)?;
         }
         Ok(StepOutput { sampled })
     }
@@ -318,8 +319,7 @@ impl ModelRunner {
                 let seq_id = seq.seq_id;
                 let (token_ids, logprobs) = try_verify(rows, req, seq.draft_tokens())
                     .map_err(|e| ExecutorError::InvalidSequence { seq_id, message: e.to_string() })?;
-                let drafted = if seq.executor_drafts { seq.draft_tokens().to_vec() } else { Vec::new() };
-                Ok(SampledToken { seq_id, token_ids, logprobs, drafted })
+                Ok(SampledToken { seq_id, token_ids, logprobs, proposals: Vec::new() })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;
         Ok(sampled)

@@ -1,8 +1,8 @@
 //! Handing sequences' grammar constraints to the mask worker for one step and taking them back
 //! (see [`crate::constraint`]). A sequence that verifies proposals gets one more job per
-//! proposal: a fork of its grammar advanced past the proposals before that position. Proposals
-//! the executor drafts itself get a fork of the grammar instead, for the executor to walk along
-//! its drafts ([`crate::speculative::DraftChain`]).
+//! proposal: a fork of its grammar advanced past the proposals before that position. A sequence
+//! the executor drafts for after the step also gets a fork of its grammar, for the executor to
+//! draft under ([`crate::speculative::DraftChain`]).
 
 use std::sync::Arc;
 
@@ -17,17 +17,14 @@ impl Scheduler {
     pub(crate) fn take_mask_jobs(&mut self, batch: &mut ScheduledBatch) -> Vec<MaskJob> {
         let mut jobs = Vec::new();
         for s in &mut batch.seqs {
-            let executor_drafts = s.executor_drafts;
             let drafts = &s.token_ids[s.token_ids.len() - s.num_draft_tokens..];
             let Some(sample) = s.sample.as_mut() else { continue };
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
             let Some(SeqConstraint(constraint)) = e.constraint.take() else { continue };
-            // The executor's drafts are placeholders here: it walks the grammar along them.
-            if executor_drafts && !drafts.is_empty() {
+            if s.num_to_draft > 0 {
                 let eos = &e.shared.stop.eos_token_ids;
                 sample.draft_grammar = Some(DraftGrammar::new(constraint.fork(), eos));
             }
-            let drafts = if executor_drafts { &[][..] } else { drafts };
             // The scheduler cut the proposals to what the grammar accepts. The sequence's own
             // position first: the sampler waits for it first.
             let mut state = (!drafts.is_empty()).then(|| constraint.fork());

@@ -55,6 +55,8 @@ pub enum UpdateError {
          proposed tokens (1 to drafts + 1 tokens, all but the last the drafts' prefix)"
     )]
     BadVerification { seq_id: SeqId, drafts: usize, got: usize, logprobs: usize },
+    #[error("sequence {seq_id}: the executor drafted {got} tokens for the next step, asked for {asked}")]
+    TooManyProposals { seq_id: SeqId, asked: usize, got: usize },
 }
 
 /// Events and finished-request metrics produced by one scheduler call. Reused across steps so
@@ -124,6 +126,9 @@ pub(crate) struct SeqEntry {
     /// verification accepted plus one, doubled after a proposal held whole, so text that
     /// proposals do not predict stops paying for verified positions.
     pub draft_budget: usize,
+    /// The executor's drafts of the tokens after the sequence's last one, from the last step
+    /// that sampled it, for the next step to verify.
+    pub proposals: Vec<u32>,
 }
 
 impl SeqEntry {
@@ -166,8 +171,8 @@ pub(crate) struct Scheduled {
     pub sample: bool,
     /// The proposed tokens at the end of the step's tokens (speculative decoding).
     pub drafts: Vec<u32>,
-    /// `drafts` are placeholders the executor drafts itself.
-    pub executor_drafts: bool,
+    /// Most tokens the executor may draft after the step ([`crate::ScheduledSeq::num_to_draft`]).
+    pub to_draft: usize,
 }
 
 pub struct Scheduler {
@@ -281,6 +286,7 @@ impl Scheduler {
                 last_scheduled: 0,
                 constraint,
                 draft_budget: MAX_SPECULATIVE_TOKENS,
+                proposals: Vec::new(),
             },
         );
         self.requests.insert(

@@ -86,14 +86,11 @@ impl Scheduler {
                 continue;
             }
             let mut drafts = Vec::new();
-            let mut executor_drafts = false;
             if let (true, Some(proposers)) = (speculate, &self.proposers) {
                 let limit = draft_limit(e, &self.config).min(*budget - 1);
                 let kind = e.shared.speculative_method.unwrap_or(proposers.default_kind());
-                proposers.propose(kind, &e.seq.token_ids, limit, &mut drafts);
-                executor_drafts = kind == ProposerKind::Executor;
-                // Placeholders of the executor's drafts are cut by the executor.
-                if let (false, Some(SeqConstraint(grammar))) = (executor_drafts, &e.constraint) {
+                proposers.propose(kind, &e.seq.token_ids, &e.proposals, limit, &mut drafts);
+                if let Some(SeqConstraint(grammar)) = &e.constraint {
                     cut_to_grammar(&**grammar, &e.shared.stop.eos_token_ids, &mut drafts);
                 }
             }
@@ -102,14 +99,12 @@ impl Scheduler {
             if fits >= 1 {
                 drafts.truncate(fits - 1);
                 let q = 1 + drafts.len();
-                let by_executor = executor_drafts && !drafts.is_empty();
-                self.push_scheduled(id, q, Drafts { tokens: drafts, by_executor }, batch);
+                self.push_scheduled(id, q, drafts, batch);
                 *budget -= q;
                 i += 1;
                 continue;
             }
-            if self.make_room(id, 1, &mut i).is_some() && self.push_scheduled(id, 1, Drafts::default(), batch)
-            {
+            if self.make_room(id, 1, &mut i).is_some() && self.push_scheduled(id, 1, Vec::new(), batch) {
                 *budget -= 1;
                 i += 1;
             }
@@ -128,7 +123,7 @@ impl Scheduler {
             let fits = self.blocks.max_tokens_fitting(&e.seq, want);
             let q = if fits > 0 { Some(fits) } else { self.make_room(id, want, &mut 0) };
             if let Some(q) = q {
-                if self.push_scheduled(id, q, Drafts::default(), batch) {
+                if self.push_scheduled(id, q, Vec::new(), batch) {
                     *budget -= q;
                 }
             }
@@ -240,7 +235,7 @@ impl Scheduler {
                     self.num_unstarted -= state.shared.n;
                 }
             }
-            if q > 0 && self.push_scheduled(id, q, Drafts::default(), batch) {
+            if q > 0 && self.push_scheduled(id, q, Vec::new(), batch) {
                 *budget -= q;
             }
             if forks_now {
@@ -252,7 +247,7 @@ impl Scheduler {
                     }
                     let fits =
                         self.seqs.get(&sid).is_some_and(|e| self.blocks.max_tokens_fitting(&e.seq, 1) == 1);
-                    if fits && self.push_scheduled(sid, 1, Drafts::default(), batch) {
+                    if fits && self.push_scheduled(sid, 1, Vec::new(), batch) {
                         *budget -= 1;
                     }
                 }
@@ -261,24 +256,26 @@ impl Scheduler {
     }
 
     /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch; the last
-    /// `drafts.tokens.len()` of the `q` tokens are `drafts`, proposed after the sequence's own
-    /// tokens.
-    fn push_scheduled(
-        &mut self,
-        id: SeqId,
-        q: usize,
-        Drafts { tokens: drafts, by_executor }: Drafts,
-        batch: &mut ScheduledBatch,
-    ) -> bool {
+    /// `drafts.len()` of the `q` tokens are `drafts`, proposed after the sequence's own tokens.
+    /// A sequence whose proposals the executor drafts also gets, from the free blocks only,
+    /// slots for the drafts it makes after this step.
+    fn push_scheduled(&mut self, id: SeqId, q: usize, drafts: Vec<u32>, batch: &mut ScheduledBatch) -> bool {
+        let default_proposer = self.default_proposer_now();
         let Some(e) = self.seqs.get_mut(&id) else { return false };
-        if self.blocks.allocate(&mut e.seq, q, &mut batch.block_copies).is_err() {
-            debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
-            return false;
-        }
         let start = e.seq.num_computed_tokens;
         let own = q - drafts.len();
         let sample = start + own == e.target() && e.fork_into <= 1;
         debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
+        let kind = default_proposer.map(|default| e.shared.speculative_method.unwrap_or(default));
+        let wanted = match kind {
+            Some(ProposerKind::Executor) if sample => next_draft_limit(e, &self.config, drafts.len()),
+            _ => 0,
+        };
+        let to_draft = self.blocks.max_tokens_fitting(&e.seq, q + wanted).saturating_sub(q);
+        if self.blocks.allocate(&mut e.seq, q + to_draft, &mut batch.block_copies).is_err() {
+            debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
+            return false;
+        }
         let sample_request = sample.then(|| sample_request(e));
         let mut token_ids = Vec::with_capacity(q);
         token_ids.extend_from_slice(&e.seq.token_ids[start..start + own]);
@@ -290,7 +287,7 @@ impl Scheduler {
             block_tables: e.seq.block_tables.clone(),
             sample: sample_request,
             num_draft_tokens: drafts.len(),
-            executor_drafts: by_executor,
+            num_to_draft: to_draft,
         });
         e.last_scheduled = self.step;
         if own == 1 && sample && e.seq.output_len() > 0 {
@@ -298,8 +295,15 @@ impl Scheduler {
         } else {
             self.last_stats.num_prefill_tokens += q;
         }
-        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, executor_drafts: by_executor });
+        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, to_draft });
         true
+    }
+
+    /// The server's default proposer while speculation is on at this batch size.
+    fn default_proposer_now(&self) -> Option<ProposerKind> {
+        let spec = self.config.speculative.as_ref()?;
+        let proposers = self.proposers.as_ref()?;
+        (self.running.len() <= spec.disable_by_batch_size).then(|| proposers.default_kind())
     }
 
     /// The least urgent (highest priority value), most recently admitted running sequence other
@@ -325,6 +329,9 @@ impl Scheduler {
         self.running.remove(pos);
         let e = self.seqs.get_mut(&id)?;
         self.blocks.free(&mut e.seq);
+        // The recompute samples the last token again: drafts after it would be guesses about
+        // another token's future.
+        e.proposals.clear();
         e.seq.status = SeqStatus::Waiting;
         self.running_slots -= e.slots();
         let request_id = e.seq.request_id;
@@ -359,6 +366,7 @@ impl Scheduler {
                     last_scheduled,
                     constraint: constraint.clone(),
                     draft_budget: MAX_SPECULATIVE_TOKENS,
+                    proposals: Vec::new(),
                 },
             );
             self.running.push(id);
@@ -395,14 +403,6 @@ impl Scheduler {
     }
 }
 
-/// A step's proposals for one sequence.
-#[derive(Debug, Default)]
-struct Drafts {
-    tokens: Vec<u32>,
-    /// Placeholders the executor fills with its own drafts.
-    by_executor: bool,
-}
-
 /// Most tokens a decoding sequence may propose: at most its request's own cap; a verified step
 /// yields up to one more token than it proposed, which must stay within `max_tokens` and
 /// `max_model_len`; while `min_tokens` is not reached, every verified position must be one
@@ -424,6 +424,19 @@ fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
         limit = limit.min(min_tokens - output - 1);
     }
     limit
+}
+
+/// A bound on [`draft_limit`] at the sequence's next step, which has at least one more output
+/// token and a draft budget updated from this step's `proposed` tokens: how many tokens the
+/// executor drafts after this step (the next step cuts them to its own limit).
+fn next_draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig, proposed: usize) -> usize {
+    let Some(spec) = &config.speculative else { return 0 };
+    let budget = if proposed > 0 { (2 * proposed).min(MAX_SPECULATIVE_TOKENS) } else { e.draft_budget };
+    spec.num_speculative_tokens
+        .min(e.shared.max_speculative_tokens.unwrap_or(usize::MAX))
+        .min(budget)
+        .min(e.shared.max_tokens.saturating_sub(e.seq.output_len() + 2))
+        .min(config.max_model_len.saturating_sub(e.seq.len() + 2))
 }
 
 /// Cuts proposals at the first token the grammar would refuse (or an end-of-sequence id, which

@@ -2,8 +2,8 @@
 //! fork parents that reached their fork point, append sampled tokens (several when proposals
 //! were accepted), check the token-level stop conditions after each (end-of-sequence, stop
 //! token ids, `min_tokens`, length, a complete grammar; stop strings are the output stage's),
-//! roll back rejected proposals, free finished sequences and produce the step's
-//! [`TokenEvent`]s, which carry token ids and no text.
+//! roll back rejected proposals, keep the executor's drafts for the next step, free finished
+//! sequences and produce the step's [`TokenEvent`]s, which carry token ids and no text.
 
 use std::time::Instant;
 
@@ -41,6 +41,8 @@ impl Scheduler {
             if !s.drafts.is_empty() {
                 e.draft_budget = next_draft_budget(s.drafts.len(), accepted);
             }
+            // Drafts of what follows this step's tokens; a stop below drops them with the sequence.
+            e.proposals = token.proposals;
             let request_id = e.seq.request_id;
             let mut logprobs = token.logprobs.map(Vec::into_iter);
             let mut finish = None;
@@ -80,8 +82,8 @@ impl Scheduler {
     }
 
     /// The output must hold, for each sequence that sampled and in batch order, one to
-    /// `drafts + 1` tokens of which all but the last are its proposals, and one logprobs entry
-    /// per token when any.
+    /// `drafts + 1` tokens of which all but the last are its proposals, one logprobs entry per
+    /// token when any, and at most as many drafts for the next step as it was asked for.
     fn check_output(&self, output: &StepOutput) -> Result<(), UpdateError> {
         let expected = self.scheduled.iter().filter(|s| s.sample).count();
         if output.sampled.len() != expected {
@@ -92,12 +94,10 @@ impl Scheduler {
             if s.seq_id != t.seq_id {
                 return Err(UpdateError::SeqMismatch { index, expected: s.seq_id, got: t.seq_id });
             }
-            // The executor's own drafts stand where the scheduler left placeholders.
-            let drafts = if s.executor_drafts { &t.drafted } else { &s.drafts };
+            let drafts = &s.drafts;
             let got = t.token_ids.len();
             let logprobs = t.logprobs.as_ref().map_or(got, Vec::len);
             if got == 0
-                || drafts.len() != s.drafts.len()
                 || got > drafts.len() + 1
                 || t.token_ids[..got - 1] != drafts[..got - 1]
                 || logprobs != got
@@ -108,6 +108,10 @@ impl Scheduler {
                     got,
                     logprobs,
                 });
+            }
+            if t.proposals.len() > s.to_draft {
+                let (asked, got) = (s.to_draft, t.proposals.len());
+                return Err(UpdateError::TooManyProposals { seq_id: s.seq_id, asked, got });
             }
         }
         Ok(())

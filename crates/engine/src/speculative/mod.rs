@@ -10,9 +10,10 @@
 //!   server's method as the default; [`ngram`] looks the sequence's last tokens up in its own
 //!   history (prompt lookup); [`suffix`] also in a frequency trie of recent requests' outputs;
 //!   with [`SpeculativeMethod::DraftLayers`] or [`SpeculativeMethod::DraftModel`] the executor
-//!   drafts them itself (the target's first layers, or a separate model), and the scheduler only
-//!   reserves their places; under a grammar the executor walks it along its drafts
-//!   ([`DraftChain`]).
+//!   drafts them (the target's first layers, or a separate model) at the end of a step, after
+//!   the tokens it kept, and returns them with the step's output; the scheduler verifies them in
+//!   the next step like any other proposal. Under a grammar the executor drafts each position
+//!   under its mask ([`DraftChain`]).
 //! - [`SpecDecodeStats`]: drafts, draft tokens and accepted tokens per position, for metrics.
 
 pub mod draft_chain;
@@ -49,7 +50,7 @@ pub enum SpeculativeMethod {
     Suffix { max_tree_depth: usize, max_cached_requests: usize, max_spec_factor: f32, min_token_prob: f32 },
     /// Self-speculative (LayerSkip-style): the executor drafts greedily with the target's first
     /// `num_layers` layers, its final norm and its head, `k` passes of one token, writing those
-    /// layers' KV into the very slots the verification then overwrites.
+    /// layers' KV into the very slots the next step's verification overwrites.
     DraftLayers { num_layers: usize },
     /// A separate draft model held by the executor (same vocabulary, its own KV cache paged by
     /// the target's block tables): `k` greedy one-token passes per step.
@@ -57,14 +58,11 @@ pub enum SpeculativeMethod {
 }
 
 impl SpeculativeMethod {
-    /// Whether the executor makes the proposals (the scheduler sends placeholders).
+    /// Whether the executor makes the proposals (they come back with each step's output).
     pub fn drafts_in_executor(&self) -> bool {
         matches!(self, Self::DraftLayers { .. } | Self::DraftModel)
     }
 }
-
-/// The token in the places of proposals the executor is to draft.
-pub const DRAFT_PLACEHOLDER: u32 = u32::MAX;
 
 /// `--speculative-config`.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -7,7 +7,7 @@
 
 use super::{
     NgramProposer, SpeculativeConfig, SpeculativeMethod, SuffixProposer, DEFAULT_PROMPT_LOOKUP_MAX,
-    DEFAULT_PROMPT_LOOKUP_MIN, DRAFT_PLACEHOLDER,
+    DEFAULT_PROMPT_LOOKUP_MIN,
 };
 
 /// Where a sequence's proposals come from.
@@ -17,7 +17,8 @@ pub enum ProposerKind {
     Ngram,
     /// Suffix decoding over recent outputs and the sequence itself ([`super::suffix`]).
     Suffix,
-    /// The executor drafts them: a separate draft model, or the target's first layers.
+    /// The executor drafts them at the end of each step (a separate draft model, or the
+    /// target's first layers); they come back with the step's output.
     Executor,
 }
 
@@ -106,9 +107,16 @@ impl Proposers {
     }
 
     /// Appends to `out` at most `max_tokens` proposed continuations of `tokens` (prompt then
-    /// output so far) from `kind`: tokens, or placeholders ([`DRAFT_PLACEHOLDER`]) for the
-    /// executor to draft.
-    pub fn propose(&self, kind: ProposerKind, tokens: &[u32], max_tokens: usize, out: &mut Vec<u32>) {
+    /// output so far) from `kind`. The executor's proposals are not made here: the scheduler
+    /// keeps those its last step returned (`drafted`) and takes them from there.
+    pub fn propose(
+        &self,
+        kind: ProposerKind,
+        tokens: &[u32],
+        drafted: &[u32],
+        max_tokens: usize,
+        out: &mut Vec<u32>,
+    ) {
         match kind {
             ProposerKind::Ngram => self.ngram.propose(tokens, max_tokens, out),
             // `prepare` ran when the request was added.
@@ -117,7 +125,7 @@ impl Proposers {
                     suffix.propose(tokens, max_tokens, out);
                 }
             }
-            ProposerKind::Executor => out.resize(out.len() + max_tokens, DRAFT_PLACEHOLDER),
+            ProposerKind::Executor => out.extend(drafted.iter().take(max_tokens)),
         }
     }
 }
@@ -133,30 +141,30 @@ mod tests {
         // An earlier output the sequence itself does not contain: only the trie knows it.
         let tokens = [1, 2, 3, 4];
         let mut out = Vec::new();
-        p.propose(ProposerKind::Suffix, &tokens, 4, &mut out);
+        p.propose(ProposerKind::Suffix, &tokens, &[], 4, &mut out);
         assert!(out.is_empty(), "no trie before a request wants one");
         p.prepare(ProposerKind::Suffix);
         p.record_output(&[3, 4, 5, 6, 7, 8]);
-        p.propose(ProposerKind::Suffix, &tokens, 4, &mut out);
+        p.propose(ProposerKind::Suffix, &tokens, &[], 4, &mut out);
         assert_eq!(out, [5, 6]);
         out.clear();
-        p.propose(p.default_kind(), &tokens, 4, &mut out);
+        p.propose(p.default_kind(), &tokens, &[], 4, &mut out);
         assert!(out.is_empty(), "prompt lookup finds no earlier [3, 4] in the sequence");
-        p.propose(p.default_kind(), &[7, 3, 4, 9, 3, 4], 2, &mut out);
+        p.propose(p.default_kind(), &[7, 3, 4, 9, 3, 4], &[], 2, &mut out);
         assert_eq!(out, [9, 3]);
     }
 
     #[test]
-    fn the_executor_fills_placeholders() {
+    fn the_executors_proposals_are_those_it_returned() {
         let config =
             SpeculativeConfig { method: SpeculativeMethod::DraftModel, ..SpeculativeConfig::ngram(4) };
         let p = Proposers::new(&config);
         assert_eq!(p.default_kind(), ProposerKind::Executor);
         let mut out = vec![9];
-        p.propose(p.default_kind(), &[1, 2], 3, &mut out);
-        assert_eq!(out, [9, DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER]);
+        p.propose(p.default_kind(), &[1, 2], &[4, 3, 8, 1], 3, &mut out);
+        assert_eq!(out, [9, 4, 3, 8]);
         out.clear();
-        p.propose(ProposerKind::Ngram, &[5, 6, 7, 5, 6], 3, &mut out);
+        p.propose(ProposerKind::Ngram, &[5, 6, 7, 5, 6], &[4, 3], 3, &mut out);
         assert_eq!(out, [7, 5, 6]);
         assert_eq!(
             ProposerKind::of(&SpeculativeMethod::DraftLayers { num_layers: 2 }),

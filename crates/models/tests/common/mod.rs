@@ -188,7 +188,7 @@ impl TestSeq {
                 .collect(),
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
-            executor_drafts: false,
+            num_to_draft: 0,
         }
     }
 }

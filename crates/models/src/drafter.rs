@@ -1,0 +1,224 @@
+//! Drafting proposals for speculative decoding in the executor ([`ExecutorDraft`]), at the end
+//! of a step: after the target sampled, the drafter continues each sequence that asks for
+//! proposals ([`ScheduledSeq::num_to_draft`]) from the tokens the target kept, greedily, one
+//! pass per position, and returns the drafts with the step's output. The scheduler verifies
+//! them in the next step like any other proposal, so nothing flows back into this step.
+//!
+//! Two drafters:
+//! - **The target's first layers** ([`ExecutorDraft::Layers`], self-speculative) over the
+//!   target's own cache. Below those layers the target's KV is what the drafter would compute,
+//!   so the first pass feeds only each sequence's drawn token. The passes write those layers'
+//!   KV into slots that the next step's verification overwrites.
+//! - **A separate draft model** ([`ExecutorDraft::Model`], [`DraftModel`]): a smaller model with
+//!   the target's vocabulary and a KV cache of its own that the target's block tables page too.
+//!   Both caches have the same block size and number of blocks, so slot `s` holds the same
+//!   position in each, and the engine's block manager, prefix cache and copy-on-write serve both
+//!   without knowing about the draft. For that the draft computes every token the target keeps,
+//!   every step: its first pass runs each sequence's computed and accepted tokens (prefill
+//!   chunks too), then the drawn token where it drafts.
+//!
+//! The scheduler gives the block tables slots for the drafts (`num_to_draft` past the step's
+//! tokens). Slots of drafts that the verification rejects hold guesses until later steps
+//! overwrite them, as in the target's cache. Under a grammar each draft is drawn under its
+//! position's mask ([`DraftChain`]).
+//!
+//! [`ExecutorDraft`]: pagoda_engine::ExecutorDraft
+//! [`ExecutorDraft::Model`]: pagoda_engine::ExecutorDraft::Model
+//! [`ExecutorDraft::Layers`]: pagoda_engine::ExecutorDraft::Layers
+
+use candle_core::Device;
+use pagoda_engine::constraint::TokenMask;
+use pagoda_engine::sampler::try_sample;
+use pagoda_engine::speculative::DraftChain;
+use pagoda_engine::{
+    ExecutorDraft, ExecutorError, MaskSlot, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq,
+};
+
+use crate::error::ModelError;
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::runner::{flatten, forward_with};
+
+/// The draft model and its cache (see the module docs).
+pub struct DraftModel {
+    pub(crate) model: Model,
+    pub(crate) cache: KvCache,
+}
+
+impl DraftModel {
+    pub fn new(model: Model, cache: KvCache) -> Self {
+        Self { model, cache }
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+}
+
+type StepResult<T> = std::result::Result<T, ExecutorError>;
+
+/// What drafts in one step: a model (the target cut to its first layers, or the draft model)
+/// over its cache.
+pub(crate) struct Drafter<'a> {
+    pub model: &'a Model,
+    pub cache: &'a KvCache,
+    pub device: &'a Device,
+    /// The target's first this many layers; every layer of a separate draft model when `None`.
+    pub num_layers: Option<usize>,
+    pub how: ExecutorDraft,
+}
+
+/// One sequence's drafting.
+struct Walk<'b> {
+    seq: &'b ScheduledSeq,
+    /// Its entry in the step's sampled tokens.
+    out: usize,
+    /// The position of the token the target drew last (not in any cache yet).
+    at: usize,
+    want: usize,
+    drafts: Vec<u32>,
+    chain: Option<DraftChain>,
+}
+
+impl Drafter<'_> {
+    /// Drafts the proposals of every sequence of `batch` that asks for some, after the tokens
+    /// its entry of `sampled` kept (`sampled` holds one entry per sequence that sampled, in
+    /// batch order), into that entry's `proposals`. A draft model first computes every token the
+    /// target kept this step, drafting or not.
+    pub(crate) fn propose(&self, batch: &ScheduledBatch, sampled: &mut [SampledToken]) -> StepResult<()> {
+        let whole_steps = self.how == ExecutorDraft::Model;
+        let max_len = self.model.config().max_position_embeddings;
+        let block_size = self.cache.block_size();
+        let mut first = Vec::with_capacity(batch.seqs.len());
+        let mut walks = Vec::new();
+        let mut out = 0;
+        for s in &batch.seqs {
+            let kept = if s.sample.is_some() {
+                out += 1;
+                sampled.get(out - 1).map(|t| t.token_ids.as_slice())
+            } else {
+                None
+            };
+            // The step's tokens that the target computed and keeps: its own, then the accepted
+            // proposals; the drawn token comes after them.
+            let (computed, drawn) = match kept.and_then(<[u32]>::split_last) {
+                Some((&drawn, accepted)) => (s.q_len() - s.num_draft_tokens + accepted.len(), Some(drawn)),
+                None => (s.q_len(), None),
+            };
+            let at = s.start_pos + computed;
+            let slots = s.block_tables.first().map_or(0, Vec::len) * block_size;
+            let want = match drawn {
+                Some(_) => s.num_to_draft.min(slots.min(max_len).saturating_sub(at)),
+                None => 0,
+            };
+            let mut token_ids = if whole_steps { s.token_ids[..computed].to_vec() } else { Vec::new() };
+            token_ids.extend(drawn.filter(|_| want > 0));
+            if token_ids.is_empty() {
+                continue;
+            }
+            let start_pos = if whole_steps { s.start_pos } else { at };
+            first.push(ScheduledSeq {
+                seq_id: s.seq_id,
+                token_ids,
+                start_pos,
+                block_tables: s.block_tables.clone(),
+                sample: (want > 0).then(SampleRequest::greedy),
+                num_draft_tokens: 0,
+                num_to_draft: 0,
+            });
+            if want > 0 {
+                let chain = s.sample.as_ref().zip(kept).and_then(|(req, kept)| DraftChain::after(req, kept));
+                walks.push(Walk { seq: s, out: out - 1, at, want, drafts: Vec::with_capacity(want), chain });
+            }
+        }
+        if first.is_empty() {
+            return Ok(());
+        }
+        let masks = walks.iter_mut().map(|w| w.chain.as_mut().and_then(DraftChain::next_mask)).collect();
+        let tokens = self.pass(ScheduledBatch { seqs: first, ..ScheduledBatch::default() }, masks)?;
+        for (walk, token) in walks.iter_mut().zip(tokens) {
+            walk.take(token);
+        }
+        // Pass `j` feeds each walk's draft `j - 1` at its position and draws draft `j`.
+        let passes = walks.iter().map(|w| w.want).max().unwrap_or(0);
+        for j in 1..passes {
+            let mut members: Vec<&mut Walk<'_>> = walks.iter_mut().filter(|w| w.want > j).collect();
+            let seqs = members.iter().map(|w| one_token(w.seq, w.drafts[j - 1], w.at + j)).collect();
+            let masks =
+                members.iter_mut().map(|w| w.chain.as_mut().and_then(DraftChain::next_mask)).collect();
+            let tokens = self.pass(ScheduledBatch { seqs, ..ScheduledBatch::default() }, masks)?;
+            for (walk, token) in members.into_iter().zip(tokens) {
+                walk.take(token);
+            }
+        }
+        for walk in walks {
+            if let Some(entry) = sampled.get_mut(walk.out) {
+                entry.proposals = walk.drafts;
+            }
+        }
+        Ok(())
+    }
+
+    /// One forward pass over `pass`, writing the drafter's cache; the greedy token of each
+    /// sequence that samples, in order, under its mask in `masks` (one per such sequence) where
+    /// it has one. A pass with none still computes one row (the model's head wants at least
+    /// one), which is dropped.
+    fn pass(&self, mut pass: ScheduledBatch, masks: Vec<Option<TokenMask>>) -> StepResult<Vec<u32>> {
+        let how = self.how;
+        let failed = |e: ModelError| ExecutorError::Execution(format!("drafting ({how:?}): {e}"));
+        let wanted = pass.seqs.iter().filter(|s| s.sample.is_some()).count();
+        if wanted == 0 {
+            match pass.seqs.last_mut() {
+                Some(last) => last.sample = Some(SampleRequest::greedy()),
+                None => return Ok(Vec::new()),
+            }
+        }
+        let flat = flatten(&pass, self.model, self.cache)?;
+        let logits = forward_with(self.model, self.cache, self.device, &pass, flat, self.num_layers)
+            .map_err(failed)?;
+        if self.device.is_cuda() && masks.iter().all(Option::is_none) {
+            // Proposals need only the greedy ids: a device argmax copies one id per row back
+            // instead of every row of logits. A proposal is only a guess, so its ties and NaNs
+            // need none of the host sampler's care: verification keeps the target's tokens.
+            let ids = logits.argmax(candle_core::D::Minus1).and_then(|ids| ids.to_vec1::<u32>());
+            return Ok(ids.map_err(|e| failed(e.into()))?.into_iter().take(wanted).collect());
+        }
+        let rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?;
+        pass.seqs
+            .iter()
+            .filter(|s| s.sample.is_some())
+            .zip(rows)
+            .zip(masks.into_iter().chain(std::iter::repeat(None)))
+            .take(wanted)
+            .map(|((s, mut row), mask)| {
+                let req = SampleRequest { allowed: mask.map(MaskSlot::ready), ..SampleRequest::greedy() };
+                try_sample(&mut row, &req)
+                    .map(|(token, _)| token)
+                    .map_err(|e| ExecutorError::InvalidSequence { seq_id: s.seq_id, message: e.to_string() })
+            })
+            .collect()
+    }
+}
+
+impl Walk<'_> {
+    /// Takes `token` as the next draft.
+    fn take(&mut self, token: u32) {
+        self.drafts.push(token);
+        if let Some(chain) = &mut self.chain {
+            chain.push(token);
+        }
+    }
+}
+
+/// `token` at position `pos` of `s` alone, as a one-token step that samples (a drafting pass).
+fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
+    ScheduledSeq {
+        seq_id: s.seq_id,
+        token_ids: vec![token],
+        start_pos: pos,
+        block_tables: s.block_tables.clone(),
+        sample: Some(SampleRequest::greedy()),
+        num_draft_tokens: 0,
+        num_to_draft: 0,
+    }
+}
