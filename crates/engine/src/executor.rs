@@ -32,10 +32,12 @@ pub struct ScheduledSeq {
     /// keeps drafts while they equal what it drew (see [`crate::speculative::verify`]). 0 unless
     /// `sample` is `Some`.
     pub num_draft_tokens: usize,
-    /// How many tokens the executor drafts after the tokens it keeps this step, with
+    /// Most tokens the executor drafts after the tokens it keeps this step, with
     /// [`ScheduledBatch::executor_draft`], and returns as [`SampledToken::proposals`] for the
-    /// next step to verify. The block tables cover `context_len() + num_to_draft` positions, so
-    /// the drafting passes have slots to write. 0 unless `sample` is `Some`.
+    /// next step to verify: this many when every proposal of this step holds, else one past the
+    /// accepted ones ([`num_to_draft_after`](Self::num_to_draft_after)). The block tables cover
+    /// `context_len() + num_to_draft` positions, so the drafting passes have slots to write. 0
+    /// unless `sample` is `Some`.
     pub num_to_draft: usize,
 }
 
@@ -52,6 +54,17 @@ impl ScheduledSeq {
     /// The proposed tokens this step verifies.
     pub fn draft_tokens(&self) -> &[u32] {
         &self.token_ids[self.token_ids.len() - self.num_draft_tokens..]
+    }
+
+    /// How many tokens to draft after a verification that accepted `accepted` of this step's
+    /// proposals: the scheduler's next limit, which falls to one past the accepted prefix after
+    /// a rejection (see [`num_to_draft`](Self::num_to_draft)).
+    pub fn num_to_draft_after(&self, accepted: usize) -> usize {
+        if accepted < self.num_draft_tokens {
+            self.num_to_draft.min(accepted + 1)
+        } else {
+            self.num_to_draft
+        }
     }
 
     /// Positions whose logits the step needs: the last `num_draft_tokens + 1` when sampling,

@@ -136,7 +136,7 @@ impl FakeExecutor {
     /// The fake's drafter, after the tokens `seq` kept this step (`kept`: accepted proposals,
     /// then the drawn token, which no step has computed yet): the model's greedy token after
     /// the history, except where a hash of the history and `salt` says to be wrong (a quarter of
-    /// the time), `seq.num_to_draft` times. Under a grammar, each draft is drawn under its
+    /// the time), as many times as `seq` asks for after what it accepted. Under a grammar, each draft is drawn under its
     /// position's mask, as the real drafters do.
     ///
     /// Each drafting pass writes its input's slot, as a pass of the target's first layers does:
@@ -156,8 +156,9 @@ impl FakeExecutor {
         history.push(drawn);
         let mut chain = seq.sample.as_ref().and_then(|req| DraftChain::after(req, kept));
         let mut logits = Vec::new();
-        let mut drafts = Vec::with_capacity(seq.num_to_draft);
-        for j in 0..seq.num_to_draft {
+        let want = seq.num_to_draft_after(accepted.len());
+        let mut drafts = Vec::with_capacity(want);
+        for j in 0..want {
             let pos = at + j;
             for g in 0..self.groups.len() {
                 let slot = self.slot(seq, g, pos)?;

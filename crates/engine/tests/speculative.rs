@@ -293,3 +293,38 @@ fn each_request_may_choose_its_proposer() {
     let mut sched = Scheduler::new(config(400, Some(ngram(4, 1, 2)))).unwrap();
     assert!(sched.add_request(request(3).with_speculative_method(ProposerKind::Executor)).is_err());
 }
+
+#[test]
+fn the_executor_drafts_what_the_next_step_verifies() {
+    // One sequence with room everywhere: every draft the executor returns is verified next step
+    // (the draft limit it is given is the scheduler's next one, after rejections too).
+    let spec = SpeculativeConfig {
+        method: SpeculativeMethod::DraftLayers { num_layers: 2 },
+        num_speculative_tokens: 4,
+        disable_by_batch_size: usize::MAX,
+    };
+    let mut sched = Scheduler::new(config(400, Some(spec))).unwrap();
+    let mut exec = FakeExecutor::new(4, 400, VOCAB);
+    let mut events = StepEvents::default();
+    let params = Arc::new(SamplingParams { temperature: 0.0, ..Default::default() });
+    sched.add_request(Request::new(0, vec![3, 1, 4, 1, 5], params).with_max_tokens(60)).unwrap();
+    let (mut drafted, mut verified, mut rejections) = (Vec::new(), Vec::new(), 0);
+    while sched.has_unfinished() {
+        let batch = sched.schedule();
+        let s = &batch.seqs[0];
+        verified.push(s.num_draft_tokens);
+        let out = exec.execute(&batch).unwrap();
+        let t = &out.sampled[0];
+        rejections += usize::from(t.num_accepted() < s.num_draft_tokens);
+        drafted.push(t.proposals.len());
+        sched.update(out, &mut events).unwrap();
+        sched.audit().unwrap();
+    }
+    // Each step's drafts are the next one's proposals, except that the last step's die with the
+    // sequence and the one before may draft past `max_tokens` (it cannot know how many of its
+    // proposals will hold).
+    let n = drafted.len();
+    assert_eq!(drafted[..n - 2], verified[1..n - 1], "drafted {drafted:?}, verified {verified:?}");
+    assert!(drafted[n - 2] >= verified[n - 1], "drafted {drafted:?}, verified {verified:?}");
+    assert!(rejections > 3 && drafted.iter().any(|&d| d == 4), "{drafted:?}");
+}

@@ -101,14 +101,15 @@ impl Drafter<'_> {
             };
             // The step's tokens that the target computed and keeps: its own, then the accepted
             // proposals; the drawn token comes after them.
-            let (computed, drawn) = match kept.and_then(<[u32]>::split_last) {
-                Some((&drawn, accepted)) => (s.q_len() - s.num_draft_tokens + accepted.len(), Some(drawn)),
-                None => (s.q_len(), None),
+            let own = s.q_len() - s.num_draft_tokens;
+            let (computed, drawn, accepted) = match kept.and_then(<[u32]>::split_last) {
+                Some((&drawn, accepted)) => (own + accepted.len(), Some(drawn), accepted.len()),
+                None => (s.q_len(), None, 0),
             };
             let at = s.start_pos + computed;
             let slots = s.block_tables.first().map_or(0, Vec::len) * block_size;
             let want = match drawn {
-                Some(_) => s.num_to_draft.min(slots.min(max_len).saturating_sub(at)),
+                Some(_) => s.num_to_draft_after(accepted).min(slots.min(max_len).saturating_sub(at)),
                 None => 0,
             };
             let mut token_ids = if whole_steps { s.token_ids[..computed].to_vec() } else { Vec::new() };
