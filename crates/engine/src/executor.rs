@@ -3,10 +3,13 @@
 //!
 //! Prefill and decode are the same thing here: each scheduled sequence computes `q_len >= 1` new
 //! tokens starting at position `start_pos` (its `num_computed_tokens`), attending to everything
-//! before it through its block table. A decode is `q_len == 1`.
+//! before it through its block table. A decode is `q_len == 1`. The batch persists on the
+//! executor's side: a sequence's block tables come as changes to what it held
+//! ([`crate::block_tables`]).
 
 use std::sync::Arc;
 
+use crate::block_tables::BlockTableUpdate;
 use crate::constraint::{DraftGrammar, MaskSlot};
 use crate::sampling::SamplingParams;
 
@@ -21,9 +24,11 @@ pub struct ScheduledSeq {
     pub token_ids: Vec<u32>,
     /// Number of tokens already in the KV cache (`num_computed_tokens` before this step).
     pub start_pos: usize,
-    /// Per KV group (see [`crate::kv_groups`]), the pages covering positions
-    /// `0..start_pos + q_len`, in order; entries a windowed group released are `NULL_BLOCK`.
-    pub block_tables: Vec<Vec<u32>>,
+    /// How the sequence's block tables changed since the executor last ran it (all of them
+    /// when it has not, see [`crate::block_tables`]). Brought up to date, they hold per KV group
+    /// (see [`crate::kv_groups`]) the pages covering positions `0..start_pos + q_len` (and
+    /// `num_to_draft` more), in order; entries a windowed group released are `NULL_BLOCK`.
+    pub block_table_update: BlockTableUpdate,
     /// `Some` when this step completes the sequence's prompt (or is a decode), so a token must be
     /// sampled from the logits of its last position.
     pub sample: Option<SampleRequest>,
@@ -138,6 +143,9 @@ pub struct ScheduledBatch {
     /// greedily, after sampling (set whenever the server has a draft, so that a draft model
     /// sees every step).
     pub executor_draft: Option<ExecutorDraft>,
+    /// Sequences the executor ran before that are gone (finished, aborted or preempted): it
+    /// forgets their block tables before applying this batch's updates.
+    pub released: Vec<SeqId>,
 }
 
 /// What an executor drafts proposals with ([`ScheduledBatch::executor_draft`]).

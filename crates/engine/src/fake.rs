@@ -16,6 +16,7 @@
 
 use pagoda_text::TokenDecoder;
 
+use crate::block_tables::BlockTableStore;
 use crate::executor::{
     ExecutorDraft, ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, ScheduledSeq, StepOutput,
 };
@@ -45,6 +46,8 @@ pub struct FakeExecutor {
     vocab_size: usize,
     groups: KvGroups,
     kv: Vec<Slot>,
+    /// Every running sequence's block tables, kept up to date from each batch.
+    tables: BlockTableStore,
     sampler: Sampler,
     history: Vec<u32>,
     steps: u64,
@@ -64,6 +67,7 @@ impl FakeExecutor {
             vocab_size: vocab_size.max(1),
             groups,
             kv: vec![EMPTY; block_size * num_blocks],
+            tables: BlockTableStore::new(),
             sampler: Sampler::new(),
             history: Vec::new(),
             steps: 0,
@@ -78,6 +82,11 @@ impl FakeExecutor {
     /// Steps executed so far.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// The block tables as this executor holds them.
+    pub fn tables(&self) -> &BlockTableStore {
+        &self.tables
     }
 
     /// Tokens computed so far (all steps).
@@ -95,13 +104,13 @@ impl FakeExecutor {
     }
 
     fn slot(&self, seq: &ScheduledSeq, group: usize, pos: usize) -> Result<usize, ExecutorError> {
-        let block =
-            *seq.block_tables.get(group).and_then(|t| t.get(pos / self.block_size)).ok_or_else(|| {
-                ExecutorError::InvalidBatch(format!(
-                    "sequence {}: no group {group} block for position {pos}",
-                    seq.seq_id
-                ))
-            })?;
+        let tables = self.tables.get(seq.seq_id).unwrap_or_default();
+        let block = *tables.get(group).and_then(|t| t.get(pos / self.block_size)).ok_or_else(|| {
+            ExecutorError::InvalidBatch(format!(
+                "sequence {}: no group {group} block for position {pos}",
+                seq.seq_id
+            ))
+        })?;
         if block == NULL_BLOCK {
             return Err(ExecutorError::InvalidBatch(format!(
                 "sequence {}: group {group} released the block of position {pos}",
@@ -187,6 +196,7 @@ impl FakeExecutor {
 impl ModelExecutor for FakeExecutor {
     fn execute(&mut self, batch: &ScheduledBatch) -> Result<StepOutput, ExecutorError> {
         self.steps += 1;
+        self.tables.apply(batch)?;
         let bs = self.block_size;
         for &(src, dst) in &batch.block_copies {
             let (src, dst) = (src as usize, dst as usize);
@@ -314,6 +324,7 @@ impl TokenDecoder for FakeDecoder {
 mod tests {
 
     use super::*;
+    use crate::block_tables::BlockTableUpdate;
     use crate::executor::SampleRequest;
 
     fn greedy() -> Option<SampleRequest> {
@@ -325,7 +336,7 @@ mod tests {
             seq_id: id,
             token_ids: tokens.to_vec(),
             start_pos: start,
-            block_tables: vec![table],
+            block_table_update: BlockTableUpdate::replace(vec![table]),
             sample: greedy(),
             num_draft_tokens: 0,
             num_to_draft: 0,

@@ -8,7 +8,9 @@
 //!   [`EngineHandle::submit`] takes a [`Request`] and returns a [`RequestStream`] of
 //!   [`TokenEvent`]s.
 //! - [`Scheduler`] (`schedule()` / `update()`) and [`block_manager::BlockManager`] never touch
-//!   tensors or text; [`fake::FakeExecutor`] drives them in tests and benchmarks.
+//!   tensors or text; [`fake::FakeExecutor`] drives them in tests and benchmarks. A batch sends
+//!   each sequence's block-table changes, which the executor applies to its
+//!   [`BlockTableStore`] ([`block_tables`]).
 //! - [`output`]: the output stage, on the caller's side of each stream: detokenizing and stop
 //!   strings.
 //! - [`constraint`]: structured output's per-sequence grammar state ([`TokenConstraint`]), whose
@@ -20,6 +22,7 @@
 
 pub mod block_manager;
 pub mod block_pool;
+pub mod block_tables;
 pub mod config;
 pub mod constraint;
 pub mod device_sampling;
@@ -41,6 +44,7 @@ pub mod sequence;
 pub mod speculative;
 pub mod stats;
 
+pub use block_tables::{BlockTableStore, BlockTableUpdate};
 pub use config::{ConfigError, EngineConfig};
 pub use constraint::{ConstraintError, DraftGrammar, MaskSlot, SeqConstraint, TokenConstraint, TokenMask};
 pub use engine::Engine;

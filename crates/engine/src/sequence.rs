@@ -3,6 +3,7 @@
 //! block table per KV group, see [`crate::kv_groups`]).
 
 use crate::block_pool::{BlockId, CachedBlockRef};
+use crate::block_tables::BlockTableUpdate;
 use crate::executor::SeqId;
 use crate::request::RequestId;
 
@@ -42,6 +43,48 @@ pub struct Sequence {
     /// where it could not be cached (or, in a windowed group, was never held); the length (the
     /// same in every group) is how many full blocks have been offered to the cache.
     pub(crate) cache_refs: Vec<Vec<Option<CachedBlockRef>>>,
+    /// How `block_tables` changed since the executor last saw them.
+    pub(crate) table_changes: TableChanges,
+}
+
+/// What changed in a sequence's block tables since the executor last saw them: the block
+/// manager records each change as it makes it, and [`Sequence::take_table_update`] turns them
+/// into the next step's [`BlockTableUpdate`] (see [`crate::block_tables`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TableChanges {
+    /// Entries of every group the executor holds; `None` while it holds nothing of this
+    /// sequence (new, or freed since), so the next update sends the tables whole.
+    sent_len: Option<usize>,
+    /// How many leading entries of those are still the same here.
+    unchanged: usize,
+    /// Per group, the leading entries released here, and as the executor knows them.
+    released: Vec<usize>,
+    sent_released: Vec<usize>,
+}
+
+impl TableChanges {
+    /// The entries from `index` on changed (replaced or dropped).
+    pub(crate) fn changed_from(&mut self, index: usize) {
+        self.unchanged = self.unchanged.min(index);
+    }
+
+    /// Group `group`'s entries before `end` are released.
+    pub(crate) fn released(&mut self, group: usize, end: usize) {
+        if self.released.len() <= group {
+            self.released.resize(group + 1, 0);
+        }
+        self.released[group] = self.released[group].max(end);
+    }
+
+    /// The tables were dropped or rebuilt: the executor gets them whole next time.
+    pub(crate) fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Whether the executor holds tables of this sequence.
+    pub(crate) fn was_sent(&self) -> bool {
+        self.sent_len.is_some()
+    }
 }
 
 impl Sequence {
@@ -58,6 +101,7 @@ impl Sequence {
             seed,
             block_hashes: Vec::new(),
             cache_refs: Vec::new(),
+            table_changes: TableChanges::default(),
         }
     }
 
@@ -87,9 +131,38 @@ impl Sequence {
         self.token_ids.len() - self.num_computed_tokens
     }
 
-    /// A child sharing everything computed so far (the caller adds the block references).
+    /// A child sharing everything computed so far (the caller adds the block references). The
+    /// executor has not seen it yet.
     pub(crate) fn fork(&self, id: SeqId, sample_index: usize, seed: u64) -> Self {
-        Self { id, sample_index, seed, ..self.clone() }
+        Self { id, sample_index, seed, table_changes: TableChanges::default(), ..self.clone() }
+    }
+
+    /// What the executor needs to bring its copy of the block tables up to date, recorded as
+    /// sent.
+    pub(crate) fn take_table_update(&mut self) -> BlockTableUpdate {
+        let len = self.num_table_blocks();
+        let c = &mut self.table_changes;
+        let update = match c.sent_len {
+            None => BlockTableUpdate::replace(self.block_tables.clone()),
+            Some(sent) => {
+                let keep = c.unchanged.min(sent).min(len);
+                BlockTableUpdate {
+                    truncate_to: (keep < sent).then_some(keep),
+                    append: match len > keep {
+                        true => self.block_tables.iter().map(|t| t[keep..].to_vec()).collect(),
+                        false => Vec::new(),
+                    },
+                    released_before: match c.released != c.sent_released {
+                        true => c.released.clone(),
+                        false => Vec::new(),
+                    },
+                }
+            }
+        };
+        c.sent_len = Some(len);
+        c.unchanged = len;
+        c.sent_released.clone_from(&c.released);
+        update
     }
 }
 

@@ -326,5 +326,5 @@ fn the_executor_drafts_what_the_next_step_verifies() {
     let n = drafted.len();
     assert_eq!(drafted[..n - 2], verified[1..n - 1], "drafted {drafted:?}, verified {verified:?}");
     assert!(drafted[n - 2] >= verified[n - 1], "drafted {drafted:?}, verified {verified:?}");
-    assert!(rejections > 3 && drafted.iter().any(|&d| d == 4), "{drafted:?}");
+    assert!(rejections > 3 && drafted.contains(&4), "{drafted:?}");
 }

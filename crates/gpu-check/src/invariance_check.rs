@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
-use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{BlockTableUpdate, SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::report::Report;
 use pagoda_models::{load_model, KernelPlan, KvCache, LoadOptions, ModelRunner};
 use pagoda_text::Tokenizer;
@@ -57,7 +57,9 @@ fn chunk(
         seq_id: id,
         token_ids: tokens[start..end].to_vec(),
         start_pos: start,
-        block_tables: vec![(first_block..first_block + end.div_ceil(BLOCK_SIZE) as u32).collect()],
+        block_table_update: BlockTableUpdate::replace(vec![(first_block
+            ..first_block + end.div_ceil(BLOCK_SIZE) as u32)
+            .collect()]),
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: if all_rows { end - start - 1 } else { 0 },
         num_to_draft: 0,

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
-use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{BlockTableUpdate, SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::compare::{agreement, argmax};
 use pagoda_gpu_check::report::Report;
 use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
@@ -69,7 +69,9 @@ fn run_schedule(
                 token_ids: toks[computed[i]..end].to_vec(),
                 start_pos: computed[i],
                 // The GPU runs models without sliding windows: one KV group.
-                block_tables: vec![(first..first + end.div_ceil(BLOCK_SIZE) as u32).collect()],
+                block_table_update: BlockTableUpdate::replace(vec![(first
+                    ..first + end.div_ceil(BLOCK_SIZE) as u32)
+                    .collect()]),
                 sample: Some(SampleRequest::greedy()),
                 num_draft_tokens: 0,
                 num_to_draft: 0,

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use pagoda_engine::{ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{BlockTableUpdate, ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::compare::{argmax, rel_err, tolerance};
 use pagoda_gpu_check::report::Report;
 use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, ModelRunner};
@@ -124,7 +124,7 @@ fn step(runner: &mut ModelRunner, tokens: &[u32], start: usize) -> Result<Vec<f3
         seq_id: 0,
         token_ids: tokens[start..].to_vec(),
         start_pos: start,
-        block_tables: vec![blocks],
+        block_table_update: BlockTableUpdate::replace(vec![blocks]),
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: 0,
         num_to_draft: 0,

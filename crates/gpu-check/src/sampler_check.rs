@@ -13,7 +13,7 @@ use candle_core::{Device, Tensor};
 use pagoda_engine::device_sampling::DeviceSamplingPlan;
 use pagoda_engine::sampler::Sampler;
 use pagoda_engine::speculative::try_verify;
-use pagoda_engine::{SampleRequest, SamplingParams, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{BlockTableUpdate, SampleRequest, SamplingParams, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::report::Report;
 use pagoda_gpu_check::timing::median;
 use pagoda_models::device_sampling::{sample_batch, sample_plan};
@@ -116,7 +116,7 @@ fn compare_verification(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &m
             seq_id: i as u64,
             token_ids: [&[1u32][..], &drafts].concat(),
             start_pos: 0,
-            block_tables: Vec::new(),
+            block_table_update: BlockTableUpdate::default(),
             sample: Some(request(rng, i, vocab)),
             num_draft_tokens: drafts_len,
             num_to_draft: 0,

@@ -27,7 +27,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::cuda_backend::cudarc::driver::Profiler;
 use candle_core::{DType, Device, Tensor};
-use pagoda_engine::{ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{BlockTableUpdate, ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_gpu_check::report::Report;
 use pagoda_gpu_check::timing::median;
 use pagoda_models::{load_model, KvCache, LoadFormat, LoadOptions, ModelConfig, ModelRunner};
@@ -49,7 +49,7 @@ pub(crate) fn decode_batch(batch: usize) -> ScheduledBatch {
             seq_id: i as u64,
             token_ids: vec![1000 + i],
             start_pos: CONTEXT,
-            block_tables: vec![(i * per_seq..(i + 1) * per_seq).collect()],
+            block_table_update: BlockTableUpdate::replace(vec![(i * per_seq..(i + 1) * per_seq).collect()]),
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
             num_to_draft: 0,

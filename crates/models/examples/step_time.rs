@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use pagoda_engine::{ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{BlockTableUpdate, ModelExecutor, SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_models::{load_model, resolve_kernel_plan, KernelRequest, KvCache, LoadOptions, ModelRunner};
 
 fn main() -> anyhow::Result<()> {
@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
         seq_id: 1,
         token_ids: (0..len).map(|i| 100 + ((start + i) * 37 % 4000) as u32).collect(),
         start_pos: start,
-        block_tables: vec![table.clone()],
+        block_table_update: BlockTableUpdate::replace(vec![table.clone()]),
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: len - 1,
         num_to_draft: 0,

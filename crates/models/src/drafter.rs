@@ -31,7 +31,8 @@ use pagoda_engine::constraint::TokenMask;
 use pagoda_engine::sampler::try_sample;
 use pagoda_engine::speculative::DraftChain;
 use pagoda_engine::{
-    ExecutorDraft, ExecutorError, MaskSlot, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq,
+    BlockTableStore, BlockTableUpdate, ExecutorDraft, ExecutorError, MaskSlot, SampleRequest, SampledToken,
+    ScheduledBatch, ScheduledSeq,
 };
 
 use crate::error::ModelError;
@@ -62,6 +63,8 @@ type StepResult<T> = std::result::Result<T, ExecutorError>;
 pub(crate) struct Drafter<'a> {
     pub model: &'a Model,
     pub cache: &'a KvCache,
+    /// The step's block tables; the drafting passes' sequences add nothing to them.
+    pub tables: &'a BlockTableStore,
     pub device: &'a Device,
     /// The target's first this many layers; every layer of a separate draft model when `None`.
     pub num_layers: Option<usize>,
@@ -107,7 +110,7 @@ impl Drafter<'_> {
                 None => (s.q_len(), None, 0),
             };
             let at = s.start_pos + computed;
-            let slots = s.block_tables.first().map_or(0, Vec::len) * block_size;
+            let slots = self.tables.get(s.seq_id).and_then(<[_]>::first).map_or(0, Vec::len) * block_size;
             let want = match drawn {
                 Some(_) => s.num_to_draft_after(accepted).min(slots.min(max_len).saturating_sub(at)),
                 None => 0,
@@ -122,7 +125,7 @@ impl Drafter<'_> {
                 seq_id: s.seq_id,
                 token_ids,
                 start_pos,
-                block_tables: s.block_tables.clone(),
+                block_table_update: BlockTableUpdate::default(),
                 sample: (want > 0).then(SampleRequest::greedy),
                 num_draft_tokens: 0,
                 num_to_draft: 0,
@@ -174,9 +177,9 @@ impl Drafter<'_> {
                 None => return Ok(Vec::new()),
             }
         }
-        let flat = flatten(&pass, self.model, self.cache)?;
-        let logits = forward_with(self.model, self.cache, self.device, &pass, flat, self.num_layers)
-            .map_err(failed)?;
+        let flat = flatten(&pass, self.tables, self.model, self.cache)?;
+        let logits =
+            forward_with(self.model, self.cache, self.device, flat, self.num_layers).map_err(failed)?;
         if self.device.is_cuda() && masks.iter().all(Option::is_none) {
             // Proposals need only the greedy ids: a device argmax copies one id per row back
             // instead of every row of logits. A proposal is only a guess, so its ties and NaNs
@@ -217,7 +220,7 @@ fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
         seq_id: s.seq_id,
         token_ids: vec![token],
         start_pos: pos,
-        block_tables: s.block_tables.clone(),
+        block_table_update: BlockTableUpdate::default(),
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: 0,
         num_to_draft: 0,

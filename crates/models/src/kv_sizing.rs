@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::DType;
-use pagoda_engine::{ModelExecutor, SampleRequest, SamplingParams, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{
+    BlockTableUpdate, ModelExecutor, SampleRequest, SamplingParams, ScheduledBatch, ScheduledSeq,
+};
 
 use crate::{KvCache, KvLayout, ModelConfig, ModelError, ModelRunner};
 
@@ -51,7 +53,7 @@ impl ProfileShape {
                     seq_id: i as u64,
                     token_ids: (0..len).map(|t| ((i * 7919 + t) % vocab.max(1)) as u32).collect(),
                     start_pos: 0,
-                    block_tables,
+                    block_table_update: BlockTableUpdate::replace(block_tables),
                     sample: Some(SampleRequest {
                         params: params.clone(),
                         seed: i as u64,
@@ -194,7 +196,8 @@ mod tests {
         assert_eq!(batch.num_tokens(), 2048);
         // 8 tokens each: one page per sequence and group.
         assert_eq!(pages, 512);
-        let mut seen: Vec<u32> = batch.seqs.iter().flat_map(|s| s.block_tables.concat()).collect();
+        let mut seen: Vec<u32> =
+            batch.seqs.iter().flat_map(|s| s.block_table_update.append.concat()).collect();
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), pages, "pages are distinct");

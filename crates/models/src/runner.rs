@@ -1,14 +1,16 @@
-//! The model runner: turns a [`ScheduledBatch`] into flat tensors (token ids, positions, query
-//! starts, context lengths, and per KV group a slot mapping and block tables), runs the model
-//! over the whole mixed batch at once, and samples one token per sequence that asked for one
-//! (verifying its proposed tokens first, when it carries any).
+//! The model runner: keeps every running sequence's block tables between steps (brought up to
+//! date from each batch's changes, [`BlockTableStore`]), turns a [`ScheduledBatch`] into flat
+//! tensors (token ids, positions, query starts, context lengths, and per KV group a slot mapping
+//! and block tables), runs the model over the whole mixed batch at once, and samples one token
+//! per sequence that asked for one (verifying its proposed tokens first, when it carries any).
 
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{
-    ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, SampledToken, ScheduledBatch, StepOutput,
+    BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, SampledToken, ScheduledBatch,
+    StepOutput,
 };
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
@@ -27,6 +29,8 @@ pub struct ModelRunner {
     pub(crate) device: Device,
     /// A separate draft model for speculative decoding ([`ExecutorDraft::Model`]).
     pub(crate) draft: Option<DraftModel>,
+    /// The block tables of the sequences the engine runs, as of the last step.
+    tables: BlockTableStore,
     /// Runs each whole step, so that the CPU ops' parallel loops start on a pool thread. Called
     /// from the engine thread instead, every op would hand its work to the pool and sleep until
     /// it is done: two thread wake-ups per op, hundreds per step (a fifth of a decode step).
@@ -34,7 +38,9 @@ pub struct ModelRunner {
 }
 
 /// Host-side flattening of one batch.
-pub(crate) struct FlatBatch {
+pub(crate) struct FlatBatch<'t> {
+    /// Per sequence, its block tables (one per KV group).
+    tables: Vec<&'t [Vec<u32>]>,
     input_ids: Vec<u32>,
     positions: Vec<u32>,
     /// Per KV group.
@@ -47,7 +53,7 @@ pub(crate) struct FlatBatch {
 impl ModelRunner {
     pub fn new(model: Model, cache: KvCache, device: Device) -> Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("pagoda-cpu-{i}")).build()?;
-        Ok(Self { model, cache, device, draft: None, pool: Arc::new(pool) })
+        Ok(Self { model, cache, device, draft: None, tables: BlockTableStore::new(), pool: Arc::new(pool) })
     }
 
     /// Attaches a draft model, whose cache must have this runner's block size and number of
@@ -73,6 +79,7 @@ impl ModelRunner {
     /// Swaps in another cache (start-up sizes the real one after profiling with a scratch one).
     /// A draft model is attached after that, with a cache of the final geometry.
     pub fn replace_cache(&mut self, cache: KvCache) -> KvCache {
+        self.tables.clear();
         std::mem::replace(&mut self.cache, cache)
     }
 
@@ -92,33 +99,37 @@ impl ModelRunner {
     /// Runs the batch and returns f32 logits `[n, vocab]`, in batch order: for each sequence
     /// with `sample: Some`, one row per verified position (the last `num_draft_tokens + 1`).
     pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
-        let flat =
-            flatten(batch, &self.model, &self.cache).map_err(|e| ModelError::InvalidOption(e.to_string()))?;
+        let invalid = |e: ExecutorError| ModelError::InvalidOption(e.to_string());
+        self.tables.apply(batch).map_err(invalid)?;
+        let flat = flatten(batch, &self.tables, &self.model, &self.cache).map_err(invalid)?;
         self.cache.copy_blocks(&batch.block_copies)?;
-        self.forward_flat(batch, flat)
+        self.forward_flat(flat)
     }
 
     /// The target's forward pass over a batch already checked and flattened, its block copies
     /// done (they run only after the check, so that a batch retried without a rejected sequence
     /// copies nothing twice).
-    fn forward_flat(&mut self, batch: &ScheduledBatch, flat: FlatBatch) -> Result<Tensor> {
-        forward_with(&self.model, &self.cache, &self.device, batch, flat, None)
+    fn forward_flat(&self, flat: FlatBatch<'_>) -> Result<Tensor> {
+        forward_with(&self.model, &self.cache, &self.device, flat, None)
     }
 }
 
-/// Flattens `batch` for `model` over `cache`, checking every sequence against both; the first
-/// one that cannot run is reported on its own so that the engine fails only its request.
-pub(crate) fn flatten(
+/// Flattens `batch`, whose sequences' block tables `tables` holds, for `model` over `cache`,
+/// checking every sequence against them; the first one that cannot run is reported on its own
+/// so that the engine fails only its request.
+pub(crate) fn flatten<'t>(
     batch: &ScheduledBatch,
+    tables: &'t BlockTableStore,
     model: &Model,
     cache: &KvCache,
-) -> std::result::Result<FlatBatch, ExecutorError> {
+) -> std::result::Result<FlatBatch<'t>, ExecutorError> {
     let block_size = cache.block_size();
     let num_blocks = cache.num_blocks() as u32;
     let max_len = model.config().max_position_embeddings;
     let num_tokens = batch.num_tokens();
     let num_groups = cache.layout().num_groups();
     let mut flat = FlatBatch {
+        tables: Vec::with_capacity(batch.seqs.len()),
         input_ids: Vec::with_capacity(num_tokens),
         positions: Vec::with_capacity(num_tokens),
         slot_mappings: vec![Vec::with_capacity(num_tokens); num_groups],
@@ -138,13 +149,14 @@ pub(crate) fn flatten(
                 seq.context_len()
             )));
         }
-        if seq.block_tables.len() != num_groups {
+        let block_tables = tables.get(seq.seq_id).unwrap_or_default();
+        if block_tables.len() != num_groups {
             return Err(invalid(format!(
                 "{} block tables for a cache of {num_groups} KV groups",
-                seq.block_tables.len()
+                block_tables.len()
             )));
         }
-        for table in &seq.block_tables {
+        for table in block_tables {
             if table.len() * block_size < seq.context_len() {
                 return Err(invalid(format!(
                     "{} blocks cannot hold {} tokens",
@@ -166,11 +178,12 @@ pub(crate) fn flatten(
             let pos = seq.start_pos + offset;
             flat.input_ids.push(token);
             flat.positions.push(pos as u32);
-            for (slots, table) in flat.slot_mappings.iter_mut().zip(&seq.block_tables) {
+            for (slots, table) in flat.slot_mappings.iter_mut().zip(block_tables) {
                 let block = table[pos / block_size] as usize;
                 slots.push((block * block_size + pos % block_size) as u32);
             }
         }
+        flat.tables.push(block_tables);
         flat.cu_seqlens_q.push(flat.input_ids.len() as u32);
         flat.context_lens.push(seq.context_len() as u32);
         if seq.num_draft_tokens >= seq.q_len() || (seq.num_draft_tokens > 0 && seq.sample.is_none()) {
@@ -193,8 +206,7 @@ pub(crate) fn forward_with(
     model: &Model,
     cache: &KvCache,
     dev: &Device,
-    batch: &ScheduledBatch,
-    flat: FlatBatch,
+    flat: FlatBatch<'_>,
     num_layers: Option<usize>,
 ) -> Result<Tensor> {
     let attention = flat
@@ -202,7 +214,7 @@ pub(crate) fn forward_with(
         .into_iter()
         .enumerate()
         .map(|(g, slots)| {
-            let tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_tables[g].as_slice()).collect();
+            let tables: Vec<&[u32]> = flat.tables.iter().map(|t| t[g].as_slice()).collect();
             AttentionMetadata::new(slots, flat.cu_seqlens_q.clone(), flat.context_lens.clone(), &tables, dev)
         })
         .collect::<candle_core::Result<Vec<_>>>()?;
@@ -253,7 +265,8 @@ impl ModelExecutor for ModelRunner {
 impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
-        let flat = flatten(batch, &self.model, &self.cache)?;
+        self.tables.apply(batch)?;
+        let flat = flatten(batch, &self.tables, &self.model, &self.cache)?;
         self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
         if let Some(draft) = &self.draft {
             draft.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
@@ -263,6 +276,7 @@ impl ModelRunner {
             Some(how @ ExecutorDraft::Layers(layers)) => Some(Drafter {
                 model: &self.model,
                 cache: &self.cache,
+                tables: &self.tables,
                 device: &self.device,
                 num_layers: Some(layers),
                 how,
@@ -273,6 +287,7 @@ impl ModelRunner {
                 Some(Drafter {
                     model: &draft.model,
                     cache: &draft.cache,
+                    tables: &self.tables,
                     device: &self.device,
                     num_layers: None,
                     how,
@@ -288,12 +303,12 @@ impl ModelRunner {
 
     /// The target's forward pass over `batch` and its sampled (verified) tokens.
     fn verify(
-        &mut self,
+        &self,
         batch: &ScheduledBatch,
-        flat: FlatBatch,
+        flat: FlatBatch<'_>,
     ) -> std::result::Result<Vec<SampledToken>, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
-        let logits = self.forward_flat(batch, flat).map_err(failed)?;
+        let logits = self.forward_flat(flat).map_err(failed)?;
         if batch.seqs.iter().all(|s| s.sample.is_none()) {
             return Ok(Vec::new());
         }

@@ -151,6 +151,7 @@ impl BlockManager {
         let full_computed = plan.num_cached_tokens / bs;
         seq.block_tables.clear();
         seq.cache_refs.clear();
+        seq.table_changes.reset();
         for (refs, &first) in plan.refs.iter().zip(&plan.first_held) {
             let table = refs.iter().enumerate().map(|(j, r)| match r {
                 Some(r) if j >= first => r.id,

@@ -4,7 +4,8 @@
 //! are full, releasing a windowed group's blocks that no future query can see, sharing blocks
 //! between the samples of one request, and releasing them. Admission (the prefix-cache lookup) is
 //! in `admission.rs`. Never touches tensors: a copy is only recorded as `(src, dst)` for the
-//! executor.
+//! executor, and each change to a table is recorded on the sequence, so that a step sends the
+//! executor only what changed ([`crate::block_tables`]).
 //!
 //! All groups draw pages from the one pool, and all of a sequence's tables have the same length;
 //! a windowed group's entries before its window are [`NULL_BLOCK`]. Prefix caching keys group 0's
@@ -17,6 +18,7 @@ mod admission;
 pub use admission::AdmissionPlan;
 
 use crate::block_pool::{BlockId, BlockPool, CachedBlockRef};
+use crate::executor::SeqId;
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
 use crate::sequence::Sequence;
@@ -39,6 +41,8 @@ pub struct BlockManager {
     queries: u64,
     /// Of those, tokens whose KV was reused.
     hits: u64,
+    /// Sequences freed whose tables the executor holds ([`Self::take_released`]).
+    released: Vec<SeqId>,
 }
 
 /// Chained hash of one full block: its parent's hash and its token ids.
@@ -71,6 +75,7 @@ impl BlockManager {
             prefix_caching,
             queries: 0,
             hits: 0,
+            released: Vec::new(),
         }
     }
 
@@ -205,6 +210,7 @@ impl BlockManager {
                 copies.push((old, new));
                 self.pool.release(old);
                 seq.block_tables[g][idx] = new;
+                seq.table_changes.changed_from(idx);
             }
             while seq.block_tables[g].len() < total {
                 let b = self.pool.allocate().ok_or(OutOfBlocks { needed, free })?;
@@ -265,6 +271,7 @@ impl BlockManager {
                 self.pool.release(*b);
                 *b = NULL_BLOCK;
             }
+            seq.table_changes.released(g, end);
         }
     }
 
@@ -273,6 +280,7 @@ impl BlockManager {
     /// offered to the prefix cache, and no other sequence holds them.
     pub fn release_tail(&mut self, seq: &mut Sequence) {
         let keep = seq.num_computed_tokens.div_ceil(self.block_size);
+        seq.table_changes.changed_from(keep);
         for table in &mut seq.block_tables {
             for b in table.drain(keep.min(table.len())..).rev() {
                 if b != NULL_BLOCK {
@@ -290,8 +298,13 @@ impl BlockManager {
     }
 
     /// Releases all of the sequence's blocks (last block first, so the tail of a prefix is
-    /// evicted before its head) and resets it to "nothing computed".
+    /// evicted before its head) and resets it to "nothing computed". A sequence whose tables
+    /// the executor holds goes on the list for it to forget ([`take_released`](Self::take_released)).
     pub fn free(&mut self, seq: &mut Sequence) {
+        if seq.table_changes.was_sent() {
+            self.released.push(seq.id);
+        }
+        seq.table_changes.reset();
         for table in &seq.block_tables {
             for &b in table.iter().rev().filter(|&&b| b != NULL_BLOCK) {
                 self.pool.release(b);
@@ -300,6 +313,12 @@ impl BlockManager {
         seq.block_tables.clear();
         seq.cache_refs.clear();
         seq.num_computed_tokens = 0;
+    }
+
+    /// The sequences freed since the last call whose tables the executor holds: the next batch
+    /// tells it to forget them.
+    pub fn take_released(&mut self) -> Vec<SeqId> {
+        std::mem::take(&mut self.released)
     }
 
     /// Full check for tests: the pool is consistent and every block's reference count equals

@@ -529,6 +529,11 @@ impl Scheduler {
         &self.blocks
     }
 
+    /// A live sequence's block tables, one per KV group.
+    pub fn block_tables(&self, seq_id: SeqId) -> Option<&[Vec<u32>]> {
+        self.seqs.get(&seq_id).map(|e| e.seq.block_tables.as_slice())
+    }
+
     pub fn last_schedule_stats(&self) -> &ScheduleStats {
         &self.last_stats
     }

@@ -44,6 +44,10 @@ impl Scheduler {
             self.schedule_waiting(&mut batch, &mut budget);
         }
 
+        // An empty batch is not run: the executor hears of these with the next one.
+        if !batch.is_empty() {
+            batch.released = self.blocks.take_released();
+        }
         let stats = &mut self.last_stats;
         stats.num_seqs = batch.seqs.len();
         stats.num_preemptions = (self.num_preemptions - preemptions_before) as usize;
@@ -257,8 +261,8 @@ impl Scheduler {
 
     /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch; the last
     /// `drafts.len()` of the `q` tokens are `drafts`, proposed after the sequence's own tokens.
-    /// A sequence whose proposals the executor drafts also gets, from the free blocks only,
-    /// slots for the drafts it makes after this step.
+    /// A decoding sequence whose proposals the executor drafts also gets, from the free blocks
+    /// only, slots for the drafts it makes after this step.
     fn push_scheduled(&mut self, id: SeqId, q: usize, drafts: Vec<u32>, batch: &mut ScheduledBatch) -> bool {
         let default_proposer = self.default_proposer_now();
         let Some(e) = self.seqs.get_mut(&id) else { return false };
@@ -266,9 +270,11 @@ impl Scheduler {
         let own = q - drafts.len();
         let sample = start + own == e.target() && e.fork_into <= 1;
         debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
+        // Decodes only: drafting after a prompt's last chunk would hold its first token back.
+        let decoding = sample && own == 1 && e.seq.output_len() > 0;
         let kind = default_proposer.map(|default| e.shared.speculative_method.unwrap_or(default));
         let wanted = match kind {
-            Some(ProposerKind::Executor) if sample => next_draft_limit(e, &self.config, drafts.len()),
+            Some(ProposerKind::Executor) if decoding => next_draft_limit(e, &self.config, drafts.len()),
             _ => 0,
         };
         let to_draft = self.blocks.max_tokens_fitting(&e.seq, q + wanted).saturating_sub(q);
@@ -284,13 +290,13 @@ impl Scheduler {
             seq_id: e.seq.id,
             token_ids,
             start_pos: start,
-            block_tables: e.seq.block_tables.clone(),
+            block_table_update: e.seq.take_table_update(),
             sample: sample_request,
             num_draft_tokens: drafts.len(),
             num_to_draft: to_draft,
         });
         e.last_scheduled = self.step;
-        if own == 1 && sample && e.seq.output_len() > 0 {
+        if decoding {
             self.last_stats.num_decode_tokens += q;
         } else {
             self.last_stats.num_prefill_tokens += q;
@@ -396,8 +402,11 @@ impl Scheduler {
         );
         debug_assert!(
             batch.seqs.iter().all(|s| s.q_len() > 0
-                && s.block_tables.len() == self.blocks.groups().len()
-                && s.block_tables.iter().all(|t| t.len() * self.blocks.block_size() >= s.context_len())),
+                && self.seqs.get(&s.seq_id).is_some_and(|e| {
+                    let tables = &e.seq.block_tables;
+                    tables.len() == self.blocks.groups().len()
+                        && tables.iter().all(|t| t.len() * self.blocks.block_size() >= s.context_len())
+                })),
             "a scheduled sequence lacks blocks"
         );
     }

@@ -212,7 +212,11 @@ fn samples_share_prompt_blocks_and_draw_independently() {
     assert_eq!(batch.seqs.len(), 3);
     assert!(batch.seqs.iter().all(|s| s.start_pos == 9 && s.sample.is_some()));
     assert_eq!(batch.block_copies.len(), 2);
-    assert!(batch.seqs.iter().all(|s| s.block_tables[0][..2] == batch.seqs[0].block_tables[0][..2]));
+    let first_two = |s: &crate::ScheduledSeq| h.sched.block_tables(s.seq_id).unwrap()[0][..2].to_vec();
+    assert!(batch.seqs.iter().all(|s| first_two(s) == first_two(&batch.seqs[0])));
+    // The executor hears of the parent's copied block alone, and of the new samples' whole tables.
+    let truncations: Vec<_> = batch.seqs.iter().map(|s| s.block_table_update.truncate_to).collect();
+    assert_eq!(truncations, [Some(2), Some(0), Some(0)]);
     h.run();
     let outs: Vec<_> = (0..3).map(|i| h.tokens(1, i)).collect();
     assert!(outs[0] != outs[1] || outs[1] != outs[2], "independent seeds");

@@ -90,6 +90,11 @@ pub fn drive_counting(
         let batch = sched.schedule();
         if !batch.is_empty() {
             let output = exec.execute(&batch).expect("the fake executor accepts every batch");
+            // The executor's tables, brought up to date from the changes, are the scheduler's.
+            for s in &batch.seqs {
+                assert_eq!(exec.tables().get(s.seq_id), sched.block_tables(s.seq_id), "step {step}");
+            }
+            assert!(exec.tables().len() <= sched.num_running_seqs(), "the executor holds gone sequences");
             sched.update(output, &mut events).expect("output matches the batch");
             spec.add(sched.last_spec_stats());
         }

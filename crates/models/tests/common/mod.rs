@@ -8,7 +8,7 @@ pub mod real_engine;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device};
-use pagoda_engine::{SampleRequest, ScheduledBatch, ScheduledSeq};
+use pagoda_engine::{BlockTableUpdate, SampleRequest, ScheduledBatch, ScheduledSeq};
 use pagoda_models::{load_model, KernelPlan, KvCache, LoadOptions, ModelRunner, PanelPrecision};
 
 pub const BLOCK_SIZE: usize = 16;
@@ -180,12 +180,14 @@ impl TestSeq {
             seq_id: self.id,
             token_ids: self.tokens[self.computed..end].to_vec(),
             start_pos: self.computed,
-            block_tables: (0..self.groups as u32)
-                .map(|g| {
-                    let first = self.first_block + g * self.stride;
-                    (first..first + blocks).collect()
-                })
-                .collect(),
+            block_table_update: BlockTableUpdate::replace(
+                (0..self.groups as u32)
+                    .map(|g| {
+                        let first = self.first_block + g * self.stride;
+                        (first..first + blocks).collect()
+                    })
+                    .collect(),
+            ),
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
             num_to_draft: 0,
