@@ -1,5 +1,6 @@
-//! Scheduler overhead per engine step: `schedule()` + `update()` with 256 running decode
-//! sequences, driven by the fake executor (whose own time is not counted), and the output
+//! Scheduler overhead per engine step: `schedule()` + `update()` (together and each alone) with
+//! 256 running decode sequences, driven by the fake executor (whose own time is not counted:
+//! it leaves the caches cold, as a model's pass does), and the output
 //! stage's time for the same step's events (detokenizing and stop strings, which run on the
 //! callers' side of the streams, not on the engine thread).
 
@@ -46,6 +47,8 @@ fn decoding_state(stop_strings: bool) -> (Scheduler, FakeExecutor, StepEvents, O
 
 /// What one step cost outside the executor.
 struct StepTimes {
+    schedule: Duration,
+    update: Duration,
     /// `schedule()` and `update()`: the engine thread's share.
     scheduler: Duration,
     /// The output stage over the step's events: the callers' share.
@@ -70,7 +73,7 @@ fn step(
     std::hint::black_box(out.process(sched, events));
     let output = t2.elapsed();
     events.clear();
-    StepTimes { scheduler: scheduled + updated, output }
+    StepTimes { schedule: scheduled, update: updated, scheduler: scheduled + updated, output }
 }
 
 fn bench_decode_steps(c: &mut Criterion, name: &str, stop_strings: bool, part: fn(&StepTimes) -> Duration) {
@@ -95,6 +98,8 @@ fn scheduler(c: &mut Criterion) {
     let scheduler = |t: &StepTimes| t.scheduler;
     let output = |t: &StepTimes| t.output;
     bench_decode_steps(c, "schedule+update/256 decodes", false, scheduler);
+    bench_decode_steps(c, "schedule/256 decodes", false, |t| t.schedule);
+    bench_decode_steps(c, "update/256 decodes", false, |t| t.update);
     bench_decode_steps(c, "schedule+update/256 decodes, 2 stop strings", true, scheduler);
     bench_decode_steps(c, "output stage/256 decodes", false, output);
     bench_decode_steps(c, "output stage/256 decodes, 2 stop strings", true, output);

@@ -18,22 +18,27 @@ pub enum SeqStatus {
     Finished,
 }
 
+// Laid out in order, the fields every step reads first: a step touches each running sequence
+// once, with caches cold from the model's pass, so every further cache line is a miss.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct Sequence {
     pub id: SeqId,
-    pub request_id: RequestId,
-    /// Which of the request's `n` samples this is.
-    pub sample_index: usize,
-    /// Prompt then generated tokens.
-    pub token_ids: Vec<u32>,
-    pub prompt_len: usize,
     /// Leading tokens whose KV is in the cache; the next step computes from here.
     pub num_computed_tokens: usize,
+    /// Prompt then generated tokens.
+    pub token_ids: Vec<u32>,
     /// Per KV group, the pages holding positions `0..num_computed_tokens` (and whatever this
     /// step adds); a windowed group's entries before its window are `NULL_BLOCK`. All tables have
     /// the same length; empty (no tables) while the sequence holds nothing.
     pub block_tables: Vec<Vec<BlockId>>,
+    /// How `block_tables` changed since the executor last saw them.
+    pub(crate) table_changes: TableChanges,
+    pub prompt_len: usize,
     pub status: SeqStatus,
+    pub request_id: RequestId,
+    /// Which of the request's `n` samples this is.
+    pub sample_index: usize,
     /// Sampling seed of this sample (request seed mixed with `sample_index`).
     pub seed: u64,
     /// Chained content hash of each full block of `token_ids` seen so far (extended lazily; the
@@ -43,8 +48,6 @@ pub struct Sequence {
     /// where it could not be cached (or, in a windowed group, was never held); the length (the
     /// same in every group) is how many full blocks have been offered to the cache.
     pub(crate) cache_refs: Vec<Vec<Option<CachedBlockRef>>>,
-    /// How `block_tables` changed since the executor last saw them.
-    pub(crate) table_changes: TableChanges,
 }
 
 /// What changed in a sequence's block tables since the executor last saw them: the block
@@ -52,28 +55,29 @@ pub struct Sequence {
 /// into the next step's [`BlockTableUpdate`] (see [`crate::block_tables`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TableChanges {
-    /// Entries of every group the executor holds; `None` while it holds nothing of this
+    /// Entries of every group the executor holds, plus one; 0 while it holds nothing of this
     /// sequence (new, or freed since), so the next update sends the tables whole.
-    sent_len: Option<usize>,
+    sent_len_plus_one: u32,
     /// How many leading entries of those are still the same here.
-    unchanged: usize,
-    /// Per group, the leading entries released here, and as the executor knows them.
-    released: Vec<usize>,
-    sent_released: Vec<usize>,
+    unchanged: u32,
+    /// Per group, the leading entries released here, and as the executor knows them (empty
+    /// for models without windowed layers).
+    released: Vec<(u32, u32)>,
 }
 
 impl TableChanges {
     /// The entries from `index` on changed (replaced or dropped).
     pub(crate) fn changed_from(&mut self, index: usize) {
-        self.unchanged = self.unchanged.min(index);
+        self.unchanged = self.unchanged.min(index as u32);
     }
 
     /// Group `group`'s entries before `end` are released.
     pub(crate) fn released(&mut self, group: usize, end: usize) {
         if self.released.len() <= group {
-            self.released.resize(group + 1, 0);
+            self.released.resize(group + 1, (0, 0));
         }
-        self.released[group] = self.released[group].max(end);
+        let here = &mut self.released[group].0;
+        *here = (*here).max(end as u32);
     }
 
     /// The tables were dropped or rebuilt: the executor gets them whole next time.
@@ -83,7 +87,7 @@ impl TableChanges {
 
     /// Whether the executor holds tables of this sequence.
     pub(crate) fn was_sent(&self) -> bool {
-        self.sent_len.is_some()
+        self.sent_len_plus_one > 0
     }
 }
 
@@ -142,26 +146,29 @@ impl Sequence {
     pub(crate) fn take_table_update(&mut self) -> BlockTableUpdate {
         let len = self.num_table_blocks();
         let c = &mut self.table_changes;
-        let update = match c.sent_len {
+        let update = match c.sent_len_plus_one.checked_sub(1) {
             None => BlockTableUpdate::replace(self.block_tables.clone()),
             Some(sent) => {
-                let keep = c.unchanged.min(sent).min(len);
+                let keep = (c.unchanged.min(sent) as usize).min(len);
+                let released = c.released.iter().any(|&(here, sent)| here != sent);
                 BlockTableUpdate {
-                    truncate_to: (keep < sent).then_some(keep),
+                    truncate_to: (keep < sent as usize).then_some(keep),
                     append: match len > keep {
                         true => self.block_tables.iter().map(|t| t[keep..].to_vec()).collect(),
                         false => Vec::new(),
                     },
-                    released_before: match c.released != c.sent_released {
-                        true => c.released.clone(),
+                    released_before: match released {
+                        true => c.released.iter().map(|&(here, _)| here as usize).collect(),
                         false => Vec::new(),
                     },
                 }
             }
         };
-        c.sent_len = Some(len);
-        c.unchanged = len;
-        c.sent_released.clone_from(&c.released);
+        c.sent_len_plus_one = len as u32 + 1;
+        c.unchanged = len as u32;
+        for r in &mut c.released {
+            r.1 = r.0;
+        }
         update
     }
 }

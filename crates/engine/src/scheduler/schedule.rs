@@ -277,7 +277,10 @@ impl Scheduler {
             Some(ProposerKind::Executor) if decoding => next_draft_limit(e, &self.config, drafts.len()),
             _ => 0,
         };
-        let to_draft = self.blocks.max_tokens_fitting(&e.seq, q + wanted).saturating_sub(q);
+        let to_draft = match wanted {
+            0 => 0,
+            _ => self.blocks.max_tokens_fitting(&e.seq, q + wanted).saturating_sub(q),
+        };
         if self.blocks.allocate(&mut e.seq, q + to_draft, &mut batch.block_copies).is_err() {
             debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
             return false;
