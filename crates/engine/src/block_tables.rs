@@ -17,12 +17,14 @@ use crate::id_map::IdMap;
 use crate::kv_groups::NULL_BLOCK;
 
 /// How a sequence's block tables changed since the executor last saw them; the default
-/// changes nothing. Applied in field order: truncate, append, release.
+/// changes nothing. Applied in field order: truncate, append, release. Applying one twice gives
+/// what applying it once does: an append always comes with the length it starts at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BlockTableUpdate {
-    /// Keep only this many entries of every group's table (`None`: keep all).
+    /// Keep only this many entries of every group's table (`None`: keep all). Required with
+    /// `append`, which it positions.
     pub truncate_to: Option<usize>,
-    /// Per group, the entries to append (empty: none in any group).
+    /// Per group, the entries to append after the first `truncate_to` (empty: none in any group).
     pub append: Vec<Vec<u32>>,
     /// Per group, the entries before this index are released (`NULL_BLOCK`; empty: none).
     pub released_before: Vec<usize>,
@@ -64,32 +66,36 @@ impl BlockTableStore {
         Ok(())
     }
 
-    /// Applies one sequence's update.
+    /// Applies one sequence's update; on an error nothing changed.
     pub fn update(&mut self, seq_id: SeqId, update: &BlockTableUpdate) -> Result<(), String> {
-        if update.is_empty() {
-            return match self.tables.contains_key(&seq_id) {
-                true => Ok(()),
-                false => Err("no block tables were sent for this sequence".into()),
+        if !update.append.is_empty() && update.truncate_to.is_none() {
+            return Err("block table entries appended without the length they start at".into());
+        }
+        if update.truncate_to == Some(0) {
+            // The whole tables: whatever was held is replaced.
+            self.tables.insert(seq_id, update.append.clone());
+        } else {
+            let Some(tables) = self.tables.get_mut(&seq_id) else {
+                return Err("changes to block tables that were never sent".into());
             };
-        }
-        let tables = self.tables.entry(seq_id).or_default();
-        if let Some(len) = update.truncate_to {
-            if tables.iter().any(|t| t.len() < len) {
-                return Err(format!("keeps {len} block table entries of fewer"));
-            }
-            tables.iter_mut().for_each(|t| t.truncate(len));
-        }
-        if !update.append.is_empty() {
-            if tables.is_empty() {
-                tables.resize_with(update.append.len(), Vec::new);
-            }
-            if update.append.len() != tables.len() {
-                return Err(format!("appends to {} block tables of {}", update.append.len(), tables.len()));
-            }
-            for (table, new) in tables.iter_mut().zip(&update.append) {
-                table.extend_from_slice(new);
+            if let Some(len) = update.truncate_to {
+                if tables.iter().any(|t| t.len() < len) {
+                    return Err(format!("keeps {len} block table entries of fewer"));
+                }
+                if !update.append.is_empty() && update.append.len() != tables.len() {
+                    return Err(format!(
+                        "appends to {} block tables of {}",
+                        update.append.len(),
+                        tables.len()
+                    ));
+                }
+                for (g, table) in tables.iter_mut().enumerate() {
+                    table.truncate(len);
+                    table.extend_from_slice(update.append.get(g).map_or(&[][..], Vec::as_slice));
+                }
             }
         }
+        let Some(tables) = self.tables.get_mut(&seq_id) else { return Ok(()) };
         for (table, &end) in tables.iter_mut().zip(&update.released_before) {
             let end = end.min(table.len());
             // Released entries form a prefix: walk back to the last one already released.
@@ -145,6 +151,16 @@ mod tests {
         let mut store = BlockTableStore::new();
         let first = batch(vec![seq(1, BlockTableUpdate::replace(vec![vec![4, 5], vec![6, 7]]))], vec![]);
         store.apply(&first).unwrap();
+        // A step that only grows the tables, applied twice (retried without a rejected sequence).
+        let grow =
+            BlockTableUpdate { truncate_to: Some(2), append: vec![vec![8], vec![3]], ..Default::default() };
+        store.apply(&batch(vec![seq(1, grow.clone())], vec![])).unwrap();
+        store.apply(&batch(vec![seq(1, grow)], vec![])).unwrap();
+        assert_eq!(store.get(1).unwrap(), [vec![4, 5, 8], vec![6, 7, 3]]);
+        let unpositioned = BlockTableUpdate { append: vec![vec![1], vec![1]], ..Default::default() };
+        assert!(store.update(1, &unpositioned).is_err());
+        let first = batch(vec![seq(1, BlockTableUpdate::replace(vec![vec![4, 5], vec![6, 7]]))], vec![]);
+        store.apply(&first).unwrap();
         // Copy on write of the block at index 1, one block more, and group 1's first released.
         let cow = BlockTableUpdate {
             truncate_to: Some(1),
@@ -159,6 +175,10 @@ mod tests {
         store.apply(&batch(vec![seq(1, BlockTableUpdate::default())], vec![])).unwrap();
         let unknown = store.apply(&batch(vec![seq(2, BlockTableUpdate::default())], vec![]));
         assert!(matches!(unknown, Err(ExecutorError::InvalidSequence { seq_id: 2, .. })), "{unknown:?}");
+        let onto_unknown =
+            BlockTableUpdate { truncate_to: Some(1), append: vec![vec![2]], ..Default::default() };
+        assert!(store.update(2, &onto_unknown).is_err());
+        assert_eq!(store.len(), 1, "a refused update leaves nothing behind");
         let too_long = BlockTableUpdate { truncate_to: Some(5), ..BlockTableUpdate::default() };
         assert!(store.update(1, &too_long).is_err());
         // Released sequences go before the batch's updates: a preempted one comes back whole.

@@ -215,9 +215,9 @@ pub(crate) fn guarded_mask(constraint: &mut dyn TokenConstraint) -> Result<Token
 }
 
 /// A sequence's grammar handed to an executor that drafts its own proposals
-/// ([`SampleRequest::draft_grammar`](crate::SampleRequest::draft_grammar)): the state before
-/// this step's tokens, for the executor to walk past the tokens it keeps and mask its drafts
-/// with ([`DraftChain`](crate::speculative::DraftChain)). Behind a lock only so that sample
+/// ([`SampleRequest::draft_grammar`](crate::SampleRequest::draft_grammar)): the state at the
+/// step's first sampled position, for the executor to walk past the tokens it keeps and mask
+/// its drafts with ([`DraftChain`](crate::speculative::DraftChain)). Behind a lock only so that sample
 /// requests stay `Sync`; the executor walks forks of it, so a retried step starts over.
 #[derive(Clone)]
 pub struct DraftGrammar {

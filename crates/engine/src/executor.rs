@@ -229,6 +229,10 @@ pub enum ExecutorError {
 
 /// Runs the model over one scheduled batch and samples the requested tokens.
 pub trait ModelExecutor: Send {
+    /// Runs one step. The batch's block-table changes and released ids
+    /// ([`BlockTableStore::apply`](crate::BlockTableStore::apply)) are applied first, before
+    /// anything that can fail: the scheduler sends each change once, and an `InvalidSequence`
+    /// error brings the same batch back without that sequence.
     fn execute(&mut self, batch: &ScheduledBatch) -> Result<StepOutput, ExecutorError>;
 
     /// Size of one KV block in tokens; the scheduler uses the same.

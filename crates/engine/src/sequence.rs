@@ -151,8 +151,10 @@ impl Sequence {
             Some(sent) => {
                 let keep = (c.unchanged.min(sent) as usize).min(len);
                 let released = c.released.iter().any(|&(here, sent)| here != sent);
+                // An append carries the length it starts at, so that applying it twice (a
+                // retried step) appends once.
                 BlockTableUpdate {
-                    truncate_to: (keep < sent as usize).then_some(keep),
+                    truncate_to: (keep < sent as usize || len > keep).then_some(keep),
                     append: match len > keep {
                         true => self.block_tables.iter().map(|t| t[keep..].to_vec()).collect(),
                         false => Vec::new(),

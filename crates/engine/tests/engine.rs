@@ -41,6 +41,8 @@ struct Faults {
     fatal_next: AtomicBool,
     /// A prompt starting with this token is rejected as a sequence the model cannot run.
     reject_prompt_token: Option<u32>,
+    /// Reject it after running the whole step (as a sampling error would), not before.
+    reject_after_running: bool,
 }
 
 /// The fake executor, plus injected failures and an optional gate that holds each step until
@@ -63,6 +65,9 @@ impl ModelExecutor for TestExecutor {
         if let Some(poison) = self.faults.reject_prompt_token {
             let bad = batch.seqs.iter().find(|s| s.start_pos == 0 && s.token_ids.first() == Some(&poison));
             if let Some(seq) = bad {
+                if self.faults.reject_after_running {
+                    self.inner.execute(batch)?;
+                }
                 let message = "the prompt is beyond what the model accepts".to_string();
                 return Err(ExecutorError::InvalidSequence { seq_id: seq.seq_id, message });
             }
@@ -345,12 +350,24 @@ fn executor_error_fails_the_batch_and_the_engine_carries_on() {
 
 #[test]
 fn a_rejected_sequence_fails_its_request_only_and_never_kills_the_engine() {
+    rejected_sequences_fail_alone(false);
+}
+
+#[test]
+fn a_sequence_rejected_after_its_step_ran_leaves_the_rest_exact() {
+    // The retries run the rest of the step again after the executor already applied it: the
+    // block-table changes (the healthy request's new block) must apply once.
+    rejected_sequences_fail_alone(true);
+}
+
+fn rejected_sequences_fail_alone(reject_after_running: bool) {
     const POISON: u32 = VOCAB as u32 - 1;
-    let faults = Faults { reject_prompt_token: Some(POISON), ..Default::default() };
+    let faults = Faults { reject_prompt_token: Some(POISON), reject_after_running, ..Default::default() };
     let e = start_with(config(), true, faults);
     // Held inside its first step, the healthy request shares the next step with every
-    // rejected one: each rejection retries the rest of that step.
-    let healthy = request(50, 6, 120);
+    // rejected one: each rejection retries the rest of that step, in which the healthy
+    // request's ninth token starts a block.
+    let healthy = request(50, 8, 120);
     let mut healthy_stream = e.handle.submit(healthy.clone()).unwrap();
     e.wait_step();
     let mut poisoned: Vec<RequestStream> = (0..10)

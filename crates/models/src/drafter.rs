@@ -165,9 +165,10 @@ impl Drafter<'_> {
 
     /// One forward pass over `pass`, writing the drafter's cache; the greedy token of each
     /// sequence that samples, in order, under its mask in `masks` (one per such sequence) where
-    /// it has one. A pass with none still computes one row (the model's head wants at least
-    /// one), which is dropped.
-    fn pass(&self, mut pass: ScheduledBatch, masks: Vec<Option<TokenMask>>) -> StepResult<Vec<u32>> {
+    /// it has one, `None` where no token can be drawn (a guess not made fails nobody's request).
+    /// A pass with none still computes one row (the model's head wants at least one), which is
+    /// dropped.
+    fn pass(&self, mut pass: ScheduledBatch, masks: Vec<Option<TokenMask>>) -> StepResult<Vec<Option<u32>>> {
         let how = self.how;
         let failed = |e: ModelError| ExecutorError::Execution(format!("drafting ({how:?}): {e}"));
         let wanted = pass.seqs.iter().filter(|s| s.sample.is_some()).count();
@@ -185,28 +186,29 @@ impl Drafter<'_> {
             // instead of every row of logits. A proposal is only a guess, so its ties and NaNs
             // need none of the host sampler's care: verification keeps the target's tokens.
             let ids = logits.argmax(candle_core::D::Minus1).and_then(|ids| ids.to_vec1::<u32>());
-            return Ok(ids.map_err(|e| failed(e.into()))?.into_iter().take(wanted).collect());
+            return Ok(ids.map_err(|e| failed(e.into()))?.into_iter().take(wanted).map(Some).collect());
         }
         let rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?;
-        pass.seqs
-            .iter()
-            .filter(|s| s.sample.is_some())
-            .zip(rows)
+        let drawn = rows
+            .into_iter()
             .zip(masks.into_iter().chain(std::iter::repeat(None)))
             .take(wanted)
-            .map(|((s, mut row), mask)| {
+            .map(|(mut row, mask)| {
                 let req = SampleRequest { allowed: mask.map(MaskSlot::ready), ..SampleRequest::greedy() };
-                try_sample(&mut row, &req)
-                    .map(|(token, _)| token)
-                    .map_err(|e| ExecutorError::InvalidSequence { seq_id: s.seq_id, message: e.to_string() })
+                try_sample(&mut row, &req).ok().map(|(token, _)| token)
             })
-            .collect()
+            .collect();
+        Ok(drawn)
     }
 }
 
 impl Walk<'_> {
-    /// Takes `token` as the next draft.
-    fn take(&mut self, token: u32) {
+    /// Takes `token` as the next draft; without one, the walk ends with the drafts it has.
+    fn take(&mut self, token: Option<u32>) {
+        let Some(token) = token else {
+            self.want = self.drafts.len();
+            return;
+        };
         self.drafts.push(token);
         if let Some(chain) = &mut self.chain {
             chain.push(token);

@@ -31,6 +31,10 @@ pub struct ModelRunner {
     pub(crate) draft: Option<DraftModel>,
     /// The block tables of the sequences the engine runs, as of the last step.
     tables: BlockTableStore,
+    /// The block copies of a step that failed after making them with a sequence rejected: the
+    /// engine runs it again without that sequence, and copying again could copy a source block
+    /// that the failed step had already handed to, and written for, another sequence.
+    copies_done: Option<Vec<(u32, u32)>>,
     /// Runs each whole step, so that the CPU ops' parallel loops start on a pool thread. Called
     /// from the engine thread instead, every op would hand its work to the pool and sleep until
     /// it is done: two thread wake-ups per op, hundreds per step (a fifth of a decode step).
@@ -53,7 +57,15 @@ pub(crate) struct FlatBatch<'t> {
 impl ModelRunner {
     pub fn new(model: Model, cache: KvCache, device: Device) -> Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("pagoda-cpu-{i}")).build()?;
-        Ok(Self { model, cache, device, draft: None, tables: BlockTableStore::new(), pool: Arc::new(pool) })
+        Ok(Self {
+            model,
+            cache,
+            device,
+            draft: None,
+            tables: BlockTableStore::new(),
+            copies_done: None,
+            pool: Arc::new(pool),
+        })
     }
 
     /// Attaches a draft model, whose cache must have this runner's block size and number of
@@ -267,10 +279,26 @@ impl ModelRunner {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
         self.tables.apply(batch)?;
         let flat = flatten(batch, &self.tables, &self.model, &self.cache)?;
-        self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
-        if let Some(draft) = &self.draft {
-            draft.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
+        if self.copies_done.as_ref() != Some(&batch.block_copies) {
+            self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
+            if let Some(draft) = &self.draft {
+                draft.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
+            }
         }
+        let result = self.sample_and_draft(batch, flat);
+        self.copies_done = match &result {
+            Err(ExecutorError::InvalidSequence { .. }) => Some(batch.block_copies.clone()),
+            _ => None,
+        };
+        result
+    }
+
+    /// The step after its block copies: the target's pass and sampling, then the drafts.
+    fn sample_and_draft(
+        &self,
+        batch: &ScheduledBatch,
+        flat: FlatBatch<'_>,
+    ) -> std::result::Result<StepOutput, ExecutorError> {
         let mut sampled = self.verify(batch, flat)?;
         let drafter = match batch.executor_draft {
             Some(how @ ExecutorDraft::Layers(layers)) => Some(Drafter {

@@ -261,10 +261,11 @@ impl Scheduler {
 
     /// Allocates blocks for `q` tokens of sequence `id` and appends it to the batch; the last
     /// `drafts.len()` of the `q` tokens are `drafts`, proposed after the sequence's own tokens.
-    /// A decoding sequence whose proposals the executor drafts also gets, from the free blocks
-    /// only, slots for the drafts it makes after this step.
+    /// A decoding sequence whose proposals the executor drafts also gets slots for the drafts
+    /// it makes after this step, from free blocks that no other sequence's next token needs.
     fn push_scheduled(&mut self, id: SeqId, q: usize, drafts: Vec<u32>, batch: &mut ScheduledBatch) -> bool {
         let default_proposer = self.default_proposer_now();
+        let running = self.running.len();
         let Some(e) = self.seqs.get_mut(&id) else { return false };
         let start = e.seq.num_computed_tokens;
         let own = q - drafts.len();
@@ -279,7 +280,18 @@ impl Scheduler {
         };
         let to_draft = match wanted {
             0 => 0,
-            _ => self.blocks.max_tokens_fitting(&e.seq, q + wanted).saturating_sub(q),
+            _ => {
+                // Draft slots come from blocks no other running sequence's next token needs:
+                // one per sequence and group stays free for them.
+                let fits = self.blocks.max_tokens_fitting(&e.seq, q + wanted).max(q);
+                let reserve = running * self.blocks.groups().len();
+                let left = self.blocks.num_free_blocks().checked_sub(self.blocks.blocks_needed(&e.seq, fits));
+                if left.is_some_and(|left| left >= reserve) {
+                    fits - q
+                } else {
+                    0
+                }
+            }
         };
         if self.blocks.allocate(&mut e.seq, q + to_draft, &mut batch.block_copies).is_err() {
             debug_assert!(false, "allocation for sequence {} failed after the fit check", e.seq.id);
