@@ -35,10 +35,6 @@ impl BlockTableUpdate {
     pub fn replace(tables: Vec<Vec<u32>>) -> Self {
         Self { truncate_to: Some(0), append: tables, released_before: Vec::new() }
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.truncate_to.is_none() && self.append.is_empty() && self.released_before.is_empty()
-    }
 }
 
 /// The executor's copy of the block tables of the sequences it runs (see the module docs).
@@ -68,34 +64,39 @@ impl BlockTableStore {
 
     /// Applies one sequence's update; on an error nothing changed.
     pub fn update(&mut self, seq_id: SeqId, update: &BlockTableUpdate) -> Result<(), String> {
-        if !update.append.is_empty() && update.truncate_to.is_none() {
-            return Err("block table entries appended without the length they start at".into());
-        }
-        if update.truncate_to == Some(0) {
+        let tables = match update.truncate_to {
             // The whole tables: whatever was held is replaced.
-            self.tables.insert(seq_id, update.append.clone());
-        } else {
-            let Some(tables) = self.tables.get_mut(&seq_id) else {
-                return Err("changes to block tables that were never sent".into());
-            };
-            if let Some(len) = update.truncate_to {
-                if tables.iter().any(|t| t.len() < len) {
-                    return Err(format!("keeps {len} block table entries of fewer"));
-                }
-                if !update.append.is_empty() && update.append.len() != tables.len() {
-                    return Err(format!(
-                        "appends to {} block tables of {}",
-                        update.append.len(),
-                        tables.len()
-                    ));
-                }
-                for (g, table) in tables.iter_mut().enumerate() {
-                    table.truncate(len);
-                    table.extend_from_slice(update.append.get(g).map_or(&[][..], Vec::as_slice));
-                }
+            Some(0) => {
+                let tables = self.tables.entry(seq_id).or_default();
+                tables.clone_from(&update.append);
+                tables
             }
-        }
-        let Some(tables) = self.tables.get_mut(&seq_id) else { return Ok(()) };
+            truncate_to => {
+                let Some(tables) = self.tables.get_mut(&seq_id) else {
+                    return Err("changes to block tables that were never sent".into());
+                };
+                match truncate_to {
+                    Some(len) => {
+                        if tables.iter().any(|t| t.len() < len) {
+                            return Err(format!("keeps {len} block table entries of fewer"));
+                        }
+                        if !update.append.is_empty() && update.append.len() != tables.len() {
+                            let (got, held) = (update.append.len(), tables.len());
+                            return Err(format!("appends to {got} block tables of {held}"));
+                        }
+                        for (g, table) in tables.iter_mut().enumerate() {
+                            table.truncate(len);
+                            table.extend_from_slice(update.append.get(g).map_or(&[][..], Vec::as_slice));
+                        }
+                    }
+                    None if !update.append.is_empty() => {
+                        return Err("block table entries appended without the length they start at".into());
+                    }
+                    None => {}
+                }
+                tables
+            }
+        };
         for (table, &end) in tables.iter_mut().zip(&update.released_before) {
             let end = end.min(table.len());
             // Released entries form a prefix: walk back to the last one already released.

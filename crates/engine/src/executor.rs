@@ -65,10 +65,9 @@ impl ScheduledSeq {
     /// proposals: the scheduler's next limit, which falls to one past the accepted prefix after
     /// a rejection (see [`num_to_draft`](Self::num_to_draft)).
     pub fn num_to_draft_after(&self, accepted: usize) -> usize {
-        if accepted < self.num_draft_tokens {
-            self.num_to_draft.min(accepted + 1)
-        } else {
-            self.num_to_draft
+        match self.num_draft_tokens {
+            0 => self.num_to_draft,
+            proposed => self.num_to_draft.min(crate::speculative::next_draft_budget(proposed, accepted)),
         }
     }
 

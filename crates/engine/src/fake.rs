@@ -127,6 +127,15 @@ impl FakeExecutor {
         Ok(block * self.block_size + pos % self.block_size)
     }
 
+    /// The group the output is read from, and the window it sees: the first full group's
+    /// whole history, or with windowed groups only, group 0's window (see the module docs).
+    fn history_group(&self) -> (usize, Option<usize>) {
+        match (0..self.groups.len()).find(|&g| self.groups.window(g).is_none()) {
+            Some(g) => (g, None),
+            None => (0, self.groups.window(0)),
+        }
+    }
+
     /// The token in group `group`'s slot of `pos`, checking it was written there for `pos` by
     /// that group.
     fn read(&self, seq: &ScheduledSeq, group: usize, pos: usize) -> Result<u32, ExecutorError> {
@@ -153,11 +162,7 @@ impl FakeExecutor {
     /// not compute again fails, and block tables without slots for the drafts fail too.
     fn propose(&mut self, seq: &ScheduledSeq, kept: &[u32], salt: usize) -> Result<Vec<u32>, ExecutorError> {
         let Some((&drawn, accepted)) = kept.split_last() else { return Ok(Vec::new()) };
-        let full = (0..self.groups.len()).find(|&g| self.groups.window(g).is_none());
-        let (group, window) = match full {
-            Some(g) => (g, None),
-            None => (0, self.groups.window(0)),
-        };
+        let (group, window) = self.history_group();
         // The position of the drawn token: after the step's own tokens and accepted proposals.
         let at = seq.start_pos + seq.q_len() - seq.num_draft_tokens + accepted.len();
         let first = window.map_or(0, |w| (at + 1).saturating_sub(w));
@@ -230,16 +235,12 @@ impl ModelExecutor for FakeExecutor {
                 }
             }
         }
-        let full = (0..self.groups.len()).find(|&g| self.groups.window(g).is_none());
+        let (group, window) = self.history_group();
         let mut sampled = Vec::new();
         for seq in &batch.seqs {
             let Some(req) = &seq.sample else { continue };
             // Logits are needed after each of the last `num_draft_tokens + 1` positions.
             let first_end = seq.context_len() - seq.num_draft_tokens;
-            let (group, window) = match full {
-                Some(g) => (g, None),
-                None => (0, self.groups.window(0)),
-            };
             let first = window.map_or(0, |w| first_end.saturating_sub(w));
             self.history.clear();
             for pos in first..seq.context_len() {

@@ -66,8 +66,7 @@ pub(crate) struct Drafter<'a> {
     /// The step's block tables; the drafting passes' sequences add nothing to them.
     pub tables: &'a BlockTableStore,
     pub device: &'a Device,
-    /// The target's first this many layers; every layer of a separate draft model when `None`.
-    pub num_layers: Option<usize>,
+    /// The target's first layers, over its cache, or a separate draft model over its own.
     pub how: ExecutorDraft,
 }
 
@@ -170,6 +169,10 @@ impl Drafter<'_> {
     /// dropped.
     fn pass(&self, mut pass: ScheduledBatch, masks: Vec<Option<TokenMask>>) -> StepResult<Vec<Option<u32>>> {
         let how = self.how;
+        let num_layers = match how {
+            ExecutorDraft::Layers(layers) => Some(layers),
+            ExecutorDraft::Model => None,
+        };
         let failed = |e: ModelError| ExecutorError::Execution(format!("drafting ({how:?}): {e}"));
         let wanted = pass.seqs.iter().filter(|s| s.sample.is_some()).count();
         if wanted == 0 {
@@ -179,8 +182,7 @@ impl Drafter<'_> {
             }
         }
         let flat = flatten(&pass, self.tables, self.model, self.cache)?;
-        let logits =
-            forward_with(self.model, self.cache, self.device, flat, self.num_layers).map_err(failed)?;
+        let logits = forward_with(self.model, self.cache, self.device, flat, num_layers).map_err(failed)?;
         if self.device.is_cuda() && masks.iter().all(Option::is_none) {
             // Proposals need only the greedy ids: a device argmax copies one id per row back
             // instead of every row of logits. A proposal is only a guess, so its ties and NaNs

@@ -301,12 +301,11 @@ impl ModelRunner {
     ) -> std::result::Result<StepOutput, ExecutorError> {
         let mut sampled = self.verify(batch, flat)?;
         let drafter = match batch.executor_draft {
-            Some(how @ ExecutorDraft::Layers(layers)) => Some(Drafter {
+            Some(how @ ExecutorDraft::Layers(_)) => Some(Drafter {
                 model: &self.model,
                 cache: &self.cache,
                 tables: &self.tables,
                 device: &self.device,
-                num_layers: Some(layers),
                 how,
             }),
             Some(how @ ExecutorDraft::Model) => {
@@ -317,7 +316,6 @@ impl ModelRunner {
                     cache: &draft.cache,
                     tables: &self.tables,
                     device: &self.device,
-                    num_layers: None,
                     how,
                 })
             }

@@ -10,7 +10,7 @@ use crate::constraint::{SeqConstraint, TokenConstraint};
 use crate::executor::{ExecutorDraft, SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
-use crate::speculative::{ProposerKind, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
+use crate::speculative::{next_draft_budget, ProposerKind, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
 
 use super::{ScheduleStats, Scheduled, Scheduler, SeqEntry};
 
@@ -432,35 +432,41 @@ impl Scheduler {
 /// `max_model_len`; while `min_tokens` is not reached, every verified position must be one
 /// where the end-of-sequence bans hold (the sample request carries one ban list).
 fn draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig) -> usize {
-    let Some(spec) = &config.speculative else { return 0 };
     if e.fork_into > 1 {
         return 0;
     }
     let output = e.seq.output_len();
-    let mut limit = spec
-        .num_speculative_tokens
-        .min(e.shared.max_speculative_tokens.unwrap_or(usize::MAX))
-        .min(e.draft_budget)
-        .min(e.shared.max_tokens.saturating_sub(output + 1))
-        .min(config.max_model_len.saturating_sub(e.seq.len() + 1));
+    let limit = proposal_cap(e, config, e.draft_budget, 0);
     let min_tokens = e.shared.stop.min_tokens;
     if output < min_tokens {
-        limit = limit.min(min_tokens - output - 1);
+        limit.min(min_tokens - output - 1)
+    } else {
+        limit
     }
-    limit
 }
 
 /// A bound on [`draft_limit`] at the sequence's next step, which has at least one more output
 /// token and a draft budget updated from this step's `proposed` tokens: how many tokens the
 /// executor drafts after this step (the next step cuts them to its own limit).
 fn next_draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig, proposed: usize) -> usize {
+    let budget = match proposed {
+        0 => e.draft_budget,
+        // Every proposal holding gives the longest next budget.
+        _ => next_draft_budget(proposed, proposed),
+    };
+    proposal_cap(e, config, budget, 1)
+}
+
+/// The caps on a proposal made `ahead` tokens after the sequence's current end: the server's
+/// and the request's, the draft budget, and room for one more token than it proposes within
+/// `max_tokens` and `max_model_len`.
+fn proposal_cap(e: &SeqEntry, config: &crate::config::EngineConfig, budget: usize, ahead: usize) -> usize {
     let Some(spec) = &config.speculative else { return 0 };
-    let budget = if proposed > 0 { (2 * proposed).min(MAX_SPECULATIVE_TOKENS) } else { e.draft_budget };
     spec.num_speculative_tokens
         .min(e.shared.max_speculative_tokens.unwrap_or(usize::MAX))
         .min(budget)
-        .min(e.shared.max_tokens.saturating_sub(e.seq.output_len() + 2))
-        .min(config.max_model_len.saturating_sub(e.seq.len() + 2))
+        .min(e.shared.max_tokens.saturating_sub(e.seq.output_len() + 1 + ahead))
+        .min(config.max_model_len.saturating_sub(e.seq.len() + 1 + ahead))
 }
 
 /// Cuts proposals at the first token the grammar would refuse (or an end-of-sequence id, which

@@ -467,7 +467,7 @@ fn unstarted_requests_count_their_samples() {
 
 #[test]
 fn the_draft_budget_follows_what_verification_accepted() {
-    use super::update::next_draft_budget;
+    use crate::speculative::next_draft_budget;
     assert_eq!(next_draft_budget(4, 4), 8, "a whole success doubles");
     assert_eq!(next_draft_budget(12, 12), 16, "up to the most a step may propose");
     assert_eq!(next_draft_budget(8, 0), 1, "a miss at the first position probes with one");

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::event::{FinishReason, StopReason, TokenEvent};
 use crate::executor::{SeqId, StepOutput, TopLogprobs};
-use crate::speculative::{SpecDecodeStats, MAX_SPECULATIVE_TOKENS};
+use crate::speculative::{next_draft_budget, SpecDecodeStats};
 
 use super::{Scheduler, SeqEntry, StepEvents, UpdateError};
 
@@ -204,16 +204,5 @@ impl Scheduler {
                 Self::finalize(&mut state, now, event, out);
             }
         }
-    }
-}
-
-/// The next proposal's length after `accepted` of `proposed` held: twice as long after a whole
-/// success, one past the accepted prefix otherwise (so a sequence whose text proposals miss
-/// verifies one position, not `k`).
-pub(super) fn next_draft_budget(proposed: usize, accepted: usize) -> usize {
-    if accepted >= proposed {
-        (2 * proposed).min(MAX_SPECULATIVE_TOKENS)
-    } else {
-        accepted + 1
     }
 }

@@ -64,6 +64,17 @@ impl SpeculativeMethod {
     }
 }
 
+/// The next proposal's length after `accepted` of `proposed` held: twice as long after a whole
+/// success, one past the accepted prefix otherwise (so a sequence whose text proposals miss
+/// verifies one position, not `k`).
+pub fn next_draft_budget(proposed: usize, accepted: usize) -> usize {
+    if accepted >= proposed {
+        (2 * proposed).min(MAX_SPECULATIVE_TOKENS)
+    } else {
+        accepted + 1
+    }
+}
+
 /// `--speculative-config`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpeculativeConfig {
