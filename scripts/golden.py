@@ -91,8 +91,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def ensure_venv() -> None:
-    """Create/refresh .venv-golden from the pinned requirements, then re-exec inside it."""
+def ensure_venv(script: Path | None = None) -> None:
+    """Create/refresh .venv-golden from the pinned requirements, then re-exec `script` (this
+    file by default) inside it."""
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
     if sys.version_info < (3, 10):
@@ -108,7 +109,8 @@ def ensure_venv() -> None:
         subprocess.check_call([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                                "-r", str(REQUIREMENTS)])
         stamp.write_text(wanted + "\n")
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+    script = (script or Path(__file__)).resolve()
+    os.execv(str(python), [str(python), str(script), *sys.argv[1:]])
 
 
 # --------------------------------------------------------------------------------------------

@@ -182,6 +182,7 @@ mod tests {
             token_ids: ids.to_vec(),
             text: "x".repeat(ids.len()),
             logprobs: None,
+            pooled: None,
             finished: None,
             usage: None,
             timestamps: None,

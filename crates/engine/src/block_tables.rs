@@ -140,6 +140,7 @@ mod tests {
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
             num_to_draft: 0,
+            pool: false,
         }
     }
 

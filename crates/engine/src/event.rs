@@ -17,6 +17,8 @@ pub enum StopReason {
     StopString(String),
     /// The structured-output grammar is complete: nothing but end-of-sequence could follow.
     GrammarComplete,
+    /// A pooling request's input was computed whole; the event carries its pooled state.
+    Pooled,
 }
 
 /// Why a sample ended.
@@ -108,6 +110,8 @@ pub struct TokenEvent {
     pub text: String,
     /// One entry per id in `token_ids`, when the request asked for logprobs.
     pub logprobs: Option<Vec<TopLogprobs>>,
+    /// A pooling request's one result (its embedding), on its finishing event.
+    pub pooled: Option<Vec<f32>>,
     /// Set on the sample's last event.
     pub finished: Option<FinishReason>,
     /// Set on the request's last event only.
@@ -124,6 +128,7 @@ impl TokenEvent {
             token_ids: Vec::new(),
             text: String::new(),
             logprobs: None,
+            pooled: None,
             finished: Some(reason),
             usage: None,
             timestamps: None,

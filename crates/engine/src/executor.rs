@@ -44,6 +44,10 @@ pub struct ScheduledSeq {
     /// `context_len() + num_to_draft` positions, so the drafting passes have slots to write. 0
     /// unless `sample` is `Some`.
     pub num_to_draft: usize,
+    /// A pooling sequence (embeddings): this step computes its whole input at once and the
+    /// executor returns the pooled hidden state ([`StepOutput::pooled`]) instead of a token.
+    /// `sample` is `None`; the KV it writes is not read again.
+    pub pool: bool,
 }
 
 impl ScheduledSeq {
@@ -202,10 +206,20 @@ impl SampledToken {
     }
 }
 
-/// Result of one step: one entry per scheduled sequence with `sample: Some`, in batch order.
+/// The pooled hidden state of one pooling sequence ([`ScheduledSeq::pool`]): its embedding,
+/// pooled and normalized as the model's configuration says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PooledOutput {
+    pub seq_id: SeqId,
+    pub values: Vec<f32>,
+}
+
+/// Result of one step: one entry per scheduled sequence with `sample: Some` in `sampled`, and
+/// one per sequence with `pool` in `pooled`, each in batch order.
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
     pub sampled: Vec<SampledToken>,
+    pub pooled: Vec<PooledOutput>,
 }
 
 /// Why a step could not run.

@@ -18,7 +18,8 @@ use pagoda_text::TokenDecoder;
 
 use crate::block_tables::BlockTableStore;
 use crate::executor::{
-    ExecutorDraft, ExecutorError, ModelExecutor, SampledToken, ScheduledBatch, ScheduledSeq, StepOutput,
+    ExecutorDraft, ExecutorError, ModelExecutor, PooledOutput, SampledToken, ScheduledBatch, ScheduledSeq,
+    StepOutput,
 };
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
@@ -125,6 +126,25 @@ impl FakeExecutor {
             )));
         }
         Ok(block * self.block_size + pos % self.block_size)
+    }
+
+    /// A pooling sequence's "embedding": its length, token sum and a hash of its tokens, read
+    /// back through its block table, so pooling a sequence whose tables or tokens went wrong
+    /// gives other values.
+    fn pool(&self, seq: &ScheduledSeq, group: usize) -> Result<Vec<f32>, ExecutorError> {
+        if seq.start_pos != 0 {
+            return Err(ExecutorError::InvalidSequence {
+                seq_id: seq.seq_id,
+                message: format!("pooling from position {}, not from the start", seq.start_pos),
+            });
+        }
+        let (mut sum, mut hash) = (0f32, 0u64);
+        for pos in 0..seq.context_len() {
+            let token = self.read(seq, group, pos)?;
+            sum += token as f32;
+            hash = combine(hash, u64::from(token));
+        }
+        Ok(vec![seq.context_len() as f32, sum, (mix64(hash) >> 40) as f32])
     }
 
     /// The group the output is read from, and the window it sees: the first full group's
@@ -264,7 +284,12 @@ impl ModelExecutor for FakeExecutor {
             };
             sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, proposals });
         }
-        Ok(StepOutput { sampled })
+        let mut pooled = Vec::new();
+        for seq in batch.seqs.iter().filter(|s| s.pool) {
+            let values = self.pool(seq, group)?;
+            pooled.push(PooledOutput { seq_id: seq.seq_id, values });
+        }
+        Ok(StepOutput { sampled, pooled })
     }
 
     fn block_size(&self) -> usize {
@@ -341,6 +366,7 @@ mod tests {
             sample: greedy(),
             num_draft_tokens: 0,
             num_to_draft: 0,
+            pool: false,
         }
     }
 

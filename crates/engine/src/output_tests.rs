@@ -23,6 +23,7 @@ fn raw(index: usize, tokens: &[u32], finished: Option<FinishReason>) -> TokenEve
         token_ids: tokens.to_vec(),
         text: String::new(),
         logprobs: None,
+        pooled: None,
         finished,
         usage: None,
         timestamps: None,

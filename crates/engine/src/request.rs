@@ -60,6 +60,10 @@ pub struct Request {
     /// methods are always available with speculation on; [`ProposerKind::Executor`] only where the
     /// engine has a draft.
     pub speculative_method: Option<ProposerKind>,
+    /// A pooling request (embeddings): its prompt is computed whole in one step and its pooled
+    /// hidden state is its one result ([`crate::TokenEvent::pooled`]); nothing is sampled and
+    /// its KV is not kept. One sample, no grammar, no speculation, no `max_tokens`.
+    pub pool: bool,
 }
 
 impl Request {
@@ -79,7 +83,13 @@ impl Request {
             constraint: None,
             max_speculative_tokens: None,
             speculative_method: None,
+            pool: false,
         }
+    }
+
+    /// A pooling request for `prompt_token_ids` (see [`Request::pool`]).
+    pub fn pooling(id: RequestId, prompt_token_ids: Vec<u32>) -> Self {
+        Self { pool: true, ..Self::new(id, prompt_token_ids, Arc::new(SamplingParams::default())) }
     }
 
     pub fn with_constraint(mut self, constraint: SeqConstraint) -> Self {
@@ -133,6 +143,9 @@ impl Request {
         if prompt_len == 0 {
             return Err(RequestError::EmptyPrompt);
         }
+        if self.pool {
+            return self.validate_pooling(config).map(|()| 0);
+        }
         // The prompt must leave room for at least one generated token.
         if prompt_len >= config.max_model_len {
             return Err(RequestError::PromptTooLong { prompt_len, max_model_len: config.max_model_len });
@@ -172,6 +185,33 @@ impl Request {
     }
 }
 
+impl Request {
+    /// A pooling request's limits: its input fits the context and one step's token budget
+    /// (pooling sees the whole input at once), and it asks for nothing that generates.
+    fn validate_pooling(&self, config: &EngineConfig) -> Result<(), RequestError> {
+        let prompt_len = self.prompt_token_ids.len();
+        if prompt_len > config.max_model_len {
+            return Err(RequestError::PoolingTooLong { prompt_len, max_len: config.max_model_len });
+        }
+        if prompt_len > config.max_num_batched_tokens {
+            return Err(RequestError::PoolingTooLong { prompt_len, max_len: config.max_num_batched_tokens });
+        }
+        let generating = [
+            ("n", self.n != 1),
+            ("max_tokens", self.max_tokens.is_some()),
+            ("a grammar", self.constraint.is_some()),
+            (
+                "speculative decoding",
+                self.max_speculative_tokens.is_some() || self.speculative_method.is_some(),
+            ),
+        ];
+        match generating.into_iter().find(|(_, set)| *set) {
+            Some((what, _)) => Err(RequestError::PoolingGenerates { what }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Why a request was refused before it was queued.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RequestError {
@@ -201,6 +241,10 @@ pub enum RequestError {
          and this server has none; \"ngram\" and \"suffix\" are available"
     )]
     NoDraft,
+    #[error("the input has {prompt_len} tokens; this model embeds at most {max_len} tokens at once")]
+    PoolingTooLong { prompt_len: usize, max_len: usize },
+    #[error("a pooling request generates nothing, so it takes no {what}")]
+    PoolingGenerates { what: &'static str },
     #[error(transparent)]
     Sampling(#[from] SamplingParamsError),
 }
@@ -241,6 +285,27 @@ mod tests {
         let bad = SamplingParams { top_p: 0.0, ..Default::default() };
         let r = Request::new(1, vec![1], Arc::new(bad));
         assert!(matches!(r.validate(&c), Err(RequestError::Sampling(_))));
+    }
+
+    #[test]
+    fn a_pooling_request_fits_one_step_and_generates_nothing() {
+        let c = EngineConfig { max_num_batched_tokens: 64, ..EngineConfig::new(16, 64, 100) };
+        let pool = |len| Request::pooling(1, vec![5; len]);
+        assert_eq!(pool(64).validate(&c), Ok(0));
+        // The whole context, with no room left for a token: pooling samples none.
+        let wide = EngineConfig { max_num_batched_tokens: 100, ..c.clone() };
+        assert_eq!(pool(100).validate(&wide), Ok(0));
+        assert_eq!(
+            pool(101).validate(&wide),
+            Err(RequestError::PoolingTooLong { prompt_len: 101, max_len: 100 })
+        );
+        assert_eq!(pool(65).validate(&c), Err(RequestError::PoolingTooLong { prompt_len: 65, max_len: 64 }));
+        assert_eq!(pool(0).validate(&c), Err(RequestError::EmptyPrompt));
+        assert_eq!(pool(3).with_n(2).validate(&c), Err(RequestError::PoolingGenerates { what: "n" }));
+        assert_eq!(
+            pool(3).with_max_tokens(2).validate(&c),
+            Err(RequestError::PoolingGenerates { what: "max_tokens" })
+        );
     }
 
     #[test]

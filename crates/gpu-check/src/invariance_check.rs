@@ -63,6 +63,7 @@ fn chunk(
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: if all_rows { end - start - 1 } else { 0 },
         num_to_draft: 0,
+        pool: false,
     }
 }
 

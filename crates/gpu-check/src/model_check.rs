@@ -75,6 +75,7 @@ fn run_schedule(
                 sample: Some(SampleRequest::greedy()),
                 num_draft_tokens: 0,
                 num_to_draft: 0,
+                pool: false,
             });
             members.push(i);
         }

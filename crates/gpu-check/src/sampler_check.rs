@@ -120,6 +120,7 @@ fn compare_verification(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &m
             sample: Some(request(rng, i, vocab)),
             num_draft_tokens: drafts_len,
             num_to_draft: 0,
+            pool: false,
         });
     }
     let rows = host.len() / vocab;

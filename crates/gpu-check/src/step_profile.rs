@@ -53,6 +53,7 @@ pub(crate) fn decode_batch(batch: usize) -> ScheduledBatch {
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
             num_to_draft: 0,
+            pool: false,
         })
         .collect();
     ScheduledBatch { seqs, ..ScheduledBatch::default() }

@@ -40,6 +40,7 @@ fn main() -> anyhow::Result<()> {
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: len - 1,
         num_to_draft: 0,
+        pool: false,
     };
     // The context, as a prefill in one step.
     let prefill = ScheduledSeq { num_draft_tokens: 0, ..seq(0, context) };

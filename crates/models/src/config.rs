@@ -92,8 +92,9 @@ pub struct MoeConfig {
 }
 
 /// Architectures we run, by their GGUF names.
-pub(crate) const SUPPORTED: &[&str] =
-    &["llama", "mistral", "mixtral", "qwen2", "smollm", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"];
+pub(crate) const SUPPORTED: &[&str] = &[
+    "llama", "mistral", "mixtral", "qwen2", "smollm", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "bert",
+];
 
 /// Gemma 3 makes every sixth layer global and the others local; Gemma 2 alternates.
 pub(crate) const GEMMA3_SLIDING_PATTERN: usize = 6;

@@ -128,6 +128,7 @@ impl Drafter<'_> {
                 sample: (want > 0).then(SampleRequest::greedy),
                 num_draft_tokens: 0,
                 num_to_draft: 0,
+                pool: false,
             });
             if want > 0 {
                 let chain = s.sample.as_ref().zip(kept).and_then(|(req, kept)| DraftChain::after(req, kept));
@@ -228,5 +229,6 @@ fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
         sample: Some(SampleRequest::greedy()),
         num_draft_tokens: 0,
         num_to_draft: 0,
+        pool: false,
     }
 }

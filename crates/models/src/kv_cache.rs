@@ -38,6 +38,13 @@ impl KvCache {
         Ok(Self { slots, layout, block_size, num_blocks })
     }
 
+    /// A cache of `num_blocks` pages that hold nothing, for an encoder: the block manager
+    /// still pages its sequences (their admission and the token budget work as for any
+    /// model), but its attention reads only the step's own tokens.
+    pub fn accounting_only(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
+        Self { slots: Vec::new(), layout: KvLayout::for_config(config), block_size, num_blocks }
+    }
+
     /// How many blocks (pages) fit in `bytes` of cache memory.
     pub fn blocks_for_budget(config: &ModelConfig, block_size: usize, dtype: DType, bytes: u64) -> usize {
         let per_page =

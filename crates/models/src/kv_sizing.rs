@@ -61,6 +61,7 @@ impl ProfileShape {
                     }),
                     num_draft_tokens: 0,
                     num_to_draft: 0,
+                    pool: false,
                 }
             })
             .collect();

@@ -1,9 +1,10 @@
 //! `pagoda-models`: candle model code (the Llama family, Qwen3, mixtures of experts, Gemma 2 and 3, one file per architecture
-//! over shared attention, embedding and linear layers), weight loading (GGUF, Hugging Face
+//! over shared attention, embedding and linear layers; BERT encoders with their pooling, for embeddings), weight loading (GGUF, Hugging Face
 //! safetensors, dummy), the paged KV cache, and the model runner that executes one scheduled
 //! batch per engine step and samples from its logits.
 
 pub(crate) mod attention;
+pub mod bert;
 pub mod config;
 mod config_gguf;
 mod config_hf;
@@ -21,6 +22,7 @@ pub mod llama;
 pub mod loader;
 pub mod model;
 mod moe;
+pub mod pooling;
 pub mod runner;
 pub mod weights;
 
@@ -35,4 +37,5 @@ pub use loader::{
 };
 pub use model::{ForwardInput, Model};
 pub use pagoda_ops::PanelPrecision;
+pub use pooling::{Pooling, PoolingKind};
 pub use runner::ModelRunner;

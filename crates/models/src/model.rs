@@ -5,11 +5,13 @@
 use candle_core::{DType, Device, Tensor};
 use pagoda_ops::AttentionMetadata;
 
+use crate::bert::Bert;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gemma::Gemma;
 use crate::kv_cache::KvCache;
 use crate::llama::Llama;
+use crate::pooling::Pooling;
 use crate::weights::WeightSource;
 
 /// One step's flattened inputs, built by the model runner.
@@ -64,6 +66,8 @@ pub struct Model {
 enum Architecture {
     Llama(Llama),
     Gemma(Gemma),
+    /// An encoder: it embeds, it does not generate.
+    Bert(Bert),
 }
 
 /// Why a model has to run on the CPU, if it does: what its attention needs that no CUDA kernel
@@ -94,6 +98,7 @@ impl Model {
         }
         let architecture = match config.architecture.as_str() {
             "gemma2" | "gemma3" => Architecture::Gemma(Gemma::load(source, config, device)?),
+            "bert" => Architecture::Bert(Bert::load(source, config)?),
             _ => Architecture::Llama(Llama::load(source, config, device)?),
         };
         Ok(Self { architecture, dtype })
@@ -107,6 +112,7 @@ impl Model {
         match &self.architecture {
             Architecture::Llama(m) => m.config(),
             Architecture::Gemma(m) => m.config(),
+            Architecture::Bert(m) => m.config(),
         }
     }
 
@@ -116,6 +122,9 @@ impl Model {
         match &self.architecture {
             Architecture::Llama(m) => m.forward(input, cache),
             Architecture::Gemma(m) => m.forward(input, cache),
+            Architecture::Bert(_) => Err(ModelError::InvalidOption(
+                "this is an embedding model (an encoder): it computes no logits".into(),
+            )),
         }
     }
 
@@ -124,6 +133,28 @@ impl Model {
         match &self.architecture {
             Architecture::Llama(m) => m.is_quantized(),
             Architecture::Gemma(m) => m.is_quantized(),
+            Architecture::Bert(_) => false,
+        }
+    }
+
+    /// An encoder's pooling; `None` for a decoder (which generates).
+    pub fn pooling(&self) -> Option<&Pooling> {
+        match &self.architecture {
+            Architecture::Bert(m) => Some(m.pooling()),
+            _ => None,
+        }
+    }
+
+    /// Whether the model is an encoder: it embeds whole inputs and generates nothing.
+    pub fn is_encoder(&self) -> bool {
+        self.pooling().is_some()
+    }
+
+    /// An encoder's pooled embedding of each input (see [`Bert::embed`]).
+    pub fn embed(&self, input_ids: &Tensor, positions: &Tensor, bounds: &[usize]) -> Result<Vec<Vec<f32>>> {
+        match &self.architecture {
+            Architecture::Bert(m) => m.embed(input_ids, positions, bounds),
+            _ => Err(ModelError::InvalidOption("embeddings need an encoder model".into())),
         }
     }
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{
-    BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, SampledToken, ScheduledBatch,
-    StepOutput,
+    BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, PooledOutput, SampledToken,
+    ScheduledBatch, StepOutput,
 };
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
@@ -278,6 +278,15 @@ impl ModelRunner {
     fn execute_in_pool(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
         self.tables.apply(batch)?;
+        if self.model.is_encoder() {
+            return self.embed(batch);
+        }
+        if let Some(seq) = batch.seqs.iter().find(|s| s.pool) {
+            return Err(ExecutorError::InvalidSequence {
+                seq_id: seq.seq_id,
+                message: "this model generates text; embeddings need an embedding model".into(),
+            });
+        }
         let flat = flatten(batch, &self.tables, &self.model, &self.cache)?;
         if self.copies_done.as_ref() != Some(&batch.block_copies) {
             self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
@@ -324,7 +333,56 @@ impl ModelRunner {
         if let Some(drafter) = drafter {
             drafter.propose(batch, &mut sampled)?;
         }
-        Ok(StepOutput { sampled })
+        Ok(StepOutput { sampled, pooled: Vec::new() })
+    }
+
+    /// An encoder's step: each sequence is one whole input (the scheduler sends nothing else
+    /// for pooling), embedded on its own tokens; the cache is not touched.
+    fn embed(&self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
+        let config = self.model.config();
+        let (mut ids, mut positions, mut bounds) = (Vec::new(), Vec::new(), vec![0]);
+        for seq in &batch.seqs {
+            let invalid = |message: String| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message };
+            if !seq.pool || seq.start_pos != 0 {
+                return Err(invalid(
+                    "this is an embedding model: it embeds whole inputs and generates nothing".into(),
+                ));
+            }
+            if seq.q_len() > config.max_position_embeddings {
+                return Err(invalid(format!(
+                    "the input of {} tokens exceeds the model's {} positions",
+                    seq.q_len(),
+                    config.max_position_embeddings
+                )));
+            }
+            if let Some(&bad) = seq.token_ids.iter().find(|&&t| t as usize >= config.vocab_size) {
+                return Err(invalid(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    config.vocab_size
+                )));
+            }
+            ids.extend_from_slice(&seq.token_ids);
+            positions.extend(0..seq.q_len() as u32);
+            bounds.push(ids.len());
+        }
+        if ids.is_empty() {
+            return Ok(StepOutput::default());
+        }
+        let failed = |e: candle_core::Error| ExecutorError::Execution(e.to_string());
+        let n = ids.len();
+        let ids = Tensor::from_vec(ids, n, &self.device).map_err(failed)?;
+        let positions = Tensor::from_vec(positions, n, &self.device).map_err(failed)?;
+        let values = self
+            .model
+            .embed(&ids, &positions, &bounds)
+            .map_err(|e| ExecutorError::Execution(e.to_string()))?;
+        let pooled = batch
+            .seqs
+            .iter()
+            .zip(values)
+            .map(|(seq, values)| PooledOutput { seq_id: seq.seq_id, values })
+            .collect();
+        Ok(StepOutput { sampled: Vec::new(), pooled })
     }
 
     /// The target's forward pass over `batch` and its sampled (verified) tokens.

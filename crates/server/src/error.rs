@@ -196,6 +196,8 @@ impl From<RequestError> for ApiError {
             e @ (RequestError::NoSpeculation { .. } | RequestError::NoDraft) => {
                 ApiError::invalid("speculative_method", e.to_string())
             }
+            e @ RequestError::PoolingTooLong { .. } => ApiError::invalid("input", e.to_string()),
+            e @ RequestError::PoolingGenerates { .. } => ApiError::invalid("input", e.to_string()),
             RequestError::Sampling(s) => ApiError::invalid(s.name, s.to_string()),
         }
     }

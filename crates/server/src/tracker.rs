@@ -130,6 +130,7 @@ mod tests {
             token_ids: tokens.to_vec(),
             text: String::new(),
             logprobs: None,
+            pooled: None,
             finished,
             usage: last.then(Usage::default),
             timestamps: None,

@@ -164,6 +164,24 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Token ids for `text` with the special tokens the post-processor adds (BERT's `[CLS]` and
+    /// `[SEP]`), at most `max_len` of them: the text's own tokens are cut at the end to leave
+    /// room for the special ones, as sentence-transformers truncates an input. The second value
+    /// says whether anything was cut.
+    pub fn encode_truncated(&self, text: &str, max_len: usize) -> Result<(Vec<u32>, bool), TokenizerError> {
+        let encode_err = |e: tokenizers::Error| TokenizerError::Encode(e.to_string());
+        let mut encoding = self.inner.encode_fast(text, false).map_err(encode_err)?;
+        let added =
+            self.inner.get_post_processor().map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false));
+        let room = max_len.saturating_sub(added);
+        let cut = encoding.len() > room;
+        if cut {
+            encoding.truncate(room, 0, tokenizers::TruncationDirection::Right);
+        }
+        let encoding = self.inner.post_process(encoding, None, true).map_err(encode_err)?;
+        Ok((encoding.get_ids().to_vec(), cut))
+    }
+
     /// Text for `ids`; ids outside the vocabulary are ignored, and bytes that do not form valid
     /// UTF-8 become U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {

@@ -1,6 +1,6 @@
 //! Building a [`Tokenizer`] from a Hugging Face model directory.
 //!
-//! Files read:
+//! Padding and truncation that `tokenizer.json` sets are turned off. Files read:
 //! - `tokenizer.json` (required): the tokenizer itself.
 //! - `tokenizer_config.json` (optional): `chat_template` (a string, or a list of named templates
 //!   of which `default` is used), `bos_token` / `eos_token` (a string or `{"content": ..}`),
@@ -31,6 +31,13 @@ impl Tokenizer {
             });
         }
         let mut inner = tokenizers::Tokenizer::from_file(&json_path)
+            .map_err(|e| TokenizerError::Load { path: json_path.clone(), what: e.to_string() })?;
+        // A tokenizer.json may pad and truncate every encoding to a fixed length (BERT
+        // checkpoints pad to 128): ids are the text's own, and limits are the caller's
+        // ([`Tokenizer::encode_truncated`]).
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
             .map_err(|e| TokenizerError::Load { path: json_path.clone(), what: e.to_string() })?;
 
         let config_path = dir.join("tokenizer_config.json");

@@ -63,6 +63,11 @@ impl BlockManager {
         if !self.prefix_caching {
             return plan;
         }
+        if max_cached_tokens == 0 {
+            // Nothing could be taken from the cache: no lookup, and none counted.
+            plan.queried_tokens = 0;
+            return plan;
+        }
         let bs = self.block_size;
         let full = seq.len() / bs;
         self.extend_hashes(seq, full);

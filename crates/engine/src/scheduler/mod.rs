@@ -57,6 +57,8 @@ pub enum UpdateError {
     BadVerification { seq_id: SeqId, drafts: usize, got: usize, logprobs: usize },
     #[error("sequence {seq_id}: the executor drafted {got} tokens for the next step, asked for {asked}")]
     TooManyProposals { seq_id: SeqId, asked: usize, got: usize },
+    #[error("the executor pooled {got:?}, expected the pooling sequences {expected:?} in batch order")]
+    PooledMismatch { expected: Vec<SeqId>, got: Vec<SeqId> },
 }
 
 /// Events and finished-request metrics produced by one scheduler call. Reused across steps so
@@ -108,6 +110,8 @@ pub(crate) struct RequestShared {
     pub max_speculative_tokens: Option<usize>,
     /// The request's own proposer ([`crate::request::Request::speculative_method`]).
     pub speculative_method: Option<ProposerKind>,
+    /// A pooling request ([`crate::request::Request::pool`]).
+    pub pool: bool,
 }
 
 #[derive(Debug)]
@@ -173,6 +177,8 @@ pub(crate) struct Scheduled {
     pub drafts: Vec<u32>,
     /// Most tokens the executor may draft after the step ([`crate::ScheduledSeq::num_to_draft`]).
     pub to_draft: usize,
+    /// A pooling sequence, whose pooled state the step returns.
+    pub pool: bool,
 }
 
 pub struct Scheduler {
@@ -269,6 +275,7 @@ impl Scheduler {
             stop,
             max_speculative_tokens: request.max_speculative_tokens,
             speculative_method: request.speculative_method,
+            pool: request.pool,
         });
         if let (Some(proposers), Some(kind)) = (&mut self.proposers, request.speculative_method) {
             proposers.prepare(kind);

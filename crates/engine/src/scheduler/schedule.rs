@@ -200,12 +200,19 @@ impl Scheduler {
             }
             let target = e.target();
             // Keep at least one token to compute so there are logits to sample from; a parent
-            // about to fork may take everything up to the fork point from the cache.
-            let max_cached = if e.fork_into > 1 { target } else { target - 1 };
+            // about to fork may take everything up to the fork point from the cache. Pooling
+            // reads the hidden state of every input token: nothing comes from the cache.
+            let max_cached = match (e.shared.pool, e.fork_into > 1) {
+                (true, _) => 0,
+                (false, true) => target,
+                (false, false) => target - 1,
+            };
             let plan = self.blocks.plan_admission(&mut e.seq, max_cached);
             let remaining = target - plan.num_cached_tokens;
             let q = self.blocks.admission_max_tokens(&plan, remaining.min(*budget));
+            // A pooling sequence runs whole in one step or waits.
             if (q == 0 && remaining > 0)
+                || (e.shared.pool && q < remaining)
                 || self.blocks.admission_blocks_needed(&plan, q) > self.blocks.num_free_blocks()
             {
                 break;
@@ -269,7 +276,8 @@ impl Scheduler {
         let Some(e) = self.seqs.get_mut(&id) else { return false };
         let start = e.seq.num_computed_tokens;
         let own = q - drafts.len();
-        let sample = start + own == e.target() && e.fork_into <= 1;
+        let pool = e.shared.pool;
+        let sample = start + own == e.target() && e.fork_into <= 1 && !pool;
         debug_assert!(sample || drafts.is_empty(), "proposals for a step that samples nothing");
         // Decodes only: drafting after a prompt's last chunk would hold its first token back.
         let decoding = sample && own == 1 && e.seq.output_len() > 0;
@@ -309,6 +317,7 @@ impl Scheduler {
             sample: sample_request,
             num_draft_tokens: drafts.len(),
             num_to_draft: to_draft,
+            pool,
         });
         e.last_scheduled = self.step;
         if decoding {
@@ -316,7 +325,7 @@ impl Scheduler {
         } else {
             self.last_stats.num_prefill_tokens += q;
         }
-        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, to_draft });
+        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, to_draft, pool });
         true
     }
 

@@ -510,3 +510,5 @@ fn finish_sample_ends_a_running_or_a_preempted_sequence() {
     h.run();
     assert_eq!(h.sched.block_manager().num_free_blocks(), 12);
 }
+
+mod pooling;

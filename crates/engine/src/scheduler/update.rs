@@ -3,7 +3,8 @@
 //! were accepted), check the token-level stop conditions after each (end-of-sequence, stop
 //! token ids, `min_tokens`, length, a complete grammar; stop strings are the output stage's),
 //! roll back rejected proposals, keep the executor's drafts for the next step, free finished
-//! sequences and produce the step's [`TokenEvent`]s, which carry token ids and no text.
+//! sequences and produce the step's [`TokenEvent`]s, which carry token ids and no text. A
+//! pooling sequence ends with its step, its event carrying the pooled state.
 
 use std::time::Instant;
 
@@ -22,6 +23,7 @@ impl Scheduler {
         self.last_spec_stats = SpecDecodeStats::default();
         let now = Instant::now();
         let mut sampled = output.sampled.into_iter();
+        let mut pooled = output.pooled.into_iter();
         let mut any_finished = false;
         let scheduled = std::mem::take(&mut self.scheduled);
         for s in &scheduled {
@@ -29,6 +31,20 @@ impl Scheduler {
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
             // Proposed tokens count as computed only once accepted.
             e.seq.num_computed_tokens += s.q - s.drafts.len();
+            if s.pool {
+                // Its KV is not offered to the prefix cache: an encoder writes none.
+                let request_id = e.seq.request_id;
+                if let Some(state) = self.requests.get_mut(&request_id) {
+                    state.timestamps.first_token.get_or_insert(now);
+                }
+                let reason = FinishReason::Stop(StopReason::Pooled);
+                let mut event = TokenEvent::finish(0, reason.clone());
+                event.pooled = pooled.next().map(|p| p.values);
+                self.finish_seq(s.seq_id, reason, now, &mut event, out);
+                out.events.push((request_id, event));
+                any_finished = true;
+                continue;
+            }
             let Some(token) = token else {
                 self.blocks.commit_computed(&mut e.seq);
                 if e.fork_into > 1 && e.seq.num_computed_tokens >= e.target() {
@@ -85,6 +101,13 @@ impl Scheduler {
     /// `drafts + 1` tokens of which all but the last are its proposals, one logprobs entry per
     /// token when any, and at most as many drafts for the next step as it was asked for.
     fn check_output(&self, output: &StepOutput) -> Result<(), UpdateError> {
+        let pooling = self.scheduled.iter().filter(|s| s.pool).map(|s| s.seq_id);
+        if !pooling.clone().eq(output.pooled.iter().map(|p| p.seq_id)) {
+            return Err(UpdateError::PooledMismatch {
+                expected: pooling.collect(),
+                got: output.pooled.iter().map(|p| p.seq_id).collect(),
+            });
+        }
         let expected = self.scheduled.iter().filter(|s| s.sample).count();
         if output.sampled.len() != expected {
             return Err(UpdateError::SampleCount { expected, got: output.sampled.len() });
@@ -153,6 +176,7 @@ impl Scheduler {
             token_ids: vec![token],
             text: String::new(),
             logprobs: logprobs.map(|l| vec![l]),
+            pooled: None,
             finished: finish.clone(),
             usage: None,
             timestamps: None,

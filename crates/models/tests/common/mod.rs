@@ -191,6 +191,7 @@ impl TestSeq {
             sample: Some(SampleRequest::greedy()),
             num_draft_tokens: 0,
             num_to_draft: 0,
+            pool: false,
         }
     }
 }

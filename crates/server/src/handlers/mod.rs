@@ -15,7 +15,7 @@ use crate::openai::{FinishReason, StopReason};
 pub fn finish_reason(reason: &pagoda_engine::FinishReason) -> (FinishReason, Option<StopReason>) {
     use pagoda_engine::{FinishReason as F, StopReason as S};
     match reason {
-        F::Stop(S::Eos(_) | S::GrammarComplete) => (FinishReason::Stop, None),
+        F::Stop(S::Eos(_) | S::GrammarComplete | S::Pooled) => (FinishReason::Stop, None),
         F::Stop(S::StopTokenId(id)) => (FinishReason::Stop, Some(StopReason::Token(*id))),
         F::Stop(S::StopString(s)) => (FinishReason::Stop, Some(StopReason::Text(s.clone()))),
         F::Length => (FinishReason::Length, None),

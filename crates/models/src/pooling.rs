@@ -1,0 +1,174 @@
+//! How an embedding model turns a sequence's hidden states into one vector: the pooling
+//! (mean, first token or last token) and whether the result is L2-normalized, read from a
+//! sentence-transformers directory (`modules.json`, the Pooling module's `config.json`, a
+//! Normalize module) with its input limit (`sentence_bert_config.json`'s `max_seq_length`).
+
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+
+/// Which hidden states make the embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolingKind {
+    /// The mean over every token of the input.
+    Mean,
+    /// The first token's (BERT's `[CLS]`).
+    Cls,
+    /// The last token's (decoder models, whose last position has seen the whole input).
+    Last,
+}
+
+impl PoolingKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolingKind::Mean => "mean",
+            PoolingKind::Cls => "cls",
+            PoolingKind::Last => "last",
+        }
+    }
+}
+
+/// A model's pooling, as its files declare it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pooling {
+    pub kind: PoolingKind,
+    /// L2-normalize the pooled vector (a sentence-transformers Normalize module).
+    pub normalize: bool,
+    /// Most input tokens the model was trained to embed (`max_seq_length`); longer text inputs
+    /// are cut to it, as sentence-transformers cuts them.
+    pub max_input_tokens: Option<usize>,
+}
+
+impl Pooling {
+    /// The pooling a sentence-transformers directory declares, or `default` (normalized, no
+    /// input limit) when `dir` has no `modules.json`.
+    pub fn of_dir(dir: &Path, default: PoolingKind) -> Result<Self> {
+        let Some(modules) = read_json(&dir.join("modules.json"))? else {
+            return Ok(Self { kind: default, normalize: true, max_input_tokens: None });
+        };
+        let modules = modules.as_array().cloned().unwrap_or_default();
+        let of_type =
+            |suffix: &str| modules.iter().find(|m| m["type"].as_str().is_some_and(|t| t.ends_with(suffix)));
+        let kind = match of_type(".Pooling") {
+            Some(module) => {
+                let path = dir.join(module["path"].as_str().unwrap_or_default()).join("config.json");
+                let config = read_json(&path)?.unwrap_or(Value::Null);
+                kind_of(&config).map_err(|message| ModelError::Config { path, message })?
+            }
+            None => default,
+        };
+        let max_input_tokens = read_json(&dir.join("sentence_bert_config.json"))?
+            .and_then(|c| c["max_seq_length"].as_u64())
+            .map(|n| n as usize);
+        Ok(Self { kind, normalize: of_type(".Normalize").is_some(), max_input_tokens })
+    }
+
+    /// Pools each sequence's rows of `hidden` (`[tokens, hidden]`, the sequences one after
+    /// another, `bounds[i]..bounds[i + 1]` the rows of sequence `i`) into one f32 vector each.
+    pub fn pool(&self, hidden: &Tensor, bounds: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let hidden = hidden.to_dtype(DType::F32)?;
+        bounds
+            .windows(2)
+            .map(|w| {
+                let (start, len) = (w[0], w[1] - w[0]);
+                let rows = match self.kind {
+                    PoolingKind::Mean => hidden.narrow(0, start, len)?.mean(0)?,
+                    PoolingKind::Cls => hidden.get(start)?,
+                    PoolingKind::Last => hidden.get(start + len - 1)?,
+                };
+                let mut values = rows.to_vec1::<f32>()?;
+                if self.normalize {
+                    normalize(&mut values);
+                }
+                Ok(values)
+            })
+            .collect()
+    }
+}
+
+/// Scales `values` to unit L2 norm (a zero vector stays zero, as torch's `normalize` leaves it).
+pub fn normalize(values: &mut [f32]) {
+    let norm = values.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt().max(1e-12);
+    for v in values {
+        *v = (f64::from(*v) / norm) as f32;
+    }
+}
+
+/// The one pooling mode a Pooling module's config turns on.
+fn kind_of(config: &Value) -> std::result::Result<PoolingKind, String> {
+    let on = |key: &str| config[key].as_bool().unwrap_or(false);
+    let modes = [
+        ("pooling_mode_mean_tokens", Some(PoolingKind::Mean)),
+        ("pooling_mode_cls_token", Some(PoolingKind::Cls)),
+        ("pooling_mode_lasttoken", Some(PoolingKind::Last)),
+        ("pooling_mode_max_tokens", None),
+        ("pooling_mode_mean_sqrt_len_tokens", None),
+        ("pooling_mode_weightedmean_tokens", None),
+    ];
+    let chosen: Vec<_> = modes.iter().filter(|(key, _)| on(key)).collect();
+    match chosen.as_slice() {
+        [(_, Some(kind))] => Ok(*kind),
+        [(key, None)] => Err(format!("`{key}` pooling is not supported (mean, cls and lasttoken are)")),
+        [] => Err("no pooling mode is on".into()),
+        _ => Err("several pooling modes at once are not supported".into()),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: e.to_string() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ModelError::Io { path: path.to_path_buf(), source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    #[test]
+    fn each_kind_pools_its_rows_of_each_sequence() {
+        let hidden =
+            Tensor::new(&[[1f32, 0.0], [3.0, 4.0], [0.0, 2.0], [6.0, 8.0], [1.0, 1.0]], &Device::Cpu)
+                .unwrap();
+        let bounds = [0, 2, 5];
+        let pool = |kind, normalize| {
+            Pooling { kind, normalize, max_input_tokens: None }.pool(&hidden, &bounds).unwrap()
+        };
+        assert_eq!(pool(PoolingKind::Mean, false), vec![vec![2.0, 2.0], vec![7.0 / 3.0, 11.0 / 3.0]]);
+        assert_eq!(pool(PoolingKind::Cls, false), vec![vec![1.0, 0.0], vec![0.0, 2.0]]);
+        assert_eq!(pool(PoolingKind::Last, true), vec![vec![0.6, 0.8], vec![0.70710677, 0.70710677]]);
+    }
+
+    #[test]
+    fn the_sentence_transformers_files_decide() {
+        let dir = tempfile::tempdir().unwrap();
+        let default = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap();
+        assert_eq!(default, Pooling { kind: PoolingKind::Cls, normalize: true, max_input_tokens: None });
+        let modules = r#"[{"idx":0,"path":"","type":"sentence_transformers.models.Transformer"},
+            {"idx":1,"path":"1_Pooling","type":"sentence_transformers.models.Pooling"}]"#;
+        std::fs::write(dir.path().join("modules.json"), modules).unwrap();
+        std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
+        let write_mode = |mode: &str| {
+            std::fs::write(dir.path().join("1_Pooling/config.json"), format!(r#"{{"{mode}": true}}"#))
+                .unwrap()
+        };
+        write_mode("pooling_mode_lasttoken");
+        std::fs::write(dir.path().join("sentence_bert_config.json"), r#"{"max_seq_length": 128}"#).unwrap();
+        let declared = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap();
+        assert_eq!(
+            declared,
+            Pooling { kind: PoolingKind::Last, normalize: false, max_input_tokens: Some(128) }
+        );
+        write_mode("pooling_mode_max_tokens");
+        let err = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap_err().to_string();
+        assert!(err.contains("pooling_mode_max_tokens") && err.contains("1_Pooling"), "{err}");
+    }
+}
