@@ -40,14 +40,20 @@ pub struct Pooling {
     /// Most input tokens the model was trained to embed (`max_seq_length`); longer text inputs
     /// are cut to it, as sentence-transformers cuts them.
     pub max_input_tokens: Option<usize>,
+    /// Trained for Matryoshka truncation (`config.json`'s `is_matryoshka` or
+    /// `matryoshka_dimensions`): a prefix of the embedding, normalized again, is an embedding.
+    pub matryoshka: bool,
 }
 
 impl Pooling {
     /// The pooling a sentence-transformers directory declares, or `default` (normalized, no
     /// input limit) when `dir` has no `modules.json`.
     pub fn of_dir(dir: &Path, default: PoolingKind) -> Result<Self> {
+        let config = read_json(&dir.join("config.json"))?.unwrap_or(Value::Null);
+        let matryoshka =
+            config["is_matryoshka"].as_bool().unwrap_or(false) || config["matryoshka_dimensions"].is_array();
         let Some(modules) = read_json(&dir.join("modules.json"))? else {
-            return Ok(Self { kind: default, normalize: true, max_input_tokens: None });
+            return Ok(Self { kind: default, normalize: true, max_input_tokens: None, matryoshka });
         };
         let modules = modules.as_array().cloned().unwrap_or_default();
         let of_type =
@@ -63,7 +69,7 @@ impl Pooling {
         let max_input_tokens = read_json(&dir.join("sentence_bert_config.json"))?
             .and_then(|c| c["max_seq_length"].as_u64())
             .map(|n| n as usize);
-        Ok(Self { kind, normalize: of_type(".Normalize").is_some(), max_input_tokens })
+        Ok(Self { kind, normalize: of_type(".Normalize").is_some(), max_input_tokens, matryoshka })
     }
 
     /// Pools each sequence's rows of `hidden` (`[tokens, hidden]`, the sequences one after
@@ -140,18 +146,31 @@ mod tests {
                 .unwrap();
         let bounds = [0, 2, 5];
         let pool = |kind, normalize| {
-            Pooling { kind, normalize, max_input_tokens: None }.pool(&hidden, &bounds).unwrap()
+            Pooling { kind, normalize, max_input_tokens: None, matryoshka: false }
+                .pool(&hidden, &bounds)
+                .unwrap()
         };
-        assert_eq!(pool(PoolingKind::Mean, false), vec![vec![2.0, 2.0], vec![7.0 / 3.0, 11.0 / 3.0]]);
-        assert_eq!(pool(PoolingKind::Cls, false), vec![vec![1.0, 0.0], vec![0.0, 2.0]]);
-        assert_eq!(pool(PoolingKind::Last, true), vec![vec![0.6, 0.8], vec![0.70710677, 0.70710677]]);
+        let near = |got: Vec<Vec<f32>>, want: [[f32; 2]; 2]| {
+            let flat: Vec<f32> = got.concat();
+            assert!(
+                flat.iter().zip(want.concat()).all(|(a, b)| (a - b).abs() < 1e-6),
+                "{flat:?} vs {want:?}"
+            );
+        };
+        near(pool(PoolingKind::Mean, false), [[2.0, 2.0], [7.0 / 3.0, 11.0 / 3.0]]);
+        near(pool(PoolingKind::Cls, false), [[1.0, 0.0], [0.0, 2.0]]);
+        near(pool(PoolingKind::Last, true), [[0.6, 0.8], [std::f32::consts::FRAC_1_SQRT_2; 2]]);
     }
 
     #[test]
     fn the_sentence_transformers_files_decide() {
         let dir = tempfile::tempdir().unwrap();
         let default = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap();
-        assert_eq!(default, Pooling { kind: PoolingKind::Cls, normalize: true, max_input_tokens: None });
+        let default_pooling =
+            Pooling { kind: PoolingKind::Cls, normalize: true, max_input_tokens: None, matryoshka: false };
+        assert_eq!(default, default_pooling);
+        std::fs::write(dir.path().join("config.json"), r#"{"matryoshka_dimensions": [64, 128]}"#).unwrap();
+        assert!(Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap().matryoshka);
         let modules = r#"[{"idx":0,"path":"","type":"sentence_transformers.models.Transformer"},
             {"idx":1,"path":"1_Pooling","type":"sentence_transformers.models.Pooling"}]"#;
         std::fs::write(dir.path().join("modules.json"), modules).unwrap();
@@ -163,10 +182,13 @@ mod tests {
         write_mode("pooling_mode_lasttoken");
         std::fs::write(dir.path().join("sentence_bert_config.json"), r#"{"max_seq_length": 128}"#).unwrap();
         let declared = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap();
-        assert_eq!(
-            declared,
-            Pooling { kind: PoolingKind::Last, normalize: false, max_input_tokens: Some(128) }
-        );
+        let last = Pooling {
+            kind: PoolingKind::Last,
+            normalize: false,
+            max_input_tokens: Some(128),
+            matryoshka: true,
+        };
+        assert_eq!(declared, last);
         write_mode("pooling_mode_max_tokens");
         let err = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap_err().to_string();
         assert!(err.contains("pooling_mode_max_tokens") && err.contains("1_Pooling"), "{err}");

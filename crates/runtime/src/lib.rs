@@ -17,4 +17,7 @@ pub use engine_args::{ArgsError, EngineArgs, EngineSettings, DEFAULT_MODEL};
 pub use flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg};
 pub use load::{LoadedRuntime, Runtime, RuntimeError, StartupTimes};
 pub use options::{OptionsError, RuntimeOptions};
+/// An embedding model's pooling, as [`Runtime::pooling`] gives it.
+pub use pagoda_models::pooling::normalize;
+pub use pagoda_models::{Pooling, PoolingKind};
 pub use plan::{resolve_plan, RuntimePlan};

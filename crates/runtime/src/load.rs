@@ -14,7 +14,7 @@ use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
 use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
 use pagoda_models::{
     load_model, DraftModel, KvCache, KvLayout, LoadFormat, LoadOptions, Model, ModelConfig, ModelError,
-    ModelRunner,
+    ModelRunner, Pooling,
 };
 use pagoda_ops::PanelTiming;
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
@@ -76,6 +76,8 @@ pub struct LoadedRuntime {
     /// The timing `auto` chose the prefill-sized kernel by, when it timed.
     pub kernel_timing: Option<PanelTiming>,
     pub times: StartupTimes,
+    /// An embedding model's pooling; `None` for a model that generates.
+    pub pooling: Option<Pooling>,
 }
 
 /// A running engine and what requests are prepared with.
@@ -86,6 +88,8 @@ pub struct Runtime {
     pub chat_template: Option<Arc<ChatTemplate>>,
     pub engine_config: EngineConfig,
     pub model_config: ModelConfig,
+    /// An embedding model's pooling; `None` for a model that generates.
+    pub pooling: Option<Pooling>,
 }
 
 fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
@@ -172,6 +176,18 @@ impl LoadedRuntime {
                 requested,
                 model: config.max_position_embeddings,
             });
+        }
+        if let Some(pooling) = loaded.model.pooling().copied() {
+            return Self::encoder(
+                options,
+                loaded.model,
+                pooling,
+                plan,
+                resolved.timing,
+                times,
+                tokenizer,
+                started,
+            );
         }
         let cache_dtype = options.kv_cache_dtype;
         let layout = KvLayout::for_config(&config);
@@ -295,6 +311,62 @@ impl LoadedRuntime {
             plan,
             kernel_timing: resolved.timing,
             times,
+            pooling: None,
+        })
+    }
+
+    /// An encoder (embedding model): its inputs are cut to the model's own input limit, and
+    /// its cache holds no pages, only enough blocks to page one full step of inputs.
+    #[allow(clippy::too_many_arguments)]
+    fn encoder(
+        options: &RuntimeOptions,
+        model: Model,
+        pooling: Pooling,
+        plan: RuntimePlan,
+        kernel_timing: Option<PanelTiming>,
+        mut times: StartupTimes,
+        tokenizer: Arc<Tokenizer>,
+        started: Instant,
+    ) -> Result<Self, RuntimeError> {
+        let config = model.config().clone();
+        if let Some(path) = &options.draft_model {
+            return Err(RuntimeError::DraftIncompatible {
+                path: path.clone(),
+                reason: "the model is an embedding model, which generates nothing to draft".into(),
+            });
+        }
+        let positions = config.max_position_embeddings;
+        let max_model_len = options
+            .max_model_len
+            .unwrap_or_else(|| pooling.max_input_tokens.unwrap_or(positions).min(positions));
+        // Every input lives for one step: a step's budget over whole blocks, plus a partial
+        // block per input.
+        let num_blocks = options.num_blocks.unwrap_or_else(|| {
+            options.max_num_batched_tokens.div_ceil(options.block_size) + options.max_num_seqs
+        });
+        let cache = KvCache::accounting_only(&config, num_blocks, options.block_size);
+        let runner = ModelRunner::new(model, cache, options.device.clone())?;
+        times.cache_seconds = started.elapsed().as_secs_f64();
+        let mut engine_config = EngineConfig::new(options.block_size, num_blocks, max_model_len);
+        engine_config.max_num_seqs = options.max_num_seqs;
+        engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
+        engine_config.max_waiting_requests = options.max_waiting_requests;
+        engine_config.enable_prefix_caching = false;
+        engine_config.validate().map_err(EngineError::from)?;
+        Ok(Self {
+            model_config: config,
+            runner,
+            tokenizer,
+            chat_template: None,
+            engine_config,
+            kv_cache_bytes: 0,
+            kv_bytes_per_token: 0.0,
+            kv_cache_dtype: options.kv_cache_dtype,
+            gpu_kv_budget: None,
+            plan,
+            kernel_timing,
+            times,
+            pooling: Some(pooling),
         })
     }
 
@@ -314,6 +386,7 @@ impl LoadedRuntime {
             chat_template: self.chat_template,
             engine_config: self.engine_config,
             model_config: self.model_config,
+            pooling: self.pooling,
         })
     }
 }

@@ -12,11 +12,12 @@ use crate::handlers;
     info(
         title = "Pagoda",
         description = "OpenAI-compatible LLM inference server (chat and text completions, SSE streaming, \
-                       vLLM's tokenize/detokenize extensions)."
+                       embeddings, vLLM's tokenize/detokenize extensions)."
     ),
     paths(
         handlers::chat::chat_completions,
         handlers::completions::completions,
+        handlers::embeddings::embeddings,
         handlers::responses::create,
         handlers::responses::retrieve,
         handlers::responses::delete,

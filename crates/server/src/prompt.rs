@@ -192,7 +192,7 @@ impl PromptBuilder {
     }
 
     /// Runs `f` on the blocking pool once a tokenization permit is free.
-    async fn blocking<T: Send + 'static>(
+    pub(crate) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ApiError> {

@@ -168,7 +168,12 @@ impl Server {
             reasoning_parser = reasoning.map(|r| r.name()),
             "tool calling ready"
         );
+        let embedding = running.pooling.map(|pooling| crate::embeddings::EmbeddingModel {
+            dimensions: running.model_config.hidden_size,
+            pooling,
+        });
         let state = Arc::new(AppState {
+            embedding,
             responses: ResponseStore::new(config.max_stored_responses),
             grammars,
             tool_format,

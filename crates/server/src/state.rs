@@ -6,6 +6,7 @@ use std::sync::Arc;
 use pagoda_engine::EngineHandle;
 use pagoda_text::{ReasoningFormat, ToolCallFormat};
 
+use crate::embeddings::EmbeddingModel;
 use crate::error::ApiError;
 use crate::grammars::Grammars;
 use crate::metrics::{EngineSnapshot, Metrics};
@@ -70,6 +71,8 @@ pub struct AppState {
     pub reasoning: Option<ReasoningFormat>,
     /// Responses API responses kept for retrieval and `previous_response_id`.
     pub responses: ResponseStore,
+    /// The embedding model served, when the model embeds rather than generates.
+    pub embedding: Option<EmbeddingModel>,
 }
 
 impl std::fmt::Debug for AppState {

@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod info;
 pub mod messages;
 pub mod responses;

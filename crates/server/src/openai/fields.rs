@@ -14,7 +14,7 @@ use utoipa::openapi::schema::Schema;
 use utoipa::openapi::RefOr;
 use utoipa::PartialSchema;
 
-use super::{ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest};
+use super::{ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest};
 use crate::error::InvalidParam;
 
 /// Bookkeeping fields of OpenAI's API that have no effect on what is generated: accepted and
@@ -69,6 +69,7 @@ macro_rules! known_fields {
 known_fields!(ChatCompletionRequest, IGNORED_BOOKKEEPING);
 known_fields!(CompletionRequest, IGNORED_BOOKKEEPING);
 known_fields!(TokenizeRequest, &[]);
+known_fields!(EmbeddingRequest, &["user"]);
 known_fields!(DetokenizeRequest, &[]);
 known_fields!(crate::anthropic::wire::MessagesRequest, &[]);
 known_fields!(crate::anthropic::wire::CountTokensRequest, &[]);

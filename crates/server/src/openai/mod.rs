@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod common;
 pub mod completions;
+pub mod embeddings;
 pub mod fields;
 pub mod models;
 pub mod sampling;
@@ -18,6 +19,7 @@ pub use common::{unix_now, ErrorDetail, ErrorResponse, StopSpec, StreamOptions, 
 pub use completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Prompt, PromptInput,
 };
+pub use embeddings::{EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingValues};
 pub use models::{ModelCard, ModelList, VersionResponse};
 pub use sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
 pub use tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};

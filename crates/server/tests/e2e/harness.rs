@@ -87,9 +87,11 @@ impl TestServer {
             "0".to_owned(),
             "--kv-cache-memory".to_owned(),
             "96MiB".to_owned(),
-            "--max-model-len".to_owned(),
-            "1024".to_owned(),
         ];
+        // 1024 unless the test picks its own (a model with fewer positions).
+        if !extra.contains(&"--max-model-len") {
+            argv.extend(["--max-model-len".to_owned(), "1024".to_owned()]);
+        }
         argv.extend(extra.iter().map(|s| s.to_string()));
         let args = Cli::try_parse_from(argv).expect("test flags parse").args;
         let config = ServerConfig::from_args(args).expect("test config is valid");

@@ -5,6 +5,7 @@
 mod api;
 mod batch_invariant;
 mod connections;
+mod embeddings;
 mod errors;
 mod failure;
 mod fuzz;

@@ -52,7 +52,7 @@ async fn run_checks(base_url: &str, extra: &[&str]) -> Result<()> {
 }
 
 /// Runs tests/sdk/`name` against the server at `base_url`.
-async fn run_script(name: &str, base_url: &str, extra: &[&str]) -> Result<()> {
+pub(crate) async fn run_script(name: &str, base_url: &str, extra: &[&str]) -> Result<()> {
     let python = sdk_python();
     let script = repo_root().join("tests/sdk").join(name);
     assert!(script.exists(), "{} is missing", script.display());
