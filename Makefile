@@ -71,6 +71,7 @@ sdk-tools: ## The official OpenAI and Anthropic Python SDKs, pydantic and jsonsc
 script-check: ## The benchmark scripts: shell syntax, and the peer-comparison table renderer's self-test.
 	bash -n scripts/bench-vs-llamacpp.sh
 	bash -n scripts/bench-speculative.sh
+	bash -n scripts/bench-embeddings.sh
 	bash -n scripts/gpu-bench.sh
 	bash -n scripts/gpu-check.sh
 	bash -n scripts/gpu-spec-bench.sh

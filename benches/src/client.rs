@@ -45,6 +45,9 @@ pub enum Endpoint {
     Chat,
     /// `/v1/completions`, the prompt as it is.
     Completions,
+    /// `/v1/embeddings`, the prompt as the one input, not streamed: its TTFT and end-to-end
+    /// latency are both the time to the embedding, and it has no output tokens.
+    Embeddings,
 }
 
 /// How to reach the server and what every request carries besides its prompt.
@@ -208,6 +211,7 @@ impl Client {
         let path = match config.endpoint {
             Endpoint::Chat => "chat/completions",
             Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
         };
         let url = api_url(&config.base_url, path);
         reqwest::Url::parse(&url)
@@ -234,6 +238,14 @@ impl Client {
     /// The JSON body for `prompt` with `max_tokens` and, if given, `response_format`.
     pub fn body_with(&self, prompt: &str, max_tokens: usize, response_format: Option<&Value>) -> Value {
         let c = &self.config;
+        if c.endpoint == Endpoint::Embeddings {
+            let mut body = json!({"model": c.model, "input": prompt});
+            let map = body.as_object_mut().expect("an object");
+            for (k, v) in &c.extra_body {
+                map.insert(k.clone(), v.clone());
+            }
+            return body;
+        }
         let mut body = json!({
             "model": c.model,
             "max_tokens": max_tokens,
@@ -245,6 +257,7 @@ impl Client {
         match c.endpoint {
             Endpoint::Completions => map.insert("prompt".into(), json!(prompt)),
             Endpoint::Chat => map.insert("messages".into(), json!([{"role": "user", "content": prompt}])),
+            Endpoint::Embeddings => unreachable!("handled above"),
         };
         if c.ignore_eos {
             map.insert("ignore_eos".into(), json!(true));
@@ -307,6 +320,21 @@ impl Client {
             }
         };
         let status = response.status();
+        if self.config.endpoint == Endpoint::Embeddings && status.is_success() {
+            let body = response.text().await;
+            let now = Instant::now();
+            return match body.map(|text| serde_json::from_str::<Value>(&text)) {
+                Ok(Ok(reply)) => embedding_outcome(&reply, start, now),
+                Ok(Err(e)) => {
+                    state.fail(format!("the embedding answer is not JSON: {e}"));
+                    state.finish(now)
+                }
+                Err(e) => {
+                    state.fail(format!("reading the answer failed: {}", error_chain(&e)));
+                    state.finish(now)
+                }
+            };
+        }
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
             let message = match serde_json::from_str::<Value>(&text) {
@@ -342,6 +370,24 @@ impl Client {
         let drain = async { while let Some(Ok(_)) = bytes.next().await {} };
         let _ = tokio::time::timeout(DRAIN_LIMIT, drain).await;
         outcome
+    }
+}
+
+/// The outcome of an embedding answer that arrived whole at `end`: one embedding of numbers
+/// (or base64) is a success, timed to its arrival.
+fn embedding_outcome(reply: &Value, start: Instant, end: Instant) -> Outcome {
+    let latency = end.saturating_duration_since(start);
+    let embedding = &reply["data"][0]["embedding"];
+    let ok = embedding.as_array().is_some_and(|v| !v.is_empty())
+        || embedding.as_str().is_some_and(|s| !s.is_empty());
+    Outcome {
+        error: (!ok).then(|| format!("no embedding in the answer: {}", clip(&reply.to_string()))),
+        ttft: ok.then_some(latency),
+        latency,
+        prompt_tokens: reply["usage"]["prompt_tokens"].as_u64().map(|n| n as usize),
+        completion_tokens: Some(0),
+        finish_reason: Some("stop".into()),
+        ..Outcome::default()
     }
 }
 
@@ -448,6 +494,23 @@ mod tests {
         assert_eq!(chat["messages"], json!([{"role": "user", "content": "q"}]));
         assert!(chat.get("prompt").is_none() && chat.get("ignore_eos").is_none());
         assert!(chat.get("response_format").is_none());
+    }
+
+    #[test]
+    fn embedding_requests_are_plain_and_timed_whole() {
+        let embeddings = Client::new(config(Endpoint::Embeddings)).unwrap();
+        assert!(embeddings.url().ends_with("/v1/embeddings"), "{}", embeddings.url());
+        let body = embeddings.body("q", 4);
+        assert_eq!(body["input"], "q");
+        assert!(body.get("max_tokens").is_none() && body.get("stream").is_none(), "{body}");
+        let reply = json!({"data": [{"embedding": [0.5, 0.25]}], "usage": {"prompt_tokens": 3}});
+        let t0 = Instant::now();
+        let outcome = embedding_outcome(&reply, t0, t0 + Duration::from_millis(7));
+        assert_eq!(
+            (outcome.error, outcome.prompt_tokens, outcome.ttft),
+            (None, Some(3), Some(Duration::from_millis(7)))
+        );
+        assert!(embedding_outcome(&json!({"data": []}), t0, t0).error.is_some());
     }
 
     #[test]

@@ -98,6 +98,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
         Some(path) => TextSynth::exact(Arc::new(load_tokenizer(path)?)),
         None => TextSynth::approximate(),
     };
+    if args.endpoint == Endpoint::Embeddings && args.json_schema.is_some() {
+        anyhow::bail!("--json-schema asks for structured answers; --endpoint embeddings has none");
+    }
     let schemas = match &args.json_schema {
         Some(path) => Some(Arc::new(
             SchemaSet::new(load_schemas(path)?, args.validating()).context("--json-schema: no schema")?,

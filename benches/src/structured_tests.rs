@@ -117,6 +117,7 @@ fn bodies_carry_the_schema_as_a_strict_response_format() {
         let sent = match endpoint {
             Endpoint::Chat => &body["messages"][0]["content"],
             Endpoint::Completions => &body["prompt"],
+            Endpoint::Embeddings => unreachable!("not among the endpoints looped over"),
         };
         assert_eq!(sent, "A named color. Answer in JSON.");
     }
