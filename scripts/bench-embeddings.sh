@@ -5,6 +5,7 @@
 #
 #   scripts/bench-embeddings.sh [--rounds 3] [--streams "1 32"] [--num-prompts 256]
 #                               [--input-len 96] [--out DIR]
+#   (PAGODA_BIN=... PAGODA_BENCH_BIN=... run those binaries instead of building them.)
 #
 # - Pagoda serves the safetensors directory (make model-minilm); llama-server the same weights as
 #   an f32 GGUF written by scripts/bert_to_gguf.py, with --embeddings and the model's mean pooling,
@@ -27,16 +28,22 @@ while [ $# -gt 0 ]; do
     --num-prompts) num_prompts="$2"; shift ;;
     --input-len) input_len="$2"; shift ;;
     --out) out="$2"; shift ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "bench-embeddings: unknown argument $1" >&2; exit 1 ;;
     esac
     shift
 done
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagoda-target}"
-(cd "$repo" && cargo build --release --locked -q -p pagoda-server -p pagoda-bench) >&2
-pagoda="$CARGO_TARGET_DIR/release/pagoda"
-bench="$CARGO_TARGET_DIR/release/pagoda-bench"
+# PAGODA_BIN and PAGODA_BENCH_BIN run binaries built elsewhere instead of building here.
+if [ -n "${PAGODA_BIN:-}" ] && [ -n "${PAGODA_BENCH_BIN:-}" ]; then
+    pagoda="$PAGODA_BIN"
+    bench="$PAGODA_BENCH_BIN"
+else
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagoda-target}"
+    (cd "$repo" && cargo build --release --locked -q -p pagoda-server -p pagoda-bench) >&2
+    pagoda="$CARGO_TARGET_DIR/release/pagoda"
+    bench="$CARGO_TARGET_DIR/release/pagoda-bench"
+fi
 "$repo/scripts/fetch-model.sh" minilm >&2
 model_dir="$repo/models/all-MiniLM-L6-v2"
 gguf="$repo/models/all-MiniLM-L6-v2.f32.gguf"

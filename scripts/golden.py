@@ -18,6 +18,8 @@ What it computes, from the real model models/SmolLM2-135M-Instruct.Q4_1.gguf
   post-processing; the control tokens in the text are matched atomically).
 * logits_cases: for three prompts, the last-position logits (top 20, by logit, descending) of a
   numpy forward pass and a 32-token greedy continuation (argmax each step, no stop at EOS).
+* pooling_cases: for the same three prompts, the final-normed hidden states pooled as a decoder's
+  embeddings are (`--pooling last` and `mean`), L2-normalized.
 * missing_byte_tokens: the byte values 0..255 whose byte-level symbol is not in the vocabulary.
 
 Why it is independent of Pagoda (Rust, candle):
@@ -350,8 +352,9 @@ class Llama:
             gate = h @ layer["wg"].T
             up = h @ layer["wu"].T
             x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ layer["wd"].T
-        last = self.rms_norm(x[-1], self.out_norm)
-        return last @ self.lm_head.T
+        # The final-normed hidden states of this call's tokens, which embeddings pool.
+        self.last_hidden = self.rms_norm(x, self.out_norm)
+        return self.last_hidden[-1] @ self.lm_head.T
 
     def greedy(self, prompt_ids, n):
         """(logits after the prompt, n greedy tokens, the top1-top2 margin of each greedy step)."""
@@ -532,8 +535,15 @@ def main() -> None:
         ("long_printing_press", ref(LONG_PROMPT, add_special_tokens=False)["input_ids"]),
     ]
     logits_cases = []
+    pooling_cases = []
     firsts = {}
     for name, ids in prompts:
+        model.step(ids, model.new_cache())
+        hidden = model.last_hidden
+        pooled = {"last": hidden[-1], "mean": hidden.mean(axis=0)}
+        pooling_cases.append({"name": name, "prompt_ids": [int(i) for i in ids],
+                              **{kind: [round(float(v), 7) for v in vec / np.linalg.norm(vec)]
+                                 for kind, vec in pooled.items()}})
         first, greedy, margins = model.greedy(ids, GREEDY_TOKENS)
         firsts[name] = first
         order = np.argsort(-first, kind="stable")[:TOP_K]
@@ -582,6 +592,7 @@ def main() -> None:
         "tokenizer_cases": tokenizer_cases,
         "chat_cases": chat_cases,
         "logits_cases": logits_cases,
+        "pooling_cases": pooling_cases,
         "missing_byte_tokens": missing,
     }
     write_fixture(fixture)

@@ -155,16 +155,10 @@ impl Bert {
         &self.pooling
     }
 
-    /// The pooled embedding of each sequence: `input_ids` and `positions` (u32 `[tokens]`)
-    /// hold the sequences one after another, `bounds[i]..bounds[i + 1]` the tokens of sequence
-    /// `i`, each a whole input (attention stays inside it).
-    pub fn embed(&self, input_ids: &Tensor, positions: &Tensor, bounds: &[usize]) -> Result<Vec<Vec<f32>>> {
-        let hidden = self.encode(input_ids, positions, bounds)?;
-        self.pooling.pool(&hidden, bounds)
-    }
-
-    /// The last layer's hidden states, `[tokens, hidden]`.
-    fn encode(&self, input_ids: &Tensor, positions: &Tensor, bounds: &[usize]) -> Result<Tensor> {
+    /// The last layer's hidden states, `[tokens, hidden]`: `input_ids` and `positions` (u32
+    /// `[tokens]`) hold the sequences one after another, `bounds[i]..bounds[i + 1]` the tokens
+    /// of sequence `i`, each a whole input (attention stays inside it).
+    pub fn encode(&self, input_ids: &Tensor, positions: &Tensor, bounds: &[usize]) -> Result<Tensor> {
         let ids = input_ids.to_vec1::<u32>()?;
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.config.vocab_size) {
             return Err(ModelError::InvalidOption(format!(

@@ -183,7 +183,8 @@ impl Drafter<'_> {
             }
         }
         let flat = flatten(&pass, self.tables, self.model, self.cache)?;
-        let logits = forward_with(self.model, self.cache, self.device, flat, num_layers).map_err(failed)?;
+        let (logits, _) =
+            forward_with(self.model, self.cache, self.device, flat, num_layers).map_err(failed)?;
         if self.device.is_cuda() && masks.iter().all(Option::is_none) {
             // Proposals need only the greedy ids: a device argmax copies one id per row back
             // instead of every row of logits. A proposal is only a guess, so its ties and NaNs

@@ -83,6 +83,15 @@ impl Gemma {
     /// Runs every layer over the batch, writing its K/V into `cache`, and returns f32 logits
     /// `[num_rows, vocab]` for the requested rows only.
     pub fn forward(&self, input: &ForwardInput<'_>, cache: &KvCache) -> Result<Tensor> {
+        Ok(self.forward_parts(input, cache)?.0)
+    }
+
+    /// [`Self::forward`], with the final-normed hidden states of `input.hidden_rows` too.
+    pub fn forward_parts(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &KvCache,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let c = &self.config;
         let eps = c.rms_norm_eps;
         let mut hidden = self.embed_tokens.forward(input.input_ids)?.affine(self.embed_scale, 0.0)?;
@@ -107,15 +116,21 @@ impl Gemma {
             let mlp = layer.down_proj.forward(&activated)?;
             hidden = pagoda_ops::rms_norm(&mlp, &layer.post_ffn_norm, eps)?;
         }
-        let Some(logits_rows) = input.logits_rows else { return crate::model::no_logits(c.vocab_size) };
+        if input.logits_rows.is_none() && input.hidden_rows.is_none() {
+            return Ok((crate::model::no_logits(c.vocab_size)?, None));
+        }
         let r = residual.as_ref().expect("models have at least one layer");
         let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, eps)?;
-        let rows = normed.index_select(logits_rows, 0)?;
-        let logits = self.lm_head.forward(&rows)?.to_dtype(DType::F32)?;
-        Ok(match c.final_logit_softcapping {
+        let hidden_rows = input.hidden_rows.map(|rows| normed.index_select(rows, 0)).transpose()?;
+        let Some(logits_rows) = input.logits_rows else {
+            return Ok((crate::model::no_logits(c.vocab_size)?, hidden_rows));
+        };
+        let logits = self.lm_head.forward(&normed.index_select(logits_rows, 0)?)?.to_dtype(DType::F32)?;
+        let logits = match c.final_logit_softcapping {
             Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
             None => logits,
-        })
+        };
+        Ok((logits, hidden_rows))
     }
 
     /// Whether the projections run as quantized matmuls.

@@ -108,6 +108,15 @@ impl Llama {
     /// Runs every layer over the batch, writing its K/V into `cache`, and returns f32 logits
     /// `[num_rows, vocab]` for the requested rows only.
     pub fn forward(&self, input: &ForwardInput<'_>, cache: &KvCache) -> Result<Tensor> {
+        Ok(self.forward_parts(input, cache)?.0)
+    }
+
+    /// [`Self::forward`], with the final-normed hidden states of `input.hidden_rows` too.
+    pub fn forward_parts(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &KvCache,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let c = &self.config;
         let mut hidden = self.embed_tokens.forward(input.input_ids)?;
         let mut residual: Option<Tensor> = None;
@@ -124,11 +133,16 @@ impl Llama {
             residual = Some(sum);
             hidden = layer.mlp.forward(&normed)?;
         }
-        let Some(logits_rows) = input.logits_rows else { return crate::model::no_logits(c.vocab_size) };
+        if input.logits_rows.is_none() && input.hidden_rows.is_none() {
+            return Ok((crate::model::no_logits(c.vocab_size)?, None));
+        }
         let r = residual.as_ref().expect("models have at least one layer");
         let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, c.rms_norm_eps)?;
-        let rows = normed.index_select(logits_rows, 0)?;
-        Ok(self.lm_head.forward(&rows)?.to_dtype(DType::F32)?)
+        let logits = match input.logits_rows {
+            Some(rows) => self.lm_head.forward(&normed.index_select(rows, 0)?)?.to_dtype(DType::F32)?,
+            None => crate::model::no_logits(c.vocab_size)?,
+        };
+        Ok((logits, input.hidden_rows.map(|rows| normed.index_select(rows, 0)).transpose()?))
     }
 
     /// Whether the projections run as quantized matmuls.

@@ -28,6 +28,9 @@ pub struct ForwardInput<'a> {
     /// Run only the first this many layers, then the final norm and the head (self-speculative
     /// drafting); every layer when `None`.
     pub num_layers: Option<usize>,
+    /// u32 `[num_pooled]`: token rows whose final-normed hidden states are wanted (pooling
+    /// sequences of a decoder, [`Model::forward_parts`]).
+    pub hidden_rows: Option<&'a Tensor>,
 }
 
 /// The logits of a step that wants none: `[0, vocab]` f32 on the host, since CUDA cannot
@@ -61,6 +64,9 @@ pub(crate) fn join_residual(
 pub struct Model {
     architecture: Architecture,
     dtype: DType,
+    /// How embeddings pool, when set by [`Model::set_pooling`] (an encoder's default is its
+    /// own files').
+    pooling: Option<Pooling>,
 }
 
 enum Architecture {
@@ -101,7 +107,7 @@ impl Model {
             "bert" => Architecture::Bert(Bert::load(source, config)?),
             _ => Architecture::Llama(Llama::load(source, config, device)?),
         };
-        Ok(Self { architecture, dtype })
+        Ok(Self { architecture, dtype, pooling: None })
     }
 
     pub fn dtype(&self) -> DType {
@@ -128,6 +134,20 @@ impl Model {
         }
     }
 
+    /// A decoder's logits, as [`Self::forward`] gives them, and the final-normed hidden states
+    /// of `input.hidden_rows`, which a decoder's embeddings pool.
+    pub fn forward_parts(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &KvCache,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        match &self.architecture {
+            Architecture::Llama(m) => m.forward_parts(input, cache),
+            Architecture::Gemma(m) => m.forward_parts(input, cache),
+            Architecture::Bert(_) => self.forward(input, cache).map(|logits| (logits, None)),
+        }
+    }
+
     /// Whether the projections run as quantized matmuls.
     pub fn is_quantized(&self) -> bool {
         match &self.architecture {
@@ -137,23 +157,33 @@ impl Model {
         }
     }
 
-    /// An encoder's pooling; `None` for a decoder (which generates).
+    /// How the model's embeddings pool: an encoder's own (or as set), a decoder's as set;
+    /// `None` for a decoder that only generates.
     pub fn pooling(&self) -> Option<&Pooling> {
-        match &self.architecture {
-            Architecture::Bert(m) => Some(m.pooling()),
-            _ => None,
+        match (&self.pooling, &self.architecture) {
+            (Some(pooling), _) => Some(pooling),
+            (None, Architecture::Bert(m)) => Some(m.pooling()),
+            (None, _) => None,
         }
+    }
+
+    /// Makes a decoder embed too (pooling its final-normed hidden states), or changes how an
+    /// encoder pools.
+    pub fn set_pooling(&mut self, pooling: Pooling) {
+        self.pooling = Some(pooling);
     }
 
     /// Whether the model is an encoder: it embeds whole inputs and generates nothing.
     pub fn is_encoder(&self) -> bool {
-        self.pooling().is_some()
+        matches!(self.architecture, Architecture::Bert(_))
     }
 
-    /// An encoder's pooled embedding of each input (see [`Bert::embed`]).
+    /// An encoder's pooled embedding of each input (see [`Bert::encode`]).
     pub fn embed(&self, input_ids: &Tensor, positions: &Tensor, bounds: &[usize]) -> Result<Vec<Vec<f32>>> {
-        match &self.architecture {
-            Architecture::Bert(m) => m.embed(input_ids, positions, bounds),
+        match (&self.architecture, self.pooling()) {
+            (Architecture::Bert(m), Some(pooling)) => {
+                pooling.pool(&m.encode(input_ids, positions, bounds)?, bounds)
+            }
             _ => Err(ModelError::InvalidOption("embeddings need an encoder model".into())),
         }
     }

@@ -52,6 +52,10 @@ pub(crate) struct FlatBatch<'t> {
     cu_seqlens_q: Vec<u32>,
     context_lens: Vec<u32>,
     logits_rows: Vec<u32>,
+    /// The token rows of the pooling sequences, which they pool; `pooled_bounds[i]..[i + 1]`
+    /// are the `i`-th one's.
+    pooled_rows: Vec<u32>,
+    pooled_bounds: Vec<usize>,
 }
 
 impl ModelRunner {
@@ -115,13 +119,13 @@ impl ModelRunner {
         self.tables.apply(batch).map_err(invalid)?;
         let flat = flatten(batch, &self.tables, &self.model, &self.cache).map_err(invalid)?;
         self.cache.copy_blocks(&batch.block_copies)?;
-        self.forward_flat(flat)
+        Ok(self.forward_flat(flat)?.0)
     }
 
     /// The target's forward pass over a batch already checked and flattened, its block copies
     /// done (they run only after the check, so that a batch retried without a rejected sequence
     /// copies nothing twice).
-    fn forward_flat(&self, flat: FlatBatch<'_>) -> Result<Tensor> {
+    fn forward_flat(&self, flat: FlatBatch<'_>) -> Result<(Tensor, Option<Tensor>)> {
         forward_with(&self.model, &self.cache, &self.device, flat, None)
     }
 }
@@ -148,6 +152,8 @@ pub(crate) fn flatten<'t>(
         cu_seqlens_q: Vec::with_capacity(batch.seqs.len() + 1),
         context_lens: Vec::with_capacity(batch.seqs.len()),
         logits_rows: Vec::new(),
+        pooled_rows: Vec::new(),
+        pooled_bounds: vec![0],
     };
     flat.cu_seqlens_q.push(0);
     for seq in &batch.seqs {
@@ -208,19 +214,27 @@ pub(crate) fn flatten<'t>(
         }
         let end = flat.input_ids.len() as u32;
         flat.logits_rows.extend(end - seq.num_logits_rows() as u32..end);
+        if seq.pool {
+            if seq.start_pos != 0 {
+                return Err(invalid(format!("pooling from position {}, not the whole input", seq.start_pos)));
+            }
+            flat.pooled_rows.extend(end - seq.q_len() as u32..end);
+            flat.pooled_bounds.push(flat.pooled_rows.len());
+        }
     }
     Ok(flat)
 }
 
 /// The forward pass of `model` over its `cache` for a batch already checked and flattened,
-/// through the first `num_layers` layers or all.
+/// through the first `num_layers` layers or all: the logits, and the final-normed hidden states
+/// of the pooling sequences' rows when there are any.
 pub(crate) fn forward_with(
     model: &Model,
     cache: &KvCache,
     dev: &Device,
     flat: FlatBatch<'_>,
     num_layers: Option<usize>,
-) -> Result<Tensor> {
+) -> Result<(Tensor, Option<Tensor>)> {
     let attention = flat
         .slot_mappings
         .into_iter()
@@ -237,14 +251,18 @@ pub(crate) fn forward_with(
     // CUDA cannot hold an empty list: a step that wants no logits passes none.
     let logits_rows =
         (num_rows > 0).then(|| Tensor::from_vec(flat.logits_rows, num_rows, dev)).transpose()?;
+    let num_pooled = flat.pooled_rows.len();
+    let hidden_rows =
+        (num_pooled > 0).then(|| Tensor::from_vec(flat.pooled_rows, num_pooled, dev)).transpose()?;
     let input = ForwardInput {
         input_ids: &input_ids,
         positions: &positions,
         attention: &attention,
         logits_rows: logits_rows.as_ref(),
         num_layers,
+        hidden_rows: hidden_rows.as_ref(),
     };
-    model.forward(&input, cache)
+    model.forward_parts(&input, cache)
 }
 
 impl ModelExecutor for ModelRunner {
@@ -281,10 +299,11 @@ impl ModelRunner {
         if self.model.is_encoder() {
             return self.embed(batch);
         }
-        if let Some(seq) = batch.seqs.iter().find(|s| s.pool) {
+        if let Some(seq) = batch.seqs.iter().find(|s| s.pool).filter(|_| self.model.pooling().is_none()) {
             return Err(ExecutorError::InvalidSequence {
                 seq_id: seq.seq_id,
-                message: "this model generates text; embeddings need an embedding model".into(),
+                message: "this model serves no embeddings (a decoder embeds when started with --pooling)"
+                    .into(),
             });
         }
         let flat = flatten(batch, &self.tables, &self.model, &self.cache)?;
@@ -308,7 +327,7 @@ impl ModelRunner {
         batch: &ScheduledBatch,
         flat: FlatBatch<'_>,
     ) -> std::result::Result<StepOutput, ExecutorError> {
-        let mut sampled = self.verify(batch, flat)?;
+        let (mut sampled, pooled) = self.verify(batch, flat)?;
         let drafter = match batch.executor_draft {
             Some(how @ ExecutorDraft::Layers(_)) => Some(Drafter {
                 model: &self.model,
@@ -333,7 +352,7 @@ impl ModelRunner {
         if let Some(drafter) = drafter {
             drafter.propose(batch, &mut sampled)?;
         }
-        Ok(StepOutput { sampled, pooled: Vec::new() })
+        Ok(StepOutput { sampled, pooled })
     }
 
     /// An encoder's step: each sequence is one whole input (the scheduler sends nothing else
@@ -385,21 +404,31 @@ impl ModelRunner {
         Ok(StepOutput { sampled: Vec::new(), pooled })
     }
 
-    /// The target's forward pass over `batch` and its sampled (verified) tokens.
+    /// The target's forward pass over `batch`: its sampled (verified) tokens, and the pooled
+    /// states of its pooling sequences.
     fn verify(
         &self,
         batch: &ScheduledBatch,
         flat: FlatBatch<'_>,
-    ) -> std::result::Result<Vec<SampledToken>, ExecutorError> {
+    ) -> std::result::Result<(Vec<SampledToken>, Vec<PooledOutput>), ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
-        let logits = self.forward_flat(flat).map_err(failed)?;
+        let bounds = flat.pooled_bounds.clone();
+        let (logits, hidden) = self.forward_flat(flat).map_err(failed)?;
+        let pooled = match (hidden, self.model.pooling()) {
+            (Some(hidden), Some(pooling)) => {
+                let values = pooling.pool(&hidden, &bounds).map_err(failed)?;
+                let seqs = batch.seqs.iter().filter(|s| s.pool);
+                seqs.zip(values).map(|(s, values)| PooledOutput { seq_id: s.seq_id, values }).collect()
+            }
+            _ => Vec::new(),
+        };
         if batch.seqs.iter().all(|s| s.sample.is_none()) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), pooled));
         }
         // On a GPU the logits stay there: only ids and logprobs come back.
         if self.device.is_cuda() {
             if let Some(sampled) = crate::device_sampling::sample_batch(batch, &logits)? {
-                return Ok(sampled);
+                return Ok((sampled, pooled));
             }
         }
         let mut rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?.into_iter();
@@ -421,6 +450,6 @@ impl ModelRunner {
                 Ok(SampledToken { seq_id, token_ids, logprobs, proposals: Vec::new() })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;
-        Ok(sampled)
+        Ok((sampled, pooled))
     }
 }

@@ -1,6 +1,7 @@
-//! all-MiniLM-L6-v2 through the engine (prefill-only pooling sequences) against the float64
-//! numpy reference of scripts/golden_embeddings.py: token ids equal, embeddings at cosine
-//! >= 0.9999, each input alone and all of them batched together.
+//! Embeddings through the engine (prefill-only pooling sequences) against float64 numpy
+//! references: all-MiniLM-L6-v2 against scripts/golden_embeddings.py (token ids equal,
+//! embeddings at cosine >= 0.9999, each input alone and all of them batched together), and
+//! SmolLM2 with last and mean pooling against scripts/golden.py's pooling cases.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 
 use candle_core::Device;
 use pagoda_engine::{Engine, EngineConfig, EngineHandle, NoopObserver, Request, Shutdown};
-use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner};
+use pagoda_models::{load_model, KvCache, LoadOptions, ModelRunner, Pooling, PoolingKind};
 use pagoda_text::Tokenizer;
 
 use common::repo_root;
@@ -120,4 +121,48 @@ fn an_encoder_refuses_to_generate_and_bad_ids_fail_only_their_request() {
     assert!(format!("{:?}", bad.finished).contains("outside the vocabulary"), "{:?}", bad.finished);
     assert_eq!(streams[1].blocking_recv().unwrap().pooled.map(|v| v.len()), Some(384));
     handle.shutdown().trigger();
+}
+
+/// SmolLM2 (a decoder) embedding with `--pooling last` and `mean`, mixed into a batch with a
+/// generating request: the final-normed hidden states pooled and normalized, against the numpy
+/// reference's `pooling_cases` (tests/fixtures/golden.json, scripts/golden.py).
+#[test]
+fn a_decoder_pools_its_final_hidden_states_like_the_reference() {
+    let golden = common::fixture();
+    let cases = golden["pooling_cases"].as_array().unwrap();
+    for (kind, key) in [(PoolingKind::Last, "last"), (PoolingKind::Mean, "mean")] {
+        let mut loaded = load_model(&common::model_path(), &LoadOptions::default()).unwrap();
+        loaded.model.set_pooling(Pooling {
+            kind,
+            normalize: true,
+            max_input_tokens: None,
+            matryoshka: false,
+        });
+        let cache =
+            KvCache::new(loaded.model.config(), 256, BLOCK_SIZE, candle_core::DType::F32, &Device::Cpu)
+                .unwrap();
+        let runner = ModelRunner::new(loaded.model, cache, Device::Cpu).unwrap();
+        let config = EngineConfig::new(BLOCK_SIZE, 256, 2048);
+        let tokenizer = Arc::new(Tokenizer::from_gguf(common::model_path()).unwrap());
+        let handle =
+            Engine::spawn(config, runner, tokenizer, Arc::new(NoopObserver), Shutdown::new()).unwrap().0;
+        let prompts: Vec<Vec<u32>> = cases.iter().map(|c| common::ids(&c["prompt_ids"])).collect();
+        let generating =
+            Request::new(99, prompts[0].clone(), Arc::new(Default::default())).with_max_tokens(4);
+        let mut requests = vec![generating];
+        requests.extend(prompts.iter().enumerate().map(|(i, p)| Request::pooling(i as u64, p.clone())));
+        let mut streams = handle.submit_all(requests).unwrap();
+        let mut generated = 0;
+        while let Some(event) = streams[0].blocking_recv() {
+            generated += event.token_ids.len();
+        }
+        assert_eq!(generated, 4, "the generating request runs beside the pooling ones");
+        for (case, stream) in cases.iter().zip(&mut streams[1..]) {
+            let got = stream.blocking_recv().unwrap().pooled.expect("an embedding");
+            let reference: Vec<f64> = serde_json::from_value(case[key].clone()).unwrap();
+            let c = cosine(&got, &reference);
+            assert!(c >= 0.9999, "{key} pooling of {}: cosine {c}", case["name"]);
+        }
+        handle.shutdown().trigger();
+    }
 }

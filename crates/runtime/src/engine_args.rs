@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use pagoda_models::KernelRequest;
 use serde::Deserialize;
 
-use crate::flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg};
+use crate::flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, PoolingArg};
 use crate::speculative_config::{self, SpeculativeSetting};
 
 /// What is served when no `--model` is given.
@@ -146,6 +146,11 @@ pub struct EngineArgs {
     /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub dequantize: Option<bool>,
+    /// Serve /v1/embeddings from a generating model too: its final-normed hidden states pooled
+    /// (last token, mean, or first token) and L2-normalized. For an embedding model, replaces
+    /// the pooling its files declare. [default: off for generating models]
+    #[arg(long, value_name = "POOLING")]
+    pub pooling: Option<PoolingArg>,
     /// cpu, cuda or cuda:N. [default: cpu]
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<DeviceArg>,
@@ -174,6 +179,7 @@ impl EngineArgs {
             batch_invariant: self.batch_invariant.or(file.batch_invariant),
             speculative_config: self.speculative_config.or(file.speculative_config),
             dequantize: self.dequantize.or(file.dequantize),
+            pooling: self.pooling.or(file.pooling),
             device: self.device.or(file.device),
             no_enable_prefix_caching: self.no_enable_prefix_caching,
         }
@@ -192,6 +198,7 @@ impl EngineArgs {
             tokenizer: a.tokenizer,
             load_format: a.load_format.unwrap_or_default(),
             dequantize: a.dequantize,
+            pooling: a.pooling.map(Into::into),
             device,
             dtype: a.dtype.unwrap_or_default(),
             kv_cache_dtype: a.kv_cache_dtype.unwrap_or_default(),
@@ -231,6 +238,8 @@ pub struct EngineSettings {
     pub tokenizer: Option<String>,
     pub load_format: LoadFormatArg,
     pub dequantize: Option<bool>,
+    /// `--pooling`: how embeddings pool, when asked for.
+    pub pooling: Option<pagoda_models::PoolingKind>,
     pub device: DeviceArg,
     pub dtype: DtypeArg,
     pub kv_cache_dtype: DtypeArg,

@@ -3,7 +3,7 @@
 //! means to the layers below.
 
 use candle_core::DType;
-use pagoda_models::{CpuGemmDtype, LoadFormat};
+use pagoda_models::{CpuGemmDtype, LoadFormat, PoolingKind};
 use serde::Deserialize;
 
 /// `cpu`, `cuda` or `cuda:N`.
@@ -96,6 +96,28 @@ pub enum LoadFormatArg {
     Safetensors,
     /// Random weights shaped by a config.json-style file (for benchmarking).
     Dummy,
+}
+
+/// `--pooling`: how a model's embeddings pool its final hidden states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolingArg {
+    /// The last token's (it has seen the whole input).
+    Last,
+    /// The mean over the input's tokens.
+    Mean,
+    /// The first token's.
+    Cls,
+}
+
+impl From<PoolingArg> for PoolingKind {
+    fn from(arg: PoolingArg) -> Self {
+        match arg {
+            PoolingArg::Last => PoolingKind::Last,
+            PoolingArg::Mean => PoolingKind::Mean,
+            PoolingArg::Cls => PoolingKind::Cls,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]

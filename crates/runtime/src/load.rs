@@ -159,7 +159,17 @@ impl LoadedRuntime {
             let loaded = load_model(&options.model, &load);
             (loaded, text.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
         });
-        let (loaded, text) = (loaded?, text?);
+        let (mut loaded, text) = (loaded?, text?);
+        if let Some(kind) = options.pooling {
+            // An embedding model keeps its normalization and input limit; a generating one
+            // normalizes, as vLLM's pooling runner does by default.
+            let base = loaded.model.pooling().copied();
+            let pooling = base
+                .map_or(Pooling { kind, normalize: true, max_input_tokens: None, matryoshka: false }, |p| {
+                    Pooling { kind, ..p }
+                });
+            loaded.model.set_pooling(pooling);
+        }
         let mut times = StartupTimes {
             model_seconds: loaded.load_seconds,
             tokenizer_seconds: text.tokenizer_seconds,
@@ -169,6 +179,8 @@ impl LoadedRuntime {
 
         let started = Instant::now();
         let config = loaded.model.config().clone();
+        // A generating model embeds too when --pooling asks it to.
+        let self_pooling = loaded.model.pooling().copied();
         // Positions past the model's table cannot be computed: every longer request would fail
         // in the middle of a step instead of at admission.
         if let Some(requested) = options.max_model_len.filter(|&l| l > config.max_position_embeddings) {
@@ -177,7 +189,7 @@ impl LoadedRuntime {
                 model: config.max_position_embeddings,
             });
         }
-        if let Some(pooling) = loaded.model.pooling().copied() {
+        if let Some(pooling) = self_pooling.filter(|_| loaded.model.is_encoder()) {
             return Self::encoder(
                 options,
                 loaded.model,
@@ -311,7 +323,7 @@ impl LoadedRuntime {
             plan,
             kernel_timing: resolved.timing,
             times,
-            pooling: None,
+            pooling: self_pooling,
         })
     }
 

@@ -226,3 +226,18 @@ fn scheduling_policy_defaults_to_fcfs() {
         SchedulingPolicy::Priority
     );
 }
+
+#[test]
+fn pooling_is_off_unless_a_flag_or_the_file_names_one() {
+    use pagoda_runtime::PoolingKind;
+    let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+    assert_eq!(c.engine.pooling, None);
+    let c = ServerConfig::merge(cli(&["--pooling", "mean"]), ServeArgs::default()).unwrap();
+    assert_eq!(c.engine.pooling, Some(PoolingKind::Mean));
+    let file = ServerConfig::parse_file("pooling = \"last\"").unwrap();
+    assert_eq!(
+        ServerConfig::merge(ServeArgs::default(), file).unwrap().engine.pooling,
+        Some(PoolingKind::Last)
+    );
+    assert!(Cli::try_parse_from(["pagoda", "--pooling", "max"]).is_err());
+}

@@ -30,7 +30,8 @@ pub async fn embeddings(
         ApiError::invalid(
             "model",
             format!(
-                "{model} generates text and does not serve embeddings; serve an embedding model for them"
+                "{model} generates text and serves no embeddings; serve an embedding model, or start the \
+                 server with --pooling last (or mean) to embed with this one"
             ),
         )
     })?;

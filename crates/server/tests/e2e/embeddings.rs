@@ -178,6 +178,36 @@ async fn too_many_inputs_are_a_400_and_a_full_queue_a_429() -> Result<()> {
     Ok(())
 }
 
+/// SmolLM2 served with `--pooling last` both generates and embeds; its embedding of the golden
+/// prompts is the numpy reference's final-normed last hidden state (scripts/golden.py).
+#[tokio::test]
+async fn a_generating_model_with_pooling_embeds_and_still_generates() -> Result<()> {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    let server = SERVER.get_or_init(|| TestServer::start(&["--pooling", "last", "--api-key", API_KEY]));
+    let golden_path = model_dir().join("../../tests/fixtures/golden.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(golden_path)?)?;
+    let cases = golden["pooling_cases"].as_array().unwrap();
+    let inputs: Vec<Value> = cases.iter().map(|c| c["prompt_ids"].clone()).collect();
+    let (status, body) =
+        post_json(&client(), &server.url("/v1/embeddings"), &json!({"input": inputs})).await?;
+    assert_eq!(status, 200, "{body}");
+    for (i, case) in cases.iter().enumerate() {
+        let got = floats(&body["data"][i]["embedding"]);
+        assert_eq!(got.len(), 576);
+        let c = cosine(&got, &floats(&case["last"]));
+        assert!(c >= 0.9999, "{}: cosine {c}", case["name"]);
+    }
+    let (status, reply) = post_json(
+        &client(),
+        &server.url("/v1/completions"),
+        &json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 4, "{reply}");
+    Ok(())
+}
+
 /// tests/sdk/check_embeddings.py: the OpenAI SDK's default (base64) and float requests, batches,
 /// token inputs, `dimensions` refused, the body against the SDK's own type.
 #[tokio::test]
