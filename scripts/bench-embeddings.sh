@@ -35,15 +35,9 @@ while [ $# -gt 0 ]; do
 done
 
 # PAGODA_BIN and PAGODA_BENCH_BIN run binaries built elsewhere instead of building here.
-if [ -n "${PAGODA_BIN:-}" ] && [ -n "${PAGODA_BENCH_BIN:-}" ]; then
-    pagoda="$PAGODA_BIN"
-    bench="$PAGODA_BENCH_BIN"
-else
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagoda-target}"
-    (cd "$repo" && cargo build --release --locked -q -p pagoda-server -p pagoda-bench) >&2
-    pagoda="$CARGO_TARGET_DIR/release/pagoda"
-    bench="$CARGO_TARGET_DIR/release/pagoda-bench"
-fi
+# shellcheck source=scripts/server-lifecycle.sh
+source "$repo/scripts/server-lifecycle.sh"
+pagoda_binaries "$repo"
 "$repo/scripts/fetch-model.sh" minilm >&2
 model_dir="$repo/models/all-MiniLM-L6-v2"
 gguf="$repo/models/all-MiniLM-L6-v2.f32.gguf"
@@ -52,8 +46,6 @@ llama_server="$("$repo/scripts/build-llama-server.sh")"
 cores="$(nproc)"
 mkdir -p "$out"
 
-# shellcheck source=scripts/server-lifecycle.sh
-source "$repo/scripts/server-lifecycle.sh"
 trap stop_server EXIT
 
 # start NAME STREAMS LOG: one of the two servers, ready on $port as model "minilm".

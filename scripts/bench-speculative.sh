@@ -49,20 +49,12 @@ while [ $# -gt 0 ]; do
 done
 [ ${#names[@]} -gt 0 ] || { echo "bench-speculative: name at least one NAME='FLAGS'" >&2; exit 1; }
 
-if [ -n "${PAGODA_BIN:-}" ] && [ -n "${PAGODA_BENCH_BIN:-}" ]; then
-    pagoda="$PAGODA_BIN"
-    bench="$PAGODA_BENCH_BIN"
-else
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagoda-target}"
-    (cd "$repo" && cargo build --release --locked -q -p pagoda-server -p pagoda-bench) >&2
-    pagoda="$CARGO_TARGET_DIR/release/pagoda"
-    bench="$CARGO_TARGET_DIR/release/pagoda-bench"
-fi
+# shellcheck source=scripts/server-lifecycle.sh
+source "$repo/scripts/server-lifecycle.sh"
+pagoda_binaries "$repo"
 [ -f "$model" ] || "$repo/scripts/fetch-model.sh" >&2
 mkdir -p "$out"
 
-# shellcheck source=scripts/server-lifecycle.sh
-source "$repo/scripts/server-lifecycle.sh"
 trap stop_server EXIT
 
 prompts="${num_prompts:-$(wc -l < "$dataset")}"

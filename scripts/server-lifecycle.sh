@@ -4,6 +4,20 @@
 
 server_pid=""
 
+# pagoda_binaries REPO: sets $pagoda and $bench to PAGODA_BIN and PAGODA_BENCH_BIN when both are
+# set (binaries built elsewhere, e.g. an older commit's), else to a release build of both here.
+pagoda_binaries() {
+    if [ -n "${PAGODA_BIN:-}" ] && [ -n "${PAGODA_BENCH_BIN:-}" ]; then
+        pagoda="$PAGODA_BIN"
+        bench="$PAGODA_BENCH_BIN"
+    else
+        export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagoda-target}"
+        (cd "$1" && cargo build --release --locked -q -p pagoda-server -p pagoda-bench) >&2
+        pagoda="$CARGO_TARGET_DIR/release/pagoda"
+        bench="$CARGO_TARGET_DIR/release/pagoda-bench"
+    fi
+}
+
 # GET /health on 127.0.0.1:PORT answers 2xx (curl, or python3 on hosts without curl).
 server_healthy() {
     local url="http://127.0.0.1:$1/health"

@@ -116,21 +116,14 @@ impl Gemma {
             let mlp = layer.down_proj.forward(&activated)?;
             hidden = pagoda_ops::rms_norm(&mlp, &layer.post_ffn_norm, eps)?;
         }
-        if input.logits_rows.is_none() && input.hidden_rows.is_none() {
-            return Ok((crate::model::no_logits(c.vocab_size)?, None));
-        }
-        let r = residual.as_ref().expect("models have at least one layer");
-        let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, eps)?;
-        let hidden_rows = input.hidden_rows.map(|rows| normed.index_select(rows, 0)).transpose()?;
-        let Some(logits_rows) = input.logits_rows else {
-            return Ok((crate::model::no_logits(c.vocab_size)?, hidden_rows));
+        let head = |rows: &Tensor| {
+            let logits = self.lm_head.forward(rows)?.to_dtype(DType::F32)?;
+            Ok(match c.final_logit_softcapping {
+                Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
+                None => logits,
+            })
         };
-        let logits = self.lm_head.forward(&normed.index_select(logits_rows, 0)?)?.to_dtype(DType::F32)?;
-        let logits = match c.final_logit_softcapping {
-            Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
-            None => logits,
-        };
-        Ok((logits, hidden_rows))
+        crate::model::final_outputs(&hidden, residual.as_ref(), &self.final_norm, c, input, head)
     }
 
     /// Whether the projections run as quantized matmuls.

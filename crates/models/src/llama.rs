@@ -133,16 +133,8 @@ impl Llama {
             residual = Some(sum);
             hidden = layer.mlp.forward(&normed)?;
         }
-        if input.logits_rows.is_none() && input.hidden_rows.is_none() {
-            return Ok((crate::model::no_logits(c.vocab_size)?, None));
-        }
-        let r = residual.as_ref().expect("models have at least one layer");
-        let (normed, _) = pagoda_ops::add_rms_norm(&hidden, r, &self.final_norm, c.rms_norm_eps)?;
-        let logits = match input.logits_rows {
-            Some(rows) => self.lm_head.forward(&normed.index_select(rows, 0)?)?.to_dtype(DType::F32)?,
-            None => crate::model::no_logits(c.vocab_size)?,
-        };
-        Ok((logits, input.hidden_rows.map(|rows| normed.index_select(rows, 0)).transpose()?))
+        let head = |rows: &Tensor| Ok(self.lm_head.forward(rows)?.to_dtype(DType::F32)?);
+        crate::model::final_outputs(&hidden, residual.as_ref(), &self.final_norm, c, input, head)
     }
 
     /// Whether the projections run as quantized matmuls.

@@ -39,6 +39,29 @@ pub(crate) fn no_logits(vocab: usize) -> Result<Tensor> {
     Ok(Tensor::zeros((0, vocab), DType::F32, &Device::Cpu)?)
 }
 
+/// The end of a decoder's pass over the last layer's `hidden` and the `residual` stream: the
+/// final norm, then `head` (f32 logits) over `input.logits_rows` and the normed hidden states
+/// of `input.hidden_rows`; neither is computed when not asked for.
+pub(crate) fn final_outputs(
+    hidden: &Tensor,
+    residual: Option<&Tensor>,
+    final_norm: &Tensor,
+    config: &ModelConfig,
+    input: &ForwardInput<'_>,
+    head: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    if input.logits_rows.is_none() && input.hidden_rows.is_none() {
+        return Ok((no_logits(config.vocab_size)?, None));
+    }
+    let r = residual.expect("models have at least one layer");
+    let (normed, _) = pagoda_ops::add_rms_norm(hidden, r, final_norm, config.rms_norm_eps)?;
+    let logits = match input.logits_rows {
+        Some(rows) => head(&normed.index_select(rows, 0)?)?,
+        None => no_logits(config.vocab_size)?,
+    };
+    Ok((logits, input.hidden_rows.map(|rows| normed.index_select(rows, 0)).transpose()?))
+}
+
 /// Adds `hidden` to the residual stream (which it starts, in the first layer) and returns the
 /// stream normalized by `weight`: a pre-norm block's input.
 pub(crate) fn join_residual(

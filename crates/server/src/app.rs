@@ -20,7 +20,7 @@ use crate::anthropic::error::{
 use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
-use crate::handlers::{chat, completions, embeddings, info, messages, responses, tokenize};
+use crate::handlers::{chat, completions, embeddings, info, messages, responses, score, tokenize};
 use crate::layers::{self, MakeId, X_REQUEST_ID};
 use crate::state::SharedState;
 
@@ -62,6 +62,10 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/score", post(score::score))
+        .route("/v1/rerank", post(score::rerank))
+        .route("/rerank", post(score::rerank))
+        .route("/v2/rerank", post(score::rerank))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{response_id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/responses/{response_id}/input_items", get(responses::input_item_list))

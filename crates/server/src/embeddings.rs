@@ -62,14 +62,15 @@ pub fn encode_values(values: Vec<f32>, base64: bool) -> EmbeddingValues {
 }
 
 /// Token ids of each input: text cut to `max_len` tokens (special tokens included), token ids
-/// checked against the vocabulary and taken as they are.
+/// checked against the vocabulary and taken as they are. Errors name `param`.
 pub async fn tokenize(
     state: &AppState,
     inputs: Vec<PromptInput>,
     max_len: usize,
+    param: &'static str,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     if inputs.is_empty() {
-        return Err(ApiError::invalid("input", "input must not be empty"));
+        return Err(ApiError::invalid(param, format!("{param} must not be empty")));
     }
     let vocab_size = state.prompts.vocab_size();
     let tokenizer = state.prompts.tokenizer().clone();
@@ -82,13 +83,13 @@ pub async fn tokenize(
                     PromptInput::Text(text) => tokenizer
                         .encode_truncated(&text, max_len)
                         .map(|(ids, _)| ids)
-                        .map_err(|e| ApiError::invalid("input", e.to_string())),
+                        .map_err(|e| ApiError::invalid(param, e.to_string())),
                     PromptInput::Tokens(ids) if ids.is_empty() => {
-                        Err(ApiError::invalid("input", "an input must contain at least one token"))
+                        Err(ApiError::invalid(param, "an input must contain at least one token"))
                     }
                     PromptInput::Tokens(ids) => match ids.iter().find(|&&t| t as usize >= vocab_size) {
                         Some(bad) => Err(ApiError::invalid(
-                            "input",
+                            param,
                             format!("token id {bad} is outside the vocabulary (size {vocab_size})"),
                         )),
                         None => Ok(ids),
@@ -100,11 +101,12 @@ pub async fn tokenize(
 }
 
 /// Embeds every input; the vectors come back in input order. A failed input fails the call
-/// (dropping the other streams aborts their requests).
+/// (dropping the other streams aborts their requests). Too many inputs is a 400 naming `param`.
 pub async fn embed(
     state: &AppState,
     inputs: Vec<Vec<u32>>,
     arrival: Instant,
+    param: &'static str,
 ) -> Result<Vec<Vec<f32>>, ApiError> {
     let group = state.engine.next_request_id();
     let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
@@ -116,7 +118,7 @@ pub async fn embed(
         .collect();
     let streams = state.engine.submit_all(requests).map_err(|e| match e {
         // One input, one sequence: the inputs, not `n`, are too many.
-        e @ EngineError::NeverFits { .. } => ApiError::invalid("input", e.to_string()),
+        e @ EngineError::NeverFits { .. } => ApiError::invalid(param, e.to_string()),
         e => e.into(),
     })?;
     let pending = streams.into_iter().zip(lengths).map(|(stream, len)| {

@@ -18,6 +18,8 @@ use crate::handlers;
         handlers::chat::chat_completions,
         handlers::completions::completions,
         handlers::embeddings::embeddings,
+        handlers::score::score,
+        handlers::score::rerank,
         handlers::responses::create,
         handlers::responses::retrieve,
         handlers::responses::delete,

@@ -47,9 +47,9 @@ pub async fn embeddings(
     };
     // Checked before any work: a refused `dimensions` refuses the whole call.
     embedder.shape(vec![0.0; embedder.dimensions], req.dimensions)?;
-    let inputs = tokenize(&state, req.input.into_inputs(), state.limits.max_model_len).await?;
+    let inputs = tokenize(&state, req.input.into_inputs(), state.limits.max_model_len, "input").await?;
     let prompt_tokens = inputs.iter().map(Vec::len).sum();
-    let vectors = embed(&state, inputs, arrival).await?;
+    let vectors = embed(&state, inputs, arrival, "input").await?;
     let data = vectors
         .into_iter()
         .enumerate()

@@ -8,6 +8,7 @@ pub mod embeddings;
 pub mod info;
 pub mod messages;
 pub mod responses;
+pub mod score;
 pub mod tokenize;
 
 use crate::openai::{FinishReason, StopReason};

@@ -70,6 +70,8 @@ known_fields!(ChatCompletionRequest, IGNORED_BOOKKEEPING);
 known_fields!(CompletionRequest, IGNORED_BOOKKEEPING);
 known_fields!(TokenizeRequest, &[]);
 known_fields!(EmbeddingRequest, &["user"]);
+known_fields!(super::ScoreRequest, &["user"]);
+known_fields!(super::RerankRequest, &["user"]);
 known_fields!(DetokenizeRequest, &[]);
 known_fields!(crate::anthropic::wire::MessagesRequest, &[]);
 known_fields!(crate::anthropic::wire::CountTokensRequest, &[]);

@@ -8,6 +8,7 @@ pub mod embeddings;
 pub mod fields;
 pub mod models;
 pub mod sampling;
+pub mod score;
 pub mod tokenize;
 
 pub use chat::{
@@ -22,4 +23,8 @@ pub use completions::{
 pub use embeddings::{EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingValues};
 pub use models::{ModelCard, ModelList, VersionResponse};
 pub use sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
+pub use score::{
+    RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData, ScoreRequest,
+    ScoreResponse, ScoreUsage, TextOrTexts,
+};
 pub use tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};

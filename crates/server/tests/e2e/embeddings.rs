@@ -23,7 +23,7 @@ fn model_dir() -> PathBuf {
     dir
 }
 
-fn server() -> &'static TestServer {
+pub(crate) fn server() -> &'static TestServer {
     static SERVER: OnceLock<TestServer> = OnceLock::new();
     SERVER.get_or_init(|| {
         let dir = model_dir().display().to_string();

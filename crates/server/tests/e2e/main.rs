@@ -19,6 +19,7 @@ mod metric_labels;
 mod priority;
 mod reasoning;
 mod responses;
+mod score;
 mod sdk;
 mod second_signal;
 mod shutdown;

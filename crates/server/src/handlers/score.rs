@@ -1,0 +1,171 @@
+//! `POST /v1/score` and `POST /v1/rerank` (also `/rerank`, `/v2/rerank`): relevance of text
+//! pairs from an embedding model, as the cosine similarity of their embeddings. Every text of a
+//! call is embedded in one submission (one admission group), each distinct text once.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::{Extension, Json};
+
+use super::response_id;
+use crate::embeddings::{embed, tokenize, EmbeddingModel};
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::layers::Arrival;
+use crate::openai::{
+    unix_now, ErrorResponse, PromptInput, RerankDocument, RerankRequest, RerankResponse, RerankResult,
+    RerankUsage, ScoreData, ScoreRequest, ScoreResponse, ScoreUsage,
+};
+use crate::state::{AppState, SharedState};
+
+/// The embedding model, or a 400 naming `model` for a model that does not embed.
+fn embedder(state: &AppState, model: &str) -> Result<EmbeddingModel, ApiError> {
+    state.embedding.ok_or_else(|| {
+        ApiError::invalid(
+            "model",
+            format!("{model} serves no embeddings, so it cannot score; serve an embedding model (or use --pooling)"),
+        )
+    })
+}
+
+/// The embeddings of `texts` (each embedded once however often it appears) and the tokens
+/// embedded.
+async fn embed_texts(
+    state: &AppState,
+    texts: &[&str],
+    param: &'static str,
+    arrival: Instant,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let mut distinct: Vec<&str> = Vec::new();
+    let slots: Vec<usize> = texts
+        .iter()
+        .map(|t| match distinct.iter().position(|d| d == t) {
+            Some(i) => i,
+            None => {
+                distinct.push(t);
+                distinct.len() - 1
+            }
+        })
+        .collect();
+    let inputs = distinct.iter().map(|t| PromptInput::Text((*t).to_owned())).collect();
+    let ids = tokenize(state, inputs, state.limits.max_model_len, param).await?;
+    let tokens = slots.iter().map(|&i| ids[i].len()).sum();
+    let vectors = embed(state, ids, arrival, param).await?;
+    Ok((slots.into_iter().map(|i| vectors[i].clone()).collect(), tokens))
+}
+
+/// The cosine similarity of two embeddings (0 when either is all zeros).
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    let denominator = norm(a) * norm(b);
+    if denominator == 0.0 {
+        0.0
+    } else {
+        dot / denominator
+    }
+}
+
+/// vLLM's score API: one score per pair.
+#[utoipa::path(post, path = "/v1/score", tag = "vllm", request_body = ScoreRequest,
+    responses((status = 200, body = ScoreResponse), (status = 400, body = ErrorResponse),
+              (status = 404, body = ErrorResponse), (status = 429, body = ErrorResponse)),
+    security((), ("api_key" = [])))]
+pub async fn score(
+    State(state): State<SharedState>,
+    arrival: Option<Extension<Arrival>>,
+    JsonBody(req): JsonBody<ScoreRequest>,
+) -> Result<Json<ScoreResponse>, ApiError> {
+    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
+    let model = state.model.resolve(req.model.as_deref())?;
+    embedder(&state, &model)?;
+    let (left, right) = (req.text_1.into_vec(), req.text_2.into_vec());
+    if left.is_empty() || right.is_empty() {
+        let param = if left.is_empty() { "text_1" } else { "text_2" };
+        return Err(ApiError::invalid(param, format!("{param} must not be empty")));
+    }
+    if left.len() != 1 && left.len() != right.len() {
+        return Err(ApiError::invalid(
+            "text_2",
+            format!(
+                "text_1 has {} texts and text_2 {}: give one text_1 for many text_2, or as many of each",
+                left.len(),
+                right.len()
+            ),
+        ));
+    }
+    let pairs = right.len();
+    let firsts = (0..pairs).map(|i| left[if left.len() == 1 { 0 } else { i }].as_str());
+    let texts: Vec<&str> = firsts.chain(right.iter().map(String::as_str)).collect();
+    let (vectors, tokens) = embed_texts(&state, &texts, "text_1", arrival).await?;
+    let data = (0..pairs)
+        .map(|i| ScoreData {
+            index: i,
+            object: "score".into(),
+            score: cosine(&vectors[i], &vectors[pairs + i]),
+        })
+        .collect();
+    Ok(Json(ScoreResponse {
+        id: response_id("score"),
+        object: "list".into(),
+        created: unix_now(),
+        model,
+        data,
+        usage: ScoreUsage { prompt_tokens: tokens, total_tokens: tokens },
+    }))
+}
+
+/// The Jina/Cohere rerank API: the documents sorted by relevance to the query.
+#[utoipa::path(post, path = "/v1/rerank", tag = "vllm", request_body = RerankRequest,
+    responses((status = 200, body = RerankResponse), (status = 400, body = ErrorResponse),
+              (status = 404, body = ErrorResponse), (status = 429, body = ErrorResponse)),
+    security((), ("api_key" = [])))]
+pub async fn rerank(
+    State(state): State<SharedState>,
+    arrival: Option<Extension<Arrival>>,
+    JsonBody(req): JsonBody<RerankRequest>,
+) -> Result<Json<RerankResponse>, ApiError> {
+    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
+    let model = state.model.resolve(req.model.as_deref())?;
+    embedder(&state, &model)?;
+    if req.documents.is_empty() {
+        return Err(ApiError::invalid("documents", "documents must not be empty"));
+    }
+    let texts: Vec<&str> =
+        std::iter::once(req.query.as_str()).chain(req.documents.iter().map(String::as_str)).collect();
+    let (vectors, tokens) = embed_texts(&state, &texts, "documents", arrival).await?;
+    let mut results: Vec<RerankResult> = req
+        .documents
+        .iter()
+        .enumerate()
+        .map(|(index, text)| RerankResult {
+            index,
+            document: (req.return_documents != Some(false)).then(|| RerankDocument { text: text.clone() }),
+            relevance_score: cosine(&vectors[0], &vectors[index + 1]),
+        })
+        .collect();
+    // Most relevant first; equal scores keep the documents' order.
+    results.sort_by(|a, b| b.relevance_score.total_cmp(&a.relevance_score));
+    if let Some(n) = req.top_n.filter(|&n| n > 0) {
+        results.truncate(n);
+    }
+    Ok(Json(RerankResponse {
+        id: response_id("rerank"),
+        model,
+        usage: RerankUsage { total_tokens: tokens },
+        results,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cosine;
+
+    #[test]
+    fn cosine_of_vectors() {
+        assert!((cosine(&[1.0, 0.0], &[1.0, 0.0]) - 1.0).abs() < 1e-12);
+        assert!(cosine(&[1.0, 0.0], &[0.0, 2.0]).abs() < 1e-12);
+        assert!((cosine(&[1.0, 1.0], &[-2.0, -2.0]) + 1.0).abs() < 1e-12);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
+    }
+}
