@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the official OpenAI and Anthropic Python SDKs, pydantic and jsonschema (PyPI wheels,
+# Installs the official OpenAI, Anthropic and Cohere Python SDKs, pydantic and jsonschema (PyPI wheels,
 # pinned with their dependencies in scripts/sdk-requirements.txt) into a virtual environment of
 # their own at $PAGODA_TOOLS_DIR/sdk (default ~/.cache/pagoda-tools/sdk), apart from the
 # deployment tools'.
@@ -21,7 +21,7 @@ die() {
 
 stamp="$VENV/.requirements"
 if [ -f "$stamp" ] && cmp -s "$stamp" "$REQUIREMENTS" && [ -x "$VENV/bin/python" ] \
-    && "$VENV/bin/python" -c 'import openai, anthropic, pydantic, jsonschema' >/dev/null 2>&1; then
+    && "$VENV/bin/python" -c 'import openai, anthropic, cohere, pydantic, jsonschema' >/dev/null 2>&1; then
     exit 0
 fi
 
@@ -45,11 +45,11 @@ if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
         || die "python3 still cannot make virtual environments after installing python3-venv"
 fi
 
-echo "installing the OpenAI and Anthropic Python SDKs, pydantic and jsonschema into $VENV" >&2
+echo "installing the OpenAI, Anthropic and Cohere Python SDKs, pydantic and jsonschema into $VENV" >&2
 mkdir -p "$TOOLS_DIR" || die "cannot create $TOOLS_DIR"
 python3 -m venv --clear "$VENV" || die "python3 -m venv $VENV failed"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
     -r "$REQUIREMENTS" || die "pip install -r $REQUIREMENTS failed"
-"$VENV/bin/python" -c 'import openai, anthropic, pydantic, jsonschema' \
-    || die "$VENV has openai, anthropic, pydantic or jsonschema missing after pip install"
+"$VENV/bin/python" -c 'import openai, anthropic, cohere, pydantic, jsonschema' \
+    || die "$VENV has openai, anthropic, cohere, pydantic or jsonschema missing after pip install"
 cp "$REQUIREMENTS" "$stamp"

@@ -8,8 +8,9 @@ Checks: the SDK's default request (it asks for base64 and decodes it) equals enc
 "float"; one embedding per input, in input order, of 384 unit-norm floats; a batch equals its
 inputs one by one; token-id inputs equal their text; related sentences lie closer than unrelated
 ones; usage counts the input tokens; `dimensions` on a model not trained for it is a
-BadRequestError naming the parameter; the raw body validates against the SDK's own type. One
-line per check; the exit status is 1 if any failed.
+BadRequestError naming the parameter; the raw body validates against the SDK's own type; and
+Cohere's SDK (ClientV2.rerank, POST /v2/rerank) ranks the documents by those embeddings' cosine.
+One line per check; the exit status is 1 if any failed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import traceback
 
 import httpx
+import cohere
 import openai
 from openai.types import CreateEmbeddingResponse
 
@@ -115,9 +117,23 @@ def main() -> int:
         assert body["object"] == "list" and body["data"][0]["object"] == "embedding", body
         return "validates against CreateEmbeddingResponse"
 
+    def cohere_rerank():
+        root = args.base_url.rstrip("/").removesuffix("/v1")
+        co = cohere.ClientV2(base_url=root, api_key=args.api_key, timeout=args.timeout)
+        documents = TEXTS[1:]
+        reply = co.rerank(model=model, query=TEXTS[0], documents=documents, top_n=2)
+        assert len(reply.results) == 2, reply
+        best = reply.results[0]
+        assert best.index == 0, f"the Paris sentence ranks first: {reply.results}"
+        assert reply.results[0].relevance_score >= reply.results[1].relevance_score
+        want = cosine(state["batch"][0], state["batch"][1])
+        assert abs(best.relevance_score - want) < 1e-5, (best.relevance_score, want)
+        return f"top {best.index} at {best.relevance_score:.3f} (POST /v2/rerank)"
+
     for name, fn in [("default_equals_float", default_equals_float), ("batch_equals_alone", batch_equals_alone),
                      ("tokens_equal_text", tokens_equal_text), ("meaning", meaning),
-                     ("dimensions_refused", dimensions_refused), ("raw_shape", raw_shape)]:
+                     ("dimensions_refused", dimensions_refused), ("raw_shape", raw_shape),
+                     ("cohere_rerank", cohere_rerank)]:
         check(name, fn)
     return 1 if failed else 0
 
