@@ -20,6 +20,8 @@ What it computes, from the real model models/SmolLM2-135M-Instruct.Q4_1.gguf
   numpy forward pass and a 32-token greedy continuation (argmax each step, no stop at EOS).
 * pooling_cases: for the same three prompts, the final-normed hidden states pooled as a decoder's
   embeddings are (`--pooling last` and `mean`), L2-normalized.
+* prompt_logprobs_cases: for the same three prompts, at every position but the last, the logprob
+  of the next prompt token and the 5 most likely tokens with theirs (`prompt_logprobs`).
 * missing_byte_tokens: the byte values 0..255 whose byte-level symbol is not in the vocabulary.
 
 Why it is independent of Pagoda (Rust, candle):
@@ -79,6 +81,7 @@ MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 FIXTURE = ROOT / "tests" / "fixtures" / "golden.json"
 GREEDY_TOKENS = 32
 TOP_K = 20
+PROMPT_TOP_K = 5
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,10 +539,20 @@ def main() -> None:
     ]
     logits_cases = []
     pooling_cases = []
+    prompt_logprobs_cases = []
     firsts = {}
     for name, ids in prompts:
         model.step(ids, model.new_cache())
         hidden = model.last_hidden
+        logits = hidden @ model.lm_head.T
+        logprobs = logits - (np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+                             + logits.max(-1, keepdims=True))
+        scored = []
+        for p in range(len(ids) - 1):
+            order = np.argsort(-logprobs[p], kind="stable")[:PROMPT_TOP_K]
+            scored.append([round(float(logprobs[p][ids[p + 1]]), 6),
+                           [[int(i), round(float(logprobs[p][i]), 6)] for i in order]])
+        prompt_logprobs_cases.append({"name": name, "prompt_ids": [int(i) for i in ids], "logprobs": scored})
         pooled = {"last": hidden[-1], "mean": hidden.mean(axis=0)}
         pooling_cases.append({"name": name, "prompt_ids": [int(i) for i in ids],
                               **{kind: [round(float(v), 7) for v in vec / np.linalg.norm(vec)]
@@ -593,6 +606,7 @@ def main() -> None:
         "chat_cases": chat_cases,
         "logits_cases": logits_cases,
         "pooling_cases": pooling_cases,
+        "prompt_logprobs_cases": prompt_logprobs_cases,
         "missing_byte_tokens": missing,
     }
     write_fixture(fixture)

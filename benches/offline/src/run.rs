@@ -183,6 +183,7 @@ mod tests {
             text: "x".repeat(ids.len()),
             logprobs: None,
             pooled: None,
+            prompt_logprobs: None,
             finished: None,
             usage: None,
             timestamps: None,

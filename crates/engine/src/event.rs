@@ -112,6 +112,9 @@ pub struct TokenEvent {
     pub logprobs: Option<Vec<TopLogprobs>>,
     /// A pooling request's one result (its embedding), on its finishing event.
     pub pooled: Option<Vec<f32>>,
+    /// With `prompt_logprobs` asked for: the logprob of every prompt token after the first
+    /// (entry `i` for token `i + 1`), on the request's first event that carries tokens.
+    pub prompt_logprobs: Option<Vec<TopLogprobs>>,
     /// Set on the sample's last event.
     pub finished: Option<FinishReason>,
     /// Set on the request's last event only.
@@ -129,6 +132,7 @@ impl TokenEvent {
             text: String::new(),
             logprobs: None,
             pooled: None,
+            prompt_logprobs: None,
             finished: Some(reason),
             usage: None,
             timestamps: None,

@@ -48,6 +48,18 @@ pub struct ScheduledSeq {
     /// executor returns the pooled hidden state ([`StepOutput::pooled`]) instead of a token.
     /// `sample` is `None`; the KV it writes is not read again.
     pub pool: bool,
+    /// The logprobs of the prompt tokens this step's positions predict (vLLM's
+    /// `prompt_logprobs`), returned in [`StepOutput::prompt_logprobs`].
+    pub prompt_logprobs: Option<PromptLogprobsRequest>,
+}
+
+/// Which prompt tokens a step scores: the step's position `start_pos + i` predicts `targets[i]`
+/// (the prompt token after it), for the first `targets.len()` of its positions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptLogprobsRequest {
+    /// How many of the most likely tokens to give at each position besides the target.
+    pub top: usize,
+    pub targets: Vec<u32>,
 }
 
 impl ScheduledSeq {
@@ -76,13 +88,11 @@ impl ScheduledSeq {
     }
 
     /// Positions whose logits the step needs: the last `num_draft_tokens + 1` when sampling,
-    /// none otherwise.
+    /// after the ones that score prompt tokens (which start at the step's first position: a step
+    /// scores prompt tokens only up to the prompt's end, where sampling starts).
     pub fn num_logits_rows(&self) -> usize {
-        if self.sample.is_some() {
-            self.num_draft_tokens + 1
-        } else {
-            0
-        }
+        let scored = self.prompt_logprobs.as_ref().map_or(0, |p| p.targets.len());
+        scored + if self.sample.is_some() { self.num_draft_tokens + 1 } else { 0 }
     }
 }
 
@@ -214,12 +224,22 @@ pub struct PooledOutput {
     pub values: Vec<f32>,
 }
 
-/// Result of one step: one entry per scheduled sequence with `sample: Some` in `sampled`, and
-/// one per sequence with `pool` in `pooled`, each in batch order.
+/// The logprobs of the prompt tokens one step scored, one per target of its
+/// [`PromptLogprobsRequest`], in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobsOutput {
+    pub seq_id: SeqId,
+    pub logprobs: Vec<TopLogprobs>,
+}
+
+/// Result of one step: one entry per scheduled sequence with `sample: Some` in `sampled`, one
+/// per sequence with `pool` in `pooled`, and one per sequence with `prompt_logprobs` in
+/// `prompt_logprobs`, each in batch order.
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
     pub sampled: Vec<SampledToken>,
     pub pooled: Vec<PooledOutput>,
+    pub prompt_logprobs: Vec<PromptLogprobsOutput>,
 }
 
 /// Why a step could not run.

@@ -18,8 +18,8 @@ use pagoda_text::TokenDecoder;
 
 use crate::block_tables::BlockTableStore;
 use crate::executor::{
-    ExecutorDraft, ExecutorError, ModelExecutor, PooledOutput, SampledToken, ScheduledBatch, ScheduledSeq,
-    StepOutput,
+    ExecutorDraft, ExecutorError, ModelExecutor, PooledOutput, PromptLogprobsOutput, SampledToken,
+    ScheduledBatch, ScheduledSeq, StepOutput,
 };
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
@@ -284,12 +284,30 @@ impl ModelExecutor for FakeExecutor {
             };
             sampled.push(SampledToken { seq_id: seq.seq_id, token_ids, logprobs, proposals });
         }
+        let mut prompt_logprobs = Vec::new();
+        for seq in &batch.seqs {
+            let Some(request) = &seq.prompt_logprobs else { continue };
+            let mut logprobs = Vec::with_capacity(request.targets.len());
+            let mut logits = Vec::new();
+            for (i, &target) in request.targets.iter().enumerate() {
+                let end = seq.start_pos + i + 1;
+                let first = window.map_or(0, |w| end.saturating_sub(w));
+                self.history.clear();
+                for pos in first..end {
+                    let token = self.read(seq, group, pos)?;
+                    self.history.push(token);
+                }
+                Self::logits_for(&self.history, self.vocab_size, &mut logits);
+                logprobs.push(self.sampler.token_logprobs(&logits, target, request.top));
+            }
+            prompt_logprobs.push(PromptLogprobsOutput { seq_id: seq.seq_id, logprobs });
+        }
         let mut pooled = Vec::new();
         for seq in batch.seqs.iter().filter(|s| s.pool) {
             let values = self.pool(seq, group)?;
             pooled.push(PooledOutput { seq_id: seq.seq_id, values });
         }
-        Ok(StepOutput { sampled, pooled })
+        Ok(StepOutput { sampled, pooled, prompt_logprobs })
     }
 
     fn block_size(&self) -> usize {
@@ -367,6 +385,7 @@ mod tests {
             num_draft_tokens: 0,
             num_to_draft: 0,
             pool: false,
+            prompt_logprobs: None,
         }
     }
 

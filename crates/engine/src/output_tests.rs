@@ -24,6 +24,7 @@ fn raw(index: usize, tokens: &[u32], finished: Option<FinishReason>) -> TokenEve
         text: String::new(),
         logprobs: None,
         pooled: None,
+        prompt_logprobs: None,
         finished,
         usage: None,
         timestamps: None,

@@ -64,6 +64,9 @@ pub struct Request {
     /// hidden state is its one result ([`crate::TokenEvent::pooled`]); nothing is sampled and
     /// its KV is not kept. One sample, no grammar, no speculation, no `max_tokens`.
     pub pool: bool,
+    /// The logprobs of the prompt's tokens with this many alternatives each (vLLM's
+    /// `prompt_logprobs`); the whole prompt is computed, prefix-cache hits or not.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Request {
@@ -84,6 +87,7 @@ impl Request {
             max_speculative_tokens: None,
             speculative_method: None,
             pool: false,
+            prompt_logprobs: None,
         }
     }
 
@@ -204,6 +208,7 @@ impl Request {
                 "speculative decoding",
                 self.max_speculative_tokens.is_some() || self.speculative_method.is_some(),
             ),
+            ("prompt_logprobs", self.prompt_logprobs.is_some()),
         ];
         match generating.into_iter().find(|(_, set)| *set) {
             Some((what, _)) => Err(RequestError::PoolingGenerates { what }),

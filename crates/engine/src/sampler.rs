@@ -219,6 +219,14 @@ impl Sampler {
         cand.last().map(|c| c.1).ok_or(SampleError::NoCandidate)
     }
 
+    /// Logprob of `token` and the `k` most likely tokens under `logits` as they are (a prompt
+    /// token's, which nothing but the model decided).
+    pub fn token_logprobs(&mut self, logits: &[f32], token: u32, k: usize) -> TopLogprobs {
+        self.raw.clear();
+        self.raw.extend_from_slice(logits);
+        self.raw_logprobs(token, k)
+    }
+
     /// Logprob of `token` and the `k` most likely tokens under the raw distribution.
     fn raw_logprobs(&mut self, token: u32, k: usize) -> TopLogprobs {
         let raw = &self.raw;

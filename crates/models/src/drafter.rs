@@ -129,6 +129,7 @@ impl Drafter<'_> {
                 num_draft_tokens: 0,
                 num_to_draft: 0,
                 pool: false,
+                prompt_logprobs: None,
             });
             if want > 0 {
                 let chain = s.sample.as_ref().zip(kept).and_then(|(req, kept)| DraftChain::after(req, kept));
@@ -231,5 +232,6 @@ fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
         num_draft_tokens: 0,
         num_to_draft: 0,
         pool: false,
+        prompt_logprobs: None,
     }
 }

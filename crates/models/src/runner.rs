@@ -7,10 +7,11 @@
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
+use pagoda_engine::sampler::with_thread_sampler;
 use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{
-    BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, PooledOutput, SampledToken,
-    ScheduledBatch, StepOutput,
+    BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, PooledOutput,
+    PromptLogprobsOutput, SampledToken, ScheduledBatch, StepOutput,
 };
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
@@ -327,7 +328,7 @@ impl ModelRunner {
         batch: &ScheduledBatch,
         flat: FlatBatch<'_>,
     ) -> std::result::Result<StepOutput, ExecutorError> {
-        let (mut sampled, pooled) = self.verify(batch, flat)?;
+        let mut output = self.verify(batch, flat)?;
         let drafter = match batch.executor_draft {
             Some(how @ ExecutorDraft::Layers(_)) => Some(Drafter {
                 model: &self.model,
@@ -350,9 +351,9 @@ impl ModelRunner {
             None => None,
         };
         if let Some(drafter) = drafter {
-            drafter.propose(batch, &mut sampled)?;
+            drafter.propose(batch, &mut output.sampled)?;
         }
-        Ok(StepOutput { sampled, pooled })
+        Ok(output)
     }
 
     /// An encoder's step: each sequence is one whole input (the scheduler sends nothing else
@@ -401,16 +402,16 @@ impl ModelRunner {
             .zip(values)
             .map(|(seq, values)| PooledOutput { seq_id: seq.seq_id, values })
             .collect();
-        Ok(StepOutput { sampled: Vec::new(), pooled })
+        Ok(StepOutput { pooled, ..StepOutput::default() })
     }
 
-    /// The target's forward pass over `batch`: its sampled (verified) tokens, and the pooled
-    /// states of its pooling sequences.
+    /// The target's forward pass over `batch`: its sampled (verified) tokens, the pooled states
+    /// of its pooling sequences and the logprobs of the prompt tokens it scores.
     fn verify(
         &self,
         batch: &ScheduledBatch,
         flat: FlatBatch<'_>,
-    ) -> std::result::Result<(Vec<SampledToken>, Vec<PooledOutput>), ExecutorError> {
+    ) -> std::result::Result<StepOutput, ExecutorError> {
         let failed = |e: ModelError| ExecutorError::Execution(e.to_string());
         let bounds = flat.pooled_bounds.clone();
         let (logits, hidden) = self.forward_flat(flat).map_err(failed)?;
@@ -422,22 +423,40 @@ impl ModelRunner {
             }
             _ => Vec::new(),
         };
-        if batch.seqs.iter().all(|s| s.sample.is_none()) {
-            return Ok((Vec::new(), pooled));
+        let scoring = batch.seqs.iter().any(|s| s.prompt_logprobs.is_some());
+        if batch.seqs.iter().all(|s| s.sample.is_none()) && !scoring {
+            return Ok(StepOutput { pooled, ..StepOutput::default() });
         }
-        // On a GPU the logits stay there: only ids and logprobs come back.
-        if self.device.is_cuda() {
+        // On a GPU the logits stay there: only ids and logprobs come back (prompt scoring reads
+        // its rows on the host).
+        if self.device.is_cuda() && !scoring {
             if let Some(sampled) = crate::device_sampling::sample_batch(batch, &logits)? {
-                return Ok((sampled, pooled));
+                return Ok(StepOutput { sampled, pooled, prompt_logprobs: Vec::new() });
             }
         }
         let mut rows = logits.to_vec2::<f32>().map_err(|e| failed(e.into()))?.into_iter();
-        let wanted: Vec<_> = batch
-            .seqs
-            .iter()
-            .filter_map(|s| {
-                let req = s.sample.as_ref()?;
-                Some((s, req, rows.by_ref().take(s.num_logits_rows()).collect::<Vec<_>>()))
+        let (mut wanted, mut scored) = (Vec::new(), Vec::new());
+        for seq in &batch.seqs {
+            // A sequence's rows: the prompt positions it scores, then the ones it samples at.
+            let mut seq_rows: Vec<Vec<f32>> = rows.by_ref().take(seq.num_logits_rows()).collect();
+            if let Some(request) = &seq.prompt_logprobs {
+                let sampling_rows = seq_rows.split_off(request.targets.len().min(seq_rows.len()));
+                scored.push((seq, request, seq_rows));
+                seq_rows = sampling_rows;
+            }
+            if let Some(req) = &seq.sample {
+                wanted.push((seq, req, seq_rows));
+            }
+        }
+        let prompt_logprobs = scored
+            .into_par_iter()
+            .map(|(seq, request, rows)| {
+                let logprobs = rows
+                    .iter()
+                    .zip(&request.targets)
+                    .map(|(row, &target)| with_thread_sampler(|s| s.token_logprobs(row, target, request.top)))
+                    .collect();
+                PromptLogprobsOutput { seq_id: seq.seq_id, logprobs }
             })
             .collect();
         // Sequences are sampled in parallel: a softmax over the vocabulary per row.
@@ -450,6 +469,6 @@ impl ModelRunner {
                 Ok(SampledToken { seq_id, token_ids, logprobs, proposals: Vec::new() })
             })
             .collect::<std::result::Result<_, ExecutorError>>()?;
-        Ok((sampled, pooled))
+        Ok(StepOutput { sampled, pooled, prompt_logprobs })
     }
 }

@@ -131,6 +131,7 @@ mod tests {
             text: String::new(),
             logprobs: None,
             pooled: None,
+            prompt_logprobs: None,
             finished,
             usage: last.then(Usage::default),
             timestamps: None,

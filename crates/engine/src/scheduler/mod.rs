@@ -59,6 +59,8 @@ pub enum UpdateError {
     TooManyProposals { seq_id: SeqId, asked: usize, got: usize },
     #[error("the executor pooled {got:?}, expected the pooling sequences {expected:?} in batch order")]
     PooledMismatch { expected: Vec<SeqId>, got: Vec<SeqId> },
+    #[error("the executor scored prompt tokens of {got:?}, expected {expected:?} (sequence, count) in batch order")]
+    PromptLogprobsMismatch { expected: Vec<(SeqId, usize)>, got: Vec<(SeqId, usize)> },
 }
 
 /// Events and finished-request metrics produced by one scheduler call. Reused across steps so
@@ -112,6 +114,8 @@ pub(crate) struct RequestShared {
     pub speculative_method: Option<ProposerKind>,
     /// A pooling request ([`crate::request::Request::pool`]).
     pub pool: bool,
+    /// Alternatives per prompt token when the prompt's logprobs were asked for.
+    pub prompt_logprobs: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -164,6 +168,9 @@ pub(crate) struct RequestState {
     /// Output tokens of the sequences that have ended so far.
     pub completion_tokens: usize,
     pub num_preemptions: usize,
+    /// The prompt's logprobs scored so far (entry `i` for prompt token `i + 1`), until the
+    /// request's first token event carries them; `None` once sent, or when not asked for.
+    pub prompt_logprobs: Option<Vec<crate::executor::TopLogprobs>>,
 }
 
 /// One scheduled sequence of the last step, as `update` needs it.
@@ -179,6 +186,8 @@ pub(crate) struct Scheduled {
     pub to_draft: usize,
     /// A pooling sequence, whose pooled state the step returns.
     pub pool: bool,
+    /// The first position and count of the prompt tokens the step scores.
+    pub scored: Option<(usize, usize)>,
 }
 
 pub struct Scheduler {
@@ -276,6 +285,7 @@ impl Scheduler {
             max_speculative_tokens: request.max_speculative_tokens,
             speculative_method: request.speculative_method,
             pool: request.pool,
+            prompt_logprobs: request.prompt_logprobs,
         });
         if let (Some(proposers), Some(kind)) = (&mut self.proposers, request.speculative_method) {
             proposers.prepare(kind);
@@ -306,6 +316,7 @@ impl Scheduler {
                 cached_prompt_tokens: None,
                 completion_tokens: 0,
                 num_preemptions: 0,
+                prompt_logprobs: shared.prompt_logprobs.map(|_| Vec::new()),
                 shared,
             },
         );

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::constraint::{SeqConstraint, TokenConstraint};
-use crate::executor::{ExecutorDraft, SampleRequest, ScheduledBatch, ScheduledSeq, SeqId};
+use crate::executor::{
+    ExecutorDraft, PromptLogprobsRequest, SampleRequest, ScheduledBatch, ScheduledSeq, SeqId,
+};
 use crate::rng::sample_seed;
 use crate::sequence::SeqStatus;
 use crate::speculative::{next_draft_budget, ProposerKind, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
@@ -201,8 +203,9 @@ impl Scheduler {
             let target = e.target();
             // Keep at least one token to compute so there are logits to sample from; a parent
             // about to fork may take everything up to the fork point from the cache. Pooling
-            // reads the hidden state of every input token: nothing comes from the cache.
-            let max_cached = match (e.shared.pool, e.fork_into > 1) {
+            // reads the hidden state of every input token, and prompt logprobs the logits of
+            // every prompt position: nothing comes from the cache.
+            let max_cached = match (e.shared.pool || e.shared.prompt_logprobs.is_some(), e.fork_into > 1) {
                 (true, _) => 0,
                 (false, true) => target,
                 (false, false) => target - 1,
@@ -306,6 +309,16 @@ impl Scheduler {
             return false;
         }
         let sample_request = sample.then(|| sample_request(e));
+        // Position `p` of the prompt predicts prompt token `p + 1`.
+        let scored_end = (start + own).min(e.seq.prompt_len.saturating_sub(1));
+        let prompt_logprobs = match e.shared.prompt_logprobs {
+            Some(top) if start < scored_end => Some(PromptLogprobsRequest {
+                top,
+                targets: e.seq.token_ids[start + 1..scored_end + 1].to_vec(),
+            }),
+            _ => None,
+        };
+        let scored = prompt_logprobs.as_ref().map(|p| (start, p.targets.len()));
         let mut token_ids = Vec::with_capacity(q);
         token_ids.extend_from_slice(&e.seq.token_ids[start..start + own]);
         token_ids.extend_from_slice(&drafts);
@@ -318,6 +331,7 @@ impl Scheduler {
             num_draft_tokens: drafts.len(),
             num_to_draft: to_draft,
             pool,
+            prompt_logprobs,
         });
         e.last_scheduled = self.step;
         if decoding {
@@ -325,7 +339,7 @@ impl Scheduler {
         } else {
             self.last_stats.num_prefill_tokens += q;
         }
-        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, to_draft, pool });
+        self.scheduled.push(Scheduled { seq_id: e.seq.id, q, sample, drafts, to_draft, pool, scored });
         true
     }
 

@@ -512,3 +512,4 @@ fn finish_sample_ends_a_running_or_a_preempted_sequence() {
 }
 
 mod pooling;
+mod prompt_logprobs;

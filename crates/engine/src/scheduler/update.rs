@@ -24,6 +24,7 @@ impl Scheduler {
         let now = Instant::now();
         let mut sampled = output.sampled.into_iter();
         let mut pooled = output.pooled.into_iter();
+        let mut scored = output.prompt_logprobs.into_iter();
         let mut any_finished = false;
         let scheduled = std::mem::take(&mut self.scheduled);
         for s in &scheduled {
@@ -31,6 +32,16 @@ impl Scheduler {
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
             // Proposed tokens count as computed only once accepted.
             e.seq.num_computed_tokens += s.q - s.drafts.len();
+            if let (Some((start, _)), Some(out)) = (s.scored, s.scored.and_then(|_| scored.next())) {
+                let state = self.requests.get_mut(&e.seq.request_id);
+                if let Some(recorded) = state.and_then(|st| st.prompt_logprobs.as_mut()) {
+                    // A recomputed prompt (after a preemption) scores what is recorded again.
+                    let skip = recorded.len().saturating_sub(start);
+                    if start <= recorded.len() {
+                        recorded.extend(out.logprobs.into_iter().skip(skip));
+                    }
+                }
+            }
             if s.pool {
                 // Its KV is not offered to the prefix cache: an encoder writes none.
                 let request_id = e.seq.request_id;
@@ -64,10 +75,12 @@ impl Scheduler {
             let mut finish = None;
             for &token_id in &token.token_ids {
                 let lp = logprobs.as_mut().and_then(Iterator::next);
-                let (event, reason) = Self::append_token(e, token_id, lp, self.config.max_model_len);
+                let (mut event, reason) = Self::append_token(e, token_id, lp, self.config.max_model_len);
                 if e.seq.output_len() == 1 {
                     if let Some(state) = self.requests.get_mut(&request_id) {
                         state.timestamps.first_token.get_or_insert(now);
+                        // The prompt is scored whole by the request's first token.
+                        event.prompt_logprobs = state.prompt_logprobs.take();
                     }
                 }
                 if let Some(reason) = reason {
@@ -101,6 +114,14 @@ impl Scheduler {
     /// `drafts + 1` tokens of which all but the last are its proposals, one logprobs entry per
     /// token when any, and at most as many drafts for the next step as it was asked for.
     fn check_output(&self, output: &StepOutput) -> Result<(), UpdateError> {
+        let scoring = self.scheduled.iter().filter_map(|s| s.scored.map(|(_, n)| (s.seq_id, n)));
+        let got = output.prompt_logprobs.iter().map(|p| (p.seq_id, p.logprobs.len()));
+        if !scoring.clone().eq(got.clone()) {
+            return Err(UpdateError::PromptLogprobsMismatch {
+                expected: scoring.collect(),
+                got: got.collect(),
+            });
+        }
         let pooling = self.scheduled.iter().filter(|s| s.pool).map(|s| s.seq_id);
         if !pooling.clone().eq(output.pooled.iter().map(|p| p.seq_id)) {
             return Err(UpdateError::PooledMismatch {
@@ -177,6 +198,7 @@ impl Scheduler {
             text: String::new(),
             logprobs: logprobs.map(|l| vec![l]),
             pooled: None,
+            prompt_logprobs: None,
             finished: finish.clone(),
             usage: None,
             timestamps: None,
