@@ -1,12 +1,14 @@
 //! Engine logprobs ([`TopLogprobs`], token ids) in OpenAI's two formats: chat's list of
 //! `{token, logprob, bytes, top_logprobs}` and the legacy completions' parallel arrays.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use pagoda_engine::TopLogprobs;
 use pagoda_text::Tokenizer;
 
-use crate::openai::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs};
+use crate::openai::{
+    ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs, PromptLogprob, PromptLogprobs,
+};
 
 /// JSON has no infinities: a `-inf` logprob (a token that cannot be drawn) is sent as the
 /// lowest finite value, as OpenAI's `-9999.0` convention does.
@@ -94,6 +96,26 @@ impl CompletionLogprobsBuilder {
         self.partial = rest.to_vec();
     }
 
+    /// The echoed prompt's tokens: the first with no logprob (nothing predicts it), then each
+    /// scored one (`scored[i]` for `prompt_ids[i + 1]`).
+    pub fn push_prompt(
+        &mut self,
+        tokenizer: &Tokenizer,
+        prompt_ids: &[u32],
+        scored: &[TopLogprobs],
+    ) -> CompletionLogprobs {
+        let mut out = CompletionLogprobs::default();
+        if let Some(&first) = prompt_ids.first() {
+            out.text_offset.push(self.offset);
+            self.advance(&tokenizer.token_bytes(first).unwrap_or_default());
+            out.token_logprobs.push(None);
+            out.top_logprobs.push(None);
+            out.tokens.push(tokenizer.token_text(first));
+        }
+        out.append(self.push(tokenizer, scored));
+        out
+    }
+
     pub fn push(&mut self, tokenizer: &Tokenizer, entries: &[TopLogprobs]) -> CompletionLogprobs {
         let mut out = CompletionLogprobs::default();
         for e in entries {
@@ -106,6 +128,27 @@ impl CompletionLogprobsBuilder {
         }
         out
     }
+}
+
+/// vLLM's `prompt_logprobs`: `None` for the first prompt token, then per scored token a map from
+/// token id to its logprob, rank and text, holding the prompt token and the alternatives.
+pub fn prompt_logprobs(tokenizer: &Tokenizer, scored: &[TopLogprobs]) -> PromptLogprobs {
+    let entry = |id: u32, logprob: f32, rank: Option<usize>| {
+        (
+            id.to_string(),
+            PromptLogprob { logprob: finite(logprob), rank, decoded_token: tokenizer.token_text(id) },
+        )
+    };
+    std::iter::once(None)
+        .chain(scored.iter().map(|e| {
+            let mut map: BTreeMap<String, PromptLogprob> =
+                e.top.iter().enumerate().map(|(i, t)| entry(t.token_id, t.logprob, Some(i + 1))).collect();
+            let rank = e.top.iter().position(|t| t.token_id == e.sampled.token_id).map(|i| i + 1);
+            let (id, logprob) = entry(e.sampled.token_id, e.sampled.logprob, rank);
+            map.insert(id, logprob);
+            Some(map)
+        }))
+        .collect()
 }
 
 /// Alternatives keyed by their text. Distinct tokens can show the same text (two byte tokens

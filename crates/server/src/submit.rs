@@ -97,6 +97,7 @@ pub fn submit(
             request.skip_special_tokens = params.skip_special_tokens;
             request.max_speculative_tokens = params.max_speculative_tokens;
             request.speculative_method = params.speculative_method;
+            request.prompt_logprobs = params.prompt_logprobs;
             let grammar = params.grammar.as_ref().map(|grammar| {
                 let constraint = match params.grammar_after {
                     Some(end) => grammar.constraint().after_reasoning(end),
@@ -172,6 +173,8 @@ pub struct ChoiceOutput {
     pub num_tokens: usize,
     pub logprobs: Vec<pagoda_engine::TopLogprobs>,
     pub finish: Option<pagoda_engine::FinishReason>,
+    /// The prompt's logprobs, on the choice whose first token carried them (one per prompt).
+    pub prompt_logprobs: Option<Vec<pagoda_engine::TopLogprobs>>,
 }
 
 /// All choices of a submission, once every request has ended.
@@ -211,6 +214,9 @@ impl Submission {
             c.num_tokens += event.token_ids.len();
             if let Some(lp) = event.logprobs {
                 c.logprobs.extend(lp);
+            }
+            if let Some(lp) = event.prompt_logprobs {
+                c.prompt_logprobs = Some(lp);
             }
             if event.finished.is_some() {
                 c.finish = event.finished;

@@ -58,6 +58,9 @@ pub struct GenerationParams {
     pub grammar_after: Option<&'static str>,
     /// At most this much reasoning (Anthropic's `thinking.budget_tokens`).
     pub reasoning_budget: Option<std::sync::Arc<crate::reasoning_budget::BudgetSpec>>,
+    /// Score the prompt's tokens with this many alternatives each (completions' `echo` with
+    /// `logprobs`, or vLLM's `prompt_logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 fn check_range(param: &str, value: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), InvalidParam> {
@@ -220,6 +223,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         grammar: None,
         grammar_after: None,
         reasoning_budget: None,
+        prompt_logprobs: None,
     })
 }
 

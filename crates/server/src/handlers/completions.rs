@@ -18,8 +18,10 @@ use crate::extract::JsonBody;
 use crate::layers::Arrival;
 use crate::logprobs::CompletionLogprobsBuilder;
 use crate::openai::{
-    unix_now, CompletionChoice, CompletionRequest, CompletionResponse, ErrorResponse, Usage,
+    unix_now, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, ErrorResponse,
+    PromptLogprobs, Usage,
 };
+use crate::prompt::TokenizedPrompt;
 use crate::sse;
 use crate::state::SharedState;
 use crate::submit::{failure, submit, ChoiceEvent, Submission};
@@ -85,14 +87,22 @@ pub async fn completions(
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
     let echo = req.echo.unwrap_or(false);
-    if echo && req.logprobs.is_some() {
-        return Err(ApiError::invalid(
-            "echo",
-            "echo together with logprobs is not supported (no prompt logprobs)",
-        ));
-    }
     let requested_grammar = req.grammar_fields().grammar()?;
     let mut params = validate(req.common(), &state.limits)?;
+    let shown = Shown {
+        echo,
+        logprobs: params.sampling.logprobs.is_some(),
+        prompt_logprobs: req.prompt_logprobs.is_some(),
+    };
+    if let Some(k) = req.prompt_logprobs.filter(|&k| k as usize > state.limits.max_logprobs) {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            format!("at most {} logprobs per token are available, got {k}", state.limits.max_logprobs),
+        ));
+    }
+    // The echoed prompt's logprobs come with as many alternatives as the completion's.
+    params.prompt_logprobs =
+        req.prompt_logprobs.map(|k| k as usize).or(params.sampling.logprobs.filter(|_| echo));
     if let Some(requested) = requested_grammar {
         params.grammar = Some(crate::structured::compile(&state, requested).await?);
     }
@@ -107,10 +117,35 @@ pub async fn completions(
     };
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        Ok(stream_response(state, ctx, submission, echo, include_usage))
+        Ok(stream_response(state, ctx, submission, shown, include_usage))
     } else {
-        let response = collect_response(&state, ctx, submission, echo).await?;
+        let response = collect_response(&state, ctx, submission, shown).await?;
         Ok(Json(response).into_response())
+    }
+}
+
+/// What a choice shows of its prompt.
+#[derive(Debug, Clone, Copy)]
+struct Shown {
+    /// The prompt's text before the completion's (and, with `logprobs`, its tokens first).
+    echo: bool,
+    logprobs: bool,
+    /// vLLM's `prompt_logprobs` field.
+    prompt_logprobs: bool,
+}
+
+impl Shown {
+    /// The `logprobs` and `prompt_logprobs` of a choice's prompt part, from the prompt's scores.
+    fn prompt_parts(
+        self,
+        tokenizer: &Tokenizer,
+        prompt_ids: &[u32],
+        scored: &[pagoda_engine::TopLogprobs],
+    ) -> (Option<CompletionLogprobs>, Option<PromptLogprobs>) {
+        let logprobs = (self.echo && self.logprobs)
+            .then(|| CompletionLogprobsBuilder::new("").push_prompt(tokenizer, prompt_ids, scored));
+        let prompt = self.prompt_logprobs.then(|| crate::logprobs::prompt_logprobs(tokenizer, scored));
+        (logprobs, prompt)
     }
 }
 
@@ -118,19 +153,31 @@ async fn collect_response(
     state: &SharedState,
     ctx: Context,
     submission: Submission,
-    echo: bool,
+    shown: Shown,
 ) -> Result<CompletionResponse, ApiError> {
     let n = submission.n;
     let want_logprobs = submission.wants_logprobs;
-    let (prompts, collected) = submission.collect(state).await?;
+    let (prompts, mut collected) = submission.collect(state).await?;
+    // One choice of each prompt carries its scores.
+    let scores: Vec<Vec<pagoda_engine::TopLogprobs>> = collected
+        .choices
+        .chunks_mut(n)
+        .map(|choices| choices.iter_mut().find_map(|c| c.prompt_logprobs.take()).unwrap_or_default())
+        .collect();
     let choices = collected
         .choices
         .into_iter()
         .enumerate()
         .map(|(index, c)| {
-            let prefix = if echo { prompts[index / n].text.as_str() } else { "" };
-            let logprobs = want_logprobs
-                .then(|| CompletionLogprobsBuilder::new(prefix).push(&ctx.tokenizer, &c.logprobs));
+            let prompt = &prompts[index / n];
+            let prefix = if shown.echo { prompt.text.as_str() } else { "" };
+            let (echoed, prompt_logprobs) =
+                shown.prompt_parts(&ctx.tokenizer, &prompt.token_ids, &scores[index / n]);
+            let logprobs = want_logprobs.then(|| {
+                let mut all = echoed.unwrap_or_default();
+                all.append(CompletionLogprobsBuilder::new(prefix).push(&ctx.tokenizer, &c.logprobs));
+                all
+            });
             let (finish, stop_reason) = match &c.finish {
                 Some(r) => {
                     let (f, s) = finish_reason(r);
@@ -144,6 +191,7 @@ async fn collect_response(
                 logprobs,
                 finish_reason: finish,
                 stop_reason,
+                prompt_logprobs,
             }
         })
         .collect();
@@ -156,6 +204,15 @@ struct StreamState {
     events: BoxStream<'static, ChoiceEvent>,
     include_usage: bool,
     want_logprobs: bool,
+    shown: Shown,
+    /// Choices per prompt.
+    n: usize,
+    /// Per prompt: its text and ids, and its scores once they arrive (with `shown` asking for
+    /// them, a choice's prompt part waits for them: its first event).
+    prompts: Vec<TokenizedPrompt>,
+    scores: Vec<Option<Vec<pagoda_engine::TopLogprobs>>>,
+    /// Per choice: whether its prompt part was sent.
+    started: Vec<bool>,
     /// Per choice: text offsets for logprobs.
     offsets: Vec<CompletionLogprobsBuilder>,
     prompt_tokens: usize,
@@ -164,10 +221,45 @@ struct StreamState {
 }
 
 impl StreamState {
-    fn on_event(&mut self, ChoiceEvent { choice, event }: ChoiceEvent) -> Vec<Event> {
+    /// Whether a choice's prompt part waits for the prompt's scores.
+    fn waits_for_scores(&self) -> bool {
+        (self.shown.echo && self.shown.logprobs) || self.shown.prompt_logprobs
+    }
+
+    /// The chunk that opens `choice` with its prompt part, once its prompt's scores are in.
+    fn prompt_part(&mut self, choice: usize) -> Option<Event> {
+        let prompt = choice / self.n;
+        let scored = self.scores.get(prompt)?.as_ref()?;
+        if std::mem::replace(&mut self.started[choice], true) {
+            return None;
+        }
+        let p = &self.prompts[prompt];
+        let (logprobs, prompt_logprobs) = self.shown.prompt_parts(&self.ctx.tokenizer, &p.token_ids, scored);
+        let text = if self.shown.echo { p.text.clone() } else { String::new() };
+        let choice = CompletionChoice {
+            index: choice,
+            text,
+            logprobs,
+            finish_reason: None,
+            stop_reason: None,
+            prompt_logprobs,
+        };
+        Some(sse::json_event(&self.ctx.response(vec![choice], None)))
+    }
+
+    fn on_event(&mut self, ChoiceEvent { choice, mut event }: ChoiceEvent) -> Vec<Event> {
         if let Some(err) = event.finished.as_ref().and_then(|r| failure(&self.state, r)) {
             self.done = true;
             return vec![sse::error_event(&err), sse::done_event()];
+        }
+        let mut out = Vec::new();
+        if self.waits_for_scores() {
+            if let (Some(scored), Some(slot)) =
+                (event.prompt_logprobs.take(), self.scores.get_mut(choice / self.n))
+            {
+                *slot = Some(scored);
+            }
+            out.extend(self.prompt_part(choice));
         }
         if let Some(usage) = event.usage {
             self.prompt_tokens += usage.prompt_tokens;
@@ -178,7 +270,7 @@ impl StreamState {
             _ => None,
         };
         if event.text.is_empty() && logprobs.is_none() && event.finished.is_none() {
-            return Vec::new();
+            return out;
         }
         let (finish, stop_reason) = match &event.finished {
             Some(r) => {
@@ -193,8 +285,10 @@ impl StreamState {
             logprobs,
             finish_reason: finish,
             stop_reason,
+            prompt_logprobs: None,
         };
-        vec![sse::json_event(&self.ctx.response(vec![choice], None))]
+        out.push(sse::json_event(&self.ctx.response(vec![choice], None)));
+        out
     }
 
     fn on_end(&mut self) -> Vec<Event> {
@@ -213,18 +307,26 @@ fn stream_response(
     state: SharedState,
     ctx: Context,
     submission: Submission,
-    echo: bool,
+    shown: Shown,
     include_usage: bool,
 ) -> Response {
     let n = submission.n;
     let num_choices = submission.num_choices();
-    // With echo, each choice starts with its prompt.
-    let head: Vec<Event> = if echo {
+    let echo = shown.echo;
+    // With echo, each choice starts with its prompt (at once, unless it waits for the prompt's
+    // scores).
+    let head: Vec<Event> = if echo && !shown.logprobs && !shown.prompt_logprobs {
         (0..num_choices)
             .map(|index| {
                 let text = submission.prompts[index / n].text.clone();
-                let choice =
-                    CompletionChoice { index, text, logprobs: None, finish_reason: None, stop_reason: None };
+                let choice = CompletionChoice {
+                    index,
+                    text,
+                    logprobs: None,
+                    finish_reason: None,
+                    stop_reason: None,
+                    prompt_logprobs: None,
+                };
                 sse::json_event(&ctx.response(vec![choice], None))
             })
             .collect()
@@ -236,10 +338,16 @@ fn stream_response(
             CompletionLogprobsBuilder::new(if echo { &submission.prompts[index / n].text } else { "" })
         })
         .collect();
+    let num_prompts = submission.prompts.len();
     let st = StreamState {
         state,
         ctx,
         want_logprobs: submission.wants_logprobs,
+        shown,
+        n,
+        prompts: submission.prompts.clone(),
+        scores: vec![None; num_prompts],
+        started: vec![false; num_choices],
         events: submission.events,
         include_usage,
         offsets,

@@ -50,9 +50,14 @@ pub struct CompletionRequest {
     /// Number of alternatives (0 to 20) returned with each token's logprob.
     #[serde(default)]
     pub logprobs: Option<u32>,
-    /// Prepend the prompt to the completion text.
+    /// Prepend the prompt to the completion text; with `logprobs`, the prompt's tokens and their
+    /// logprobs come first in `logprobs` too (the first token's logprob is null).
     #[serde(default)]
     pub echo: Option<bool>,
+    /// vLLM extension: each prompt token's logprob with this many alternatives (0 to 20), in the
+    /// choice's `prompt_logprobs` (null for the first token).
+    #[serde(default)]
+    pub prompt_logprobs: Option<u32>,
     /// Not supported: must be absent or empty.
     #[serde(default)]
     pub suffix: Option<String>,
@@ -280,6 +285,23 @@ pub struct CompletionChoice {
     pub finish_reason: Option<FinishReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<StopReason>,
+    /// With `prompt_logprobs`: per prompt token, null for the first, then the token ids (as
+    /// strings) of the prompt token and the alternatives with their logprobs (vLLM's shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// vLLM's `prompt_logprobs`: per prompt token, null for the first, then token id -> logprob.
+pub type PromptLogprobs = Vec<Option<std::collections::BTreeMap<String, PromptLogprob>>>;
+
+/// One token of a prompt's logprobs (vLLM's `Logprob`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PromptLogprob {
+    pub logprob: f32,
+    /// 1 for the most likely token; null for a prompt token outside the alternatives asked for.
+    pub rank: Option<usize>,
+    pub decoded_token: String,
 }
 
 /// Legacy completions logprobs: parallel arrays, one entry per token.
@@ -291,6 +313,16 @@ pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     /// Token text to logprob, for the most likely alternatives at each position.
     pub top_logprobs: Vec<Option<HashMap<String, f32>>>,
+}
+
+impl CompletionLogprobs {
+    /// `other`'s tokens after these.
+    pub fn append(&mut self, other: CompletionLogprobs) {
+        self.text_offset.extend(other.text_offset);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.tokens.extend(other.tokens);
+        self.top_logprobs.extend(other.top_logprobs);
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub use chat::{
 pub use common::{unix_now, ErrorDetail, ErrorResponse, StopSpec, StreamOptions, Usage};
 pub use completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Prompt, PromptInput,
+    PromptLogprob, PromptLogprobs,
 };
 pub use embeddings::{EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingValues};
 pub use models::{ModelCard, ModelList, VersionResponse};

@@ -17,6 +17,7 @@ mod load;
 mod messages;
 mod metric_labels;
 mod priority;
+mod prompt_logprobs;
 mod reasoning;
 mod responses;
 mod score;

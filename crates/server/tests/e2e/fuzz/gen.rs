@@ -348,7 +348,7 @@ fn sampling(rng: &mut Rng, m: &mut Map<String, Value>, max_tokens: i64, chat: bo
             if on && rng.chance(60) {
                 set(m, "top_logprobs", json!(*rng.pick(&[0, 1, 2, 5, 20])));
             }
-        } else if !echo {
+        } else {
             set(m, "logprobs", json!(*rng.pick(&[0, 1, 2, 5, 20])));
         }
     }
