@@ -40,6 +40,8 @@ pub struct ChatTurn {
     pub clamp_max_tokens: bool,
     /// The most tokens the model may reason for (needs the server's reasoning parser).
     pub reasoning_budget: Option<usize>,
+    /// Score the rendered prompt's tokens with this many alternatives (vLLM's `prompt_logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// A turn admitted by the engine.
@@ -97,6 +99,7 @@ impl ChatTurn {
             None => self.grammar.clone(),
         };
         let mut params = validate(self.params.clone(), &state.limits)?;
+        params.prompt_logprobs = self.prompt_logprobs;
         if let Some(requested) = requested {
             params.grammar = Some(crate::structured::compile(state, requested).await?);
         }

@@ -453,6 +453,7 @@ pub fn turn_of(
         prompt_param: "messages",
         clamp_max_tokens: true,
         reasoning_budget: display.budget,
+        prompt_logprobs: None,
     };
     Ok((turn, display))
 }

@@ -81,6 +81,16 @@ pub async fn chat_completions(
     if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
     }
+    let prompt_logprobs = req.prompt_logprobs.map(|k| k as usize);
+    if prompt_logprobs.is_some() && req.stream.unwrap_or(false) {
+        return Err(ApiError::invalid("prompt_logprobs", "prompt_logprobs is not available with stream"));
+    }
+    if let Some(k) = prompt_logprobs.filter(|&k| k > state.limits.max_logprobs) {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            format!("at most {} logprobs per token are available, got {k}", state.limits.max_logprobs),
+        ));
+    }
     let tools = ToolRequest::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?
         .filter(ToolRequest::active);
     let grammar = req.grammar_fields().grammar()?;
@@ -101,6 +111,7 @@ pub async fn chat_completions(
         prompt_param: "messages",
         clamp_max_tokens: false,
         reasoning_budget: None,
+        prompt_logprobs,
     };
     let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     let ctx = Context {
@@ -125,7 +136,12 @@ async fn collect_response(
     submission: Submission,
 ) -> Result<ChatCompletionResponse, ApiError> {
     let want_logprobs = submission.wants_logprobs;
-    let (_, collected) = submission.collect(state).await?;
+    let (_, mut collected) = submission.collect(state).await?;
+    let prompt_logprobs = collected
+        .choices
+        .iter_mut()
+        .find_map(|c| c.prompt_logprobs.take())
+        .map(|scored| logprobs::prompt_logprobs(&ctx.tokenizer, &scored));
     let choices = collected
         .choices
         .into_iter()
@@ -160,6 +176,7 @@ async fn collect_response(
         model: ctx.model,
         choices,
         usage: Usage::new(collected.prompt_tokens, collected.completion_tokens),
+        prompt_logprobs,
     })
 }
 

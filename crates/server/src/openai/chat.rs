@@ -62,6 +62,10 @@ pub struct ChatCompletionRequest {
     /// 0 to 20 alternatives per token; needs `logprobs: true`.
     #[serde(default)]
     pub top_logprobs: Option<u32>,
+    /// vLLM extension: the rendered prompt's token logprobs with this many alternatives (0 to
+    /// 20), in the response's `prompt_logprobs`; not with `stream`.
+    #[serde(default)]
+    pub prompt_logprobs: Option<u32>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
     #[serde(default)]
@@ -285,6 +289,10 @@ pub struct ChatCompletionResponse {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// With `prompt_logprobs`: vLLM's list for the rendered prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub prompt_logprobs: Option<super::PromptLogprobs>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -443,6 +443,7 @@ pub fn chat_turn(
         prompt_param: "input",
         clamp_max_tokens: false,
         reasoning_budget: None,
+        prompt_logprobs: None,
     };
     Ok((turn, namespaces))
 }

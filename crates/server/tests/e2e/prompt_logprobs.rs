@@ -101,3 +101,34 @@ async fn prompt_logprobs_come_in_vllms_shape_whole_and_streamed() -> Result<()> 
     assert_eq!(assert_error_shape(&reply)["param"], "prompt_logprobs");
     Ok(())
 }
+
+/// Chat: the rendered prompt's logprobs at the response's top level (the golden chat case is the
+/// same conversation through the same template); not with `stream`.
+#[tokio::test]
+async fn chat_prompt_logprobs_score_the_rendered_prompt() -> Result<()> {
+    let path = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from)
+        .join("../../tests/fixtures/golden.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let case = &golden["prompt_logprobs_cases"][0];
+    assert_eq!(case["name"], "chat_capital_of_france");
+    let ids = prompt_ids(case);
+    let url = shared().url("/v1/chat/completions");
+    let messages = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    let body = json!({"messages": messages, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 0});
+    let (status, reply) = post_json(&client(), &url, &body).await?;
+    assert_eq!(status, 200, "{reply}");
+    let scored = reply["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(scored.len(), ids.len(), "{reply}");
+    assert!(scored[0].is_null());
+    for (p, entry) in scored.iter().enumerate().skip(1) {
+        let got = entry[ids[p].to_string()]["logprob"].as_f64().unwrap();
+        let want = case["logprobs"][p - 1][0].as_f64().unwrap();
+        assert!((got - want).abs() < TOLERANCE, "{p}: {got} vs {want}");
+    }
+    let streamed = json!({"messages": messages, "prompt_logprobs": 1, "stream": true});
+    let (status, reply) = post_json(&client(), &url, &streamed).await?;
+    assert_eq!(status, 400, "{reply}");
+    assert_eq!(assert_error_shape(&reply)["param"], "prompt_logprobs");
+    Ok(())
+}
