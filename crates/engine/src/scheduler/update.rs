@@ -28,11 +28,14 @@ impl Scheduler {
         let mut any_finished = false;
         let scheduled = std::mem::take(&mut self.scheduled);
         for s in &scheduled {
+            // Each output is taken in batch order, whether or not its sequence is still here.
             let token = if s.sample { sampled.next() } else { None };
+            let pooled_state = if s.pool { pooled.next() } else { None };
+            let scores = s.scored.and_then(|_| scored.next());
             let Some(e) = self.seqs.get_mut(&s.seq_id) else { continue };
             // Proposed tokens count as computed only once accepted.
             e.seq.num_computed_tokens += s.q - s.drafts.len();
-            if let (Some((start, _)), Some(out)) = (s.scored, s.scored.and_then(|_| scored.next())) {
+            if let (Some((start, _)), Some(out)) = (s.scored, scores) {
                 let state = self.requests.get_mut(&e.seq.request_id);
                 if let Some(recorded) = state.and_then(|st| st.prompt_logprobs.as_mut()) {
                     // A recomputed prompt (after a preemption) scores what is recorded again.
@@ -50,7 +53,7 @@ impl Scheduler {
                 }
                 let reason = FinishReason::Stop(StopReason::Pooled);
                 let mut event = TokenEvent::finish(0, reason.clone());
-                event.pooled = pooled.next().map(|p| p.values);
+                event.pooled = pooled_state.map(|p| p.values);
                 self.finish_seq(s.seq_id, reason, now, &mut event, out);
                 out.events.push((request_id, event));
                 any_finished = true;

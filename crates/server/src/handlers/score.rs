@@ -2,6 +2,7 @@
 //! pairs from an embedding model, as the cosine similarity of their embeddings. Every text of a
 //! call is embedded in one submission (one admission group), each distinct text once.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -37,14 +38,14 @@ async fn embed_texts(
     arrival: Instant,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let mut distinct: Vec<&str> = Vec::new();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
     let slots: Vec<usize> = texts
         .iter()
-        .map(|t| match distinct.iter().position(|d| d == t) {
-            Some(i) => i,
-            None => {
+        .map(|&t| {
+            *seen.entry(t).or_insert_with(|| {
                 distinct.push(t);
                 distinct.len() - 1
-            }
+            })
         })
         .collect();
     let inputs = distinct.iter().map(|t| PromptInput::Text((*t).to_owned())).collect();
