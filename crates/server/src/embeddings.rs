@@ -25,10 +25,24 @@ pub struct EmbeddingModel {
 }
 
 impl EmbeddingModel {
-    /// The embedding cut to `dimensions` (then normalized again, when the model normalizes):
-    /// only for a model trained for it; asking a plain model for its own length is a no-op.
-    pub fn shape(&self, mut values: Vec<f32>, dimensions: Option<usize>) -> Result<Vec<f32>, ApiError> {
-        let Some(wanted) = dimensions.filter(|&d| d != self.dimensions) else { return Ok(values) };
+    /// The embedding model `state` serves, or a 400 naming `model` (`what` the request asked
+    /// of it) for a model that only generates.
+    pub fn served(state: &AppState, model: &str, what: &str) -> Result<Self, ApiError> {
+        state.embedding.ok_or_else(|| {
+            ApiError::invalid(
+                "model",
+                format!(
+                    "{model} generates text and serves no embeddings, so no {what}; serve an embedding \
+                     model, or start the server with --pooling last (or mean) to embed with this one"
+                ),
+            )
+        })
+    }
+
+    /// The length `dimensions` asks the embeddings to be cut to, if any: only a model trained
+    /// for it may be cut; asking a plain model for its own length changes nothing.
+    pub fn cut(&self, dimensions: Option<usize>) -> Result<Option<usize>, ApiError> {
+        let Some(wanted) = dimensions.filter(|&d| d != self.dimensions) else { return Ok(None) };
         if !self.pooling.matryoshka {
             return Err(ApiError::invalid(
                 "dimensions",
@@ -44,6 +58,13 @@ impl EmbeddingModel {
                 format!("dimensions must be between 1 and {}", self.dimensions),
             ));
         }
+        Ok(Some(wanted))
+    }
+
+    /// The embedding cut to `dimensions` (then normalized again, when the model normalizes),
+    /// as [`Self::cut`] allows.
+    pub fn shape(&self, mut values: Vec<f32>, dimensions: Option<usize>) -> Result<Vec<f32>, ApiError> {
+        let Some(wanted) = self.cut(dimensions)? else { return Ok(values) };
         values.truncate(wanted);
         if self.pooling.normalize {
             pagoda_runtime::normalize(&mut values);

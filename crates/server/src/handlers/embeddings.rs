@@ -5,7 +5,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::{Extension, Json};
 
-use crate::embeddings::{embed, encode_values, tokenize};
+use crate::embeddings::{embed, encode_values, tokenize, EmbeddingModel};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::layers::Arrival;
@@ -26,15 +26,7 @@ pub async fn embeddings(
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
-    let embedder = state.embedding.ok_or_else(|| {
-        ApiError::invalid(
-            "model",
-            format!(
-                "{model} generates text and serves no embeddings; serve an embedding model, or start the \
-                 server with --pooling last (or mean) to embed with this one"
-            ),
-        )
-    })?;
+    let embedder = EmbeddingModel::served(&state, &model, "embeddings")?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -46,7 +38,7 @@ pub async fn embeddings(
         }
     };
     // Checked before any work: a refused `dimensions` refuses the whole call.
-    embedder.shape(vec![0.0; embedder.dimensions], req.dimensions)?;
+    embedder.cut(req.dimensions)?;
     let inputs = tokenize(&state, req.input.into_inputs(), state.limits.max_model_len, "input").await?;
     let prompt_tokens = inputs.iter().map(Vec::len).sum();
     let vectors = embed(&state, inputs, arrival, "input").await?;

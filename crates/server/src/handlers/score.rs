@@ -19,16 +19,6 @@ use crate::openai::{
 };
 use crate::state::{AppState, SharedState};
 
-/// The embedding model, or a 400 naming `model` for a model that does not embed.
-fn embedder(state: &AppState, model: &str) -> Result<EmbeddingModel, ApiError> {
-    state.embedding.ok_or_else(|| {
-        ApiError::invalid(
-            "model",
-            format!("{model} serves no embeddings, so it cannot score; serve an embedding model (or use --pooling)"),
-        )
-    })
-}
-
 /// The embeddings of `texts` (each embedded once however often it appears) and the tokens
 /// embedded.
 async fn embed_texts(
@@ -79,7 +69,7 @@ pub async fn score(
 ) -> Result<Json<ScoreResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
-    embedder(&state, &model)?;
+    EmbeddingModel::served(&state, &model, "scores")?;
     let (left, right) = (req.text_1.into_vec(), req.text_2.into_vec());
     if left.is_empty() || right.is_empty() {
         let param = if left.is_empty() { "text_1" } else { "text_2" };
@@ -128,7 +118,7 @@ pub async fn rerank(
 ) -> Result<Json<RerankResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
-    embedder(&state, &model)?;
+    EmbeddingModel::served(&state, &model, "scores")?;
     if req.documents.is_empty() {
         return Err(ApiError::invalid("documents", "documents must not be empty"));
     }
