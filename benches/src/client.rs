@@ -22,6 +22,7 @@ use anyhow::{bail, Context};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
+use crate::embedding_reply::embedding_outcome;
 use crate::sse::{clip, error_message, interpret, SseParser, StreamItem};
 
 /// How long the rest of a body is read after its stream ended.
@@ -370,24 +371,6 @@ impl Client {
         let drain = async { while let Some(Ok(_)) = bytes.next().await {} };
         let _ = tokio::time::timeout(DRAIN_LIMIT, drain).await;
         outcome
-    }
-}
-
-/// The outcome of an embedding answer that arrived whole at `end`: one embedding of numbers
-/// (or base64) is a success, timed to its arrival.
-fn embedding_outcome(reply: &Value, start: Instant, end: Instant) -> Outcome {
-    let latency = end.saturating_duration_since(start);
-    let embedding = &reply["data"][0]["embedding"];
-    let ok = embedding.as_array().is_some_and(|v| !v.is_empty())
-        || embedding.as_str().is_some_and(|s| !s.is_empty());
-    Outcome {
-        error: (!ok).then(|| format!("no embedding in the answer: {}", clip(&reply.to_string()))),
-        ttft: ok.then_some(latency),
-        latency,
-        prompt_tokens: reply["usage"]["prompt_tokens"].as_u64().map(|n| n as usize),
-        completion_tokens: Some(0),
-        finish_reason: Some("stop".into()),
-        ..Outcome::default()
     }
 }
 

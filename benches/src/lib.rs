@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod client;
 pub mod dataset;
+mod embedding_reply;
 pub mod metrics;
 pub mod report;
 pub mod run;

@@ -12,6 +12,7 @@
 //! blocks, and each computes the last prompt token (copying the shared partial block on write)
 //! and samples on its own.
 
+mod audit;
 mod masks;
 mod schedule;
 mod update;
@@ -559,52 +560,6 @@ impl Scheduler {
     /// Proposals verified by the last [`update`](Self::update).
     pub fn last_spec_stats(&self) -> &SpecDecodeStats {
         &self.last_spec_stats
-    }
-
-    /// Full consistency check (O(everything)), for tests, between steps: block reference counts
-    /// match the block tables, waiting sequences hold no blocks, running ones hold exactly what
-    /// their computed tokens and windows need, and the slot count is right.
-    pub fn audit(&self) -> Result<(), String> {
-        self.blocks.audit(self.seqs.values().map(|e| e.seq.block_tables.as_slice()))?;
-        let slots: usize = self.running.iter().map(|id| self.seqs.get(id).map_or(0, SeqEntry::slots)).sum();
-        if slots != self.running_slots {
-            return Err(format!("running slots {} but counted {slots}", self.running_slots));
-        }
-        if self.running.len() + self.waiting.len() != self.seqs.len() {
-            return Err(format!(
-                "{} running + {} waiting != {} live sequences",
-                self.running.len(),
-                self.waiting.len(),
-                self.seqs.len()
-            ));
-        }
-        for id in &self.waiting {
-            let e = self.seqs.get(id).ok_or_else(|| format!("waiting sequence {id} is gone"))?;
-            if !e.seq.block_tables.is_empty()
-                || e.seq.num_computed_tokens != 0
-                || e.seq.status != SeqStatus::Waiting
-            {
-                return Err(format!("waiting sequence {id} holds blocks or computed tokens"));
-            }
-        }
-        for id in &self.running {
-            let e = self.seqs.get(id).ok_or_else(|| format!("running sequence {id} is gone"))?;
-            if e.seq.status != SeqStatus::Running {
-                return Err(format!("running sequence {id} is not marked running"));
-            }
-            self.blocks.audit_sequence(&e.seq).map_err(|err| format!("running sequence {id}: {err}"))?;
-            // Between steps a sequence holds blocks for its computed tokens only (what a step
-            // allocated for rejected proposals is back in the pool).
-            let needed = e.seq.num_computed_tokens.div_ceil(self.blocks.block_size());
-            if e.seq.num_table_blocks() != needed {
-                return Err(format!(
-                    "running sequence {id} holds {} blocks for {} computed tokens",
-                    e.seq.num_table_blocks(),
-                    e.seq.num_computed_tokens
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
