@@ -64,8 +64,8 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def ensure_venv() -> None:
-    """Create/refresh .venv-tiny from the pinned requirements, then re-exec inside it."""
+def ensure_venv(script: Path = Path(__file__)) -> None:
+    """Create/refresh .venv-tiny from the pinned requirements, then re-exec `script` inside it."""
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
     if sys.version_info < (3, 10):
@@ -82,7 +82,7 @@ def ensure_venv() -> None:
         subprocess.check_call([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                                "--no-deps", "-r", str(REQUIREMENTS)])
         stamp.write_text(wanted + "\n")
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+    os.execv(str(python), [str(python), str(script.resolve()), *sys.argv[1:]])
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,6 +48,9 @@ pub struct ScheduledSeq {
     /// executor returns the pooled hidden state ([`StepOutput::pooled`]) instead of a token.
     /// `sample` is `None`; the KV it writes is not read again.
     pub pool: bool,
+    /// A pooling sequence over a text pair (a cross-encoder's input): where the second text's
+    /// tokens start in `token_ids`; they are segment B (BERT's token type 1), the rest segment A.
+    pub second_segment: Option<usize>,
     /// The logprobs of the prompt tokens this step's positions predict (vLLM's
     /// `prompt_logprobs`), returned in [`StepOutput::prompt_logprobs`].
     pub prompt_logprobs: Option<PromptLogprobsRequest>,

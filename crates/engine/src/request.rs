@@ -64,6 +64,9 @@ pub struct Request {
     /// hidden state is its one result ([`crate::TokenEvent::pooled`]); nothing is sampled and
     /// its KV is not kept. One sample, no grammar, no speculation, no `max_tokens`.
     pub pool: bool,
+    /// A pooling request over a text pair (a cross-encoder scores the pair): the index in
+    /// `prompt_token_ids` of the second text's first token.
+    pub second_segment: Option<usize>,
     /// The logprobs of the prompt's tokens with this many alternatives each (vLLM's
     /// `prompt_logprobs`); the whole prompt is computed, prefix-cache hits or not.
     pub prompt_logprobs: Option<usize>,
@@ -87,6 +90,7 @@ impl Request {
             max_speculative_tokens: None,
             speculative_method: None,
             pool: false,
+            second_segment: None,
             prompt_logprobs: None,
         }
     }
@@ -94,6 +98,12 @@ impl Request {
     /// A pooling request for `prompt_token_ids` (see [`Request::pool`]).
     pub fn pooling(id: RequestId, prompt_token_ids: Vec<u32>) -> Self {
         Self { pool: true, ..Self::new(id, prompt_token_ids, Arc::new(SamplingParams::default())) }
+    }
+
+    /// A pooling request for a text pair: `prompt_token_ids` holds both texts, the second from
+    /// `second_segment` on (see [`Request::second_segment`]).
+    pub fn pooling_pair(id: RequestId, prompt_token_ids: Vec<u32>, second_segment: usize) -> Self {
+        Self { second_segment: Some(second_segment), ..Self::pooling(id, prompt_token_ids) }
     }
 
     pub fn with_constraint(mut self, constraint: SeqConstraint) -> Self {
@@ -146,6 +156,14 @@ impl Request {
         let prompt_len = self.prompt_token_ids.len();
         if prompt_len == 0 {
             return Err(RequestError::EmptyPrompt);
+        }
+        if let Some(start) = self.second_segment {
+            if !self.pool || start == 0 || start >= self.prompt_token_ids.len() {
+                return Err(RequestError::SecondSegmentOutside {
+                    start,
+                    prompt_len: self.prompt_token_ids.len(),
+                });
+            }
         }
         if self.pool {
             return self.validate_pooling(config).map(|()| 0);
@@ -248,6 +266,11 @@ pub enum RequestError {
     NoDraft,
     #[error("the input has {prompt_len} tokens; this model embeds at most {max_len} tokens at once")]
     PoolingTooLong { prompt_len: usize, max_len: usize },
+    #[error(
+        "a pair's second text must start inside a pooled input, after its first token (at {start} \
+         of {prompt_len} tokens)"
+    )]
+    SecondSegmentOutside { start: usize, prompt_len: usize },
     #[error("a pooling request generates nothing, so it takes no {what}")]
     PoolingGenerates { what: &'static str },
     #[error(transparent)]
@@ -306,6 +329,14 @@ mod tests {
         );
         assert_eq!(pool(65).validate(&c), Err(RequestError::PoolingTooLong { prompt_len: 65, max_len: 64 }));
         assert_eq!(pool(0).validate(&c), Err(RequestError::EmptyPrompt));
+        assert_eq!(Request::pooling_pair(1, vec![5; 4], 2).validate(&c), Ok(0));
+        for start in [0, 4] {
+            let outside = RequestError::SecondSegmentOutside { start, prompt_len: 4 };
+            assert_eq!(Request::pooling_pair(1, vec![5; 4], start).validate(&c), Err(outside));
+        }
+        let generating =
+            Request { second_segment: Some(1), ..Request::new(1, vec![5; 4], Default::default()) };
+        assert!(matches!(generating.validate(&c), Err(RequestError::SecondSegmentOutside { .. })));
         assert_eq!(pool(3).with_n(2).validate(&c), Err(RequestError::PoolingGenerates { what: "n" }));
         assert_eq!(
             pool(3).with_max_tokens(2).validate(&c),

@@ -64,6 +64,7 @@ fn chunk(
         num_draft_tokens: if all_rows { end - start - 1 } else { 0 },
         num_to_draft: 0,
         pool: false,
+        second_segment: None,
         prompt_logprobs: None,
     }
 }

@@ -76,6 +76,7 @@ fn run_schedule(
                 num_draft_tokens: 0,
                 num_to_draft: 0,
                 pool: false,
+                second_segment: None,
                 prompt_logprobs: None,
             });
             members.push(i);

@@ -121,6 +121,7 @@ fn compare_verification(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &m
             num_draft_tokens: drafts_len,
             num_to_draft: 0,
             pool: false,
+            second_segment: None,
             prompt_logprobs: None,
         });
     }

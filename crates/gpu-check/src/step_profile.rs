@@ -54,6 +54,7 @@ pub(crate) fn decode_batch(batch: usize) -> ScheduledBatch {
             num_draft_tokens: 0,
             num_to_draft: 0,
             pool: false,
+            second_segment: None,
             prompt_logprobs: None,
         })
         .collect();

@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         num_draft_tokens: len - 1,
         num_to_draft: 0,
         pool: false,
+        second_segment: None,
         prompt_logprobs: None,
     };
     // The context, as a prefill in one step.

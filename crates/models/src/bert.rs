@@ -3,13 +3,15 @@
 //! MLP, each closed by LayerNorm. An encoder keeps no KV between steps: each step attends
 //! within each of its sequences' own tokens, all of which it computes, so the paged cache is
 //! not read or written (see [`crate::KvCache::accounting_only`]). Its output is pooled hidden
-//! states, never logits.
+//! states, never logits; a cross-encoder's is the score its classifier head gives a text pair
+//! ([`crate::classifier`]), the pair's second text marked by token type 1.
 
 use std::path::Path;
 
 use candle_core::{Tensor, D};
 use serde::Deserialize;
 
+use crate::classifier::SequenceClassifier;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
@@ -88,6 +90,8 @@ pub struct Bert {
     token_type_embeddings: Tensor,
     embeddings_norm: LayerNorm,
     layers: Vec<BertLayer>,
+    /// A cross-encoder's head; `None` for an embedding model.
+    classifier: Option<SequenceClassifier>,
 }
 
 impl Bert {
@@ -136,6 +140,7 @@ impl Bert {
             });
         }
         let pooling = Pooling::of_dir(&dir, PoolingKind::Cls)?;
+        let classifier = SequenceClassifier::load(source, &dir, h)?;
         Ok(Self {
             config,
             pooling,
@@ -144,6 +149,7 @@ impl Bert {
             token_type_embeddings,
             embeddings_norm,
             layers,
+            classifier,
         })
     }
 
@@ -155,10 +161,35 @@ impl Bert {
         &self.pooling
     }
 
-    /// The last layer's hidden states, `[tokens, hidden]`: `input_ids` and `positions` (u32
-    /// `[tokens]`) hold the sequences one after another, `bounds[i]..bounds[i + 1]` the tokens
-    /// of sequence `i`, each a whole input (attention stays inside it).
-    pub fn encode(&self, input_ids: &Tensor, positions: &Tensor, bounds: &[usize]) -> Result<Tensor> {
+    /// Each input's pooled vector: its embedding, or a cross-encoder's score (one value).
+    /// The arguments are [`Self::encode`]'s.
+    pub fn pooled(
+        &self,
+        pooling: &Pooling,
+        input_ids: &Tensor,
+        token_types: &Tensor,
+        positions: &Tensor,
+        bounds: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        let hidden = self.encode(input_ids, token_types, positions, bounds)?;
+        let Some(head) = &self.classifier else { return pooling.pool(&hidden, bounds) };
+        let starts: Vec<u32> = bounds[..bounds.len() - 1].iter().map(|&b| b as u32).collect();
+        let starts = Tensor::from_vec(starts, bounds.len() - 1, hidden.device())?;
+        let scores = head.scores(&hidden.index_select(&starts, 0)?)?;
+        Ok(scores.into_iter().map(|s| vec![s]).collect())
+    }
+
+    /// The last layer's hidden states, `[tokens, hidden]`: `input_ids`, `token_types` (0 or 1,
+    /// a pair's first or second text) and `positions` (u32 `[tokens]`) hold the sequences one
+    /// after another, `bounds[i]..bounds[i + 1]` the tokens of sequence `i`, each a whole input
+    /// (attention stays inside it).
+    pub fn encode(
+        &self,
+        input_ids: &Tensor,
+        token_types: &Tensor,
+        positions: &Tensor,
+        bounds: &[usize],
+    ) -> Result<Tensor> {
         let ids = input_ids.to_vec1::<u32>()?;
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.config.vocab_size) {
             return Err(ModelError::InvalidOption(format!(
@@ -166,11 +197,16 @@ impl Bert {
                 self.config.vocab_size
             )));
         }
+        let type_vocab = self.token_type_embeddings.dim(0)?;
+        if token_types.to_vec1::<u32>()?.iter().any(|&t| t as usize >= type_vocab) {
+            return Err(ModelError::InvalidOption(format!(
+                "this model has {type_vocab} token type(s), so it takes no text pairs"
+            )));
+        }
         let words = self.word_embeddings.index_select(input_ids, 0)?;
         let places = self.position_embeddings.index_select(positions, 0)?;
-        // Every token is of the first segment (type 0).
-        let types = self.token_type_embeddings.get(0)?;
-        let mut x = self.embeddings_norm.forward(&(words + places)?.broadcast_add(&types)?)?;
+        let types = self.token_type_embeddings.index_select(token_types, 0)?;
+        let mut x = self.embeddings_norm.forward(&((words + places)? + types)?)?;
         for layer in &self.layers {
             x = self.layer_forward(layer, &x, bounds)?;
         }

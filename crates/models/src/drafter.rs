@@ -129,6 +129,7 @@ impl Drafter<'_> {
                 num_draft_tokens: 0,
                 num_to_draft: 0,
                 pool: false,
+                second_segment: None,
                 prompt_logprobs: None,
             });
             if want > 0 {
@@ -232,6 +233,7 @@ fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
         num_draft_tokens: 0,
         num_to_draft: 0,
         pool: false,
+        second_segment: None,
         prompt_logprobs: None,
     }
 }

@@ -62,6 +62,7 @@ impl ProfileShape {
                     num_draft_tokens: 0,
                     num_to_draft: 0,
                     pool: false,
+                    second_segment: None,
                     prompt_logprobs: None,
                 }
             })

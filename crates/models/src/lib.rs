@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub mod bert;
+pub mod classifier;
 pub mod config;
 mod config_gguf;
 mod config_hf;

@@ -201,11 +201,18 @@ impl Model {
         matches!(self.architecture, Architecture::Bert(_))
     }
 
-    /// An encoder's pooled embedding of each input (see [`Bert::encode`]).
-    pub fn embed(&self, input_ids: &Tensor, positions: &Tensor, bounds: &[usize]) -> Result<Vec<Vec<f32>>> {
+    /// An encoder's pooled vector of each input: its embedding, or a cross-encoder's score
+    /// (see [`Bert::encode`] for the arguments).
+    pub fn embed(
+        &self,
+        input_ids: &Tensor,
+        token_types: &Tensor,
+        positions: &Tensor,
+        bounds: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
         match (&self.architecture, self.pooling()) {
             (Architecture::Bert(m), Some(pooling)) => {
-                pooling.pool(&m.encode(input_ids, positions, bounds)?, bounds)
+                m.pooled(pooling, input_ids, token_types, positions, bounds)
             }
             _ => Err(ModelError::InvalidOption("embeddings need an encoder model".into())),
         }

@@ -2,6 +2,8 @@
 //! (mean, first token or last token) and whether the result is L2-normalized, read from a
 //! sentence-transformers directory (`modules.json`, the Pooling module's `config.json`, a
 //! Normalize module) with its input limit (`sentence_bert_config.json`'s `max_seq_length`).
+//! A cross-encoder (a sequence classifier) pools its `[CLS]` state, unnormalized, into its
+//! classifier head.
 
 use std::path::Path;
 
@@ -43,6 +45,9 @@ pub struct Pooling {
     /// Trained for Matryoshka truncation (`config.json`'s `is_matryoshka` or
     /// `matryoshka_dimensions`): a prefix of the embedding, normalized again, is an embedding.
     pub matryoshka: bool,
+    /// The model is a cross-encoder: it scores text pairs, and each input's pooled vector is
+    /// its one score ([`crate::classifier`]), not an embedding.
+    pub cross_encoder: bool,
 }
 
 impl Pooling {
@@ -50,10 +55,18 @@ impl Pooling {
     /// input limit) when `dir` has no `modules.json`.
     pub fn of_dir(dir: &Path, default: PoolingKind) -> Result<Self> {
         let config = read_json(&dir.join("config.json"))?.unwrap_or(Value::Null);
+        let max_input_tokens = read_json(&dir.join("sentence_bert_config.json"))?
+            .and_then(|c| c["max_seq_length"].as_u64())
+            .map(|n| n as usize);
+        if crate::classifier::is_classifier(&config) {
+            let (kind, normalize, matryoshka, cross_encoder) = (PoolingKind::Cls, false, false, true);
+            return Ok(Self { kind, normalize, max_input_tokens, matryoshka, cross_encoder });
+        }
         let matryoshka =
             config["is_matryoshka"].as_bool().unwrap_or(false) || config["matryoshka_dimensions"].is_array();
         let Some(modules) = read_json(&dir.join("modules.json"))? else {
-            return Ok(Self { kind: default, normalize: true, max_input_tokens: None, matryoshka });
+            let (kind, normalize, cross_encoder) = (default, true, false);
+            return Ok(Self { kind, normalize, max_input_tokens: None, matryoshka, cross_encoder });
         };
         let modules = modules.as_array().cloned().unwrap_or_default();
         let of_type =
@@ -66,10 +79,8 @@ impl Pooling {
             }
             None => default,
         };
-        let max_input_tokens = read_json(&dir.join("sentence_bert_config.json"))?
-            .and_then(|c| c["max_seq_length"].as_u64())
-            .map(|n| n as usize);
-        Ok(Self { kind, normalize: of_type(".Normalize").is_some(), max_input_tokens, matryoshka })
+        let normalize = of_type(".Normalize").is_some();
+        Ok(Self { kind, normalize, max_input_tokens, matryoshka, cross_encoder: false })
     }
 
     /// Pools each sequence's rows of `hidden` (`[tokens, hidden]`, the sequences one after
@@ -146,7 +157,7 @@ mod tests {
                 .unwrap();
         let bounds = [0, 2, 5];
         let pool = |kind, normalize| {
-            Pooling { kind, normalize, max_input_tokens: None, matryoshka: false }
+            Pooling { kind, normalize, max_input_tokens: None, matryoshka: false, cross_encoder: false }
                 .pool(&hidden, &bounds)
                 .unwrap()
         };
@@ -166,8 +177,13 @@ mod tests {
     fn the_sentence_transformers_files_decide() {
         let dir = tempfile::tempdir().unwrap();
         let default = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap();
-        let default_pooling =
-            Pooling { kind: PoolingKind::Cls, normalize: true, max_input_tokens: None, matryoshka: false };
+        let default_pooling = Pooling {
+            kind: PoolingKind::Cls,
+            normalize: true,
+            max_input_tokens: None,
+            matryoshka: false,
+            cross_encoder: false,
+        };
         assert_eq!(default, default_pooling);
         std::fs::write(dir.path().join("config.json"), r#"{"matryoshka_dimensions": [64, 128]}"#).unwrap();
         assert!(Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap().matryoshka);
@@ -187,10 +203,22 @@ mod tests {
             normalize: false,
             max_input_tokens: Some(128),
             matryoshka: true,
+            cross_encoder: false,
         };
         assert_eq!(declared, last);
         write_mode("pooling_mode_max_tokens");
         let err = Pooling::of_dir(dir.path(), PoolingKind::Cls).unwrap_err().to_string();
         assert!(err.contains("pooling_mode_max_tokens") && err.contains("1_Pooling"), "{err}");
+        let classifier = r#"{"architectures": ["BertForSequenceClassification"]}"#;
+        std::fs::write(dir.path().join("config.json"), classifier).unwrap();
+        let cross = Pooling::of_dir(dir.path(), PoolingKind::Mean).unwrap();
+        let cross_pooling = Pooling {
+            kind: PoolingKind::Cls,
+            normalize: false,
+            max_input_tokens: Some(128),
+            matryoshka: false,
+            cross_encoder: true,
+        };
+        assert_eq!(cross, cross_pooling);
     }
 }

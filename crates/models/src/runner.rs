@@ -360,7 +360,7 @@ impl ModelRunner {
     /// for pooling), embedded on its own tokens; the cache is not touched.
     fn embed(&self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let config = self.model.config();
-        let (mut ids, mut positions, mut bounds) = (Vec::new(), Vec::new(), vec![0]);
+        let (mut ids, mut types, mut positions, mut bounds) = (Vec::new(), Vec::new(), Vec::new(), vec![0]);
         for seq in &batch.seqs {
             let invalid = |message: String| ExecutorError::InvalidSequence { seq_id: seq.seq_id, message };
             if !seq.pool || seq.start_pos != 0 {
@@ -382,6 +382,8 @@ impl ModelRunner {
                 )));
             }
             ids.extend_from_slice(&seq.token_ids);
+            let second = seq.second_segment.unwrap_or(seq.q_len());
+            types.extend((0..seq.q_len()).map(|i| u32::from(i >= second)));
             positions.extend(0..seq.q_len() as u32);
             bounds.push(ids.len());
         }
@@ -391,10 +393,11 @@ impl ModelRunner {
         let failed = |e: candle_core::Error| ExecutorError::Execution(e.to_string());
         let n = ids.len();
         let ids = Tensor::from_vec(ids, n, &self.device).map_err(failed)?;
+        let types = Tensor::from_vec(types, n, &self.device).map_err(failed)?;
         let positions = Tensor::from_vec(positions, n, &self.device).map_err(failed)?;
         let values = self
             .model
-            .embed(&ids, &positions, &bounds)
+            .embed(&ids, &types, &positions, &bounds)
             .map_err(|e| ExecutorError::Execution(e.to_string()))?;
         let pooled = batch
             .seqs

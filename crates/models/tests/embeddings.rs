@@ -137,6 +137,7 @@ fn a_decoder_pools_its_final_hidden_states_like_the_reference() {
             normalize: true,
             max_input_tokens: None,
             matryoshka: false,
+            cross_encoder: false,
         });
         let cache =
             KvCache::new(loaded.model.config(), 256, BLOCK_SIZE, candle_core::DType::F32, &Device::Cpu)

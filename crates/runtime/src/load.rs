@@ -44,6 +44,11 @@ pub enum RuntimeError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     KvSizing(#[from] KvSizingError),
+    #[error(
+        "--pooling {0} does not apply to a cross-encoder: it scores text pairs with its classifier \
+         head over the [CLS] state; leave --pooling out"
+    )]
+    PoolingOfCrossEncoder(&'static str),
     #[error("draft model {path}: {reason}")]
     DraftIncompatible { path: PathBuf, reason: String },
 }
@@ -164,10 +169,17 @@ impl LoadedRuntime {
             // An embedding model keeps its normalization and input limit; a generating one
             // normalizes, as vLLM's pooling runner does by default.
             let base = loaded.model.pooling().copied();
-            let pooling = base
-                .map_or(Pooling { kind, normalize: true, max_input_tokens: None, matryoshka: false }, |p| {
-                    Pooling { kind, ..p }
-                });
+            if base.is_some_and(|p| p.cross_encoder) {
+                return Err(RuntimeError::PoolingOfCrossEncoder(kind.name()));
+            }
+            let generating = Pooling {
+                kind,
+                normalize: true,
+                max_input_tokens: None,
+                matryoshka: false,
+                cross_encoder: false,
+            };
+            let pooling = base.map_or(generating, |p| Pooling { kind, ..p });
             loaded.model.set_pooling(pooling);
         }
         let mut times = StartupTimes {

@@ -1,7 +1,8 @@
 //! The embedding path: inputs tokenized (text cut to the model's input limit), one pooling
 //! request per input submitted to the engine as one admission group (the same scheduler,
 //! admission, 429s and metrics as generation), their pooled vectors collected in input order
-//! and shaped for the wire (`dimensions`, `encoding_format`).
+//! and shaped for the wire (`dimensions`, `encoding_format`). A cross-encoder's inputs are text
+//! pairs, each pooled into its one score.
 
 use std::time::Instant;
 
@@ -37,6 +38,22 @@ impl EmbeddingModel {
                 ),
             )
         })
+    }
+
+    /// The embedding model `state` serves, for `/v1/embeddings`: a cross-encoder scores pairs
+    /// and embeds nothing, so it is a 400 naming `model` as a generating model is.
+    pub fn embedder(state: &AppState, model: &str) -> Result<Self, ApiError> {
+        let served = Self::served(state, model, "embeddings")?;
+        if served.pooling.cross_encoder {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "{model} is a cross-encoder: it scores text pairs (/v1/score, /v1/rerank) and \
+                     gives no embeddings"
+                ),
+            ));
+        }
+        Ok(served)
     }
 
     /// The length `dimensions` asks the embeddings to be cut to, if any: only a model trained
@@ -82,6 +99,44 @@ pub fn encode_values(values: Vec<f32>, base64: bool) -> EmbeddingValues {
     EmbeddingValues::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
+/// One input to pool: its token ids and, for a text pair, where the second text starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInput {
+    pub ids: Vec<u32>,
+    pub second_segment: Option<usize>,
+}
+
+impl PoolInput {
+    pub fn single(ids: Vec<u32>) -> Self {
+        Self { ids, second_segment: None }
+    }
+}
+
+/// Token ids of each text pair with the tokenizer's pair template, cut to `max_len` tokens
+/// longest text first (see `Tokenizer::encode_pair_truncated`). Errors name `param`.
+pub async fn tokenize_pairs(
+    state: &AppState,
+    pairs: Vec<(String, String)>,
+    max_len: usize,
+    param: &'static str,
+) -> Result<Vec<PoolInput>, ApiError> {
+    let tokenizer = state.prompts.tokenizer().clone();
+    state
+        .prompts
+        .blocking(move || {
+            pairs
+                .iter()
+                .map(|(first, second)| {
+                    let (ids, second_segment) = tokenizer
+                        .encode_pair_truncated(first, second, max_len)
+                        .map_err(|e| ApiError::invalid(param, e.to_string()))?;
+                    Ok(PoolInput { ids, second_segment })
+                })
+                .collect()
+        })
+        .await?
+}
+
 /// Token ids of each input: text cut to `max_len` tokens (special tokens included), token ids
 /// checked against the vocabulary and taken as they are. Errors name `param`.
 pub async fn tokenize(
@@ -121,20 +176,26 @@ pub async fn tokenize(
         .await?
 }
 
-/// Embeds every input; the vectors come back in input order. A failed input fails the call
+/// Pools every input (an embedding each, or a cross-encoder's score); the vectors come back
+/// in input order. A failed input fails the call
 /// (dropping the other streams aborts their requests). Too many inputs is a 400 naming `param`.
 pub async fn embed(
     state: &AppState,
-    inputs: Vec<Vec<u32>>,
+    inputs: Vec<PoolInput>,
     arrival: Instant,
     param: &'static str,
 ) -> Result<Vec<Vec<f32>>, ApiError> {
     let group = state.engine.next_request_id();
-    let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
+    let lengths: Vec<usize> = inputs.iter().map(|input| input.ids.len()).collect();
     let requests: Vec<Request> = inputs
         .into_iter()
-        .map(|ids| {
-            Request::pooling(state.engine.next_request_id(), ids).with_group(group).with_arrival(arrival)
+        .map(|PoolInput { ids, second_segment }| {
+            let id = state.engine.next_request_id();
+            let request = match second_segment {
+                Some(start) => Request::pooling_pair(id, ids, start),
+                None => Request::pooling(id, ids),
+            };
+            request.with_group(group).with_arrival(arrival)
         })
         .collect();
     let streams = state.engine.submit_all(requests).map_err(|e| match e {
@@ -179,8 +240,13 @@ mod tests {
     use pagoda_runtime::PoolingKind;
 
     fn model(matryoshka: bool) -> EmbeddingModel {
-        let pooling =
-            Pooling { kind: PoolingKind::Mean, normalize: true, max_input_tokens: None, matryoshka };
+        let pooling = Pooling {
+            kind: PoolingKind::Mean,
+            normalize: true,
+            max_input_tokens: None,
+            matryoshka,
+            cross_encoder: false,
+        };
         EmbeddingModel { dimensions: 4, pooling }
     }
 

@@ -197,7 +197,9 @@ impl From<RequestError> for ApiError {
                 ApiError::invalid("speculative_method", e.to_string())
             }
             e @ RequestError::PoolingTooLong { .. } => ApiError::invalid("input", e.to_string()),
-            e @ RequestError::PoolingGenerates { .. } => ApiError::invalid("input", e.to_string()),
+            e @ (RequestError::PoolingGenerates { .. } | RequestError::SecondSegmentOutside { .. }) => {
+                ApiError::invalid("input", e.to_string())
+            }
             RequestError::Sampling(s) => ApiError::invalid(s.name, s.to_string()),
         }
     }

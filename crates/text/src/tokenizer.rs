@@ -182,6 +182,39 @@ impl Tokenizer {
         Ok((encoding.get_ids().to_vec(), cut))
     }
 
+    /// Token ids for a text pair (a cross-encoder's query and document) with the special tokens
+    /// the post-processor adds (`[CLS] first [SEP] second [SEP]`), at most `max_len` of them:
+    /// the longer text loses a token at its end until both fit, as `transformers` truncates a
+    /// pair by default (`longest_first`). The second value is where the second text's tokens
+    /// start (the first token of type 1), `None` when the post-processor marks no types.
+    pub fn encode_pair_truncated(
+        &self,
+        first: &str,
+        second: &str,
+        max_len: usize,
+    ) -> Result<(Vec<u32>, Option<usize>), TokenizerError> {
+        use tokenizers::utils::truncation::{truncate_encodings, TruncationParams, TruncationStrategy};
+        let encode_err = |e: tokenizers::Error| TokenizerError::Encode(e.to_string());
+        let first = self.inner.encode_fast(first, false).map_err(encode_err)?;
+        let second = self.inner.encode_fast(second, false).map_err(encode_err)?;
+        let added =
+            self.inner.get_post_processor().map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, true));
+        let room = max_len.saturating_sub(added);
+        let (first, second) = if first.len() + second.len() > room {
+            let params = TruncationParams {
+                max_length: room,
+                strategy: TruncationStrategy::LongestFirst,
+                ..TruncationParams::default()
+            };
+            truncate_encodings(first, Some(second), &params).map_err(encode_err)?
+        } else {
+            (first, Some(second))
+        };
+        let encoding = self.inner.post_process(first, second, true).map_err(encode_err)?;
+        let second_start = encoding.get_type_ids().iter().position(|&t| t == 1);
+        Ok((encoding.get_ids().to_vec(), second_start))
+    }
+
     /// Text for `ids`; ids outside the vocabulary are ignored, and bytes that do not form valid
     /// UTF-8 become U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {

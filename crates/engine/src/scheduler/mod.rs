@@ -115,6 +115,8 @@ pub(crate) struct RequestShared {
     pub speculative_method: Option<ProposerKind>,
     /// A pooling request ([`crate::request::Request::pool`]).
     pub pool: bool,
+    /// Where a pooled pair's second text starts ([`crate::request::Request::second_segment`]).
+    pub second_segment: Option<usize>,
     /// Alternatives per prompt token when the prompt's logprobs were asked for.
     pub prompt_logprobs: Option<usize>,
 }
@@ -286,6 +288,7 @@ impl Scheduler {
             max_speculative_tokens: request.max_speculative_tokens,
             speculative_method: request.speculative_method,
             pool: request.pool,
+            second_segment: request.second_segment,
             prompt_logprobs: request.prompt_logprobs,
         });
         if let (Some(proposers), Some(kind)) = (&mut self.proposers, request.speculative_method) {

@@ -331,6 +331,7 @@ impl Scheduler {
             num_draft_tokens: drafts.len(),
             num_to_draft: to_draft,
             pool,
+            second_segment: e.shared.second_segment,
             prompt_logprobs,
         });
         e.last_scheduled = self.step;

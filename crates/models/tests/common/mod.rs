@@ -192,6 +192,7 @@ impl TestSeq {
             num_draft_tokens: 0,
             num_to_draft: 0,
             pool: false,
+            second_segment: None,
             prompt_logprobs: None,
         }
     }

@@ -5,7 +5,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::{Extension, Json};
 
-use crate::embeddings::{embed, encode_values, tokenize, EmbeddingModel};
+use crate::embeddings::{embed, encode_values, tokenize, EmbeddingModel, PoolInput};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::layers::Arrival;
@@ -26,7 +26,7 @@ pub async fn embeddings(
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
-    let embedder = EmbeddingModel::served(&state, &model, "embeddings")?;
+    let embedder = EmbeddingModel::embedder(&state, &model)?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -41,6 +41,7 @@ pub async fn embeddings(
     embedder.cut(req.dimensions)?;
     let inputs = tokenize(&state, req.input.into_inputs(), state.limits.max_model_len, "input").await?;
     let prompt_tokens = inputs.iter().map(Vec::len).sum();
+    let inputs = inputs.into_iter().map(PoolInput::single).collect();
     let vectors = embed(&state, inputs, arrival, "input").await?;
     let data = vectors
         .into_iter()

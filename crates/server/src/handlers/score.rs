@@ -1,6 +1,8 @@
 //! `POST /v1/score` and `POST /v1/rerank` (also `/rerank`, `/v2/rerank`): relevance of text
-//! pairs from an embedding model, as the cosine similarity of their embeddings. Every text of a
-//! call is embedded in one submission (one admission group), each distinct text once.
+//! pairs. An embedding model scores a pair by the cosine similarity of its texts' embeddings
+//! (each distinct text of a call embedded once); a cross-encoder reads each pair whole and
+//! scores it with its classifier head. Either way a call is one submission (one admission
+//! group).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -9,7 +11,7 @@ use axum::extract::State;
 use axum::{Extension, Json};
 
 use super::response_id;
-use crate::embeddings::{embed, tokenize, EmbeddingModel};
+use crate::embeddings::{embed, tokenize, tokenize_pairs, EmbeddingModel, PoolInput};
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::layers::Arrival;
@@ -41,8 +43,30 @@ async fn embed_texts(
     let inputs = distinct.iter().map(|t| PromptInput::Text((*t).to_owned())).collect();
     let ids = tokenize(state, inputs, state.limits.max_model_len, param).await?;
     let tokens = slots.iter().map(|&i| ids[i].len()).sum();
-    let vectors = embed(state, ids, arrival, param).await?;
+    let vectors = embed(state, ids.into_iter().map(PoolInput::single).collect(), arrival, param).await?;
     Ok((slots.into_iter().map(|i| vectors[i].clone()).collect(), tokens))
+}
+
+/// The relevance score of each `(first, second)` pair and the tokens read: a cross-encoder's
+/// score of the pair, or the cosine similarity of the two texts' embeddings.
+async fn pair_scores(
+    state: &AppState,
+    scorer: EmbeddingModel,
+    pairs: &[(&str, &str)],
+    param: &'static str,
+    arrival: Instant,
+) -> Result<(Vec<f64>, usize), ApiError> {
+    if scorer.pooling.cross_encoder {
+        let owned = pairs.iter().map(|&(a, b)| (a.to_owned(), b.to_owned())).collect();
+        let inputs = tokenize_pairs(state, owned, state.limits.max_model_len, param).await?;
+        let tokens = inputs.iter().map(|input| input.ids.len()).sum();
+        let scores = embed(state, inputs, arrival, param).await?;
+        return Ok((scores.iter().map(|s| f64::from(s[0])).collect(), tokens));
+    }
+    let texts: Vec<&str> = pairs.iter().map(|p| p.0).chain(pairs.iter().map(|p| p.1)).collect();
+    let (vectors, tokens) = embed_texts(state, &texts, param, arrival).await?;
+    let n = pairs.len();
+    Ok(((0..n).map(|i| cosine(&vectors[i], &vectors[n + i])).collect(), tokens))
 }
 
 /// The cosine similarity of two embeddings (0 when either is all zeros).
@@ -69,7 +93,7 @@ pub async fn score(
 ) -> Result<Json<ScoreResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
-    EmbeddingModel::served(&state, &model, "scores")?;
+    let scorer = EmbeddingModel::served(&state, &model, "scores")?;
     let (left, right) = (req.text_1.into_vec(), req.text_2.into_vec());
     if left.is_empty() || right.is_empty() {
         let param = if left.is_empty() { "text_1" } else { "text_2" };
@@ -85,16 +109,14 @@ pub async fn score(
             ),
         ));
     }
-    let pairs = right.len();
-    let firsts = (0..pairs).map(|i| left[if left.len() == 1 { 0 } else { i }].as_str());
-    let texts: Vec<&str> = firsts.chain(right.iter().map(String::as_str)).collect();
-    let (vectors, tokens) = embed_texts(&state, &texts, "text_1", arrival).await?;
-    let data = (0..pairs)
-        .map(|i| ScoreData {
-            index: i,
-            object: "score".into(),
-            score: cosine(&vectors[i], &vectors[pairs + i]),
-        })
+    let pairs: Vec<(&str, &str)> = (0..right.len())
+        .map(|i| (left[if left.len() == 1 { 0 } else { i }].as_str(), right[i].as_str()))
+        .collect();
+    let (scores, tokens) = pair_scores(&state, scorer, &pairs, "text_1", arrival).await?;
+    let data = scores
+        .into_iter()
+        .enumerate()
+        .map(|(index, score)| ScoreData { index, object: "score".into(), score })
         .collect();
     Ok(Json(ScoreResponse {
         id: response_id("score"),
@@ -118,21 +140,21 @@ pub async fn rerank(
 ) -> Result<Json<RerankResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
-    EmbeddingModel::served(&state, &model, "scores")?;
+    let scorer = EmbeddingModel::served(&state, &model, "scores")?;
     if req.documents.is_empty() {
         return Err(ApiError::invalid("documents", "documents must not be empty"));
     }
-    let texts: Vec<&str> =
-        std::iter::once(req.query.as_str()).chain(req.documents.iter().map(String::as_str)).collect();
-    let (vectors, tokens) = embed_texts(&state, &texts, "documents", arrival).await?;
+    let pairs: Vec<(&str, &str)> = req.documents.iter().map(|d| (req.query.as_str(), d.as_str())).collect();
+    let (scores, tokens) = pair_scores(&state, scorer, &pairs, "documents", arrival).await?;
     let mut results: Vec<RerankResult> = req
         .documents
         .iter()
+        .zip(scores)
         .enumerate()
-        .map(|(index, text)| RerankResult {
+        .map(|(index, (text, relevance_score))| RerankResult {
             index,
             document: (req.return_documents != Some(false)).then(|| RerankDocument { text: text.clone() }),
-            relevance_score: cosine(&vectors[0], &vectors[index + 1]),
+            relevance_score,
         })
         .collect();
     // Most relevant first; equal scores keep the documents' order.

@@ -5,6 +5,7 @@
 mod api;
 mod batch_invariant;
 mod connections;
+mod cross_encoder;
 mod embeddings;
 mod errors;
 mod failure;
