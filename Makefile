@@ -52,8 +52,9 @@ cuda-build: ## Release server and GPU check with --features cuda, packed into gp
 gpu-check: model ## cuda-build plus the model, split for small transfers; run gpu-check/gpu-check.sh run OUT on a GPU host.
 	./scripts/gpu-check.sh build
 
-golden: model ## Regenerate tests/fixtures/golden.json with the independent Python reference.
+golden: model ## Regenerate tests/fixtures/golden.json and beam-search.json with the independent Python reference.
 	python3 scripts/golden.py
+	python3 scripts/golden_beam.py
 
 golden-gemma3: model-gemma3 ## Regenerate tests/fixtures/golden-gemma3.json (Gemma 3 270M) with the independent Python reference.
 	python3 scripts/golden_gemma3.py

@@ -56,7 +56,7 @@ pub use executor::{
 pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use pagoda_text::TokenDecoder;
-pub use request::{Request, RequestError, RequestId, StopConditions};
+pub use request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};
 pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
 pub use sequence::{SeqStatus, Sequence};

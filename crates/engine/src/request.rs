@@ -30,6 +30,28 @@ pub struct StopConditions {
     pub min_tokens: usize,
 }
 
+/// Beam search (vLLM's `use_beam_search`): at each step every beam offers its `2 * width` most
+/// likely next tokens (raw logprobs), and the `width` best continuations by cumulative logprob
+/// go on; a continuation that ends (end-of-sequence or a stop token id) is set aside as a
+/// finished hypothesis, and at `max_tokens` the live beams are too. The request returns its
+/// `n` best hypotheses by [`BeamSearch::score`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BeamSearch {
+    /// Beams kept at each step (at least the request's `n`).
+    pub width: usize,
+    /// Scores divide the cumulative logprob by the hypothesis's length to this power.
+    pub length_penalty: f32,
+}
+
+impl BeamSearch {
+    /// vLLM's hypothesis score: the cumulative logprob over the length to the power
+    /// `length_penalty`, the length counting the prompt and the output without a final
+    /// end-of-sequence token.
+    pub fn score(&self, cum_logprob: f64, length: usize) -> f64 {
+        cum_logprob / (length.max(1) as f64).powf(f64::from(self.length_penalty))
+    }
+}
+
 /// One generation request, already tokenized.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -70,6 +92,8 @@ pub struct Request {
     /// The logprobs of the prompt's tokens with this many alternatives each (vLLM's
     /// `prompt_logprobs`); the whole prompt is computed, prefix-cache hits or not.
     pub prompt_logprobs: Option<usize>,
+    /// Search beams instead of sampling; `n` is then how many of the best hypotheses return.
+    pub beam: Option<BeamSearch>,
 }
 
 impl Request {
@@ -92,6 +116,7 @@ impl Request {
             pool: false,
             second_segment: None,
             prompt_logprobs: None,
+            beam: None,
         }
     }
 
@@ -133,6 +158,11 @@ impl Request {
 
     pub fn with_priority(mut self, priority: i32) -> Self {
         self.priority = priority;
+        self
+    }
+
+    pub fn with_beam(mut self, beam: BeamSearch) -> Self {
+        self.beam = Some(beam);
         self
     }
 
@@ -203,11 +233,59 @@ impl Request {
             }
         }
         self.params.validate()?;
+        if let Some(beam) = self.beam {
+            self.validate_beam(beam, max_tokens, config)?;
+        }
         Ok(max_tokens)
     }
 }
 
 impl Request {
+    /// Beam search keeps `width` beams (at least `n`, at most the engine's sequences) and
+    /// scores the model's own distribution: nothing that reshapes or constrains sampling.
+    fn validate_beam(
+        &self,
+        beam: BeamSearch,
+        max_tokens: usize,
+        config: &EngineConfig,
+    ) -> Result<(), RequestError> {
+        if beam.width < self.n || beam.width > config.max_num_seqs {
+            let (width, n, max_num_seqs) = (beam.width, self.n, config.max_num_seqs);
+            return Err(RequestError::BeamWidth { width, n, max_num_seqs });
+        }
+        // Every beam of a round must be in the cache at once, shared blocks or not.
+        let per_beam = (self.prompt_token_ids.len() + max_tokens).div_ceil(config.block_size);
+        let blocks = beam.width * per_beam * config.kv_groups.len().max(1);
+        if blocks > config.num_blocks {
+            return Err(RequestError::BeamTooLarge { blocks, num_blocks: config.num_blocks });
+        }
+        if !beam.length_penalty.is_finite() {
+            return Err(RequestError::BeamUnsupported { what: "a non-finite length_penalty" });
+        }
+        let p = &self.params;
+        let reshaping = [
+            ("temperature", !p.is_greedy()),
+            ("top_k", p.top_k != 0),
+            ("top_p", p.top_p != 1.0),
+            ("min_p", p.min_p != 0.0),
+            ("repetition_penalty", p.repetition_penalty != 1.0),
+            ("presence_penalty", p.presence_penalty != 0.0),
+            ("frequency_penalty", p.frequency_penalty != 0.0),
+            ("logit_bias", !p.logit_bias.is_empty()),
+            ("grammar", self.constraint.is_some()),
+            (
+                "speculative decoding",
+                self.max_speculative_tokens.is_some() || self.speculative_method.is_some(),
+            ),
+            ("stop strings", !self.stop.stop_strings.is_empty()),
+            ("prompt_logprobs", self.prompt_logprobs.is_some()),
+        ];
+        match reshaping.into_iter().find(|(_, set)| *set) {
+            Some((what, _)) => Err(RequestError::BeamUnsupported { what }),
+            None => Ok(()),
+        }
+    }
+
     /// A pooling request's limits: its input fits the context and one step's token budget
     /// (pooling sees the whole input at once), and it asks for nothing that generates.
     fn validate_pooling(&self, config: &EngineConfig) -> Result<(), RequestError> {
@@ -227,6 +305,7 @@ impl Request {
                 self.max_speculative_tokens.is_some() || self.speculative_method.is_some(),
             ),
             ("prompt_logprobs", self.prompt_logprobs.is_some()),
+            ("beam search", self.beam.is_some()),
         ];
         match generating.into_iter().find(|(_, set)| *set) {
             Some((what, _)) => Err(RequestError::PoolingGenerates { what }),
@@ -271,6 +350,18 @@ pub enum RequestError {
          of {prompt_len} tokens)"
     )]
     SecondSegmentOutside { start: usize, prompt_len: usize },
+    #[error(
+        "beam search needs a width (best_of, else n) of at least n = {n} and at most the engine's \
+         {max_num_seqs} sequences; got {width}"
+    )]
+    BeamWidth { width: usize, n: usize, max_num_seqs: usize },
+    #[error(
+        "this beam search may need {blocks} KV cache blocks at once (every beam at full length), \
+         more than the {num_blocks} the cache holds; lower max_tokens or the width (best_of, n)"
+    )]
+    BeamTooLarge { blocks: usize, num_blocks: usize },
+    #[error("beam search scores the model's own distribution, so it takes no {what}")]
+    BeamUnsupported { what: &'static str },
     #[error("a pooling request generates nothing, so it takes no {what}")]
     PoolingGenerates { what: &'static str },
     #[error(transparent)]

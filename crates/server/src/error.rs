@@ -196,6 +196,19 @@ impl From<RequestError> for ApiError {
             e @ (RequestError::NoSpeculation { .. } | RequestError::NoDraft) => {
                 ApiError::invalid("speculative_method", e.to_string())
             }
+            e @ RequestError::BeamWidth { .. } => ApiError::invalid("best_of", e.to_string()),
+            e @ RequestError::BeamTooLarge { .. } => ApiError::invalid("max_tokens", e.to_string()),
+            RequestError::BeamUnsupported { what } => {
+                let message = RequestError::BeamUnsupported { what }.to_string();
+                let param = match what {
+                    "grammar" => "response_format",
+                    "stop strings" => "stop",
+                    "speculative decoding" => "speculative_method",
+                    "a non-finite length_penalty" => "length_penalty",
+                    field => field,
+                };
+                ApiError::invalid(param, message)
+            }
             e @ RequestError::PoolingTooLong { .. } => ApiError::invalid("input", e.to_string()),
             e @ (RequestError::PoolingGenerates { .. } | RequestError::SecondSegmentOutside { .. }) => {
                 ApiError::invalid("input", e.to_string())

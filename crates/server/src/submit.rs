@@ -98,6 +98,7 @@ pub fn submit(
             request.max_speculative_tokens = params.max_speculative_tokens;
             request.speculative_method = params.speculative_method;
             request.prompt_logprobs = params.prompt_logprobs;
+            request.beam = params.beam;
             let grammar = params.grammar.as_ref().map(|grammar| {
                 let constraint = match params.grammar_after {
                     Some(end) => grammar.constraint().after_reasoning(end),

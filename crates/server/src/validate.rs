@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use pagoda_engine::speculative::{ProposerKind, MAX_SPECULATIVE_TOKENS};
-use pagoda_engine::SamplingParams;
+use pagoda_engine::{BeamSearch, SamplingParams};
 use pagoda_text::StopStrings;
 
 use crate::error::{ApiError, InvalidParam};
@@ -61,6 +61,8 @@ pub struct GenerationParams {
     /// Score the prompt's tokens with this many alternatives each (completions' `echo` with
     /// `logprobs`, or vLLM's `prompt_logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// Beam search instead of sampling.
+    pub beam: Option<BeamSearch>,
 }
 
 fn check_range(param: &str, value: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), InvalidParam> {
@@ -106,6 +108,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
     if !(1..=MAX_N).contains(&n) {
         return Err(InvalidParam::new("n", format!("n must be in [1, {MAX_N}], got {n}")));
     }
+    let beam = beam_search(&params, n)?;
 
     let max_tokens_param = params.max_tokens_param;
     if let Some(0) = params.max_tokens {
@@ -191,7 +194,8 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
     };
 
     let sampling = SamplingParams {
-        temperature: params.temperature.unwrap_or(1.0),
+        // Beam search is deterministic: greedy unless told otherwise (and then refused).
+        temperature: params.temperature.unwrap_or(if beam.is_some() { 0.0 } else { 1.0 }),
         top_k,
         top_p: params.top_p.unwrap_or(1.0),
         min_p: params.min_p.unwrap_or(0.0),
@@ -224,7 +228,48 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         grammar_after: None,
         reasoning_budget: None,
         prompt_logprobs: None,
+        beam,
     })
+}
+
+/// vLLM's beam search fields: with `use_beam_search`, the width (`best_of`, else `n`, at
+/// least `n`) and `length_penalty`, and each token's logprob only, without alternatives (the
+/// engine refuses what reshapes sampling, naming the field). Without it `best_of` must equal
+/// `n` and `length_penalty` has nothing to apply to.
+fn beam_search(params: &CommonParams, n: u32) -> Result<Option<BeamSearch>, InvalidParam> {
+    if !params.use_beam_search {
+        if let Some(best_of) = params.best_of.filter(|&b| b != n) {
+            return Err(InvalidParam::new(
+                "best_of",
+                format!("best_of ({best_of}) must equal n ({n}) unless use_beam_search is true"),
+            ));
+        }
+        if params.length_penalty.is_some() {
+            return Err(InvalidParam::new(
+                "length_penalty",
+                "length_penalty applies only with use_beam_search",
+            ));
+        }
+        return Ok(None);
+    }
+    let width = params.best_of.unwrap_or(n);
+    if width < n {
+        return Err(InvalidParam::new(
+            "best_of",
+            format!("best_of ({width}) is the number of beams and must be at least n ({n})"),
+        ));
+    }
+    if params.logprobs.is_some_and(|k| k > 0) {
+        return Err(InvalidParam::new(
+            params.logprobs_param,
+            "beam search gives each token's logprob without alternatives; ask for 0",
+        ));
+    }
+    let length_penalty = params.length_penalty.unwrap_or(1.0);
+    if !length_penalty.is_finite() {
+        return Err(InvalidParam::new("length_penalty", "length_penalty must be a finite number"));
+    }
+    Ok(Some(BeamSearch { width: width as usize, length_penalty }))
 }
 
 /// The number of tokens to generate for a prompt of `prompt_tokens`: the requested

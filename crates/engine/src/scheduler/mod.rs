@@ -13,6 +13,7 @@
 //! and samples on its own.
 
 mod audit;
+mod beam;
 mod masks;
 mod schedule;
 mod update;
@@ -29,7 +30,7 @@ use crate::constraint::SeqConstraint;
 use crate::event::{FinishReason, RequestMetrics, RequestTimestamps, TokenEvent, Usage};
 use crate::executor::SeqId;
 use crate::id_map::IdMap;
-use crate::request::{Request, RequestError, RequestId, StopConditions};
+use crate::request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 use crate::rng::{combine, sample_seed};
 use crate::sampling::SamplingParams;
 use crate::sequence::{SeqStatus, Sequence};
@@ -119,6 +120,8 @@ pub(crate) struct RequestShared {
     pub second_segment: Option<usize>,
     /// Alternatives per prompt token when the prompt's logprobs were asked for.
     pub prompt_logprobs: Option<usize>,
+    /// A beam search ([`crate::request::Request::beam`]).
+    pub beam: Option<BeamSearch>,
 }
 
 #[derive(Debug)]
@@ -140,12 +143,15 @@ pub(crate) struct SeqEntry {
     /// The executor's drafts of the tokens after the sequence's last one, from the last step
     /// that sampled it, for the next step to verify.
     pub proposals: Vec<u32>,
+    /// A beam of a beam search: its score so far and its candidates of the round.
+    pub beam: Option<beam::Beam>,
 }
 
 impl SeqEntry {
-    /// Sequence slots it takes against `max_num_seqs`: an unforked parent reserves all samples.
+    /// Sequence slots it takes against `max_num_seqs`: an unforked parent reserves all samples,
+    /// a beam those of the beams its request may still fork.
     pub fn slots(&self) -> usize {
-        self.fork_into.max(1)
+        self.fork_into.max(1) + self.beam.as_ref().map_or(0, |b| b.reserve)
     }
 
     /// Tokens to have computed before the next thing happens (a sample, or the fork).
@@ -174,6 +180,8 @@ pub(crate) struct RequestState {
     /// The prompt's logprobs scored so far (entry `i` for prompt token `i + 1`), until the
     /// request's first token event carries them; `None` once sent, or when not asked for.
     pub prompt_logprobs: Option<Vec<crate::executor::TopLogprobs>>,
+    /// A beam search's finished hypotheses so far.
+    pub(crate) hypotheses: Vec<beam::Hypothesis>,
 }
 
 /// One scheduled sequence of the last step, as `update` needs it.
@@ -274,9 +282,17 @@ impl Scheduler {
             }
             min_tokens_banned.extend_from_slice(&stop.stop_token_ids);
         }
+        // A beam offers its `2 * width` most likely next tokens, of the raw distribution.
+        let params = match request.beam {
+            Some(beam) => Arc::new(SamplingParams {
+                logprobs: Some(2 * beam.width),
+                ..SamplingParams::clone(&request.params)
+            }),
+            None => request.params,
+        };
         let shared = Arc::new(RequestShared {
             id: request.id,
-            params: request.params,
+            params,
             max_tokens,
             prompt_len: request.prompt_token_ids.len(),
             n: request.n,
@@ -290,6 +306,7 @@ impl Scheduler {
             pool: request.pool,
             second_segment: request.second_segment,
             prompt_logprobs: request.prompt_logprobs,
+            beam: request.beam,
         });
         if let (Some(proposers), Some(kind)) = (&mut self.proposers, request.speculative_method) {
             proposers.prepare(kind);
@@ -297,7 +314,9 @@ impl Scheduler {
         let constraint = request.constraint;
         let seq_id = self.new_seq_id();
         let seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
-        let fork_into = if shared.n > 1 { shared.n } else { 0 };
+        // A beam search starts from one beam, holding the slots of all of them.
+        let fork_into = if shared.n > 1 && shared.beam.is_none() { shared.n } else { 0 };
+        let beam = shared.beam.map(|b| beam::Beam { reserve: b.width - 1, ..Default::default() });
         self.seqs.insert(
             seq_id,
             SeqEntry {
@@ -308,6 +327,7 @@ impl Scheduler {
                 constraint,
                 draft_budget: MAX_SPECULATIVE_TOKENS,
                 proposals: Vec::new(),
+                beam,
             },
         );
         self.requests.insert(
@@ -321,6 +341,7 @@ impl Scheduler {
                 completion_tokens: 0,
                 num_preemptions: 0,
                 prompt_logprobs: shared.prompt_logprobs.map(|_| Vec::new()),
+                hypotheses: Vec::new(),
                 shared,
             },
         );

@@ -39,6 +39,7 @@ impl Scheduler {
         };
         let mut budget = self.config.max_num_batched_tokens;
 
+        self.regroup_beams();
         self.schedule_running(&mut batch, &mut budget);
         // After a preemption the cache is under pressure: admitting now would only preempt again
         // (possibly the sequence just requeued).
@@ -186,6 +187,8 @@ impl Scheduler {
         let mut index = 0;
         while *budget > 0 && index < self.waiting.len() {
             let id = self.waiting[index];
+            let (search_need, free_blocks) =
+                (self.search_admission_blocks(id), self.blocks.num_free_blocks());
             let Some(e) = self.seqs.get_mut(&id) else {
                 self.waiting.remove(index);
                 continue;
@@ -198,6 +201,10 @@ impl Scheduler {
                 continue;
             }
             if self.running_slots + e.slots() > self.config.max_num_seqs {
+                break;
+            }
+            // A search comes back whole or waits.
+            if search_need.is_some_and(|need| need > free_blocks) {
                 break;
             }
             let target = e.target();
@@ -377,6 +384,10 @@ impl Scheduler {
         // The recompute samples the last token again: drafts after it would be guesses about
         // another token's future.
         e.proposals.clear();
+        // A beam's candidates come again from its recompute, with its siblings'.
+        if let Some(beam) = e.beam.as_mut() {
+            beam.candidates = None;
+        }
         e.seq.status = SeqStatus::Waiting;
         self.running_slots -= e.slots();
         let request_id = e.seq.request_id;
@@ -412,6 +423,7 @@ impl Scheduler {
                     constraint: constraint.clone(),
                     draft_budget: MAX_SPECULATIVE_TOKENS,
                     proposals: Vec::new(),
+                    beam: None,
                 },
             );
             self.running.push(id);
@@ -486,6 +498,10 @@ fn next_draft_limit(e: &SeqEntry, config: &crate::config::EngineConfig, proposed
 /// `max_tokens` and `max_model_len`.
 fn proposal_cap(e: &SeqEntry, config: &crate::config::EngineConfig, budget: usize, ahead: usize) -> usize {
     let Some(spec) = &config.speculative else { return 0 };
+    // A beam's next token is chosen among its siblings', never verified alone.
+    if e.shared.beam.is_some() {
+        return 0;
+    }
     spec.num_speculative_tokens
         .min(e.shared.max_speculative_tokens.unwrap_or(usize::MAX))
         .min(budget)

@@ -511,5 +511,6 @@ fn finish_sample_ends_a_running_or_a_preempted_sequence() {
     assert_eq!(h.sched.block_manager().num_free_blocks(), 12);
 }
 
+mod beam;
 mod pooling;
 mod prompt_logprobs;

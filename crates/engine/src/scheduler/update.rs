@@ -4,7 +4,8 @@
 //! token ids, `min_tokens`, length, a complete grammar; stop strings are the output stage's),
 //! roll back rejected proposals, keep the executor's drafts for the next step, free finished
 //! sequences and produce the step's [`TokenEvent`]s, which carry token ids and no text. A
-//! pooling sequence ends with its step, its event carrying the pooled state.
+//! pooling sequence ends with its step, its event carrying the pooled state; a beam's step
+//! feeds its request's round of beam search (`beam.rs`).
 
 use std::time::Instant;
 
@@ -26,6 +27,7 @@ impl Scheduler {
         let mut pooled = output.pooled.into_iter();
         let mut scored = output.prompt_logprobs.into_iter();
         let mut any_finished = false;
+        let mut beam_requests = Vec::new();
         let scheduled = std::mem::take(&mut self.scheduled);
         for s in &scheduled {
             // Each output is taken in batch order, whether or not its sequence is still here.
@@ -66,6 +68,13 @@ impl Scheduler {
                 }
                 continue;
             };
+            if e.beam.is_some() {
+                // The round's selection appends the beams' tokens.
+                self.blocks.commit_computed(&mut e.seq);
+                beam_requests.push(e.seq.request_id);
+                Self::record_candidates(e, token.logprobs);
+                continue;
+            }
             let accepted = token.num_accepted();
             self.last_spec_stats.record(s.drafts.len(), accepted);
             if !s.drafts.is_empty() {
@@ -106,6 +115,11 @@ impl Scheduler {
         }
         self.scheduled = scheduled;
         self.scheduled.clear();
+        beam_requests.sort_unstable();
+        beam_requests.dedup();
+        for id in beam_requests {
+            any_finished |= self.advance_beams(id, now, out);
+        }
         if any_finished {
             let seqs = &self.seqs;
             self.running.retain(|id| seqs.contains_key(id));

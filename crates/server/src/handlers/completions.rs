@@ -74,15 +74,6 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let model = state.model.resolve(req.model.as_deref())?;
-    let n = req.n.unwrap_or(1);
-    if let Some(best_of) = req.best_of {
-        if best_of != n {
-            return Err(ApiError::invalid(
-                "best_of",
-                format!("best_of must equal n ({n}) when given, got {best_of}"),
-            ));
-        }
-    }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }

@@ -70,6 +70,13 @@ pub struct ChatCompletionRequest {
     pub ignore_eos: Option<bool>,
     #[serde(default)]
     pub min_tokens: Option<u32>,
+    /// vLLM extension: beam search instead of sampling, `n` beams, the `n` hypotheses out.
+    #[serde(default)]
+    pub use_beam_search: Option<bool>,
+    /// vLLM extension, with `use_beam_search`: hypotheses score their cumulative logprob over
+    /// their length (prompt included) to this power. Default 1.
+    #[serde(default)]
+    pub length_penalty: Option<f32>,
     /// Pagoda extension: at most this many tokens proposed per step for this request when the
     /// server runs speculative decoding (0 turns it off for the request; above the server's own
     /// `num_speculative_tokens` changes nothing), in [0, 16].
@@ -190,6 +197,9 @@ impl ChatCompletionRequest {
             speculative_method: self.speculative_method,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             priority: self.priority,
+            use_beam_search: self.use_beam_search.unwrap_or(false),
+            best_of: None,
+            length_penalty: self.length_penalty,
         }
     }
 }

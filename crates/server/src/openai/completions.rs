@@ -30,9 +30,18 @@ pub struct CompletionRequest {
     pub min_p: Option<f32>,
     #[serde(default)]
     pub n: Option<u32>,
-    /// Accepted only when equal to `n` (or absent).
+    /// With `use_beam_search`, the number of beams (at least `n`; the best `n` hypotheses
+    /// return); otherwise only equal to `n` (or absent).
     #[serde(default)]
     pub best_of: Option<u32>,
+    /// vLLM extension: beam search instead of sampling (deterministic; `n` hypotheses out of
+    /// `best_of`, or `n`, beams).
+    #[serde(default)]
+    pub use_beam_search: Option<bool>,
+    /// vLLM extension, with `use_beam_search`: hypotheses score their cumulative logprob over
+    /// their length (prompt included) to this power. Default 1.
+    #[serde(default)]
+    pub length_penalty: Option<f32>,
     #[serde(default)]
     pub stop: Option<StopSpec>,
     #[serde(default)]
@@ -153,6 +162,9 @@ impl CompletionRequest {
             speculative_method: self.speculative_method,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             priority: self.priority,
+            use_beam_search: self.use_beam_search.unwrap_or(false),
+            best_of: self.best_of,
+            length_penalty: self.length_penalty,
         }
     }
 }

@@ -40,6 +40,11 @@ pub struct CommonParams {
     pub skip_special_tokens: bool,
     /// The queue's order (lower first), with `--scheduling-policy priority`.
     pub priority: Option<i64>,
+    /// vLLM's beam search: `use_beam_search`, its width (`best_of`, else `n`) and
+    /// `length_penalty`.
+    pub use_beam_search: bool,
+    pub best_of: Option<u32>,
+    pub length_penalty: Option<f32>,
 }
 
 /// Pagoda extension: the speculative decoding method of one request (vLLM's method names).

@@ -4,6 +4,7 @@
 
 mod api;
 mod batch_invariant;
+mod beam_search;
 mod connections;
 mod cross_encoder;
 mod embeddings;
