@@ -273,10 +273,8 @@ impl Request {
             ("frequency_penalty", p.frequency_penalty != 0.0),
             ("logit_bias", !p.logit_bias.is_empty()),
             ("grammar", self.constraint.is_some()),
-            (
-                "speculative decoding",
-                self.max_speculative_tokens.is_some() || self.speculative_method.is_some(),
-            ),
+            ("num_speculative_tokens", self.max_speculative_tokens.is_some_and(|k| k > 0)),
+            ("speculative_method", self.speculative_method.is_some()),
             ("stop strings", !self.stop.stop_strings.is_empty()),
             ("prompt_logprobs", self.prompt_logprobs.is_some()),
         ];
@@ -357,7 +355,7 @@ pub enum RequestError {
     BeamWidth { width: usize, n: usize, max_num_seqs: usize },
     #[error(
         "this beam search may need {blocks} KV cache blocks at once (every beam at full length), \
-         more than the {num_blocks} the cache holds; lower max_tokens or the width (best_of, n)"
+         more than the {num_blocks} the cache holds; set a lower max_tokens or a narrower width (best_of, n)"
     )]
     BeamTooLarge { blocks: usize, num_blocks: usize },
     #[error("beam search scores the model's own distribution, so it takes no {what}")]

@@ -92,7 +92,9 @@ impl SequenceClassifier {
     /// The score of each input from its `[CLS]` state (`cls`: `[inputs, hidden]`).
     pub fn scores(&self, cls: &Tensor) -> Result<Vec<f32>> {
         let pooled = self.pooler.forward(cls)?.tanh()?;
-        let logits = self.classifier.forward(&pooled)?.flatten_all()?.to_vec1::<f32>()?;
+        // The model's dtype (bfloat16 on CUDA) out, f32 scores to the wire.
+        let logits = self.classifier.forward(&pooled)?.flatten_all()?.to_dtype(candle_core::DType::F32)?;
+        let logits = logits.to_vec1::<f32>()?;
         Ok(logits.into_iter().map(|l| self.activation.apply(l)).collect())
     }
 }

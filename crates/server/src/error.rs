@@ -203,7 +203,6 @@ impl From<RequestError> for ApiError {
                 let param = match what {
                     "grammar" => "response_format",
                     "stop strings" => "stop",
-                    "speculative decoding" => "speculative_method",
                     "a non-finite length_penalty" => "length_penalty",
                     field => field,
                 };

@@ -198,6 +198,7 @@ impl Server {
                 vocab_size,
                 max_model_len: ec.max_model_len,
                 max_logprobs: config.max_logprobs,
+                max_num_seqs: ec.max_num_seqs,
                 priority_scheduling: config.scheduling_policy == SchedulingPolicy::Priority,
             },
         });

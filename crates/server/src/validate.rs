@@ -27,6 +27,8 @@ pub struct Limits {
     pub max_model_len: usize,
     /// Most alternatives a request may ask for (`--max-logprobs`).
     pub max_logprobs: usize,
+    /// Most sequences the engine runs at once: the widest beam search.
+    pub max_num_seqs: usize,
     /// Requests' `priority` orders the queue (`--scheduling-policy priority`).
     pub priority_scheduling: bool,
 }
@@ -108,7 +110,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
     if !(1..=MAX_N).contains(&n) {
         return Err(InvalidParam::new("n", format!("n must be in [1, {MAX_N}], got {n}")));
     }
-    let beam = beam_search(&params, n)?;
+    let beam = beam_search(&params, n, limits.max_num_seqs)?;
 
     let max_tokens_param = params.max_tokens_param;
     if let Some(0) = params.max_tokens {
@@ -236,7 +238,11 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
 /// least `n`) and `length_penalty`, and each token's logprob only, without alternatives (the
 /// engine refuses what reshapes sampling, naming the field). Without it `best_of` must equal
 /// `n` and `length_penalty` has nothing to apply to.
-fn beam_search(params: &CommonParams, n: u32) -> Result<Option<BeamSearch>, InvalidParam> {
+fn beam_search(
+    params: &CommonParams,
+    n: u32,
+    max_num_seqs: usize,
+) -> Result<Option<BeamSearch>, InvalidParam> {
     if !params.use_beam_search {
         if let Some(best_of) = params.best_of.filter(|&b| b != n) {
             return Err(InvalidParam::new(
@@ -253,10 +259,17 @@ fn beam_search(params: &CommonParams, n: u32) -> Result<Option<BeamSearch>, Inva
         return Ok(None);
     }
     let width = params.best_of.unwrap_or(n);
+    let width_param = if params.best_of.is_some() { "best_of" } else { "n" };
     if width < n {
         return Err(InvalidParam::new(
             "best_of",
             format!("best_of ({width}) is the number of beams and must be at least n ({n})"),
+        ));
+    }
+    if width as usize > max_num_seqs {
+        return Err(InvalidParam::new(
+            width_param,
+            format!("{width} beams are more than the {max_num_seqs} sequences this server runs at once"),
         ));
     }
     if params.logprobs.is_some_and(|k| k > 0) {
@@ -299,8 +312,13 @@ mod tests {
     use super::*;
     use crate::openai::StopSpec;
 
-    const LIMITS: Limits =
-        Limits { vocab_size: 1000, max_model_len: 2048, max_logprobs: 20, priority_scheduling: false };
+    const LIMITS: Limits = Limits {
+        vocab_size: 1000,
+        max_model_len: 2048,
+        max_logprobs: 20,
+        max_num_seqs: 64,
+        priority_scheduling: false,
+    };
 
     #[test]
     fn priority_needs_the_priority_policy() {

@@ -60,9 +60,10 @@ struct Continuation {
 }
 
 impl Scheduler {
-    /// For every search with both running and queued beams: the queued ones go first in the
-    /// queue when they fit in the free blocks; when they do not and the running ones all hold
-    /// their round's candidates, the running ones are preempted.
+    /// For every search with both running and queued beams: the queued ones go first among
+    /// the waiting sequences of their priority when they fit in the free blocks and sequence
+    /// slots; when they do not and the running ones all hold their round's candidates, the
+    /// running ones are preempted.
     pub(super) fn regroup_beams(&mut self) {
         let mut split: Vec<RequestId> = self
             .waiting
@@ -87,18 +88,31 @@ impl Scheduler {
                 .iter()
                 .copied()
                 .find(|id| self.seqs.get(id).is_some_and(|e| e.seq.status == SeqStatus::Waiting));
+            let queued_slots: usize = state
+                .seq_ids
+                .iter()
+                .filter_map(|id| self.seqs.get(id))
+                .filter(|e| e.seq.status == SeqStatus::Waiting)
+                .map(SeqEntry::slots)
+                .sum();
             let fits = queued
                 .and_then(|id| self.search_admission_blocks(id))
-                .is_some_and(|need| need <= self.blocks.num_free_blocks());
+                .is_some_and(|need| need <= self.blocks.num_free_blocks())
+                && self.running_slots + queued_slots <= self.config.max_num_seqs;
             if running.is_empty() {
                 continue;
             }
             if fits {
-                let (first, rest): (Vec<SeqId>, Vec<SeqId>) = self
+                let ours: Vec<SeqId> = self
                     .waiting
                     .iter()
-                    .partition(|id| self.seqs.get(id).is_some_and(|e| e.seq.request_id == request_id));
-                self.waiting = first.into_iter().chain(rest).collect();
+                    .copied()
+                    .filter(|id| self.seqs.get(id).is_some_and(|e| e.seq.request_id == request_id))
+                    .collect();
+                self.waiting.retain(|id| !ours.contains(id));
+                for &id in ours.iter().rev() {
+                    self.enqueue_front(id);
+                }
             } else if running.iter().all(pending) {
                 for id in running {
                     self.preempt(id);
@@ -116,6 +130,14 @@ impl Scheduler {
         let waiting = state.seq_ids.iter().filter_map(|id| self.seqs.get(id));
         let waiting = waiting.filter(|e| e.seq.status == SeqStatus::Waiting);
         Some(waiting.map(|e| self.blocks.blocks_needed(&e.seq, e.seq.len())).sum())
+    }
+
+    /// Whether a beam of `id`'s request runs (`id` being one of its beams).
+    pub(super) fn search_is_running(&self, id: SeqId) -> bool {
+        let Some(state) = self.seqs.get(&id).and_then(|e| self.requests.get(&e.seq.request_id)) else {
+            return false;
+        };
+        state.seq_ids.iter().any(|s| self.seqs.get(s).is_some_and(|e| e.seq.status == SeqStatus::Running))
     }
 
     /// Keeps a beam's step output (its top tokens) for the round's selection.
@@ -190,7 +212,7 @@ impl Scheduler {
         for id in &live {
             self.running_slots -= self.seqs[id].slots();
         }
-        let next = self.continue_beams(&live, &continuations, shared.beam.map_or(1, |b| b.width));
+        let next = self.continue_beams(request_id, &live, &continuations, search.width);
         let any_dropped = next.len() < live.len() || live.iter().any(|id| !next.contains(id));
         let at_length = next.first().and_then(|id| self.seqs.get(id)).is_some_and(|e| {
             e.seq.output_len() >= shared.max_tokens || e.seq.len() >= self.config.max_model_len
@@ -205,7 +227,13 @@ impl Scheduler {
     /// Makes the round's continuations the request's beams: appends each chosen token to its
     /// parent, forking a parent chosen more than once, and drops unchosen parents. Returns the
     /// beams, running, with `width` slots among them.
-    fn continue_beams(&mut self, live: &[SeqId], chosen: &[Continuation], width: usize) -> Vec<SeqId> {
+    fn continue_beams(
+        &mut self,
+        request_id: RequestId,
+        live: &[SeqId],
+        chosen: &[Continuation],
+        width: usize,
+    ) -> Vec<SeqId> {
         let mut beams: Vec<SeqId> = Vec::with_capacity(chosen.len());
         let mut taken = vec![false; live.len()];
         for c in chosen {
@@ -226,6 +254,11 @@ impl Scheduler {
             if let Some(mut e) = self.seqs.remove(&id) {
                 self.blocks.free(&mut e.seq);
             }
+        }
+        // The request's sequences are its beams: dropped ones go, so lookups stay short.
+        let seqs = &self.seqs;
+        if let Some(state) = self.requests.get_mut(&request_id) {
+            state.seq_ids.retain(|id| seqs.contains_key(id));
         }
         for (i, &id) in beams.iter().enumerate() {
             let e = self.seqs.get_mut(&id).expect("a live beam");

@@ -27,6 +27,9 @@ impl Scheduler {
         let queries_before = self.blocks.prefix_cache_queries();
         let hits_before = self.blocks.prefix_cache_hits();
         let preemptions_before = self.num_preemptions;
+        self.regroup_beams();
+        // A search sent back whole may come back in this step.
+        let preemptions_regrouped = self.num_preemptions;
         let executor_draft = match self.config.speculative.map(|s| s.method) {
             Some(SpeculativeMethod::DraftLayers { num_layers }) => Some(ExecutorDraft::Layers(num_layers)),
             Some(SpeculativeMethod::DraftModel) => Some(ExecutorDraft::Model),
@@ -39,11 +42,10 @@ impl Scheduler {
         };
         let mut budget = self.config.max_num_batched_tokens;
 
-        self.regroup_beams();
         self.schedule_running(&mut batch, &mut budget);
         // After a preemption the cache is under pressure: admitting now would only preempt again
         // (possibly the sequence just requeued).
-        if self.num_preemptions == preemptions_before {
+        if self.num_preemptions == preemptions_regrouped {
             self.schedule_waiting(&mut batch, &mut budget);
         }
 
@@ -189,6 +191,8 @@ impl Scheduler {
             let id = self.waiting[index];
             let (search_need, free_blocks) =
                 (self.search_admission_blocks(id), self.blocks.num_free_blocks());
+            // A beam whose siblings run rejoins them: its slots are its search's own.
+            let rejoining = search_need.is_some() && self.search_is_running(id);
             let Some(e) = self.seqs.get_mut(&id) else {
                 self.waiting.remove(index);
                 continue;
@@ -196,7 +200,7 @@ impl Scheduler {
             let group = e.shared.group;
             let group_slots = held.get(&group).copied().unwrap_or(0);
             let others_wait = waiting_by_group.len() > usize::from(waiting_by_group.contains_key(&group));
-            if group_slots > 0 && group_slots + e.slots() > share && others_wait {
+            if group_slots > 0 && group_slots + e.slots() > share && others_wait && !rejoining {
                 index += 1;
                 continue;
             }

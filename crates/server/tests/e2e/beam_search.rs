@@ -139,6 +139,7 @@ async fn beam_search_refuses_what_it_cannot_honour() -> Result<()> {
         (beam(json!({"top_p": 0.5})), "top_p"),
         (beam(json!({"logprobs": 2})), "logprobs"),
         (beam(json!({"best_of": 1})), "best_of"),
+        (beam(json!({"best_of": 100_000})), "best_of"),
         (beam(json!({"stop": ["\n"]})), "stop"),
         (beam(json!({"response_format": {"type": "json_object"}})), "response_format"),
         (beam(json!({"max_tokens": 1000, "n": 16})), "max_tokens"),

@@ -65,7 +65,13 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
             architecture: "llama".into(),
             context_length: 64,
         },
-        limits: Limits { vocab_size, max_model_len: 512, max_logprobs: 20, priority_scheduling: false },
+        limits: Limits {
+            vocab_size,
+            max_model_len: 512,
+            max_logprobs: 20,
+            max_num_seqs: 64,
+            priority_scheduling: false,
+        },
     });
     let http =
         HttpOptions { api_key: None, allowed_origins: vec!["*".into()], max_request_body_bytes: 1 << 20 };

@@ -207,3 +207,41 @@ fn beam_requests_refuse_what_they_cannot_honour() {
     let scored = Request { prompt_logprobs: Some(1), ..base };
     assert_eq!(scored.validate(&config), Err(RequestError::BeamUnsupported { what: "prompt_logprobs" }));
 }
+
+#[test]
+fn searches_under_slot_and_block_pressure_all_finish_as_the_reference() {
+    // Wide searches beside fan-outs of other groups, on caches and slot counts where beams
+    // are preempted and must rejoin siblings that hold their round: every search ends with the
+    // reference's beams and every other request completes.
+    let mut preempted = 0;
+    for (num_blocks, max_num_seqs) in [(20, 4), (24, 4), (20, 6), (32, 6)] {
+        let mut config = EngineConfig::new(4, num_blocks, 64);
+        config.max_num_batched_tokens = 8;
+        config.max_num_seqs = max_num_seqs;
+        let mut h = Harness::new(config);
+        let wants: Vec<_> = (0..2).map(|i| reference(&prompt(9, i), 3, 2, 14, 1.0)).collect();
+        for i in 0..2u32 {
+            h.add(beam_request(u64::from(i) + 1, prompt(9, i), 3, 2, 14, 1.0).with_priority(1));
+        }
+        for id in 10..13 {
+            h.add(Request::new(id, prompt(7, id as u32), params(0.0, id)).with_max_tokens(20).with_n(3));
+        }
+        // The engine fails the queue's head after two empty steps in a row.
+        let mut empty = 0;
+        while h.sched.has_unfinished() {
+            empty = if h.step().is_empty() { empty + 1 } else { 0 };
+            assert!(empty < 2, "{num_blocks} blocks, {max_num_seqs} slots: the scheduler stalled");
+        }
+        for (i, want) in wants.iter().enumerate() {
+            assert_matches(&results(&h, i as u64 + 1, 2), want);
+        }
+        for id in 10..13 {
+            for index in 0..3 {
+                assert_eq!(h.finish(id, index), FinishReason::Length, "{num_blocks} blocks, request {id}");
+            }
+        }
+        preempted += h.metrics.iter().filter(|m| m.request_id <= 2).map(|m| m.num_preemptions).sum::<usize>();
+        assert_eq!(h.sched.block_manager().num_free_blocks(), num_blocks);
+    }
+    assert!(preempted > 0, "some beams were preempted");
+}
