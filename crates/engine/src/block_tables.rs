@@ -142,6 +142,7 @@ mod tests {
             num_to_draft: 0,
             pool: false,
             second_segment: None,
+            lora: None,
             prompt_logprobs: None,
         }
     }

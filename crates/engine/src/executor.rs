@@ -16,6 +16,10 @@ use crate::sampling::SamplingParams;
 /// Identifies one sequence (one of the `n` samples of a request) for the engine's lifetime.
 pub type SeqId = u64;
 
+/// A LoRA adapter as the executor knows it (the server names adapters; the executor holds
+/// their weights under these ids).
+pub type LoraId = u32;
+
 /// One sequence's share of a step.
 #[derive(Debug, Clone)]
 pub struct ScheduledSeq {
@@ -51,6 +55,8 @@ pub struct ScheduledSeq {
     /// A pooling sequence over a text pair (a cross-encoder's input): where the second text's
     /// tokens start in `token_ids`; they are segment B (BERT's token type 1), the rest segment A.
     pub second_segment: Option<usize>,
+    /// The LoRA adapter the sequence runs with; `None`: the base model.
+    pub lora: Option<LoraId>,
     /// The logprobs of the prompt tokens this step's positions predict (vLLM's
     /// `prompt_logprobs`), returned in [`StepOutput::prompt_logprobs`].
     pub prompt_logprobs: Option<PromptLogprobsRequest>,

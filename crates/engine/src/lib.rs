@@ -50,8 +50,9 @@ pub use constraint::{ConstraintError, DraftGrammar, MaskSlot, SeqConstraint, Tok
 pub use engine::Engine;
 pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{
-    ExecutorDraft, ExecutorError, ModelExecutor, PooledOutput, PromptLogprobsOutput, PromptLogprobsRequest,
-    SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId, StepOutput, TokenLogprob, TopLogprobs,
+    ExecutorDraft, ExecutorError, LoraId, ModelExecutor, PooledOutput, PromptLogprobsOutput,
+    PromptLogprobsRequest, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId, StepOutput,
+    TokenLogprob, TopLogprobs,
 };
 pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};

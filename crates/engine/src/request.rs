@@ -8,6 +8,7 @@ use pagoda_text::StopStrings;
 
 use crate::config::EngineConfig;
 use crate::constraint::SeqConstraint;
+use crate::executor::LoraId;
 use crate::sampling::{SamplingParams, SamplingParamsError};
 use crate::speculative::ProposerKind;
 
@@ -89,6 +90,9 @@ pub struct Request {
     /// A pooling request over a text pair (a cross-encoder scores the pair): the index in
     /// `prompt_token_ids` of the second text's first token.
     pub second_segment: Option<usize>,
+    /// The LoRA adapter the request runs with (the executor's id); `None`: the base model. Its
+    /// KV is its own: the prefix cache never shares blocks between adapters.
+    pub lora: Option<LoraId>,
     /// The logprobs of the prompt's tokens with this many alternatives each (vLLM's
     /// `prompt_logprobs`); the whole prompt is computed, prefix-cache hits or not.
     pub prompt_logprobs: Option<usize>,
@@ -115,6 +119,7 @@ impl Request {
             speculative_method: None,
             pool: false,
             second_segment: None,
+            lora: None,
             prompt_logprobs: None,
             beam: None,
         }

@@ -48,6 +48,9 @@ pub struct Sequence {
     /// where it could not be cached (or, in a windowed group, was never held); the length (the
     /// same in every group) is how many full blocks have been offered to the cache.
     pub(crate) cache_refs: Vec<Vec<Option<CachedBlockRef>>>,
+    /// The LoRA adapter the sequence runs with: its blocks' hashes start from it, so that the
+    /// prefix cache keeps each adapter's KV apart.
+    pub lora: Option<crate::executor::LoraId>,
 }
 
 /// What changed in a sequence's block tables since the executor last saw them: the block
@@ -106,6 +109,7 @@ impl Sequence {
             block_hashes: Vec::new(),
             cache_refs: Vec::new(),
             table_changes: TableChanges::default(),
+            lora: None,
         }
     }
 

@@ -65,6 +65,7 @@ fn chunk(
         num_to_draft: 0,
         pool: false,
         second_segment: None,
+        lora: None,
         prompt_logprobs: None,
     }
 }

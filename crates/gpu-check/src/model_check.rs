@@ -77,6 +77,7 @@ fn run_schedule(
                 num_to_draft: 0,
                 pool: false,
                 second_segment: None,
+                lora: None,
                 prompt_logprobs: None,
             });
             members.push(i);

@@ -130,6 +130,7 @@ fn step(runner: &mut ModelRunner, tokens: &[u32], start: usize) -> Result<Vec<f3
         num_to_draft: 0,
         pool: false,
         second_segment: None,
+        lora: None,
         prompt_logprobs: None,
     };
     let logits = runner.logits(&ScheduledBatch { seqs: vec![seq], ..ScheduledBatch::default() })?;

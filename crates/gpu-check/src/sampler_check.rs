@@ -122,6 +122,7 @@ fn compare_verification(rng: &mut StdRng, gpu: &Device, vocab: usize, report: &m
             num_to_draft: 0,
             pool: false,
             second_segment: None,
+            lora: None,
             prompt_logprobs: None,
         });
     }

@@ -55,6 +55,7 @@ pub(crate) fn decode_batch(batch: usize) -> ScheduledBatch {
             num_to_draft: 0,
             pool: false,
             second_segment: None,
+            lora: None,
             prompt_logprobs: None,
         })
         .collect();

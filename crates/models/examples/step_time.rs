@@ -42,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         num_to_draft: 0,
         pool: false,
         second_segment: None,
+        lora: None,
         prompt_logprobs: None,
     };
     // The context, as a prefill in one step.

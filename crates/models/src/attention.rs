@@ -9,6 +9,7 @@ use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, StackedLinear};
+use crate::lora::LoraModule;
 use crate::model::ForwardInput;
 use crate::weights::{load_linear, load_stacked, WeightSource};
 
@@ -149,6 +150,14 @@ impl Attention {
         let heads = [self.num_heads, self.num_kv_heads, self.num_kv_heads];
         let [q, k, v]: [Tensor; 3] =
             self.qkv_proj.forward_heads(x, &heads, self.head_dim)?.try_into().expect("three projections");
+        let (q, k, v) = match input.lora {
+            None => (q, k, v),
+            Some(lora) => (
+                lora.apply(layer, LoraModule::Q, x, q)?,
+                lora.apply(layer, LoraModule::K, x, k)?,
+                lora.apply(layer, LoraModule::V, x, v)?,
+            ),
+        };
         let (q, k) = match &self.qk_norm {
             None => (q, k),
             // Views of the stacked projection: rows of one head are contiguous, heads are not.
@@ -169,6 +178,11 @@ impl Attention {
         };
         pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &meta.slot_mapping)?;
         let attn = pagoda_ops::paged_attention_with(&q, k_cache, v_cache, meta, self.params)?;
-        self.o_proj.forward(&attn.reshape((num_tokens, self.num_heads * self.head_dim))?)
+        let attn = attn.reshape((num_tokens, self.num_heads * self.head_dim))?;
+        let out = self.o_proj.forward(&attn)?;
+        match input.lora {
+            None => Ok(out),
+            Some(lora) => lora.apply(layer, LoraModule::O, &attn, out),
+        }
     }
 }

@@ -130,6 +130,7 @@ impl Drafter<'_> {
                 num_to_draft: 0,
                 pool: false,
                 second_segment: None,
+                lora: None,
                 prompt_logprobs: None,
             });
             if want > 0 {
@@ -234,6 +235,7 @@ fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
         num_to_draft: 0,
         pool: false,
         second_segment: None,
+        lora: None,
         prompt_logprobs: None,
     }
 }

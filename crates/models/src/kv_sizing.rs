@@ -63,6 +63,7 @@ impl ProfileShape {
                     num_to_draft: 0,
                     pool: false,
                     second_segment: None,
+                    lora: None,
                     prompt_logprobs: None,
                 }
             })

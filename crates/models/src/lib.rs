@@ -21,6 +21,7 @@ pub mod kv_sizing;
 pub mod linear;
 pub mod llama;
 pub mod loader;
+pub mod lora;
 pub mod model;
 mod moe;
 pub mod pooling;

@@ -10,6 +10,7 @@ use crate::embedding::{load_embedding_and_head, Embedding};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, StackedLinear};
+use crate::lora::{LoraBatch, LoraModule};
 use crate::model::{join_residual, ForwardInput};
 use crate::moe::MoeMlp;
 use crate::weights::{load_linear, load_stacked, WeightSource};
@@ -48,11 +49,19 @@ impl Mlp {
         Ok(Mlp::Dense { gate_up_proj, down_proj: load_linear(source, &name("ffn_down"), h, ffn, None)? })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `x` `[tokens, hidden]` (normed) -> `[tokens, hidden]`, with the rows' LoRA deltas of
+    /// layer `layer` when `lora` has any.
+    fn forward(&self, x: &Tensor, lora: Option<&LoraBatch>, layer: usize) -> Result<Tensor> {
         match self {
             Mlp::Dense { gate_up_proj, down_proj } => {
                 let [gate, up]: [Tensor; 2] = gate_up_proj.forward(x)?.try_into().expect("two projections");
-                down_proj.forward(&pagoda_ops::silu_and_mul(&gate, &up)?)
+                let Some(lora) = lora else {
+                    return down_proj.forward(&pagoda_ops::silu_and_mul(&gate, &up)?);
+                };
+                let gate = lora.apply(layer, LoraModule::Gate, x, gate)?;
+                let up = lora.apply(layer, LoraModule::Up, x, up)?;
+                let inner = pagoda_ops::silu_and_mul(&gate, &up)?;
+                lora.apply(layer, LoraModule::Down, &inner, down_proj.forward(&inner)?)
             }
             Mlp::Experts(moe) => moe.forward(x),
         }
@@ -131,7 +140,7 @@ impl Llama {
             let r = residual.as_ref().expect("set by the first layer");
             let (normed, sum) = pagoda_ops::add_rms_norm(&hidden, r, &layer.ffn_norm, c.rms_norm_eps)?;
             residual = Some(sum);
-            hidden = layer.mlp.forward(&normed)?;
+            hidden = layer.mlp.forward(&normed, input.lora, i)?;
         }
         let head = |rows: &Tensor| Ok(self.lm_head.forward(rows)?.to_dtype(DType::F32)?);
         crate::model::final_outputs(&hidden, residual.as_ref(), &self.final_norm, c, input, head)

@@ -11,6 +11,7 @@ use crate::error::{ModelError, Result};
 use crate::gemma::Gemma;
 use crate::kv_cache::KvCache;
 use crate::llama::Llama;
+use crate::lora::{LoraAdapter, LoraBatch};
 use crate::pooling::Pooling;
 use crate::weights::WeightSource;
 
@@ -31,6 +32,8 @@ pub struct ForwardInput<'a> {
     /// u32 `[num_pooled]`: token rows whose final-normed hidden states are wanted (pooling
     /// sequences of a decoder, [`Model::forward_parts`]).
     pub hidden_rows: Option<&'a Tensor>,
+    /// The LoRA adapter of each row, when any row has one.
+    pub lora: Option<&'a LoraBatch>,
 }
 
 /// The logits of a step that wants none: `[0, vocab]` f32 on the host, since CUDA cannot
@@ -90,6 +93,8 @@ pub struct Model {
     /// How embeddings pool, when set by [`Model::set_pooling`] (an encoder's default is its
     /// own files').
     pooling: Option<Pooling>,
+    /// The LoRA adapters loaded, by the engine's ids.
+    loras: std::collections::HashMap<pagoda_engine::LoraId, std::sync::Arc<LoraAdapter>>,
 }
 
 enum Architecture {
@@ -130,7 +135,43 @@ impl Model {
             "bert" => Architecture::Bert(Bert::load(source, config)?),
             _ => Architecture::Llama(Llama::load(source, config, device)?),
         };
-        Ok(Self { architecture, dtype, pooling: None })
+        Ok(Self { architecture, dtype, pooling: None, loras: Default::default() })
+    }
+
+    /// Loads the PEFT adapter in `dir` under `id`, its weights on `device` (an id in use is an
+    /// error: nothing is replaced). Dense Llama-family models take adapters; others refuse them.
+    pub fn add_lora(
+        &mut self,
+        id: pagoda_engine::LoraId,
+        dir: &std::path::Path,
+        max_rank: usize,
+        device: &Device,
+    ) -> Result<()> {
+        let supported = match &self.architecture {
+            Architecture::Llama(m) => m.config().moe.is_none(),
+            _ => false,
+        };
+        if !supported {
+            return Err(ModelError::InvalidOption(format!(
+                "LoRA adapters need a dense Llama-family model; `{}` is not one",
+                self.config().architecture
+            )));
+        }
+        if self.loras.contains_key(&id) {
+            return Err(ModelError::InvalidOption(format!("LoRA id {id} is already loaded")));
+        }
+        let adapter = LoraAdapter::load_peft(dir, self.config(), max_rank, self.dtype, device)?;
+        self.loras.insert(id, std::sync::Arc::new(adapter));
+        Ok(())
+    }
+
+    /// Drops adapter `id`; false when it was not loaded.
+    pub fn remove_lora(&mut self, id: pagoda_engine::LoraId) -> bool {
+        self.loras.remove(&id).is_some()
+    }
+
+    pub(crate) fn lora(&self, id: pagoda_engine::LoraId) -> Option<&std::sync::Arc<LoraAdapter>> {
+        self.loras.get(&id)
     }
 
     pub fn dtype(&self) -> DType {

@@ -19,6 +19,7 @@ use rayon::prelude::*;
 use crate::drafter::{DraftModel, Drafter};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
+use crate::lora::LoraBatch;
 use crate::model::{ForwardInput, Model};
 
 // The engine marks released blocks with the value the kernels skip.
@@ -57,6 +58,8 @@ pub(crate) struct FlatBatch<'t> {
     /// are the `i`-th one's.
     pooled_rows: Vec<u32>,
     pooled_bounds: Vec<usize>,
+    /// Each row's LoRA adapter.
+    lora: LoraBatch,
 }
 
 impl ModelRunner {
@@ -129,6 +132,22 @@ impl ModelRunner {
     fn forward_flat(&self, flat: FlatBatch<'_>) -> Result<(Tensor, Option<Tensor>)> {
         forward_with(&self.model, &self.cache, &self.device, flat, None)
     }
+
+    /// Loads the PEFT adapter in `dir` as adapter `id` of the engine's requests (see
+    /// [`Model::add_lora`]).
+    pub fn add_lora(
+        &mut self,
+        id: pagoda_engine::LoraId,
+        dir: &std::path::Path,
+        max_rank: usize,
+    ) -> Result<()> {
+        self.model.add_lora(id, dir, max_rank, &self.device)
+    }
+
+    /// Drops adapter `id`; false when it was not loaded.
+    pub fn remove_lora(&mut self, id: pagoda_engine::LoraId) -> bool {
+        self.model.remove_lora(id)
+    }
 }
 
 /// Flattens `batch`, whose sequences' block tables `tables` holds, for `model` over `cache`,
@@ -155,6 +174,7 @@ pub(crate) fn flatten<'t>(
         logits_rows: Vec::new(),
         pooled_rows: Vec::new(),
         pooled_bounds: vec![0],
+        lora: LoraBatch::default(),
     };
     flat.cu_seqlens_q.push(0);
     for seq in &batch.seqs {
@@ -168,6 +188,13 @@ pub(crate) fn flatten<'t>(
                 seq.context_len()
             )));
         }
+        let adapter = match seq.lora {
+            Some(id) => Some(Arc::clone(
+                model.lora(id).ok_or_else(|| invalid(format!("LoRA adapter {id} is not loaded")))?,
+            )),
+            None => None,
+        };
+        flat.lora.push(seq.q_len(), adapter);
         let block_tables = tables.get(seq.seq_id).unwrap_or_default();
         if block_tables.len() != num_groups {
             return Err(invalid(format!(
@@ -262,6 +289,7 @@ pub(crate) fn forward_with(
         logits_rows: logits_rows.as_ref(),
         num_layers,
         hidden_rows: hidden_rows.as_ref(),
+        lora: flat.lora.is_active().then_some(&flat.lora),
     };
     model.forward_parts(&input, cache)
 }

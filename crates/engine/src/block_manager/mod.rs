@@ -51,6 +51,11 @@ fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
     mix64(tokens.iter().fold(seed, |h, &t| mix64(h ^ u64::from(t))))
 }
 
+/// The chain root of LoRA adapter `id`'s blocks.
+fn adapter_root(id: crate::executor::LoraId) -> u64 {
+    combine(0x4C0_4A00_0000, u64::from(id))
+}
+
 /// The cache key of group `group`'s copy of a block with chained hash `hash` (group 0's is the
 /// hash itself, as with a single table).
 fn group_hash(hash: u64, group: usize) -> u64 {
@@ -131,7 +136,8 @@ impl BlockManager {
         let bs = self.block_size;
         while seq.block_hashes.len() < num_blocks {
             let j = seq.block_hashes.len();
-            let parent = j.checked_sub(1).map(|p| seq.block_hashes[p]);
+            // An adapter's chain starts from the adapter: its KV differs from the base model's.
+            let parent = j.checked_sub(1).map(|p| seq.block_hashes[p]).or(seq.lora.map(adapter_root));
             let hash = block_hash(parent, &seq.token_ids[j * bs..(j + 1) * bs]);
             seq.block_hashes.push(hash);
         }

@@ -59,6 +59,31 @@ fn prefix_hit_reuses_full_blocks_and_counts_tokens() {
 }
 
 #[test]
+fn each_lora_adapter_caches_its_own_blocks() {
+    let mut bm = BlockManager::new(32, 4, true);
+    let mut copies = Vec::new();
+    let with = |id, lora| {
+        let mut s = seq(id, (0..10).collect());
+        s.lora = lora;
+        s
+    };
+    let mut base = with(1, None);
+    admit_all(&mut bm, &mut base, &mut copies);
+    let mut adapter = with(2, Some(7));
+    admit_all(&mut bm, &mut adapter, &mut copies);
+    // The same tokens under another adapter (or none) are a miss; under the same, a hit.
+    assert_eq!(bm.prefix_cache_hits(), 0);
+    let mut again = with(3, Some(7));
+    let cap = again.len() - 1;
+    assert_eq!(bm.plan_admission(&mut again, cap).num_cached_tokens, 8);
+    let mut other = with(4, Some(8));
+    assert_eq!(bm.plan_admission(&mut other, cap).num_cached_tokens, 0);
+    let mut plain = with(5, None);
+    assert_eq!(bm.plan_admission(&mut plain, cap).num_cached_tokens, 8);
+    assert_ne!(base.block_tables[0][0], adapter.block_tables[0][0]);
+}
+
+#[test]
 fn different_prefix_same_block_tokens_is_a_miss() {
     let mut bm = BlockManager::new(16, 2, true);
     let mut copies = Vec::new();

@@ -118,6 +118,8 @@ pub(crate) struct RequestShared {
     pub pool: bool,
     /// Where a pooled pair's second text starts ([`crate::request::Request::second_segment`]).
     pub second_segment: Option<usize>,
+    /// The request's LoRA adapter ([`crate::request::Request::lora`]).
+    pub lora: Option<crate::executor::LoraId>,
     /// Alternatives per prompt token when the prompt's logprobs were asked for.
     pub prompt_logprobs: Option<usize>,
     /// A beam search ([`crate::request::Request::beam`]).
@@ -305,6 +307,7 @@ impl Scheduler {
             speculative_method: request.speculative_method,
             pool: request.pool,
             second_segment: request.second_segment,
+            lora: request.lora,
             prompt_logprobs: request.prompt_logprobs,
             beam: request.beam,
         });
@@ -313,7 +316,8 @@ impl Scheduler {
         }
         let constraint = request.constraint;
         let seq_id = self.new_seq_id();
-        let seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
+        let mut seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
+        seq.lora = request.lora;
         // A beam search starts from one beam, holding the slots of all of them.
         let fork_into = if shared.n > 1 && shared.beam.is_none() { shared.n } else { 0 };
         let beam = shared.beam.map(|b| beam::Beam { reserve: b.width - 1, ..Default::default() });

@@ -343,6 +343,7 @@ impl Scheduler {
             num_to_draft: to_draft,
             pool,
             second_segment: e.shared.second_segment,
+            lora: e.shared.lora,
             prompt_logprobs,
         });
         e.last_scheduled = self.step;

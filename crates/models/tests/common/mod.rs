@@ -193,6 +193,7 @@ impl TestSeq {
             num_to_draft: 0,
             pool: false,
             second_segment: None,
+            lora: None,
             prompt_logprobs: None,
         }
     }
