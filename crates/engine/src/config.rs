@@ -55,6 +55,9 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Speculative decoding (off when `None`).
     pub speculative: Option<SpeculativeConfig>,
+    /// Most LoRA adapters whose sequences run at once (vLLM's `max_loras`); a sequence of
+    /// another adapter waits. `None`: no limit.
+    pub max_loras: Option<usize>,
 }
 
 impl EngineConfig {
@@ -70,6 +73,7 @@ impl EngineConfig {
             max_waiting_requests: 1024,
             enable_prefix_caching: true,
             speculative: None,
+            max_loras: None,
         }
     }
 

@@ -9,6 +9,7 @@ use pagoda_models::KernelRequest;
 use serde::Deserialize;
 
 use crate::flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, PoolingArg};
+use crate::lora_args::{LoraArgs, LoraSettings};
 use crate::speculative_config::{self, SpeculativeSetting};
 
 /// What is served when no `--model` is given.
@@ -154,6 +155,9 @@ pub struct EngineArgs {
     /// cpu, cuda or cuda:N. [default: cpu]
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<DeviceArg>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lora: LoraArgs,
 }
 
 impl EngineArgs {
@@ -182,6 +186,7 @@ impl EngineArgs {
             pooling: self.pooling.or(file.pooling),
             device: self.device.or(file.device),
             no_enable_prefix_caching: self.no_enable_prefix_caching,
+            lora: self.lora.or(file.lora),
         }
     }
 
@@ -222,6 +227,7 @@ impl EngineArgs {
                 .map(|json| speculative_config::parse(&json, device))
                 .transpose()
                 .map_err(|message| invalid("--speculative-config", message))?,
+            lora: a.lora.settings()?,
         };
         settings.check()?;
         Ok(settings)
@@ -255,6 +261,8 @@ pub struct EngineSettings {
     pub max_waiting_requests: usize,
     pub enable_prefix_caching: bool,
     pub speculative: Option<SpeculativeSetting>,
+    /// LoRA adapters, when served (`--enable-lora`).
+    pub lora: Option<LoraSettings>,
 }
 
 impl EngineSettings {

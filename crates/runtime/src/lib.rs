@@ -9,6 +9,7 @@ pub mod engine_args;
 pub mod flags;
 pub mod hub;
 pub mod load;
+pub mod lora_args;
 pub mod options;
 pub mod plan;
 pub mod speculative_config;
@@ -16,6 +17,7 @@ pub mod speculative_config;
 pub use engine_args::{ArgsError, EngineArgs, EngineSettings, DEFAULT_MODEL};
 pub use flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg};
 pub use load::{LoadedRuntime, Runtime, RuntimeError, StartupTimes};
+pub use lora_args::{LoraArgs, LoraSettings};
 pub use options::{OptionsError, RuntimeOptions};
 /// An embedding model's pooling, as [`Runtime::pooling`] gives it.
 pub use pagoda_models::pooling::normalize;

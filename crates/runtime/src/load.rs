@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use candle_core::DType;
 use pagoda_engine::stats::EngineObserver;
-use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, Shutdown};
+use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, LoraId, Shutdown};
 use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
 use pagoda_models::{
     load_model, DraftModel, KvCache, KvLayout, LoadFormat, LoadOptions, Model, ModelConfig, ModelError,
@@ -49,6 +49,8 @@ pub enum RuntimeError {
          head over the [CLS] state; leave --pooling out"
     )]
     PoolingOfCrossEncoder(&'static str),
+    #[error("LoRA adapter {name} ({path}): {source}")]
+    Lora { name: String, path: PathBuf, source: Box<ModelError> },
     #[error("draft model {path}: {reason}")]
     DraftIncompatible { path: PathBuf, reason: String },
 }
@@ -83,6 +85,8 @@ pub struct LoadedRuntime {
     pub times: StartupTimes,
     /// An embedding model's pooling; `None` for a model that generates.
     pub pooling: Option<Pooling>,
+    /// The LoRA adapters loaded at start-up: (name, the engine's id, directory).
+    pub loras: Vec<(String, LoraId, PathBuf)>,
 }
 
 /// A running engine and what requests are prepared with.
@@ -95,6 +99,8 @@ pub struct Runtime {
     pub model_config: ModelConfig,
     /// An embedding model's pooling; `None` for a model that generates.
     pub pooling: Option<Pooling>,
+    /// The LoRA adapters loaded at start-up: (name, the engine's id, directory).
+    pub loras: Vec<(String, LoraId, PathBuf)>,
 }
 
 fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
@@ -226,6 +232,7 @@ impl LoadedRuntime {
             KvCache::new(&config, 1, options.block_size, cache_dtype, &options.device)?,
             options.device.clone(),
         )?;
+        let loras = load_loras(&mut runner, options)?;
         let mut gpu_kv_budget = None;
         let num_blocks = match options.num_blocks {
             Some(n) => n,
@@ -320,6 +327,7 @@ impl LoadedRuntime {
         engine_config.max_waiting_requests = options.max_waiting_requests;
         engine_config.enable_prefix_caching = options.enable_prefix_caching;
         engine_config.speculative = options.speculative;
+        engine_config.max_loras = options.lora.as_ref().map(|l| l.max_loras);
         engine_config.validate().map_err(EngineError::from)?;
 
         Ok(Self {
@@ -336,6 +344,7 @@ impl LoadedRuntime {
             kernel_timing: resolved.timing,
             times,
             pooling: self_pooling,
+            loras,
         })
     }
 
@@ -357,6 +366,15 @@ impl LoadedRuntime {
             return Err(RuntimeError::DraftIncompatible {
                 path: path.clone(),
                 reason: "the model is an embedding model, which generates nothing to draft".into(),
+            });
+        }
+        if let Some((name, path)) = options.lora.as_ref().and_then(|l| l.modules.first()) {
+            return Err(RuntimeError::Lora {
+                name: name.clone(),
+                path: path.clone(),
+                source: Box::new(ModelError::InvalidOption(
+                    "an embedding model takes no LoRA adapters".into(),
+                )),
             });
         }
         let positions = config.max_position_embeddings;
@@ -390,6 +408,7 @@ impl LoadedRuntime {
             plan,
             kernel_timing,
             times,
+            loras: Vec::new(),
             pooling: Some(pooling),
         })
     }
@@ -411,8 +430,29 @@ impl LoadedRuntime {
             engine_config: self.engine_config,
             model_config: self.model_config,
             pooling: self.pooling,
+            loras: self.loras,
         })
     }
+}
+
+/// Loads the start-up adapters of `options.lora` into `runner`, ids from 1 in the order given.
+fn load_loras(
+    runner: &mut ModelRunner,
+    options: &RuntimeOptions,
+) -> Result<Vec<(String, LoraId, PathBuf)>, RuntimeError> {
+    let Some(lora) = &options.lora else { return Ok(Vec::new()) };
+    let mut loaded = Vec::with_capacity(lora.modules.len());
+    for (i, (name, path)) in lora.modules.iter().enumerate() {
+        let id = i as LoraId + 1;
+        runner.add_lora(id, path, lora.max_lora_rank).map_err(|source| RuntimeError::Lora {
+            name: name.clone(),
+            path: path.clone(),
+            source: Box::new(source),
+        })?;
+        tracing::info!(name = %name, id, path = %path.display(), "LoRA adapter loaded");
+        loaded.push((name.clone(), id, path.clone()));
+    }
+    Ok(loaded)
 }
 
 /// The KV budget's part for the target's cache when a draft's cache takes a page of the same

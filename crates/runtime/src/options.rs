@@ -66,6 +66,8 @@ pub struct RuntimeOptions {
     pub speculative: Option<pagoda_engine::SpeculativeConfig>,
     /// A separate draft model (`SpeculativeMethod::DraftModel`), loaded like the target.
     pub draft_model: Option<PathBuf>,
+    /// LoRA adapters, when served.
+    pub lora: Option<crate::LoraSettings>,
 }
 
 fn open_device(arg: DeviceArg) -> Result<Device, OptionsError> {
@@ -119,6 +121,7 @@ impl EngineSettings {
             enable_prefix_caching: self.enable_prefix_caching,
             speculative: self.speculative.as_ref().map(|s| s.config),
             draft_model,
+            lora: self.lora.clone(),
         })
     }
 

@@ -231,6 +231,10 @@ impl ServerConfig {
         if self.max_request_body_bytes == 0 {
             return Err(invalid("--max-request-body-bytes", "must be at least 1"));
         }
+        let adapters = self.engine.lora.as_ref().map_or(&[][..], |l| l.modules.as_slice());
+        if let Some((name, _)) = adapters.iter().find(|(n, _)| self.served_model_names.contains(n)) {
+            return Err(invalid("--lora-modules", format!("{name:?} is also the model's served name")));
+        }
         if self.http_header_read_timeout.is_zero() {
             return Err(invalid("--http-header-read-timeout", "must be above 0"));
         }

@@ -42,6 +42,8 @@ pub struct ChatTurn {
     pub reasoning_budget: Option<usize>,
     /// Score the rendered prompt's tokens with this many alternatives (vLLM's `prompt_logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// The LoRA adapter the request's `model` named; `None`: the base model.
+    pub lora: Option<pagoda_engine::LoraId>,
 }
 
 /// A turn admitted by the engine.
@@ -100,6 +102,7 @@ impl ChatTurn {
         };
         let mut params = validate(self.params.clone(), &state.limits)?;
         params.prompt_logprobs = self.prompt_logprobs;
+        params.lora = self.lora;
         if let Some(requested) = requested {
             params.grammar = Some(crate::structured::compile(state, requested).await?);
         }

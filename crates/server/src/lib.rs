@@ -23,6 +23,7 @@ pub mod handlers;
 pub mod layers;
 pub mod listen;
 pub mod logprobs;
+pub mod lora;
 pub mod metrics;
 pub mod openai;
 pub mod openapi;

@@ -73,6 +73,8 @@ pub struct AppState {
     pub responses: ResponseStore,
     /// The embedding model served, when the model embeds rather than generates.
     pub embedding: Option<EmbeddingModel>,
+    /// The LoRA adapters served beside the model.
+    pub loras: crate::lora::ServedAdapters,
 }
 
 impl std::fmt::Debug for AppState {
@@ -87,6 +89,30 @@ impl std::fmt::Debug for AppState {
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
+    /// The name to answer with and the LoRA adapter to run, for a request's `model`: an
+    /// adapter's name picks the adapter, the model's names the base model (404 for others).
+    pub fn resolve_model(
+        &self,
+        requested: Option<&str>,
+    ) -> Result<(String, Option<pagoda_engine::LoraId>), ApiError> {
+        match requested.and_then(|name| self.loras.get(name)) {
+            Some(adapter) => Ok((adapter.name.clone(), Some(adapter.id))),
+            None => Ok((self.model.resolve(requested)?, None)),
+        }
+    }
+
+    /// [`Self::resolve_model`] for the endpoints that do not generate (embeddings, score): an
+    /// adapter's name there is a 400 naming `model`.
+    pub fn resolve_base_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        match self.resolve_model(requested)? {
+            (name, Some(_)) => Err(ApiError::invalid(
+                "model",
+                format!("{name} is a LoRA adapter; adapters serve generation (completions, chat), not this endpoint"),
+            )),
+            (name, None) => Ok(name),
+        }
+    }
+
     /// Copies the engine's gauges and counters into the metrics (at scrape time).
     pub fn refresh_engine_metrics(&self) {
         let s = self.engine.stats();

@@ -99,6 +99,7 @@ pub fn submit(
             request.speculative_method = params.speculative_method;
             request.prompt_logprobs = params.prompt_logprobs;
             request.beam = params.beam;
+            request.lora = params.lora;
             let grammar = params.grammar.as_ref().map(|grammar| {
                 let constraint = match params.grammar_after {
                     Some(end) => grammar.constraint().after_reasoning(end),

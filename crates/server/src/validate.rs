@@ -65,6 +65,8 @@ pub struct GenerationParams {
     pub prompt_logprobs: Option<usize>,
     /// Beam search instead of sampling.
     pub beam: Option<BeamSearch>,
+    /// The LoRA adapter the request's `model` named; `None`: the base model.
+    pub lora: Option<pagoda_engine::LoraId>,
 }
 
 fn check_range(param: &str, value: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), InvalidParam> {
@@ -231,6 +233,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         reasoning_budget: None,
         prompt_logprobs: None,
         beam,
+        lora: None,
     })
 }
 

@@ -182,6 +182,11 @@ impl Scheduler {
         for e in self.running.iter().filter_map(|id| self.seqs.get(id)) {
             *held.entry(e.shared.group).or_default() += e.slots();
         }
+        // The adapters running now: with `max_loras`, a sequence of another one waits.
+        let mut adapters: Vec<crate::executor::LoraId> =
+            self.running.iter().filter_map(|id| self.seqs.get(id)?.seq.lora).collect();
+        adapters.sort_unstable();
+        adapters.dedup();
         let mut waiting_by_group: HashMap<u64, usize> = HashMap::new();
         for e in self.waiting.iter().filter_map(|id| self.seqs.get(id)) {
             *waiting_by_group.entry(e.shared.group).or_default() += 1;
@@ -206,6 +211,13 @@ impl Scheduler {
             }
             if self.running_slots + e.slots() > self.config.max_num_seqs {
                 break;
+            }
+            let lora = e.seq.lora;
+            if let (Some(max), Some(adapter)) = (self.config.max_loras, lora) {
+                if !adapters.contains(&adapter) && adapters.len() >= max {
+                    index += 1;
+                    continue;
+                }
             }
             // A search comes back whole or waits.
             if search_need.is_some_and(|need| need > free_blocks) {
@@ -232,6 +244,9 @@ impl Scheduler {
                 break;
             }
             self.waiting.remove(index);
+            if let Some(adapter) = lora.filter(|a| !adapters.contains(a)) {
+                adapters.push(adapter);
+            }
             *held.entry(group).or_default() += e.slots();
             if let Some(count) = waiting_by_group.get_mut(&group) {
                 *count -= 1;

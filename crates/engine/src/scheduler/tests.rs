@@ -512,5 +512,6 @@ fn finish_sample_ends_a_running_or_a_preempted_sequence() {
 }
 
 mod beam;
+mod lora;
 mod pooling;
 mod prompt_logprobs;

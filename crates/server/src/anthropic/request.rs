@@ -454,6 +454,7 @@ pub fn turn_of(
         clamp_max_tokens: true,
         reasoning_budget: display.budget,
         prompt_logprobs: None,
+        lora: None,
     };
     Ok((turn, display))
 }

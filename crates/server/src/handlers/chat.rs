@@ -77,7 +77,7 @@ pub async fn chat_completions(
     JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let model = state.model.resolve(req.model.as_deref())?;
+    let (model, lora) = state.resolve_model(req.model.as_deref())?;
     if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
     }
@@ -112,6 +112,7 @@ pub async fn chat_completions(
         clamp_max_tokens: false,
         reasoning_budget: None,
         prompt_logprobs,
+        lora,
     };
     let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     let ctx = Context {

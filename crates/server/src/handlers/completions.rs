@@ -73,13 +73,14 @@ pub async fn completions(
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let model = state.model.resolve(req.model.as_deref())?;
+    let (model, lora) = state.resolve_model(req.model.as_deref())?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
     let echo = req.echo.unwrap_or(false);
     let requested_grammar = req.grammar_fields().grammar()?;
     let mut params = validate(req.common(), &state.limits)?;
+    params.lora = lora;
     let shown = Shown {
         echo,
         logprobs: params.sampling.logprobs.is_some(),

@@ -25,7 +25,7 @@ pub async fn embeddings(
     JsonBody(req): JsonBody<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let model = state.model.resolve(req.model.as_deref())?;
+    let model = state.resolve_base_model(req.model.as_deref())?;
     let embedder = EmbeddingModel::embedder(&state, &model)?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,

@@ -15,8 +15,19 @@ use crate::state::SharedState;
     responses((status = 200, body = ModelList), (status = 401, body = ErrorResponse)),
     security((), ("api_key" = [])))]
 pub async fn list_models(State(state): State<SharedState>) -> Json<ModelList> {
-    let data = state.model.served_names.iter().map(|name| card(&state, name)).collect();
+    let mut data: Vec<ModelCard> = state.model.served_names.iter().map(|name| card(&state, name)).collect();
+    data.extend(state.loras.list().iter().map(|a| adapter_card(&state, a)));
     Json(ModelList { object: "list".to_owned(), data })
+}
+
+/// A LoRA adapter, its base model's first name as its `parent`.
+fn adapter_card(state: &SharedState, adapter: &crate::lora::ServedAdapter) -> ModelCard {
+    ModelCard {
+        id: adapter.name.clone(),
+        root: adapter.path.display().to_string(),
+        parent: Some(state.model.served_names[0].clone()),
+        ..card(state, &adapter.name)
+    }
 }
 
 fn card(state: &SharedState, name: &str) -> ModelCard {
@@ -26,6 +37,7 @@ fn card(state: &SharedState, name: &str) -> ModelCard {
         created: state.model.created,
         owned_by: "pagoda".to_owned(),
         root: state.model.root.clone(),
+        parent: None,
         max_model_len: state.limits.max_model_len,
         architecture: state.model.architecture.clone(),
         context_length: state.model.context_length,
@@ -42,6 +54,9 @@ pub async fn retrieve_model(
     State(state): State<SharedState>,
     PathParam(model): PathParam,
 ) -> Result<Json<ModelCard>, ApiError> {
+    if let Some(adapter) = state.loras.get(&model) {
+        return Ok(Json(adapter_card(&state, adapter)));
+    }
     match state.model.served_names.iter().find(|n| **n == model) {
         Some(name) => Ok(Json(card(&state, name))),
         None => Err(ApiError::ModelNotFound(model)),

@@ -53,8 +53,9 @@ pub async fn messages(
     JsonBody(req): JsonBody<MessagesRequest>,
 ) -> Result<Response, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let model = state.model.resolve(Some(&req.model))?;
-    let (turn, display) = chat_turn(&state, &req)?;
+    let (model, lora) = state.resolve_model(Some(&req.model))?;
+    let (mut turn, display) = chat_turn(&state, &req)?;
+    turn.lora = lora;
     let StartedTurn { submission, split, max_tokens_clamped } = turn.start(&state, arrival).await?;
     let head = MessageHead { id: response_id("msg").replacen('-', "_", 1), model };
     let prompt_tokens = submission.prompts.first().map_or(0, |p| p.token_ids.len());
@@ -92,7 +93,7 @@ pub async fn count_tokens(
     State(state): State<SharedState>,
     JsonBody(req): JsonBody<CountTokensRequest>,
 ) -> Result<Json<CountTokensResponse>, ApiError> {
-    state.model.resolve(Some(&req.model))?;
+    state.resolve_model(Some(&req.model))?;
     let (turn, _) = turn_of(&state, PromptFields::of_count(&req), None)?;
     Ok(Json(CountTokensResponse { input_tokens: turn.count(&state).await? }))
 }

@@ -138,7 +138,7 @@ pub async fn create(
     JsonBody(req): JsonBody<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let model = state.model.resolve(req.model.as_deref())?;
+    let (model, lora) = state.resolve_model(req.model.as_deref())?;
     let store = req.store.unwrap_or(state.responses.enabled());
     if store && !state.responses.enabled() {
         return Err(ApiError::invalid("store", "this server stores no responses (--max-stored-responses 0)"));
@@ -155,6 +155,7 @@ pub async fn create(
     items.extend(new_items.iter().cloned());
     let response = skeleton(&req, model, store)?;
     let (mut turn, namespaces) = chat_turn(&state, &req, &items, first_new)?;
+    turn.lora = lora;
     if req.truncation.as_deref() == Some("auto") {
         fit(&state, &mut turn, req.max_output_tokens).await?;
     }

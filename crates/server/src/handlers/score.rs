@@ -92,7 +92,7 @@ pub async fn score(
     JsonBody(req): JsonBody<ScoreRequest>,
 ) -> Result<Json<ScoreResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let model = state.model.resolve(req.model.as_deref())?;
+    let model = state.resolve_base_model(req.model.as_deref())?;
     let scorer = EmbeddingModel::served(&state, &model, "scores")?;
     let (left, right) = (req.text_1.into_vec(), req.text_2.into_vec());
     if left.is_empty() || right.is_empty() {
@@ -139,7 +139,7 @@ pub async fn rerank(
     JsonBody(req): JsonBody<RerankRequest>,
 ) -> Result<Json<RerankResponse>, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let model = state.model.resolve(req.model.as_deref())?;
+    let model = state.resolve_base_model(req.model.as_deref())?;
     let scorer = EmbeddingModel::served(&state, &model, "scores")?;
     if req.documents.is_empty() {
         return Err(ApiError::invalid("documents", "documents must not be empty"));

@@ -20,7 +20,7 @@ pub async fn tokenize(
     State(state): State<SharedState>,
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
-    state.model.resolve(req.model.as_deref())?;
+    state.resolve_model(req.model.as_deref())?;
     let tokens = match (req.prompt, req.messages) {
         (Some(prompt), None) => state.prompts.encode(prompt, req.add_special_tokens.unwrap_or(true)).await?,
         (None, Some(messages)) => {
@@ -51,7 +51,7 @@ pub async fn detokenize(
     State(state): State<SharedState>,
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
-    state.model.resolve(req.model.as_deref())?;
+    state.resolve_model(req.model.as_deref())?;
     let prompt = state.prompts.decode(req.tokens).await?;
     Ok(Json(DetokenizeResponse { prompt }))
 }

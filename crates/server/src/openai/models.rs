@@ -19,8 +19,10 @@ pub struct ModelCard {
     pub object: String,
     pub created: u64,
     pub owned_by: String,
-    /// What `--model` pointed at.
+    /// What `--model` pointed at (an adapter's: its directory).
     pub root: String,
+    /// A LoRA adapter's base model; null for the model itself.
+    pub parent: Option<String>,
     /// Longest prompt plus completion, in tokens.
     pub max_model_len: usize,
     /// The model's architecture, as its weights name it (`llama`, `qwen2`, `gemma3`, ...).

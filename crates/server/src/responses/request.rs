@@ -444,6 +444,7 @@ pub fn chat_turn(
         clamp_max_tokens: false,
         reasoning_budget: None,
         prompt_logprobs: None,
+        lora: None,
     };
     Ok((turn, namespaces))
 }

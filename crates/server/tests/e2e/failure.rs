@@ -49,6 +49,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     )?;
     let vocab_size = tokenizer.vocab_size();
     let state = Arc::new(AppState {
+        loras: Default::default(),
         embedding: None,
         grammars: pagoda_server::grammars::Grammars::unavailable(),
         tool_format: pagoda_text::ToolCallFormat::Generic,

@@ -16,6 +16,7 @@ mod harness;
 mod hostile;
 mod hub;
 mod load;
+mod lora;
 mod messages;
 mod metric_labels;
 mod priority;

@@ -1,0 +1,143 @@
+//! The LoRA flags, as vLLM names them: `--enable-lora`, the adapters loaded at start-up
+//! (`--lora-modules NAME=PATH ...`) and the limits (`--max-loras` in one step, `--max-lora-rank`,
+//! `--max-cpu-loras` held at once), as given ([`LoraArgs`]) and checked ([`LoraSettings`]).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::engine_args::ArgsError;
+
+/// Rank limit when none is given (vLLM's default).
+pub const DEFAULT_MAX_LORA_RANK: usize = 16;
+/// Adapters in one step when none is given (vLLM's default).
+pub const DEFAULT_MAX_LORAS: usize = 1;
+
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[command(next_help_heading = "LoRA adapters")]
+#[serde(rename_all = "kebab-case")]
+pub struct LoraArgs {
+    /// Serve LoRA adapters over the model: a request names one in `model`. [default: false]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub enable_lora: Option<bool>,
+    /// Adapters loaded at start-up, each NAME=PATH: a PEFT directory (adapter_config.json and
+    /// adapter_model.safetensors). Needs --enable-lora.
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH")]
+    pub lora_modules: Option<Vec<String>>,
+    /// Most adapters whose sequences run in one step; sequences of another adapter wait.
+    /// [default: 1]
+    #[arg(long, value_name = "N")]
+    pub max_loras: Option<usize>,
+    /// Highest adapter rank accepted. [default: 16]
+    #[arg(long, value_name = "RANK")]
+    pub max_lora_rank: Option<usize>,
+    /// Most adapters held in memory at once. [default: --max-loras]
+    #[arg(long, value_name = "N")]
+    pub max_cpu_loras: Option<usize>,
+}
+
+/// The LoRA settings of a server that serves adapters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraSettings {
+    /// Start-up adapters: (name, directory), in the order given.
+    pub modules: Vec<(String, PathBuf)>,
+    pub max_loras: usize,
+    pub max_lora_rank: usize,
+    pub max_cpu_loras: usize,
+}
+
+fn invalid(flag: &'static str, message: impl Into<String>) -> ArgsError {
+    ArgsError { flag, message: message.into() }
+}
+
+impl LoraArgs {
+    /// These flags over `file`'s.
+    pub fn or(self, file: LoraArgs) -> LoraArgs {
+        LoraArgs {
+            enable_lora: self.enable_lora.or(file.enable_lora),
+            lora_modules: self.lora_modules.or(file.lora_modules),
+            max_loras: self.max_loras.or(file.max_loras),
+            max_lora_rank: self.max_lora_rank.or(file.max_lora_rank),
+            max_cpu_loras: self.max_cpu_loras.or(file.max_cpu_loras),
+        }
+    }
+
+    /// The settings asked for; `None` without `--enable-lora`, when no other LoRA flag may be
+    /// given.
+    pub fn settings(self) -> Result<Option<LoraSettings>, ArgsError> {
+        if !self.enable_lora.unwrap_or(false) {
+            let given = [
+                ("--lora-modules", self.lora_modules.is_some()),
+                ("--max-loras", self.max_loras.is_some()),
+                ("--max-lora-rank", self.max_lora_rank.is_some()),
+                ("--max-cpu-loras", self.max_cpu_loras.is_some()),
+            ];
+            return match given.into_iter().find(|(_, set)| *set) {
+                Some((flag, _)) => Err(invalid(flag, "needs --enable-lora")),
+                None => Ok(None),
+            };
+        }
+        let max_loras = self.max_loras.unwrap_or(DEFAULT_MAX_LORAS);
+        let max_lora_rank = self.max_lora_rank.unwrap_or(DEFAULT_MAX_LORA_RANK);
+        let max_cpu_loras = self.max_cpu_loras.unwrap_or(max_loras);
+        if max_loras == 0 {
+            return Err(invalid("--max-loras", "must be at least 1"));
+        }
+        if max_lora_rank == 0 {
+            return Err(invalid("--max-lora-rank", "must be at least 1"));
+        }
+        if max_cpu_loras < max_loras {
+            return Err(invalid("--max-cpu-loras", format!("must be at least --max-loras ({max_loras})")));
+        }
+        let mut modules: Vec<(String, PathBuf)> = Vec::new();
+        for module in self.lora_modules.unwrap_or_default() {
+            let Some((name, path)) = module.split_once('=').filter(|(n, p)| !n.is_empty() && !p.is_empty())
+            else {
+                return Err(invalid("--lora-modules", format!("expected NAME=PATH, got {module:?}")));
+            };
+            if modules.iter().any(|(n, _)| n == name) {
+                return Err(invalid("--lora-modules", format!("the name {name:?} is given twice")));
+            }
+            modules.push((name.to_owned(), PathBuf::from(path)));
+        }
+        if modules.len() > max_cpu_loras {
+            return Err(invalid(
+                "--lora-modules",
+                format!("{} adapters are more than --max-cpu-loras ({max_cpu_loras})", modules.len()),
+            ));
+        }
+        Ok(Some(LoraSettings { modules, max_loras, max_lora_rank, max_cpu_loras }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(enable: bool, modules: &[&str]) -> LoraArgs {
+        LoraArgs {
+            enable_lora: Some(enable),
+            lora_modules: Some(modules.iter().map(|m| m.to_string()).collect()),
+            ..LoraArgs::default()
+        }
+    }
+
+    #[test]
+    fn modules_parse_and_limits_hold() {
+        let settings = LoraArgs { max_cpu_loras: Some(4), ..args(true, &["a=/x/a", "b=/x/b"]) }.settings();
+        let settings = settings.unwrap().unwrap();
+        assert_eq!(settings.modules, vec![("a".into(), "/x/a".into()), ("b".into(), "/x/b".into())]);
+        assert_eq!((settings.max_loras, settings.max_lora_rank, settings.max_cpu_loras), (1, 16, 4));
+        let flag = |a: LoraArgs| a.settings().unwrap_err().flag;
+        assert_eq!(flag(args(false, &["a=/x"])), "--lora-modules");
+        assert_eq!(flag(args(true, &["a"])), "--lora-modules");
+        assert_eq!(flag(args(true, &["a=/x", "a=/y"])), "--lora-modules");
+        // Two adapters, room for one.
+        assert_eq!(flag(args(true, &["a=/x", "b=/y"])), "--lora-modules");
+        assert_eq!(
+            flag(LoraArgs { max_cpu_loras: Some(1), max_loras: Some(2), ..args(true, &[]) }),
+            "--max-cpu-loras"
+        );
+        assert_eq!(LoraArgs::default().settings().unwrap(), None);
+    }
+}
