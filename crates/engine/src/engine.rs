@@ -183,6 +183,18 @@ impl<E: ModelExecutor> EngineLoop<E> {
                 self.scheduler.finish_sample(id, index, reason, &mut self.events);
                 self.dispatch();
             }
+            Command::LoadLora { id, path, max_rank, reply } => {
+                let loaded = self.executor.load_lora(id, &path, max_rank).map_err(|e| e.to_string());
+                let _ = reply.send(loaded);
+            }
+            Command::UnloadLora { id, reply } => {
+                let answer = match self.scheduler.lora_in_use(id) {
+                    0 if self.executor.unload_lora(id) => Ok(()),
+                    0 => Err(format!("LoRA adapter {id} is not loaded")),
+                    n => Err(format!("{n} sequences (running or waiting) use it")),
+                };
+                let _ = reply.send(answer);
+            }
             Command::Wake => {}
         }
     }

@@ -299,4 +299,22 @@ pub trait ModelExecutor: Send {
     fn has_draft_model(&self) -> bool {
         false
     }
+
+    /// Loads the LoRA adapter in directory `path` as `id` (ranks up to `max_rank`); nothing
+    /// is kept when it fails. Executors without adapters refuse.
+    fn load_lora(
+        &mut self,
+        id: LoraId,
+        path: &std::path::Path,
+        max_rank: usize,
+    ) -> Result<(), ExecutorError> {
+        let _ = (id, path, max_rank);
+        Err(ExecutorError::Execution("this executor serves no LoRA adapters".into()))
+    }
+
+    /// Drops adapter `id`; false when it was not loaded.
+    fn unload_lora(&mut self, id: LoraId) -> bool {
+        let _ = id;
+        false
+    }
 }

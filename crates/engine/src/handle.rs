@@ -49,6 +49,18 @@ pub(crate) enum Command {
         index: usize,
         reason: FinishReason,
     },
+    /// Loads a LoRA adapter into the executor between steps.
+    LoadLora {
+        id: crate::executor::LoraId,
+        path: std::path::PathBuf,
+        max_rank: usize,
+        reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+    },
+    /// Drops a LoRA adapter that no request uses.
+    UnloadLora {
+        id: crate::executor::LoraId,
+        reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+    },
     /// Only wakes the loop (shutdown).
     Wake,
 }
@@ -152,6 +164,36 @@ impl EngineHandle {
             return Err(EngineError::Dead(shared.death_reason()));
         }
         Ok(streams)
+    }
+
+    /// Loads the LoRA adapter in `path` as `id`, between two steps; `Err` says why not (the
+    /// adapter, or a stopped engine).
+    pub async fn load_lora(
+        &self,
+        id: crate::executor::LoraId,
+        path: std::path::PathBuf,
+        max_rank: usize,
+    ) -> Result<(), String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.lora_command(Command::LoadLora { id, path, max_rank, reply }, answer).await
+    }
+
+    /// Drops adapter `id` when no request, running or waiting, uses it.
+    pub async fn unload_lora(&self, id: crate::executor::LoraId) -> Result<(), String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.lora_command(Command::UnloadLora { id, reply }, answer).await
+    }
+
+    async fn lora_command(
+        &self,
+        command: Command,
+        answer: tokio::sync::oneshot::Receiver<Result<(), String>>,
+    ) -> Result<(), String> {
+        let dead = || self.inner.shared.death_reason();
+        if self.inner.tx.send(command).is_err() {
+            return Err(format!("the engine has stopped: {}", dead()));
+        }
+        answer.await.unwrap_or_else(|_| Err(format!("the engine has stopped: {}", dead())))
     }
 
     /// Aborts a request; its stream ends with `FinishReason::Abort`. Unknown ids are ignored.

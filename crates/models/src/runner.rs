@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use pagoda_engine::sampler::with_thread_sampler;
 use pagoda_engine::speculative::try_verify;
 use pagoda_engine::{
-    BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, ModelExecutor, PooledOutput,
+    BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, LoraId, ModelExecutor, PooledOutput,
     PromptLogprobsOutput, SampledToken, ScheduledBatch, StepOutput,
 };
 use pagoda_ops::AttentionMetadata;
@@ -145,7 +145,7 @@ impl ModelRunner {
     }
 
     /// Drops adapter `id`; false when it was not loaded.
-    pub fn remove_lora(&mut self, id: pagoda_engine::LoraId) -> bool {
+    pub fn remove_lora(&mut self, id: LoraId) -> bool {
         self.model.remove_lora(id)
     }
 }
@@ -298,6 +298,19 @@ impl ModelExecutor for ModelRunner {
     fn execute(&mut self, batch: &ScheduledBatch) -> std::result::Result<StepOutput, ExecutorError> {
         let pool = Arc::clone(&self.pool);
         pool.install(|| self.execute_in_pool(batch))
+    }
+
+    fn load_lora(
+        &mut self,
+        id: LoraId,
+        path: &std::path::Path,
+        max_rank: usize,
+    ) -> std::result::Result<(), ExecutorError> {
+        self.add_lora(id, path, max_rank).map_err(|e| ExecutorError::Execution(e.to_string()))
+    }
+
+    fn unload_lora(&mut self, id: LoraId) -> bool {
+        self.remove_lora(id)
     }
 
     fn block_size(&self) -> usize {

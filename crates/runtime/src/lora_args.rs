@@ -34,6 +34,14 @@ pub struct LoraArgs {
     /// Most adapters held in memory at once. [default: --max-loras]
     #[arg(long, value_name = "N")]
     pub max_cpu_loras: Option<usize>,
+    /// Allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter while serving (vLLM's
+    /// VLLM_ALLOW_RUNTIME_LORA_UPDATING). [default: false]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub allow_runtime_lora_updating: Option<bool>,
+    /// Directories run-time loads may read adapters from (and below); any directory when none
+    /// is given.
+    #[arg(long, num_args = 1.., value_name = "DIR")]
+    pub lora_dirs: Option<Vec<PathBuf>>,
 }
 
 /// The LoRA settings of a server that serves adapters.
@@ -44,6 +52,10 @@ pub struct LoraSettings {
     pub max_loras: usize,
     pub max_lora_rank: usize,
     pub max_cpu_loras: usize,
+    /// Adapters may be loaded and unloaded while serving.
+    pub allow_runtime_updating: bool,
+    /// Where run-time loads may read from; anywhere when empty.
+    pub allowed_dirs: Vec<PathBuf>,
 }
 
 fn invalid(flag: &'static str, message: impl Into<String>) -> ArgsError {
@@ -59,6 +71,10 @@ impl LoraArgs {
             max_loras: self.max_loras.or(file.max_loras),
             max_lora_rank: self.max_lora_rank.or(file.max_lora_rank),
             max_cpu_loras: self.max_cpu_loras.or(file.max_cpu_loras),
+            allow_runtime_lora_updating: self
+                .allow_runtime_lora_updating
+                .or(file.allow_runtime_lora_updating),
+            lora_dirs: self.lora_dirs.or(file.lora_dirs),
         }
     }
 
@@ -71,6 +87,8 @@ impl LoraArgs {
                 ("--max-loras", self.max_loras.is_some()),
                 ("--max-lora-rank", self.max_lora_rank.is_some()),
                 ("--max-cpu-loras", self.max_cpu_loras.is_some()),
+                ("--allow-runtime-lora-updating", self.allow_runtime_lora_updating.is_some()),
+                ("--lora-dirs", self.lora_dirs.is_some()),
             ];
             return match given.into_iter().find(|(_, set)| *set) {
                 Some((flag, _)) => Err(invalid(flag, "needs --enable-lora")),
@@ -106,7 +124,14 @@ impl LoraArgs {
                 format!("{} adapters are more than --max-cpu-loras ({max_cpu_loras})", modules.len()),
             ));
         }
-        Ok(Some(LoraSettings { modules, max_loras, max_lora_rank, max_cpu_loras }))
+        Ok(Some(LoraSettings {
+            modules,
+            max_loras,
+            max_lora_rank,
+            max_cpu_loras,
+            allow_runtime_updating: self.allow_runtime_lora_updating.unwrap_or(false),
+            allowed_dirs: self.lora_dirs.unwrap_or_default(),
+        }))
     }
 }
 

@@ -20,7 +20,7 @@ use crate::anthropic::error::{
 use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
-use crate::handlers::{chat, completions, embeddings, info, messages, responses, score, tokenize};
+use crate::handlers::{chat, completions, embeddings, info, lora, messages, responses, score, tokenize};
 use crate::layers::{self, MakeId, X_REQUEST_ID};
 use crate::state::SharedState;
 
@@ -71,6 +71,8 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/v1/responses/{response_id}/input_items", get(responses::input_item_list))
         .route("/v1/models", get(info::list_models))
         .route("/v1/models/{*model}", get(info::retrieve_model))
+        .route("/v1/load_lora_adapter", post(lora::load))
+        .route("/v1/unload_lora_adapter", post(lora::unload))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
     let [messages_route, count_tokens_route] = ANTHROPIC_ROUTES;

@@ -66,6 +66,9 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("No route for {method} {path}.")]
     RouteNotFound { method: String, path: String },
+    /// An endpoint the server's flags leave off.
+    #[error("{0}")]
+    EndpointOff(String),
     #[error("Method {method} is not allowed on {path}.")]
     MethodNotAllowed { method: String, path: String },
     /// Admission refused the request: the waiting queue is full.
@@ -97,7 +100,8 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_)
             | ApiError::ResponseNotFound { .. }
-            | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            | ApiError::RouteNotFound { .. }
+            | ApiError::EndpointOff(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -129,7 +133,7 @@ impl ApiError {
             ApiError::ResponseNotFound { .. } => "response_not_found",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::PayloadTooLarge { .. } => "request_too_large",
-            ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::RouteNotFound { .. } | ApiError::EndpointOff(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::QueueFull(_) => "queue_full",
             ApiError::EngineUnavailable(_) => "engine_unavailable",

@@ -1,9 +1,15 @@
 //! The LoRA adapters this server serves, by name: a request picks one by naming it in `model`,
-//! and `/v1/models` lists each with the base model as its `parent`.
+//! `/v1/models` lists each with the base model as its `parent`, and with run-time updates on,
+//! `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` change the set while serving. A name
+//! appears only once its adapter is loaded, and goes only once the engine has dropped it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
-use pagoda_engine::LoraId;
+use pagoda_engine::{EngineHandle, LoraId};
+use pagoda_runtime::LoraSettings;
+
+use crate::error::ApiError;
 
 /// One served adapter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,22 +22,108 @@ pub struct ServedAdapter {
 }
 
 /// The adapters served, in the order they were loaded.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct ServedAdapters {
-    adapters: Vec<ServedAdapter>,
+    adapters: RwLock<Vec<ServedAdapter>>,
+    settings: Option<LoraSettings>,
+    /// Serializes loads and unloads, so that a name is checked and taken by one at a time.
+    updating: tokio::sync::Mutex<LoraId>,
 }
 
 impl ServedAdapters {
-    pub fn new(loaded: Vec<(String, LoraId, PathBuf)>) -> Self {
+    /// The start-up adapters (`loaded`, with their ids) under `settings` (`None`: LoRA off).
+    pub fn new(loaded: Vec<(String, LoraId, PathBuf)>, settings: Option<LoraSettings>) -> Self {
+        let next_id = loaded.iter().map(|(_, id, _)| *id).max().unwrap_or(0) + 1;
         let adapters = loaded.into_iter().map(|(name, id, path)| ServedAdapter { name, id, path }).collect();
-        Self { adapters }
+        Self { adapters: RwLock::new(adapters), settings, updating: tokio::sync::Mutex::new(next_id) }
     }
 
-    pub fn get(&self, name: &str) -> Option<&ServedAdapter> {
-        self.adapters.iter().find(|a| a.name == name)
+    pub fn get(&self, name: &str) -> Option<ServedAdapter> {
+        self.read().iter().find(|a| a.name == name).cloned()
     }
 
-    pub fn list(&self) -> &[ServedAdapter] {
-        &self.adapters
+    pub fn list(&self) -> Vec<ServedAdapter> {
+        self.read().clone()
     }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<ServedAdapter>> {
+        self.adapters.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<ServedAdapter>> {
+        self.adapters.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The settings, when run-time updates are on.
+    fn updatable(&self) -> Result<&LoraSettings, ApiError> {
+        match &self.settings {
+            Some(s) if s.allow_runtime_updating => Ok(s),
+            _ => Err(ApiError::EndpointOff(
+                "run-time LoRA updates are off: start the server with --enable-lora \
+                 --allow-runtime-lora-updating"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Loads the adapter in `path` under `name`; `model_names` are the base model's names,
+    /// which no adapter may take.
+    pub async fn load(
+        &self,
+        engine: &EngineHandle,
+        name: &str,
+        path: &str,
+        model_names: &[String],
+    ) -> Result<(), ApiError> {
+        let settings = self.updatable()?;
+        let mut next_id = self.updating.lock().await;
+        if name.is_empty() || model_names.iter().any(|n| n == name) {
+            return Err(ApiError::invalid("lora_name", format!("{name:?} cannot name an adapter")));
+        }
+        if self.get(name).is_some() {
+            return Err(ApiError::invalid("lora_name", format!("the adapter {name:?} is already loaded")));
+        }
+        if self.read().len() >= settings.max_cpu_loras {
+            return Err(ApiError::invalid(
+                "lora_name",
+                format!("{} adapters are loaded, the most --max-cpu-loras allows", settings.max_cpu_loras),
+            ));
+        }
+        let dir = allowed(Path::new(path), &settings.allowed_dirs)?;
+        let id = *next_id;
+        engine
+            .load_lora(id, dir.clone(), settings.max_lora_rank)
+            .await
+            .map_err(|message| ApiError::invalid("lora_path", message))?;
+        *next_id += 1;
+        self.write().push(ServedAdapter { name: name.to_owned(), id, path: dir });
+        Ok(())
+    }
+
+    /// Unloads adapter `name` once no request uses it (else a 400 saying how many do).
+    pub async fn unload(&self, engine: &EngineHandle, name: &str) -> Result<(), ApiError> {
+        self.updatable()?;
+        let _updating = self.updating.lock().await;
+        let adapter = self.get(name).ok_or_else(|| ApiError::ModelNotFound(name.to_owned()))?;
+        engine.unload_lora(adapter.id).await.map_err(|message| {
+            ApiError::invalid("lora_name", format!("the adapter {name:?} cannot be unloaded now: {message}"))
+        })?;
+        self.write().retain(|a| a.name != name);
+        Ok(())
+    }
+}
+
+/// `path`, made absolute, when it is a directory under one of `dirs` (or anywhere when `dirs`
+/// is empty).
+fn allowed(path: &Path, dirs: &[PathBuf]) -> Result<PathBuf, ApiError> {
+    let dir = std::fs::canonicalize(path)
+        .map_err(|e| ApiError::invalid("lora_path", format!("{}: {e}", path.display())))?;
+    let inside = |root: &PathBuf| std::fs::canonicalize(root).is_ok_and(|root| dir.starts_with(root));
+    if !dirs.is_empty() && !dirs.iter().any(inside) {
+        return Err(ApiError::invalid(
+            "lora_path",
+            format!("{} is outside the directories --lora-dirs allows", path.display()),
+        ));
+    }
+    Ok(dir)
 }

@@ -33,6 +33,8 @@ use crate::handlers;
         handlers::info::metrics,
         handlers::tokenize::tokenize,
         handlers::tokenize::detokenize,
+        handlers::lora::load,
+        handlers::lora::unload,
     ),
     modifiers(&BearerAuth),
     tags((name = "openai", description = "OpenAI-compatible endpoints"),

@@ -174,7 +174,7 @@ impl Server {
         });
         let state = Arc::new(AppState {
             embedding,
-            loras: crate::lora::ServedAdapters::new(running.loras.clone()),
+            loras: crate::lora::ServedAdapters::new(running.loras.clone(), config.engine.lora.clone()),
             responses: ResponseStore::new(config.max_stored_responses),
             grammars,
             tool_format,

@@ -541,6 +541,11 @@ impl Scheduler {
         !self.requests.is_empty()
     }
 
+    /// Live sequences (running or waiting) of LoRA adapter `id`.
+    pub fn lora_in_use(&self, id: crate::executor::LoraId) -> usize {
+        self.seqs.values().filter(|e| e.seq.lora == Some(id)).count()
+    }
+
     pub fn num_requests(&self) -> usize {
         self.requests.len()
     }

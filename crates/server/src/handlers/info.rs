@@ -55,7 +55,7 @@ pub async fn retrieve_model(
     PathParam(model): PathParam,
 ) -> Result<Json<ModelCard>, ApiError> {
     if let Some(adapter) = state.loras.get(&model) {
-        return Ok(Json(adapter_card(&state, adapter)));
+        return Ok(Json(adapter_card(&state, &adapter)));
     }
     match state.model.served_names.iter().find(|n| **n == model) {
         Some(name) => Ok(Json(card(&state, name))),

@@ -6,6 +6,7 @@ pub mod chat;
 pub mod completions;
 pub mod embeddings;
 pub mod info;
+pub mod lora;
 pub mod messages;
 pub mod responses;
 pub mod score;

@@ -73,6 +73,8 @@ known_fields!(EmbeddingRequest, &["user"]);
 known_fields!(super::ScoreRequest, &["user"]);
 known_fields!(super::RerankRequest, &["user"]);
 known_fields!(DetokenizeRequest, &[]);
+known_fields!(super::LoadLoraAdapterRequest, &[]);
+known_fields!(super::UnloadLoraAdapterRequest, &[]);
 known_fields!(crate::anthropic::wire::MessagesRequest, &[]);
 known_fields!(crate::anthropic::wire::CountTokensRequest, &[]);
 // `client_metadata` is Codex's own bookkeeping (session and turn ids).

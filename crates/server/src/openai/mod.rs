@@ -6,6 +6,7 @@ pub mod common;
 pub mod completions;
 pub mod embeddings;
 pub mod fields;
+pub mod lora;
 pub mod models;
 pub mod sampling;
 pub mod score;
@@ -22,6 +23,7 @@ pub use completions::{
     PromptLogprob, PromptLogprobs,
 };
 pub use embeddings::{EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingValues};
+pub use lora::{LoadLoraAdapterRequest, UnloadLoraAdapterRequest};
 pub use models::{ModelCard, ModelList, VersionResponse};
 pub use sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
 pub use score::{

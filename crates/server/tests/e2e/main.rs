@@ -17,6 +17,7 @@ mod hostile;
 mod hub;
 mod load;
 mod lora;
+mod lora_runtime;
 mod messages;
 mod metric_labels;
 mod priority;
