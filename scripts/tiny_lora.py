@@ -90,18 +90,7 @@ def reference() -> dict:
 
 def main() -> None:
     tiny_models.ensure_venv(Path(__file__))
-    import shutil
-
-    import torch
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    tiny_models.fresh_output(OUT)
     for name, spec in ADAPTERS.items():
         save_adapter(name, spec)
     ref = reference()

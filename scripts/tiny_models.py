@@ -524,6 +524,21 @@ def ablations(model_dir: Path, spec: dict, ids: list[int], ref) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def fresh_output(out: Path) -> None:
+    """Quiet, single-threaded, deterministic torch and transformers (the same files on every
+    run), and `out` emptied for the fixture."""
+    import torch
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+
 def dump_json(obj, indent: int = 0) -> str:
     """JSON with lists of scalars on one line (logit rows stay readable and diffable)."""
     pad, inner = " " * indent, " " * (indent + 1)

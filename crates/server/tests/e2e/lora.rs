@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::harness::{assert_error_shape, client, post_json, Cli, TestServer};
 
-fn tiny(path: &str) -> String {
+pub(crate) fn tiny(path: &str) -> String {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
         .join("../../tests/fixtures/tiny")

@@ -4,22 +4,13 @@
 //! unloaded (400) until the request ends; all of it under a stream of other requests, none
 //! lost. Without the flag the endpoints are 404s.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use anyhow::Result;
 use serde_json::{json, Value};
 
 use crate::harness::{assert_error_shape, client, post_json, TestServer};
-
-fn tiny(path: &str) -> String {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-        .join("../../tests/fixtures/tiny")
-        .join(path)
-        .display()
-        .to_string()
-}
+use crate::lora::tiny;
 
 fn server() -> &'static TestServer {
     static SERVER: OnceLock<TestServer> = OnceLock::new();
