@@ -220,6 +220,11 @@ impl EngineHandle {
         self.inner.shared.stats.snapshot()
     }
 
+    /// The adapters of the running and waiting sequences, as of the last step.
+    pub fn lora_activity(&self) -> crate::stats::LoraActivity {
+        self.inner.shared.stats.lora_activity()
+    }
+
     /// Requests submitted and not yet started.
     pub fn num_pending(&self) -> usize {
         self.inner.shared.pending.load(Ordering::SeqCst)

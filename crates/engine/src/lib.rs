@@ -62,4 +62,4 @@ pub use sampling::{SamplingParams, SamplingParamsError};
 pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
 pub use sequence::{SeqStatus, Sequence};
 pub use speculative::{SpecDecodeStats, SpeculativeConfig, SpeculativeMethod};
-pub use stats::{EngineObserver, EngineStatsSnapshot, NoopObserver, StepStats};
+pub use stats::{EngineObserver, EngineStatsSnapshot, LoraActivity, NoopObserver, StepStats};

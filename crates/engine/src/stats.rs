@@ -3,6 +3,7 @@
 //! [`EngineStatsSnapshot`].
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::event::RequestMetrics;
@@ -80,6 +81,16 @@ impl EngineStatsSnapshot {
     }
 }
 
+/// Which LoRA adapters the scheduler's sequences use (what vLLM's `lora_requests_info`
+/// reports, and routers pick servers by).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraActivity {
+    /// Adapters with a running sequence, ascending.
+    pub running: Vec<crate::executor::LoraId>,
+    /// Adapters with a waiting sequence, ascending.
+    pub waiting: Vec<crate::executor::LoraId>,
+}
+
 /// The live counters behind [`EngineStatsSnapshot`], written by the engine thread only.
 #[derive(Debug, Default)]
 pub(crate) struct LiveStats {
@@ -99,6 +110,7 @@ pub(crate) struct LiveStats {
     spec_num_draft_tokens: AtomicU64,
     spec_num_accepted_tokens: AtomicU64,
     spec_accepted_per_position: [AtomicU64; MAX_SPECULATIVE_TOKENS],
+    lora: Mutex<LoraActivity>,
 }
 
 impl LiveStats {
@@ -113,6 +125,11 @@ impl LiveStats {
         self.prefix_cache_queries.store(bm.prefix_cache_queries(), Relaxed);
         self.prefix_cache_hits.store(bm.prefix_cache_hits(), Relaxed);
         self.num_preemptions.store(s.num_preemptions(), Relaxed);
+        *self.lora.lock().unwrap_or_else(|p| p.into_inner()) = s.lora_activity();
+    }
+
+    pub fn lora_activity(&self) -> LoraActivity {
+        self.lora.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn record_step(&self, step: &StepStats) {

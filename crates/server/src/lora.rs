@@ -46,6 +46,17 @@ impl ServedAdapters {
         self.read().clone()
     }
 
+    /// `--max-loras`, when LoRA is on.
+    pub fn max_loras(&self) -> Option<usize> {
+        self.settings.as_ref().map(|s| s.max_loras)
+    }
+
+    /// The names of the adapters `ids`, in that order (an id just unloaded has none).
+    pub fn names(&self, ids: &[LoraId]) -> Vec<String> {
+        let adapters = self.read();
+        ids.iter().filter_map(|id| adapters.iter().find(|a| a.id == *id).map(|a| a.name.clone())).collect()
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<ServedAdapter>> {
         self.adapters.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -101,10 +112,22 @@ impl ServedAdapters {
     }
 
     /// Unloads adapter `name` once no request uses it (else a 400 saying how many do).
-    pub async fn unload(&self, engine: &EngineHandle, name: &str) -> Result<(), ApiError> {
+    /// `int_id`, vLLM's id, when given must be the adapter's.
+    pub async fn unload(
+        &self,
+        engine: &EngineHandle,
+        name: &str,
+        int_id: Option<u64>,
+    ) -> Result<(), ApiError> {
         self.updatable()?;
         let _updating = self.updating.lock().await;
         let adapter = self.get(name).ok_or_else(|| ApiError::ModelNotFound(name.to_owned()))?;
+        if let Some(given) = int_id.filter(|&given| given != adapter.id as u64) {
+            return Err(ApiError::invalid(
+                "lora_int_id",
+                format!("the adapter {name:?} has id {}, not {given}", adapter.id),
+            ));
+        }
         engine.unload_lora(adapter.id).await.map_err(|message| {
             ApiError::invalid("lora_name", format!("the adapter {name:?} cannot be unloaded now: {message}"))
         })?;

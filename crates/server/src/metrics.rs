@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
 use serde::Deserialize;
@@ -131,6 +131,7 @@ pub struct Metrics {
     http_requests: IntCounterVec,
     structured_output_requests: IntCounterVec,
     grammar_compile_time: Histogram,
+    lora_requests_info: GaugeVec,
     /// Engine counters as last copied, so that the next copy adds only the difference.
     engine_seen: Mutex<EngineSnapshot>,
 }
@@ -212,6 +213,14 @@ impl Metrics {
                 .counter("spec_decode_num_accepted_tokens_total", "Number of proposed tokens accepted.")?,
             spec_decode_num_accepted_tokens_per_pos,
             structured_output_requests,
+            lora_requests_info: b.register(GaugeVec::new(
+                b.opts(
+                    "lora_requests_info",
+                    "Running stats on LoRA requests: the adapters of the running and waiting \
+                     requests; the value is when they were counted (Unix seconds).",
+                ),
+                &["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            )?)?,
             grammar_compile_time: b.histogram(
                 "structured_output_compile_seconds",
                 "Histogram of grammar compile time in seconds (cache misses).",
@@ -324,6 +333,17 @@ impl Metrics {
         *seen = *now;
     }
 
+    /// The adapters of the running and waiting requests (names, comma-joined as vLLM does),
+    /// with `max_lora` the most that run at once. One series, its labels replaced each time,
+    /// its value the Unix time of the count (routers read the newest).
+    pub fn record_lora(&self, max_lora: usize, running: &[String], waiting: &[String]) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.lora_requests_info.reset();
+        self.lora_requests_info
+            .with_label_values(&[&max_lora.to_string(), &running.join(","), &waiting.join(",")])
+            .set(now.as_secs_f64());
+    }
+
     /// A request's grammar was compiled (`cache_hit`: taken from the cache instead).
     pub fn record_grammar_compile(&self, kind: &str, took: Duration, cache_hit: bool) {
         self.structured_output_requests
@@ -416,6 +436,25 @@ pub fn method_label(method: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lora_info_keeps_one_series_of_the_latest_adapters() {
+        let m = Metrics::new(MetricsPrefix::Vllm, "smol", 100).unwrap();
+        assert!(!m.render().contains("lora_requests_info{"), "no series before LoRA is counted");
+        m.record_lora(4, &["a".into(), "b".into()], &[]);
+        m.record_lora(4, &["b".into()], &["c".into()]);
+        let text = m.render();
+        let series: Vec<&str> = text.lines().filter(|l| l.starts_with("vllm:lora_requests_info{")).collect();
+        assert_eq!(series.len(), 1, "{text}");
+        assert!(
+            series[0].starts_with(
+                "vllm:lora_requests_info{max_lora=\"4\",model_name=\"smol\",running_lora_adapters=\"b\",waiting_lora_adapters=\"c\"} "
+            ),
+            "{text}"
+        );
+        let stamp: f64 = series[0].rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(stamp > 1.7e9, "{stamp}");
+    }
 
     #[test]
     fn one_two_five_buckets() {

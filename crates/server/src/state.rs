@@ -125,6 +125,11 @@ impl AppState {
             prefix_cache_hits: s.prefix_cache_hits,
             spec: s.spec,
         });
+        if let Some(max_loras) = self.loras.max_loras() {
+            let activity = self.engine.lora_activity();
+            let names = |ids: &[pagoda_engine::LoraId]| self.loras.names(ids);
+            self.metrics.record_lora(max_loras, &names(&activity.running), &names(&activity.waiting));
+        }
     }
 }
 

@@ -546,6 +546,21 @@ impl Scheduler {
         self.seqs.values().filter(|e| e.seq.lora == Some(id)).count()
     }
 
+    /// The adapters of the running and of the waiting sequences, each set ascending.
+    pub fn lora_activity(&self) -> crate::stats::LoraActivity {
+        let adapters = |ids: &mut dyn Iterator<Item = &SeqId>| {
+            let mut v: Vec<crate::executor::LoraId> =
+                ids.filter_map(|id| self.seqs.get(id)?.seq.lora).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        crate::stats::LoraActivity {
+            running: adapters(&mut self.running.iter()),
+            waiting: adapters(&mut self.waiting.iter()),
+        }
+    }
+
     pub fn num_requests(&self) -> usize {
         self.requests.len()
     }

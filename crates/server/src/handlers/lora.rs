@@ -31,6 +31,6 @@ pub async fn unload(
     State(state): State<SharedState>,
     JsonBody(req): JsonBody<UnloadLoraAdapterRequest>,
 ) -> Result<String, ApiError> {
-    state.loras.unload(&state.engine, &req.lora_name).await?;
+    state.loras.unload(&state.engine, &req.lora_name, req.lora_int_id).await?;
     Ok(format!("Success: LoRA adapter '{}' removed successfully.", req.lora_name))
 }

@@ -16,7 +16,8 @@ pub struct LoadLoraAdapterRequest {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct UnloadLoraAdapterRequest {
     pub lora_name: String,
-    /// vLLM's id of the adapter; accepted for compatibility, the name decides.
+    /// vLLM's id of the adapter: when given, it must be the id this server gave the adapter
+    /// (its place in load order, from 1); a different one is a 400.
     #[serde(default)]
     pub lora_int_id: Option<u64>,
 }

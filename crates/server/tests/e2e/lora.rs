@@ -2,7 +2,8 @@
 //! scripts/tiny_lora.py (`--enable-lora --lora-modules a=... b=...`). Requests naming an adapter
 //! in `model` generate PEFT's greedy text for it, concurrently with the base model's (one mixed
 //! batch); `/v1/models` lists the adapters under their parent; unknown names are 404s, adapters
-//! on endpoints that do not generate 400s, and bad adapters stop the server at start-up.
+//! on endpoints that do not generate 400s, `lora_requests_info` names the adapters in use, and
+//! bad adapters stop the server at start-up.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -92,6 +93,26 @@ async fn models_lists_adapters_and_names_are_checked() -> Result<()> {
         post_json(&client(), &server().url("/v1/embeddings"), &json!({"model": "a", "input": "x"})).await?;
     assert_eq!(status, 400, "{reply}");
     assert_eq!(assert_error_shape(&reply)["param"], "model");
+    Ok(())
+}
+
+#[tokio::test]
+async fn metrics_report_the_adapters_in_use() -> Result<()> {
+    let info = |text: &str| -> Option<String> {
+        text.lines().find(|l| l.starts_with("pagoda:lora_requests_info{")).map(str::to_owned)
+    };
+    let body = json!({"model": "a", "prompt": "x", "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let mut long = client().post(server().url("/v1/completions")).json(&body).send().await?;
+    assert_eq!(long.status(), 200);
+    assert!(long.chunk().await?.is_some(), "the stream has begun");
+    let text = client().get(server().url("/metrics")).send().await?.text().await?;
+    let series = info(&text).unwrap_or_else(|| panic!("no lora_requests_info in\n{text}"));
+    assert!(series.contains("max_lora=\"2\""), "{series}");
+    let running = series.split("running_lora_adapters=\"").nth(1).unwrap().split('"').next().unwrap();
+    assert!(running.split(',').any(|name| name == "a"), "{series}");
+    let stamp: f64 = series.rsplit(' ').next().unwrap().parse()?;
+    assert!(stamp > 1.7e9, "{series}");
+    while long.chunk().await?.is_some() {}
     Ok(())
 }
 

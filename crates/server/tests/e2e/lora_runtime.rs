@@ -112,6 +112,10 @@ async fn adapters_load_serve_unload_and_reload_under_load() -> Result<()> {
     assert_eq!(status, 400, "{reply}");
     assert!(reply["error"]["message"].as_str().unwrap().contains("use it"), "{reply}");
     while long.chunk().await?.is_some() {}
+    let wrong_id = json!({"lora_name": "b2", "lora_int_id": 99});
+    let (status, reply) = post("/v1/unload_lora_adapter", wrong_id).await?;
+    assert_eq!(status, 400, "{reply}");
+    assert_eq!(assert_error_shape(&reply)["param"], "lora_int_id", "{reply}");
     let (status, text) = update("/v1/unload_lora_adapter", json!({"lora_name": "b2"})).await?;
     assert_eq!(status, 200, "{text}");
     assert_eq!(greedy_text("b2").await?.0, 404);
