@@ -2,9 +2,10 @@
 //! how a step applies several of them at once. A projection `W` adapted with rank-`r` matrices
 //! `A` (`[r, in]`) and `B` (`[out, r]`) computes `W x + s * B (A x)`, `s` being `alpha / r`
 //! (`alpha / sqrt(r)` with rsLoRA). A step's rows are the batch's sequences one after another;
-//! [`LoraBatch`] splits them into segments of one adapter (or none) and each segment adds its
-//! adapter's delta to the base projection's output, so sequences of many adapters and of the
-//! base model share one step, as Punica's segmented gather does.
+//! [`LoraBatch`] splits them into segments of one adapter (or none), and one op
+//! (`pagoda_ops::lora_add`) adds each segment's adapter delta to the base projection's output,
+//! so sequences of many adapters and of the base model share one step, as Punica's segmented
+//! gather does.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -65,11 +66,11 @@ impl LoraModule {
     }
 }
 
-/// One adapted projection: `A^T` (`[in, r]`) and `s * B^T` (`[r, out]`).
+/// One adapted projection: `A` (`[r, in]`) and `s * B` (`[out, r]`).
 #[derive(Debug, Clone)]
 struct LoraPair {
-    down: Tensor,
-    up: Tensor,
+    a: Tensor,
+    b: Tensor,
 }
 
 /// A loaded adapter: per layer, the pair of each module it adapts.
@@ -157,12 +158,9 @@ impl LoraAdapter {
                         b.dims()
                     )));
                 }
-                let down = a.t()?.contiguous()?.to_dtype(dtype)?.to_device(device)?;
-                let up = (b.t()?.to_dtype(DType::F64)? * scale)?
-                    .to_dtype(dtype)?
-                    .contiguous()?
-                    .to_device(device)?;
-                layer[module as usize] = Some(LoraPair { down, up });
+                let a = a.to_dtype(dtype)?.to_device(device)?;
+                let b = (b.to_dtype(DType::F64)? * scale)?.to_dtype(dtype)?.to_device(device)?;
+                layer[module as usize] = Some(LoraPair { a, b });
             }
         }
         if let Some(extra) = tensors.keys().min() {
@@ -203,22 +201,25 @@ impl LoraBatch {
     }
 
     /// `base` (the projection of `x`, `[rows, out]` or `[rows, heads, head_dim]`) plus each
-    /// row's adapter delta for `module` of layer `layer`.
+    /// row's adapter delta for `module` of layer `layer`, all segments in one op.
     pub fn apply(&self, layer: usize, module: LoraModule, x: &Tensor, base: Tensor) -> Result<Tensor> {
-        let pairs: Vec<Option<&LoraPair>> =
-            self.segments.iter().map(|(_, _, a)| a.as_ref().and_then(|a| a.pair(layer, module))).collect();
-        let Some(out) = pairs.iter().flatten().next().map(|p| p.up.dim(1)).transpose()? else {
+        let segments: Vec<pagoda_ops::LoraSegment> = self
+            .segments
+            .iter()
+            .filter_map(|(start, rows, adapter)| {
+                let pair = adapter.as_ref()?.pair(layer, module)?;
+                Some(pagoda_ops::LoraSegment {
+                    start: *start,
+                    rows: *rows,
+                    a: pair.a.clone(),
+                    b: pair.b.clone(),
+                })
+            })
+            .collect();
+        if segments.is_empty() {
             return Ok(base);
-        };
-        let mut pieces = Vec::with_capacity(self.segments.len());
-        for (&(start, rows, _), pair) in self.segments.iter().zip(&pairs) {
-            pieces.push(match pair {
-                Some(p) => x.narrow(0, start, rows)?.matmul(&p.down)?.matmul(&p.up)?,
-                None => Tensor::zeros((rows, out), base.dtype(), base.device())?,
-            });
         }
-        let delta = Tensor::cat(&pieces, 0)?.reshape(base.shape())?;
-        Ok((base + delta)?)
+        Ok(pagoda_ops::lora_add(&base, x, &segments)?)
     }
 }
 

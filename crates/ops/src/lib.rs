@@ -1,5 +1,6 @@
 //! `pagoda-ops`: the custom tensor ops of the model's forward pass (paged attention, KV-cache
-//! write, rotary embedding, RMSNorm, SiLU- and GELU-and-mul, a matmul over GGUF-quantized weights with
+//! write, rotary embedding, RMSNorm, SiLU- and GELU-and-mul, the LoRA delta of a step mixing
+//! adapters, a matmul over GGUF-quantized weights with
 //! f32 activations, and a GEMM over weights packed once into panels: f32, bfloat16, or the
 //! blocks' int8 codes with 8- or 16-bit activations), as candle custom ops.
 //!
@@ -33,6 +34,7 @@ mod device_sampler;
 mod dtype;
 mod gated_activation;
 mod kv_cache;
+mod lora;
 mod matmul;
 mod metadata;
 mod paged_attention;
@@ -47,6 +49,7 @@ pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMem
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
 pub use kv_cache::reshape_and_cache;
+pub use lora::{lora_add, LoraSegment};
 pub use matmul::device_quant::{
     DeviceQuantWeight, QuantLaunch, QUANT_KERNEL_MAX_ROWS, QUANT_MATMUL_MAX_ROWS,
 };

@@ -1,7 +1,7 @@
 //! LoRA adapters through `pagoda serve`: the tiny llama served with the two PEFT adapters of
 //! scripts/tiny_lora.py (`--enable-lora --lora-modules a=... b=...`). Requests naming an adapter
 //! in `model` generate PEFT's greedy text for it, concurrently with the base model's (one mixed
-//! batch); `/v1/models` lists the adapters under their parent; unknown names are 404s, adapters
+//! batch), and under `--batch-invariant` the same bits in a mixed batch as alone; `/v1/models` lists the adapters under their parent; unknown names are 404s, adapters
 //! on endpoints that do not generate 400s, `lora_requests_info` names the adapters in use, and
 //! bad adapters stop the server at start-up.
 
@@ -113,6 +113,58 @@ async fn metrics_report_the_adapters_in_use() -> Result<()> {
     let stamp: f64 = series.rsplit(' ').next().unwrap().parse()?;
     assert!(stamp > 1.7e9, "{series}");
     while long.chunk().await?.is_some() {}
+    Ok(())
+}
+
+/// Under `--batch-invariant`, a request of either adapter or of the base model gets the same
+/// bits (text and logprobs) served alone as in a batch of all three, where its rows share each
+/// step (and, with the small token budget, prefill chunks) with the other adapters'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_batches_are_bit_identical_to_each_request_alone() -> Result<()> {
+    let (a, b) = (format!("a={}", tiny("lora/a")), format!("b={}", tiny("lora/b")));
+    let flags = [
+        "--batch-invariant",
+        "--max-num-batched-tokens",
+        "24",
+        "--max-num-seqs",
+        "8",
+        "--no-enable-prefix-caching",
+    ];
+    let lora = ["--max-model-len", "256", "--enable-lora", "--lora-modules", &a, &b, "--max-loras", "2"];
+    let invariant = TestServer::start_with_model(&tiny("llama"), &[flags.as_slice(), &lora].concat());
+    let url = invariant.url("/v1/completions");
+    let prompt = reference()["prompts"]["long"].clone();
+    let bodies: Vec<Value> = ["smol", "a", "b", "a", "smol", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, model)| {
+            let mut body = json!({"model": model, "prompt": prompt, "max_tokens": 12 + i, "logprobs": 3,
+                                  "ignore_eos": true, "temperature": 0});
+            if i >= 3 {
+                body["temperature"] = json!(0.8);
+                body["seed"] = json!(7 + i);
+            }
+            body
+        })
+        .collect();
+    let answer = |body: Value| {
+        let url = url.clone();
+        async move {
+            let (status, reply) = post_json(&client(), &url, &body).await?;
+            anyhow::ensure!(status == 200, "{reply}");
+            anyhow::Ok(json!([reply["choices"][0]["text"], reply["choices"][0]["logprobs"]]))
+        }
+    };
+    let mut alone = Vec::new();
+    for body in &bodies {
+        alone.push(answer(body.clone()).await?);
+    }
+    let together: Vec<_> = bodies.iter().map(|b| tokio::spawn(answer(b.clone()))).collect();
+    for (i, (task, want)) in together.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&task.await??, want, "request {i} ({}): batched vs alone", bodies[i]["model"]);
+    }
+    assert_ne!(alone[0][0], alone[1][0], "the adapter changes the text");
+    invariant.signal_stop();
     Ok(())
 }
 
