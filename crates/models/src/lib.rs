@@ -22,6 +22,7 @@ pub mod linear;
 pub mod llama;
 pub mod loader;
 pub mod lora;
+mod lora_files;
 pub mod model;
 mod moe;
 pub mod pooling;

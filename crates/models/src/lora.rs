@@ -1,5 +1,5 @@
-//! LoRA adapters in PEFT's format (`adapter_config.json` + `adapter_model.safetensors`) and
-//! how a step applies several of them at once. A projection `W` adapted with rank-`r` matrices
+//! LoRA adapters (PEFT's or llama.cpp's GGUF, read by `lora_files`) fitted to a model, and how
+//! a step applies several of them at once. A projection `W` adapted with rank-`r` matrices
 //! `A` (`[r, in]`) and `B` (`[out, r]`) computes `W x + s * B (A x)`, `s` being `alpha / r`
 //! (`alpha / sqrt(r)` with rsLoRA). A step's rows are the batch's sequences one after another;
 //! [`LoraBatch`] splits them into segments of one adapter (or none), and one op
@@ -7,15 +7,15 @@
 //! so sequences of many adapters and of the base model share one step, as Punica's segmented
 //! gather does.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use serde_json::Value;
+use pagoda_ops::RotaryStyle;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::lora_files::{read_adapter, QkRows};
 
 /// The projections an adapter may adapt, by PEFT's module names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -30,7 +30,7 @@ pub enum LoraModule {
 }
 
 impl LoraModule {
-    const ALL: [LoraModule; 7] = [
+    pub(crate) const ALL: [LoraModule; 7] = [
         LoraModule::Q,
         LoraModule::K,
         LoraModule::V,
@@ -41,7 +41,7 @@ impl LoraModule {
     ];
 
     /// PEFT's name and the module's path under a layer.
-    fn peft_name(self) -> (&'static str, &'static str) {
+    pub(crate) fn peft_name(self) -> (&'static str, &'static str) {
         match self {
             LoraModule::Q => ("q_proj", "self_attn"),
             LoraModule::K => ("k_proj", "self_attn"),
@@ -81,90 +81,58 @@ pub struct LoraAdapter {
 }
 
 impl LoraAdapter {
-    /// The PEFT adapter in `dir` for a model of shape `config`, its weights in `dtype` on
-    /// `device`. Refuses ranks above `max_rank`, modules other than the seven projections,
-    /// options that change the computation (DoRA, biases, per-module ranks, `fan_in_fan_out`)
-    /// and any tensor whose shape does not fit the model.
-    pub fn load_peft(
-        dir: &Path,
+    /// The adapter at `path` (a PEFT directory or a GGUF LoRA file) for a model of shape
+    /// `config`, its weights in `dtype` on `device`. Refuses ranks above `max_rank`, modules
+    /// other than the seven projections, options that change the computation (DoRA, biases,
+    /// per-module ranks, `fan_in_fan_out`), an adapter of another architecture and any tensor
+    /// whose shape does not fit the model. Q and K rows are put in the model's order.
+    pub fn load(
+        path: &Path,
         config: &ModelConfig,
         max_rank: usize,
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let config_path = dir.join("adapter_config.json");
-        let bad = |message: String| ModelError::Config { path: config_path.clone(), message };
-        let text = std::fs::read_to_string(&config_path)
-            .map_err(|source| ModelError::Io { path: config_path.clone(), source })?;
-        let c: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        if c["peft_type"].as_str() != Some("LORA") {
-            return Err(bad(format!("peft_type {} is not LORA", c["peft_type"])));
+        let file = read_adapter(path, max_rank, config.num_layers)?;
+        let wrong = |message: String| ModelError::Config { path: path.to_path_buf(), message };
+        if let Some(arch) = file.architecture.as_deref().filter(|&a| a != config.architecture) {
+            return Err(wrong(format!(
+                "the adapter is for `{arch}`, the model is `{}`",
+                config.architecture
+            )));
         }
-        let rank =
-            c["r"].as_u64().filter(|&r| r > 0).ok_or_else(|| bad("r must be a positive integer".into()))?
-                as usize;
-        if rank > max_rank {
-            return Err(bad(format!("rank {rank} is above the server's --max-lora-rank {max_rank}")));
-        }
-        let alpha = c["lora_alpha"].as_f64().ok_or_else(|| bad("lora_alpha is missing".into()))?;
-        let refused = [
-            ("use_dora", c["use_dora"].as_bool().unwrap_or(false)),
-            ("fan_in_fan_out", c["fan_in_fan_out"].as_bool().unwrap_or(false)),
-            ("bias", c["bias"].as_str().is_some_and(|b| b != "none")),
-            ("lora_bias", c["lora_bias"].as_bool().unwrap_or(false)),
-            ("rank_pattern", c["rank_pattern"].as_object().is_some_and(|m| !m.is_empty())),
-            ("alpha_pattern", c["alpha_pattern"].as_object().is_some_and(|m| !m.is_empty())),
-            ("modules_to_save", c["modules_to_save"].as_array().is_some_and(|m| !m.is_empty())),
-            ("layers_to_transform", !c["layers_to_transform"].is_null()),
-        ];
-        if let Some((key, _)) = refused.iter().find(|(_, set)| *set) {
-            return Err(bad(format!("`{key}` is not supported")));
-        }
-        let targets: Vec<&str> = match &c["target_modules"] {
-            Value::Array(list) => list.iter().filter_map(Value::as_str).collect(),
-            other => return Err(bad(format!("target_modules must be a list of module names, got {other}"))),
+        let model_rows = match config.rope_style {
+            RotaryStyle::Interleaved => QkRows::Interleaved,
+            RotaryStyle::Halves => QkRows::Halves,
         };
-        let mut modules = BTreeSet::new();
-        for target in targets {
-            let module = LoraModule::ALL.into_iter().find(|m| m.peft_name().0 == target);
-            modules.insert(module.ok_or_else(|| {
-                bad(format!("target module `{target}` is not supported (q, k, v, o, gate, up and down projections are)"))
-            })?);
-        }
-        let scale = if c["use_rslora"].as_bool().unwrap_or(false) {
-            alpha / (rank as f64).sqrt()
-        } else {
-            alpha / rank as f64
-        };
-        let weights_path = dir.join("adapter_model.safetensors");
-        let mut tensors = candle_core::safetensors::load(&weights_path, &Device::Cpu)
-            .map_err(|e| ModelError::Config { path: weights_path.clone(), message: e.to_string() })?;
-        let wrong = |message: String| ModelError::Config { path: weights_path.clone(), message };
         let mut layers: Vec<[Option<LoraPair>; 7]> =
             (0..config.num_layers).map(|_| Default::default()).collect();
-        for (i, layer) in layers.iter_mut().enumerate() {
-            for &module in &modules {
-                let (name, parent) = module.peft_name();
-                let key =
-                    |ab: &str| format!("base_model.model.model.layers.{i}.{parent}.{name}.lora_{ab}.weight");
-                let (Some(a), Some(b)) = (tensors.remove(&key("A")), tensors.remove(&key("B"))) else {
-                    return Err(wrong(format!("{} or its lora_B is missing", key("A"))));
-                };
-                let (input, output) = module.dims(config);
-                if a.dims() != [rank, input] || b.dims() != [output, rank] {
-                    return Err(wrong(format!(
-                        "layer {i} {name}: lora_A {:?} and lora_B {:?} do not fit the model ([{rank}, {input}] and [{output}, {rank}])",
-                        a.dims(),
-                        b.dims()
-                    )));
-                }
-                let a = a.to_dtype(dtype)?.to_device(device)?;
-                let b = (b.to_dtype(DType::F64)? * scale)?.to_dtype(dtype)?.to_device(device)?;
-                layer[module as usize] = Some(LoraPair { a, b });
+        let mut rank = 0;
+        for p in file.pairs {
+            let (input, output) = p.module.dims(config);
+            let r = p.a.dim(0)?;
+            if p.a.dims() != [r, input] || p.b.dims() != [output, r] {
+                return Err(wrong(format!(
+                    "layer {} {}: lora_A {:?} and lora_B {:?} do not fit the model ([{r}, {input}] and [{output}, {r}])",
+                    p.layer,
+                    p.module.peft_name().0,
+                    p.a.dims(),
+                    p.b.dims()
+                )));
             }
-        }
-        if let Some(extra) = tensors.keys().min() {
-            return Err(wrong(format!("tensor `{extra}` is not a LoRA weight of the targeted modules")));
+            let heads = match p.module {
+                LoraModule::Q => Some(config.num_heads),
+                LoraModule::K => Some(config.num_kv_heads),
+                _ => None,
+            };
+            let b = match heads {
+                Some(heads) if file.qk_rows != model_rows => reorder_rotary_rows(&p.b, heads, model_rows)?,
+                _ => p.b,
+            };
+            let a = p.a.to_dtype(dtype)?.to_device(device)?;
+            let b = (b.to_dtype(DType::F64)? * p.scale)?.to_dtype(dtype)?.contiguous()?.to_device(device)?;
+            layers[p.layer][p.module as usize] = Some(LoraPair { a, b });
+            rank = rank.max(r);
         }
         Ok(Self { rank, layers })
     }
@@ -221,6 +189,19 @@ impl LoraBatch {
         }
         Ok(pagoda_ops::lora_add(&base, x, &segments)?)
     }
+}
+
+/// `b`'s rows (`[heads * head_dim, r]`) from one rotary order to the other (`to`): llama.cpp's
+/// converter pairs dimension `i` with `i + head_dim / 2` of each head (Hugging Face's halves)
+/// into adjacent rows.
+fn reorder_rotary_rows(b: &Tensor, heads: usize, to: QkRows) -> Result<Tensor> {
+    let (rows, r) = b.dims2()?;
+    let half = rows / heads / 2;
+    let reordered = match to {
+        QkRows::Interleaved => b.reshape((heads, 2, half, r))?.transpose(1, 2)?,
+        QkRows::Halves => b.reshape((heads, half, 2, r))?.transpose(1, 2)?,
+    };
+    Ok(reordered.contiguous()?.reshape((rows, r))?)
 }
 
 fn same(a: &Option<Arc<LoraAdapter>>, b: &Option<Arc<LoraAdapter>>) -> bool {

@@ -138,7 +138,7 @@ impl Model {
         Ok(Self { architecture, dtype, pooling: None, loras: Default::default() })
     }
 
-    /// Loads the PEFT adapter in `dir` under `id`, its weights on `device` (an id in use is an
+    /// Loads the adapter at `dir` (PEFT directory or GGUF LoRA file) under `id`, its weights on `device` (an id in use is an
     /// error: nothing is replaced). Dense Llama-family models take adapters; others refuse them.
     pub fn add_lora(
         &mut self,
@@ -160,7 +160,7 @@ impl Model {
         if self.loras.contains_key(&id) {
             return Err(ModelError::InvalidOption(format!("LoRA id {id} is already loaded")));
         }
-        let adapter = LoraAdapter::load_peft(dir, self.config(), max_rank, self.dtype, device)?;
+        let adapter = LoraAdapter::load(dir, self.config(), max_rank, self.dtype, device)?;
         self.loras.insert(id, std::sync::Arc::new(adapter));
         Ok(())
     }

@@ -133,7 +133,7 @@ impl ModelRunner {
         forward_with(&self.model, &self.cache, &self.device, flat, None)
     }
 
-    /// Loads the PEFT adapter in `dir` as adapter `id` of the engine's requests (see
+    /// Loads the adapter at `dir` (PEFT directory or GGUF file) as adapter `id` of the engine's requests (see
     /// [`Model::add_lora`]).
     pub fn add_lora(
         &mut self,

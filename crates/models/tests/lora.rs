@@ -126,6 +126,15 @@ fn adapters_that_do_not_fit_are_refused_whole() {
     std::fs::write(dir.path().join("adapter_config.json"), config.replace("\"r\": 4", "\"r\": 2")).unwrap();
     std::fs::copy(tiny("lora/a/adapter_model.safetensors"), dir.path().join("adapter_model.safetensors"))
         .unwrap();
+    assert!(err(runner.add_lora(3, dir.path(), 16)).contains("not of rank 2"));
+    // One projection of another model's width.
+    let weights = tiny("lora/a/adapter_model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&weights, &candle_core::Device::Cpu).unwrap();
+    let key = tensors.keys().find(|k| k.contains("lora_B")).unwrap().clone();
+    let narrowed = tensors[&key].narrow(0, 0, 2).unwrap();
+    tensors.insert(key, narrowed);
+    std::fs::copy(tiny("lora/a/adapter_config.json"), dir.path().join("adapter_config.json")).unwrap();
+    candle_core::safetensors::save(&tensors, dir.path().join("adapter_model.safetensors")).unwrap();
     assert!(err(runner.add_lora(3, dir.path(), 16)).contains("do not fit the model"));
     // Nothing was half-loaded: id 3 is free, and an unknown id fails its sequence only.
     runner.add_lora(3, &tiny("lora/a"), 16).unwrap();

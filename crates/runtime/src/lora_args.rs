@@ -21,7 +21,8 @@ pub struct LoraArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub enable_lora: Option<bool>,
     /// Adapters loaded at start-up, each NAME=PATH: a PEFT directory (adapter_config.json and
-    /// adapter_model.safetensors). Needs --enable-lora.
+    /// adapter_model.safetensors) or a GGUF LoRA file (llama.cpp's convert_lora_to_gguf.py).
+    /// Needs --enable-lora.
     #[arg(long, num_args = 1.., value_name = "NAME=PATH")]
     pub lora_modules: Option<Vec<String>>,
     /// Most adapters whose sequences run in one step; sequences of another adapter wait.

@@ -8,7 +8,8 @@ use utoipa::ToSchema;
 pub struct LoadLoraAdapterRequest {
     /// The name requests will give in `model`.
     pub lora_name: String,
-    /// A PEFT directory (adapter_config.json, adapter_model.safetensors) on the server.
+    /// A PEFT directory (adapter_config.json, adapter_model.safetensors) or a GGUF LoRA file
+    /// on the server.
     pub lora_path: String,
 }
 

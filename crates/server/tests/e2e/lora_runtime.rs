@@ -1,5 +1,5 @@
 //! LoRA adapters loaded and unloaded while serving (`--allow-runtime-lora-updating`), on the
-//! tiny llama: a loaded adapter serves PEFT's text at once; loading twice, from outside
+//! tiny llama: a loaded adapter (PEFT's, or a GGUF) serves PEFT's text at once; loading twice, from outside
 //! `--lora-dirs`, or from a missing directory is a 400; an adapter a request still uses is not
 //! unloaded (400) until the request ends; all of it under a stream of other requests, none
 //! lost. Without the flag the endpoints are 404s.
@@ -129,6 +129,13 @@ async fn adapters_load_serve_unload_and_reload_under_load() -> Result<()> {
     let list: Value = client().get(server().url("/v1/models")).send().await?.json().await?;
     let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["smol", "a", "b2"]);
+
+    // llama.cpp's GGUF conversion of adapter a serves a's text.
+    let gguf = json!({"lora_name": "a-gguf", "lora_path": tiny("lora/a.gguf")});
+    let (status, text) = update("/v1/load_lora_adapter", gguf).await?;
+    assert_eq!(status, 200, "{text}");
+    let (status, reply) = greedy_text("a-gguf").await?;
+    assert_eq!((status, reply["choices"][0]["text"].clone()), (200, json!(expected_text("a").await?)));
     for task in traffic {
         let (status, reply) = task.await??;
         assert_eq!(status, 200, "{reply}");
