@@ -192,6 +192,10 @@ pub struct ServeArgs {
     /// with --json-schema; `--validate false` keeps no answer text and checks nothing.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", requires = "json_schema")]
     pub validate: Option<bool>,
+    /// LoRA adapters (names the server serves) the requests take turns at: request i names
+    /// adapter i % n in `model`, so every step mixes them (vLLM's benchmark picks one at random).
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub lora_modules: Option<Vec<String>>,
     /// Keep every answer's text and write it into --save-result as the request's `text` (to
     /// compare two servers' or configurations' outputs request by request).
     #[arg(long, requires = "save_result")]

@@ -193,6 +193,8 @@ pub struct RequestExtras<'a> {
     pub response_format: Option<&'a Value>,
     /// Keep the answer text in [`Outcome::text`].
     pub keep_text: bool,
+    /// The `model` of this request (a LoRA adapter's name) instead of the client's.
+    pub model: Option<&'a str>,
 }
 
 /// Sends requests to one server.
@@ -296,7 +298,10 @@ impl Client {
 
     /// [`Self::send`] with a request's own extras.
     pub async fn send_with(&self, prompt: &str, max_tokens: usize, extras: RequestExtras<'_>) -> Outcome {
-        let body = self.body_with(prompt, max_tokens, extras.response_format);
+        let mut body = self.body_with(prompt, max_tokens, extras.response_format);
+        if let Some(model) = extras.model {
+            body["model"] = json!(model);
+        }
         let start = Instant::now();
         let mut state = StreamState::new(start);
         if extras.keep_text {

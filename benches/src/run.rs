@@ -147,6 +147,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
         test_request: !args.skip_test_request,
         schemas: schemas.clone(),
         save_text: args.save_text,
+        lora_modules: Arc::new(args.lora_modules.clone().unwrap_or_default()),
     };
     let run = crate::serve::run(client, &dataset, &options).await?;
     let summary = summarize(&run.results, run.duration, &args.output.percentiles.0);
@@ -181,6 +182,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
     config.insert("extra_body".into(), args.extra_body.clone().map(Value::Object).unwrap_or(Value::Null));
     config.insert("json_schema".into(), args.json_schema.as_ref().map(|p| p.display().to_string()).into());
     config.insert("validate".into(), args.validating().into());
+    config.insert("lora_modules".into(), args.lora_modules.clone().into());
     finish("serve", info, &args.output, Value::Object(config), summary, run.results)
 }
 

@@ -42,6 +42,8 @@ pub struct ServeOptions {
     pub schemas: Option<Arc<SchemaSet>>,
     /// `--save-text`: keep every answer's text in its [`RequestResult::text`].
     pub save_text: bool,
+    /// `--lora-modules`: request `i` names adapter `i % n` in `model`.
+    pub lora_modules: Arc<Vec<String>>,
 }
 
 /// A finished run.
@@ -143,18 +145,23 @@ pub async fn run(client: Arc<Client>, dataset: &Dataset, options: &ServeOptions)
         let bar = bar.clone();
         let schemas = options.schemas.clone();
         let save_text = options.save_text;
+        let loras = Arc::clone(&options.lora_modules);
         tasks.spawn(async move {
             let _permit = match &limit {
                 Some(s) => Some(s.acquire().await.expect("the semaphore is never closed")),
                 None => None,
             };
-            let extras = match &schemas {
+            let mut extras = match &schemas {
                 Some(set) => RequestExtras {
                     response_format: Some(set.for_request(index).response_format()),
                     keep_text: set.validate || save_text,
+                    ..RequestExtras::default()
                 },
                 None => RequestExtras { keep_text: save_text, ..RequestExtras::default() },
             };
+            if !loras.is_empty() {
+                extras.model = Some(loras[index % loras.len()].as_str());
+            }
             let sent = start.elapsed();
             let outcome = client.send_with(&prompt.text, prompt.output_len, extras).await;
             let finished = start.elapsed();

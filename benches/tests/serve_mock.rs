@@ -259,6 +259,25 @@ async fn save_text_keeps_each_answer_in_the_saved_result() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_modules_take_turns_in_model() {
+    let mock = Mock::start(Script { usage: true, ..Script::default() }).await;
+    let args = ["--model", "base", "--num-prompts", "6", "--output-len", "2"];
+    let args = serve_args(&mock.url(), &[&args[..], &["--lora-modules", "a", "b", "c"]].concat());
+    let report = pagoda_bench::run::serve(args).await.unwrap();
+    assert_eq!(report.summary.completed, 6);
+    let mut models: Vec<String> = mock
+        .counters
+        .bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| b["model"].as_str().unwrap().to_owned())
+        .collect();
+    models.sort();
+    assert_eq!(models, ["a", "a", "b", "b", "c", "c"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_counted_with_their_errors() {
     let script = Script { usage: true, fail_every: Some(3), error_event_every: Some(4), ..Script::default() };
     let mock = Mock::start(script).await;

@@ -139,6 +139,43 @@ fn silu(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// `lora_add` with three adapters of ranks 4, 16 and 64 over rows of no adapter between them,
+/// at SmolLM2's and Llama-3-8B's projection widths; then a row's bits alone and in the batch.
+fn lora(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
+    for dtype in DTYPES {
+        let mut worst = Worst::new();
+        let mut same = true;
+        for (input, width) in [(576, 192), (4096, 14336), (14336, 4096)] {
+            let rows = 12;
+            let x = random(rng, &[rows, input], dtype, gpu)?;
+            let base = random(rng, &[rows, width], dtype, gpu)?;
+            let mut cpu_segments = Vec::new();
+            let mut gpu_segments = Vec::new();
+            for (start, n, rank) in [(1, 3, 4), (4, 1, 16), (7, 4, 64)] {
+                let a = random(rng, &[rank, input], dtype, gpu)?;
+                let b = random(rng, &[width, rank], dtype, gpu)?;
+                cpu_segments.push(pagoda_ops::LoraSegment { start, rows: n, a: a.cpu, b: b.cpu });
+                gpu_segments.push(pagoda_ops::LoraSegment { start, rows: n, a: a.gpu, b: b.gpu });
+            }
+            poison(gpu)?;
+            let got = pagoda_ops::lora_add(&base.gpu, &x.gpu, &gpu_segments)?;
+            worst.add(&got, &pagoda_ops::lora_add(&base.cpu, &x.cpu, &cpu_segments)?)?;
+            let last = &gpu_segments[2];
+            let alone = pagoda_ops::LoraSegment { start: 0, rows: 1, a: last.a.clone(), b: last.b.clone() };
+            let one = pagoda_ops::lora_add(&base.gpu.narrow(0, 9, 1)?, &x.gpu.narrow(0, 9, 1)?, &[alone])?;
+            let bits =
+                |t: &Tensor| -> Result<Vec<u32>> { Ok(values(t)?.iter().map(|v| v.to_bits()).collect()) };
+            same &= bits(&one)? == bits(&got.narrow(0, 9, 1)?)?;
+        }
+        // Sums of up to 14336 products, then 64, in another order than the CPU's.
+        let check = format!("lora_add {dtype:?} ({} shapes)", worst.shapes);
+        report.at_most(SECTION, &check, worst.err as f64, 4.0 * tolerance(dtype) as f64);
+        let check = format!("lora_add {dtype:?}: a row's bits alone and among 12 rows of 3 adapters");
+        report.expect(SECTION, &check, same, if same { "identical" } else { "differ" });
+    }
+    Ok(())
+}
+
 fn kv_write(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
     for dtype in DTYPES {
         let mut worst = Worst::new();
@@ -315,6 +352,7 @@ pub fn run(gpu: &Device, report: &mut Report) -> Result<()> {
         ("norms", norms as fn(&mut StdRng, &Device, &mut Report) -> Result<()>),
         ("rotary", rotary),
         ("silu_and_mul", silu),
+        ("lora_add", lora),
         ("skinny_matmul", skinny),
         ("reshape_and_cache", kv_write),
         ("paged_attention", attention),

@@ -3,10 +3,10 @@
 //! gather: shrink to the rank, then expand), rows of no segment pass through. `A` is `[r, in]`
 //! and `B` `[out, r]` (PEFT's layouts), `B` already scaled by `alpha / r`.
 //!
-//! On the CPU each output row is computed from its own input row alone, in a fixed order
-//! (f32 dot products of the same lengths whatever the batch), so a row's bits do not depend on
-//! which other rows or adapters share the step: what `--batch-invariant` needs. On other devices
-//! the segments run as candle matmuls.
+//! Each output row is computed from its own input row alone, in a fixed order (on the CPU f32
+//! dot products of the same lengths whatever the batch; on CUDA kernels/lora.cu, one block per
+//! row), so a row's bits do not depend on which other rows or adapters share the step: what
+//! `--batch-invariant` needs. On Metal the segments run as candle matmuls.
 
 use std::borrow::Cow;
 
@@ -66,8 +66,10 @@ pub fn lora_add(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<T
     }
     let flat = base.reshape((rows, out))?;
     let sum = match x.device() {
-        Device::Cpu => flat.apply_op2_no_bwd(&x.contiguous()?, &LoraAdd { segments: segments.to_vec() })?,
-        _ => composite(&flat, x, segments)?,
+        Device::Cpu | Device::Cuda(_) => {
+            flat.apply_op2_no_bwd(&x.contiguous()?, &LoraAdd { segments: segments.to_vec() })?
+        }
+        Device::Metal(_) => composite(&flat, x, segments)?,
     };
     sum.reshape(base.shape())
 }
@@ -189,6 +191,17 @@ impl CustomOp2 for LoraAdd {
     ) -> Result<(CpuStorage, Shape)> {
         let storage = with_float!(base.dtype(), OP, T => self.run::<T>(base, b_l, x, x_l))?;
         Ok((storage, b_l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        base: &candle_core::CudaStorage,
+        b_l: &Layout,
+        x: &candle_core::CudaStorage,
+        x_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::lora::lora_add(base, b_l, x, x_l, &self.segments)
     }
 }
 

@@ -22,11 +22,12 @@ pub(crate) enum KernelModule {
     Sampling,
     SkinnyMatmul,
     QuantMatmul,
+    Lora,
 }
 
 impl KernelModule {
     #[cfg(test)]
-    pub const ALL: [KernelModule; 10] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::ReshapeAndCache,
         KernelModule::RmsNorm,
         KernelModule::Rotary,
@@ -37,6 +38,7 @@ impl KernelModule {
         KernelModule::Sampling,
         KernelModule::SkinnyMatmul,
         KernelModule::QuantMatmul,
+        KernelModule::Lora,
     ];
 
     /// The source file's stem: `kernels/{stem}.cu`.
@@ -52,6 +54,7 @@ impl KernelModule {
             KernelModule::Sampling => "sampling",
             KernelModule::SkinnyMatmul => "skinny_matmul",
             KernelModule::QuantMatmul => "quant_matmul",
+            KernelModule::Lora => "lora",
         }
     }
 }
@@ -97,7 +100,7 @@ pub(crate) fn to_i32(v: usize, what: &str, op: &'static str) -> Result<i32> {
         .map_err(|_| candle_core::Error::Msg(format!("{op}: {what} {v} exceeds the kernel's 32-bit range")))
 }
 
-fn to_grid(v: usize, what: &str, op: &'static str) -> Result<u32> {
+pub(crate) fn to_grid(v: usize, what: &str, op: &'static str) -> Result<u32> {
     // gridDim.x allows 2^31 - 1; .y and .z 65535.
     u32::try_from(v)
         .ok()

@@ -10,6 +10,7 @@
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
 pub(crate) mod launch;
+pub(crate) mod lora;
 pub(crate) mod plan;
 pub(crate) mod quant;
 pub(crate) mod skinny;
@@ -37,6 +38,8 @@ pub(crate) mod sampling;
 
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim;
+#[cfg(all(test, feature = "kernel-sim"))]
+mod sim_lora_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_quant_tests;
 #[cfg(all(test, feature = "kernel-sim"))]

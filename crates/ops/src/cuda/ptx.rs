@@ -40,6 +40,7 @@ mod tests {
             "pagoda_paged_attention_simt_f32_d80_r8",
             "pagoda_rms_norm_bf16_f32",
             "pagoda_sample_f32",
+            "pagoda_lora_add_bf16",
         ] {
             assert!(PTX.iter().any(|(_, a, b)| a.contains(name) && b.contains(name)), "{name} missing");
         }
