@@ -1,7 +1,7 @@
 // lora_add: the LoRA delta of a step that mixes adapters (Punica's segmented gather, shrink then
 // expand in one kernel). Row r of the output is base[r] + B_s (A_s x[r]) when r lies in segment
-// s, else base[r]; A_s is [rank_s, in] and B_s [out, rank_s] (already scaled), row-major, in
-// the storage dtype; math in f32.
+// s, else base[r]; A_s is [rank_s, in] and B_s is given transposed, [rank_s, out] (already
+// scaled), row-major, in the storage dtype; math in f32.
 //
 // Segments: `segments` holds num_segments descriptors of 5 int64 each, ascending and disjoint:
 // (first row, rows, rank, address of A, address of B).
@@ -47,9 +47,8 @@ __device__ __forceinline__ void lora_add(const T *__restrict__ base, const T *__
     }
     __syncthreads();
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
-        const T *b_row = b + (long long)j * rank;
         float acc = 0.f;
-        for (int k = 0; k < rank; ++k) acc += t[k] * Float<T>::to_f32(b_row[k]);
+        for (int k = 0; k < rank; ++k) acc += t[k] * Float<T>::to_f32(b[(long long)k * width + j]);
         out_row[j] = Float<T>::from_f32(Float<T>::to_f32(base_row[j]) + acc);
     }
 }

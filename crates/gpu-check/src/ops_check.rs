@@ -153,7 +153,7 @@ fn lora(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
             let mut gpu_segments = Vec::new();
             for (start, n, rank) in [(1, 3, 4), (4, 1, 16), (7, 4, 64)] {
                 let a = random(rng, &[rank, input], dtype, gpu)?;
-                let b = random(rng, &[width, rank], dtype, gpu)?;
+                let b = random(rng, &[rank, width], dtype, gpu)?;
                 cpu_segments.push(pagoda_ops::LoraSegment { start, rows: n, a: a.cpu, b: b.cpu });
                 gpu_segments.push(pagoda_ops::LoraSegment { start, rows: n, a: a.gpu, b: b.gpu });
             }

@@ -16,6 +16,7 @@ use crate::embedding::{load_embedding_and_head, Embedding};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, StackedLinear};
+use crate::lora::LoraModule;
 use crate::model::{join_residual, ForwardInput};
 use crate::weights::{load_linear, load_stacked, WeightSource};
 
@@ -107,6 +108,13 @@ impl Gemma {
             residual = Some(sum);
             let [gate, up]: [Tensor; 2] =
                 layer.gate_up_proj.forward(&normed)?.try_into().expect("two projections");
+            let (gate, up) = match input.lora {
+                None => (gate, up),
+                Some(lora) => (
+                    lora.apply(i, LoraModule::Gate, &normed, gate)?,
+                    lora.apply(i, LoraModule::Up, &normed, up)?,
+                ),
+            };
             // The fused op on the CPU (candle's GELU goes through libm's tanh per element).
             let activated = if gate.device().is_cpu() {
                 pagoda_ops::gelu_tanh_and_mul(&gate, &up)?
@@ -114,6 +122,10 @@ impl Gemma {
                 (gate.gelu()? * up)?
             };
             let mlp = layer.down_proj.forward(&activated)?;
+            let mlp = match input.lora {
+                None => mlp,
+                Some(lora) => lora.apply(i, LoraModule::Down, &activated, mlp)?,
+            };
             hidden = pagoda_ops::rms_norm(&mlp, &layer.post_ffn_norm, eps)?;
         }
         let head = |rows: &Tensor| {

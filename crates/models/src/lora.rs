@@ -15,10 +15,10 @@ use pagoda_ops::RotaryStyle;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::lora_files::{read_adapter, QkRows};
+use crate::lora_files::{read_adapter, FileModule, QkRows};
 
 /// The projections an adapter may adapt, by PEFT's module names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LoraModule {
     Q,
     K,
@@ -30,16 +30,6 @@ pub enum LoraModule {
 }
 
 impl LoraModule {
-    pub(crate) const ALL: [LoraModule; 7] = [
-        LoraModule::Q,
-        LoraModule::K,
-        LoraModule::V,
-        LoraModule::O,
-        LoraModule::Gate,
-        LoraModule::Up,
-        LoraModule::Down,
-    ];
-
     /// PEFT's name and the module's path under a layer.
     pub(crate) fn peft_name(self) -> (&'static str, &'static str) {
         match self {
@@ -66,7 +56,7 @@ impl LoraModule {
     }
 }
 
-/// One adapted projection: `A` (`[r, in]`) and `s * B` (`[out, r]`).
+/// One adapted projection: `A` (`[r, in]`) and `s * B^T` (`[r, out]`, as `lora_add` takes it).
 #[derive(Debug, Clone)]
 struct LoraPair {
     a: Tensor,
@@ -109,29 +99,56 @@ impl LoraAdapter {
             (0..config.num_layers).map(|_| Default::default()).collect();
         let mut rank = 0;
         for p in file.pairs {
-            let (input, output) = p.module.dims(config);
             let r = p.a.dim(0)?;
+            // The projections the pair adapts; a fused one's B rows are its parts' in order.
+            let parts: &[LoraModule] = match p.module {
+                FileModule::One(LoraModule::Up) if p.b.dim(0)? == 2 * config.intermediate_size => {
+                    &[LoraModule::Gate, LoraModule::Up]
+                }
+                FileModule::One(m) => &[m][..],
+                FileModule::Qkv => &[LoraModule::Q, LoraModule::K, LoraModule::V],
+                FileModule::GateUp => &[LoraModule::Gate, LoraModule::Up],
+            };
+            let mlp = parts.iter().any(|m| matches!(m, LoraModule::Gate | LoraModule::Up | LoraModule::Down));
+            if mlp && config.moe.is_some() {
+                return Err(wrong(format!(
+                    "the adapter adapts the MLP ({:?}), which is a mixture of experts in `{}`; adapters \
+                     of mixture-of-experts models may adapt q, k, v and o only",
+                    p.module, config.architecture
+                )));
+            }
+            let input = parts[0].dims(config).0;
+            let output: usize = parts.iter().map(|m| m.dims(config).1).sum();
             if p.a.dims() != [r, input] || p.b.dims() != [output, r] {
                 return Err(wrong(format!(
-                    "layer {} {}: lora_A {:?} and lora_B {:?} do not fit the model ([{r}, {input}] and [{output}, {r}])",
+                    "layer {} {:?}: lora_A {:?} and lora_B {:?} do not fit the model ([{r}, {input}] and [{output}, {r}])",
                     p.layer,
-                    p.module.peft_name().0,
+                    p.module,
                     p.a.dims(),
                     p.b.dims()
                 )));
             }
-            let heads = match p.module {
-                LoraModule::Q => Some(config.num_heads),
-                LoraModule::K => Some(config.num_kv_heads),
-                _ => None,
-            };
-            let b = match heads {
-                Some(heads) if file.qk_rows != model_rows => reorder_rotary_rows(&p.b, heads, model_rows)?,
-                _ => p.b,
-            };
             let a = p.a.to_dtype(dtype)?.to_device(device)?;
-            let b = (b.to_dtype(DType::F64)? * p.scale)?.to_dtype(dtype)?.contiguous()?.to_device(device)?;
-            layers[p.layer][p.module as usize] = Some(LoraPair { a, b });
+            let mut first_row = 0;
+            for &module in parts {
+                let rows = module.dims(config).1;
+                let b = p.b.narrow(0, first_row, rows)?;
+                first_row += rows;
+                let heads = match module {
+                    LoraModule::Q => Some(config.num_heads),
+                    LoraModule::K => Some(config.num_kv_heads),
+                    _ => None,
+                };
+                let b = match heads {
+                    Some(heads) if file.qk_rows != model_rows => reorder_rotary_rows(&b, heads, model_rows)?,
+                    _ => b,
+                };
+                let b = (b.t()?.to_dtype(DType::F64)? * p.scale)?
+                    .to_dtype(dtype)?
+                    .contiguous()?
+                    .to_device(device)?;
+                layers[p.layer][module as usize] = Some(LoraPair { a: a.clone(), b });
+            }
             rank = rank.max(r);
         }
         Ok(Self { rank, layers })

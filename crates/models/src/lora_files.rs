@@ -25,11 +25,53 @@ pub(crate) enum QkRows {
     Interleaved,
 }
 
+/// What a file's pair adapts: one projection, or a fused one (Phi-3's `qkv_proj` and
+/// `gate_up_proj`, llama.cpp's `attn_qkv`), whose `B` rows are its parts' one after another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum FileModule {
+    One(LoraModule),
+    Qkv,
+    GateUp,
+}
+
+impl FileModule {
+    /// PEFT's name and the module's path under a layer.
+    fn peft_name(self) -> (&'static str, &'static str) {
+        match self {
+            FileModule::One(m) => m.peft_name(),
+            FileModule::Qkv => ("qkv_proj", "self_attn"),
+            FileModule::GateUp => ("gate_up_proj", "mlp"),
+        }
+    }
+
+    /// llama.cpp's name of the module's weight in a block (its `ffn_up` is Phi-3's gate and
+    /// up together: the rows of `B` tell).
+    fn gguf_name(self) -> &'static str {
+        match self {
+            FileModule::One(m) => gguf_name(m),
+            FileModule::Qkv => "attn_qkv",
+            FileModule::GateUp => "ffn_up",
+        }
+    }
+
+    const ALL: [FileModule; 9] = [
+        FileModule::One(LoraModule::Q),
+        FileModule::One(LoraModule::K),
+        FileModule::One(LoraModule::V),
+        FileModule::One(LoraModule::O),
+        FileModule::One(LoraModule::Gate),
+        FileModule::One(LoraModule::Up),
+        FileModule::One(LoraModule::Down),
+        FileModule::Qkv,
+        FileModule::GateUp,
+    ];
+}
+
 /// One adapted projection as read: `A` `[r, in]`, `B` `[out, r]` (f32 or the file's dtype, on
 /// the CPU) and the scale of `B A`.
 pub(crate) struct FilePair {
     pub layer: usize,
-    pub module: LoraModule,
+    pub module: FileModule,
     pub a: Tensor,
     pub b: Tensor,
     pub scale: f64,
@@ -100,10 +142,11 @@ fn read_peft(dir: &Path) -> Result<AdapterFile> {
     };
     let mut modules = Vec::new();
     for target in targets {
-        let module = LoraModule::ALL.into_iter().find(|m| m.peft_name().0 == target);
+        let module = FileModule::ALL.into_iter().find(|m| m.peft_name().0 == target);
         modules.push(module.ok_or_else(|| {
             bad(format!(
-                "target module `{target}` is not supported (q, k, v, o, gate, up and down projections are)"
+                "target module `{target}` is not supported (q, k, v, o, gate, up and down projections \
+                 are, and the fused qkv_proj and gate_up_proj)"
             ))
         })?);
     }
@@ -119,7 +162,7 @@ fn read_peft(dir: &Path) -> Result<AdapterFile> {
         .map_err(|e| ModelError::Config { path: weights_path.clone(), message: e.to_string() })?;
     let wrong = |message: String| ModelError::Config { path: weights_path.clone(), message };
     // Layers by the tensors present: a layer the file names is checked against the model later.
-    let key = |i: usize, module: LoraModule, ab: &str| {
+    let key = |i: usize, module: FileModule, ab: &str| {
         let (name, parent) = module.peft_name();
         format!("base_model.model.model.layers.{i}.{parent}.{name}.lora_{ab}.weight")
     };
@@ -184,12 +227,12 @@ fn read_gguf(path: &Path) -> Result<AdapterFile> {
         .ok_or_else(|| err("adapter.lora.alpha is missing".into()))? as f64;
     let architecture = text("general.architecture");
     // (layer, module) -> (a, b), as the names come.
-    let mut halves: BTreeMap<(usize, LoraModule), (Option<Tensor>, Option<Tensor>)> = BTreeMap::new();
+    let mut halves: BTreeMap<(usize, FileModule), (Option<Tensor>, Option<Tensor>)> = BTreeMap::new();
     for name in content.tensor_infos.keys() {
         let parsed = name.strip_prefix("blk.").and_then(|rest| {
             let (layer, rest) = rest.split_once('.')?;
             let (module, ab) = rest.rsplit_once(".weight.lora_")?;
-            let module = LoraModule::ALL.into_iter().find(|&m| gguf_name(m) == module)?;
+            let module = FileModule::ALL.into_iter().find(|&m| m.gguf_name() == module)?;
             Some((layer.parse::<usize>().ok()?, module, ab))
         });
         let Some((layer, module, ab)) = parsed.filter(|(_, _, ab)| matches!(*ab, "a" | "b")) else {
@@ -211,13 +254,13 @@ fn read_gguf(path: &Path) -> Result<AdapterFile> {
     let mut pairs = Vec::with_capacity(halves.len());
     for ((layer, module), half) in halves {
         let (Some(a), Some(b)) = half else {
-            return Err(err(format!("blk.{layer}.{}: lora_a or lora_b is missing", gguf_name(module))));
+            return Err(err(format!("blk.{layer}.{}: lora_a or lora_b is missing", module.gguf_name())));
         };
         let rank = a.dim(0)?;
         if rank == 0 || b.dims().get(1) != Some(&rank) {
             return Err(err(format!(
                 "blk.{layer}.{}: lora_a {:?} and lora_b {:?} disagree on the rank",
-                gguf_name(module),
+                module.gguf_name(),
                 a.dims(),
                 b.dims()
             )));

@@ -138,8 +138,9 @@ impl Model {
         Ok(Self { architecture, dtype, pooling: None, loras: Default::default() })
     }
 
-    /// Loads the adapter at `dir` (PEFT directory or GGUF LoRA file) under `id`, its weights on `device` (an id in use is an
-    /// error: nothing is replaced). Dense Llama-family models take adapters; others refuse them.
+    /// Loads the adapter at `dir` (PEFT directory or GGUF LoRA file) under `id`, its weights on
+    /// `device` (an id in use is an error: nothing is replaced). Every generating architecture
+    /// takes adapters; a mixture-of-experts model only on its attention projections.
     pub fn add_lora(
         &mut self,
         id: pagoda_engine::LoraId,
@@ -147,14 +148,10 @@ impl Model {
         max_rank: usize,
         device: &Device,
     ) -> Result<()> {
-        let supported = match &self.architecture {
-            Architecture::Llama(m) => m.config().moe.is_none(),
-            _ => false,
-        };
-        if !supported {
+        let arch = &self.config().architecture;
+        if let Architecture::Bert(_) = &self.architecture {
             return Err(ModelError::InvalidOption(format!(
-                "LoRA adapters need a dense Llama-family model; `{}` is not one",
-                self.config().architecture
+                "LoRA adapters serve generation; `{arch}` is an encoder"
             )));
         }
         if self.loras.contains_key(&id) {

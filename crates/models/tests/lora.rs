@@ -143,3 +143,51 @@ fn adapters_that_do_not_fit_are_refused_whole() {
     chunk.lora = Some(3);
     assert!(runner.logits(&batch(vec![chunk])).unwrap_err().to_string().contains("not loaded"));
 }
+
+/// Adapters of the other layouts against PEFT (float64) at every position of each model's short
+/// prompt: Phi-3's fused qkv_proj and gate_up_proj, Gemma 3's seven projections, Qwen3-MoE's
+/// attention; and an MoE adapter of the MLP refused.
+#[test]
+fn fused_gemma_and_moe_adapters_match_peft() {
+    for arch in ["phi3", "gemma3_text", "qwen3_moe"] {
+        let dir = tiny(&format!("lora/{arch}"));
+        let reference: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let mut runner = runner_for(&tiny(arch), 64);
+        runner.add_lora(1, &dir, 16).unwrap();
+        let mut seq = TestSeq::on(&runner, 1, ids(&reference["prompt"]));
+        for (pos, want) in reference["logits"].as_array().unwrap().iter().enumerate() {
+            let mut chunk = seq.chunk(1);
+            chunk.lora = Some(1);
+            let got = runner.logits(&batch(vec![chunk])).unwrap().to_vec2::<f32>().unwrap().remove(0);
+            let diff = largest_difference(&got, want);
+            assert!(diff <= TOLERANCE, "{arch}, position {pos}: logits off by {diff}");
+            seq.computed += 1;
+        }
+    }
+    // The MoE adapter with a down projection added: refused, naming the experts.
+    let dir = tempfile::tempdir().unwrap();
+    let moe = tiny("lora/qwen3_moe");
+    let config = std::fs::read_to_string(moe.join("adapter_config.json")).unwrap();
+    std::fs::write(
+        dir.path().join("adapter_config.json"),
+        config.replace("\"o_proj\"", "\"o_proj\", \"down_proj\""),
+    )
+    .unwrap();
+    let mut tensors =
+        candle_core::safetensors::load(moe.join("adapter_model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    let layers = tensors.keys().filter(|k| k.contains("q_proj.lora_A")).count();
+    for i in 0..layers {
+        let key = |ab: &str| format!("base_model.model.model.layers.{i}.mlp.down_proj.lora_{ab}.weight");
+        let zeros = |shape: &[usize]| {
+            candle_core::Tensor::zeros(shape, candle_core::DType::F32, &candle_core::Device::Cpu)
+        };
+        tensors.insert(key("A"), zeros(&[8, 32]).unwrap());
+        tensors.insert(key("B"), zeros(&[64, 8]).unwrap());
+    }
+    candle_core::safetensors::save(&tensors, dir.path().join("adapter_model.safetensors")).unwrap();
+    let mut runner = runner_for(&tiny("qwen3_moe"), 8);
+    let err = runner.add_lora(1, dir.path(), 16).unwrap_err().to_string();
+    assert!(err.contains("mixture of experts"), "{err}");
+}

@@ -1,7 +1,9 @@
 //! The LoRA delta of a step that mixes adapters: rows `start..start + rows` of a projection's
 //! output add `B (A x)` of their own adapter, every segment in one op (Punica's segmented
 //! gather: shrink to the rank, then expand), rows of no segment pass through. `A` is `[r, in]`
-//! and `B` `[out, r]` (PEFT's layouts), `B` already scaled by `alpha / r`.
+//! (PEFT's layout) and `B` is given transposed, `[r, out]`, already scaled by `alpha / r`: the
+//! expansion then reads contiguous rows of outputs (vector adds on the CPU, coalesced loads on a
+//! GPU).
 //!
 //! Each output row is computed from its own input row alone, in a fixed order (on the CPU f32
 //! dot products of the same lengths whatever the batch; on CUDA kernels/lora.cu, one block per
@@ -21,7 +23,7 @@ use crate::simd::{dot, Separate};
 const OP: &str = "lora_add";
 
 /// Rows `start..start + rows` use the adapter whose matrices are `a` (`[r, in]`) and `b`
-/// (`[out, r]`, scaled).
+/// (`B^T`, `[r, out]`, scaled).
 #[derive(Debug, Clone)]
 pub struct LoraSegment {
     pub start: usize,
@@ -52,7 +54,7 @@ pub fn lora_add(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<T
         }
         next = s.start + s.rows;
         let [r, a_in] = check::dims::<2>(&s.a)?;
-        check::shape_is(&s.b, &[out, r], OP, "b")?;
+        check::shape_is(&s.b, &[r, out], OP, "b")?;
         if a_in != input {
             return Err(invalid(OP, format!("a is [{r}, {a_in}], x rows are {input} wide")));
         }
@@ -82,7 +84,7 @@ fn composite(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<Tens
         if s.start > next {
             pieces.push(base.narrow(0, next, s.start - next)?);
         }
-        let delta = x.narrow(0, s.start, s.rows)?.matmul(&s.a.t()?)?.matmul(&s.b.t()?)?;
+        let delta = x.narrow(0, s.start, s.rows)?.matmul(&s.a.t()?)?.matmul(&s.b)?;
         pieces.push((base.narrow(0, s.start, s.rows)? + delta)?);
         next = s.start + s.rows;
     }
@@ -96,7 +98,7 @@ struct LoraAdd {
     segments: Vec<LoraSegment>,
 }
 
-/// A segment's matrices as f32 on the host: `a` row-major `[r, in]`, `b` `[out, r]`.
+/// A segment's matrices as f32 on the host: `a` row-major `[r, in]`, `b` `[r, out]`.
 struct HostSegment<'a> {
     start: usize,
     rows: usize,
@@ -154,9 +156,9 @@ impl LoraAdd {
         // About 64k multiply-adds per task at least.
         let work = max_rank * (input + out) + out;
         let min_rows = (1 << 16) / work.max(1) + 1;
-        let scratch = || (vec![0f32; input.max(out)], vec![0f32; max_rank]);
+        let scratch = || (vec![0f32; input], vec![0f32; max_rank], vec![0f32; out]);
         let out_rows =
-            par_rows_with(b_rows.rows, out, min_rows, T::from_f32(0.0), scratch, |(row, t), i, dst| {
+            par_rows_with(b_rows.rows, out, min_rows, T::from_f32(0.0), scratch, |(row, t, acc), i, dst| {
                 let row = &mut row[..input];
                 T::to_f32_slice(&xs[x_rows.range(i)], row);
                 let segment = segments.iter().find(|s| (s.start..s.start + s.rows).contains(&i));
@@ -169,8 +171,16 @@ impl LoraAdd {
                 for (k, tk) in t.iter_mut().enumerate() {
                     *tk = dot::<Separate>(row, &s.a[k * input..(k + 1) * input]);
                 }
-                for (j, (o, b)) in dst.iter_mut().zip(base_row).enumerate() {
-                    *o = T::from_f32(b.to_f32() + dot::<Separate>(t, &s.b[j * s.rank..(j + 1) * s.rank]));
+                // delta = sum over k of t[k] * B^T[k], k ascending: plain adds, which the
+                // compiler vectorizes and never fuses, so the bits do not depend on the CPU.
+                acc.fill(0.0);
+                for (k, &tk) in t.iter().enumerate() {
+                    for (a, &b) in acc.iter_mut().zip(&s.b[k * out..(k + 1) * out]) {
+                        *a += tk * b;
+                    }
+                }
+                for ((o, b), a) in dst.iter_mut().zip(base_row).zip(acc.iter()) {
+                    *o = T::from_f32(b.to_f32() + a);
                 }
             });
         Ok(T::to_cpu_storage_owned(out_rows))
@@ -226,7 +236,7 @@ mod tests {
     }
 
     fn segment(seed: u64, start: usize, rows: usize, rank: usize, input: usize, out: usize) -> LoraSegment {
-        LoraSegment { start, rows, a: random(seed, &[rank, input]), b: random(seed + 1, &[out, rank]) }
+        LoraSegment { start, rows, a: random(seed, &[rank, input]), b: random(seed + 1, &[rank, out]) }
     }
 
     #[test]

@@ -55,7 +55,7 @@ fn segment(
     width: usize,
     dtype: DType,
 ) -> LoraSegment {
-    LoraSegment { start, rows, a: random(rng, &[rank, input], dtype), b: random(rng, &[width, rank], dtype) }
+    LoraSegment { start, rows, a: random(rng, &[rank, input], dtype), b: random(rng, &[rank, width], dtype) }
 }
 
 #[test]
