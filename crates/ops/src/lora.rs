@@ -14,13 +14,17 @@ use std::borrow::Cow;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Storage, Tensor};
+use rayon::prelude::*;
 
 use crate::check::{self, invalid};
 use crate::dtype::{check_float, storage_to_f32, with_float, Float};
-use crate::par_rows::par_rows_with;
 use crate::simd::{dot, Separate};
 
 const OP: &str = "lora_add";
+/// Rows a block of the CPU op computes together.
+const BLOCK_ROWS: usize = 4;
+/// Output columns of one task of the CPU op's expansion when blocks are few.
+const EXPAND_COLUMNS: usize = 256;
 
 /// Rows `start..start + rows` use the adapter whose matrices are `a` (`[r, in]`) and `b`
 /// (`B^T`, `[r, out]`, scaled).
@@ -151,38 +155,93 @@ impl LoraAdd {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let (input, out) = (x_rows.row_len, b_rows.row_len);
-        let max_rank = segments.iter().map(|s| s.rank).max().unwrap_or(0);
-        // About 64k multiply-adds per task at least.
-        let work = max_rank * (input + out) + out;
-        let min_rows = (1 << 16) / work.max(1) + 1;
-        let scratch = || (vec![0f32; input], vec![0f32; max_rank], vec![0f32; out]);
-        let out_rows =
-            par_rows_with(b_rows.rows, out, min_rows, T::from_f32(0.0), scratch, |(row, t, acc), i, dst| {
-                let row = &mut row[..input];
-                T::to_f32_slice(&xs[x_rows.range(i)], row);
-                let segment = segments.iter().find(|s| (s.start..s.start + s.rows).contains(&i));
-                let base_row = &bs[b_rows.range(i)];
-                let Some(s) = segment else {
-                    dst.copy_from_slice(base_row);
-                    return;
-                };
-                let t = &mut t[..s.rank];
-                for (k, tk) in t.iter_mut().enumerate() {
-                    *tk = dot::<Separate>(row, &s.a[k * input..(k + 1) * input]);
+        let (rows, input, out) = (b_rows.rows, x_rows.row_len, b_rows.row_len);
+        // Blocks of up to BLOCK_ROWS rows of one segment (or of none), in row order: a block
+        // reads each row of A and B once for all its rows.
+        let mut blocks: Vec<(usize, usize, Option<usize>)> = Vec::new();
+        let mut push = |from: usize, to: usize, segment: Option<usize>| {
+            for first in (from..to).step_by(BLOCK_ROWS) {
+                blocks.push((first, BLOCK_ROWS.min(to - first), segment));
+            }
+        };
+        let mut next = 0;
+        for (i, s) in segments.iter().enumerate() {
+            push(next, s.start, None);
+            push(s.start, s.start + s.rows, Some(i));
+            next = s.start + s.rows;
+        }
+        push(next, rows, None);
+        // Shrink: each block's `t = A x` (`[n, r]`), blocks in parallel.
+        let shrunk: Vec<Vec<f32>> = blocks
+            .par_iter()
+            .map(|&(first, n, segment)| {
+                let Some(s) = segment.map(|i| &segments[i]) else { return Vec::new() };
+                let mut xf = vec![0f32; n * input];
+                for (j, x_row) in xf.chunks_exact_mut(input).enumerate() {
+                    T::to_f32_slice(&xs[x_rows.range(first + j)], x_row);
                 }
-                // delta = sum over k of t[k] * B^T[k], k ascending: plain adds, which the
-                // compiler vectorizes and never fuses, so the bits do not depend on the CPU.
-                acc.fill(0.0);
-                for (k, &tk) in t.iter().enumerate() {
-                    for (a, &b) in acc.iter_mut().zip(&s.b[k * out..(k + 1) * out]) {
-                        *a += tk * b;
+                let mut t = vec![0f32; n * s.rank];
+                for (k, a_k) in s.a.chunks_exact(input).enumerate() {
+                    for (j, x_row) in xf.chunks_exact(input).enumerate() {
+                        t[j * s.rank + k] = dot::<Separate>(x_row, a_k);
                     }
                 }
-                for ((o, b), a) in dst.iter_mut().zip(base_row).zip(acc.iter()) {
+                t
+            })
+            .collect();
+        // Expand: tasks of one block's rows over a range of output columns, so that even one
+        // row keeps every thread of the pool busy (a thread left idle falls asleep, and the
+        // next op's matmul waits for it to wake).
+        let mut out_rows = vec![T::from_f32(0.0); rows * out];
+        // With blocks enough for every thread, a task takes whole rows (each row of B read once
+        // per block); with few, ranges of columns.
+        let columns =
+            if blocks.len() >= 2 * rayon::current_num_threads() { out.max(1) } else { EXPAND_COLUMNS };
+        let mut tasks: Vec<(usize, usize, Vec<&mut [T]>)> = Vec::new();
+        let mut rest = out_rows.as_mut_slice();
+        for (b, &(_, n, _)) in blocks.iter().enumerate() {
+            let (part, tail) = rest.split_at_mut(n * out);
+            rest = tail;
+            let first_task = tasks.len();
+            for (j, row) in part.chunks_exact_mut(out).enumerate() {
+                for (c, cols) in row.chunks_mut(columns).enumerate() {
+                    if j == 0 {
+                        tasks.push((b, c * columns, Vec::with_capacity(n)));
+                    }
+                    tasks[first_task + c].2.push(cols);
+                }
+            }
+        }
+        tasks.into_par_iter().for_each(|(b, c0, mut dst)| {
+            let (first, _, segment) = blocks[b];
+            let width = dst[0].len();
+            let Some(s) = segment.map(|i| &segments[i]) else {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    d.copy_from_slice(&bs[b_rows.range(first + j)][c0..c0 + width]);
+                }
+                return;
+            };
+            let t = &shrunk[b];
+            // delta = sum over k of t[k] * B^T[k], k ascending: plain adds, which the compiler
+            // vectorizes and never fuses, so a row's bits depend on neither the CPU nor its
+            // block or column range.
+            let mut acc = vec![0f32; dst.len() * width];
+            for (k, b_k) in s.b.chunks_exact(out).enumerate() {
+                let b_k = &b_k[c0..c0 + width];
+                for (j, acc_row) in acc.chunks_exact_mut(width).enumerate() {
+                    let tk = t[j * s.rank + k];
+                    for (a, &w) in acc_row.iter_mut().zip(b_k) {
+                        *a += tk * w;
+                    }
+                }
+            }
+            for (j, (d, acc_row)) in dst.iter_mut().zip(acc.chunks_exact(width)).enumerate() {
+                let base_row = &bs[b_rows.range(first + j)][c0..c0 + width];
+                for ((o, b), a) in d.iter_mut().zip(base_row).zip(acc_row) {
                     *o = T::from_f32(b.to_f32() + a);
                 }
-            });
+            }
+        });
         Ok(T::to_cpu_storage_owned(out_rows))
     }
 }
