@@ -67,7 +67,8 @@ pub fn lora_add(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<T
             check::same_device(m, x, OP)?;
         }
     }
-    if segments.iter().all(|s| s.rows == 0) {
+    // No rows to adapt, or a delta of nothing (no inputs) or into nothing (no outputs).
+    if segments.iter().all(|s| s.rows == 0) || input == 0 || out == 0 {
         return Ok(base.clone());
     }
     let flat = base.reshape((rows, out))?;
@@ -370,5 +371,11 @@ mod tests {
         assert!(lora_add(&base, &x, &[segment(3, 3, 2, 2, 8, 6)]).is_err(), "past the rows");
         assert!(lora_add(&base, &x, &[segment(4, 0, 2, 2, 9, 6)]).is_err(), "wrong input width");
         assert!(lora_add(&base, &x, &[segment(5, 0, 2, 2, 8, 5)]).is_err(), "wrong output width");
+        // Empty widths are no delta, not a crash.
+        let (empty_x, empty_base) = (random(9, &[4, 0]), random(10, &[4, 6]));
+        let same = lora_add(&empty_base, &empty_x, &[segment(6, 0, 2, 2, 0, 6)]).unwrap();
+        assert_eq!(same.to_vec2::<f32>().unwrap(), empty_base.to_vec2::<f32>().unwrap());
+        let nothing = lora_add(&random(11, &[4, 0]), &x, &[segment(7, 0, 2, 2, 8, 0)]).unwrap();
+        assert_eq!(nothing.dims(), [4, 0]);
     }
 }
