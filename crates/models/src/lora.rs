@@ -72,10 +72,12 @@ pub struct LoraAdapter {
 
 impl LoraAdapter {
     /// The adapter at `path` (a PEFT directory or a GGUF LoRA file) for a model of shape
-    /// `config`, its weights in `dtype` on `device`. Refuses ranks above `max_rank`, modules
-    /// other than the seven projections, options that change the computation (DoRA, biases,
-    /// per-module ranks, `fan_in_fan_out`), an adapter of another architecture and any tensor
-    /// whose shape does not fit the model. Q and K rows are put in the model's order.
+    /// `config`, its weights in `dtype` on `device`. Fused projections (Phi-3's `qkv_proj`,
+    /// `gate_up_proj`) become their parts. Refuses ranks above `max_rank`, modules other than
+    /// the seven projections, the MLP of a mixture-of-experts model, options that change the
+    /// computation (DoRA, biases, per-module ranks, `fan_in_fan_out`), an adapter of another
+    /// architecture and any tensor whose shape does not fit the model. Q and K rows are put in
+    /// the model's order.
     pub fn load(
         path: &Path,
         config: &ModelConfig,
