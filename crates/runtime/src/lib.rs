@@ -22,4 +22,4 @@ pub use options::{OptionsError, RuntimeOptions};
 /// An embedding model's pooling, as [`Runtime::pooling`] gives it.
 pub use pagoda_models::pooling::normalize;
 pub use pagoda_models::{Pooling, PoolingKind};
-pub use plan::{resolve_plan, RuntimePlan};
+pub use plan::{dtype_name, resolve_plan, RuntimePlan};

@@ -22,7 +22,8 @@ pub struct RuntimePlan {
     pub step_budget: usize,
 }
 
-fn dtype_name(dtype: DType) -> &'static str {
+/// The dtype's name as PyTorch spells it (`float16`, ...).
+pub fn dtype_name(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "float32",
         DType::F16 => "float16",

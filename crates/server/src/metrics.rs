@@ -132,6 +132,7 @@ pub struct Metrics {
     structured_output_requests: IntCounterVec,
     grammar_compile_time: Histogram,
     lora_requests_info: GaugeVec,
+    cache_config_info: GaugeVec,
     /// Engine counters as last copied, so that the next copy adds only the difference.
     engine_seen: Mutex<EngineSnapshot>,
 }
@@ -220,6 +221,13 @@ impl Metrics {
                      requests; the value is when they were counted (Unix seconds).",
                 ),
                 &["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            )?)?,
+            cache_config_info: b.register(GaugeVec::new(
+                b.opts(
+                    "cache_config_info",
+                    "Information of the LLMEngine CacheConfig (the KV cache's shape).",
+                ),
+                &["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"],
             )?)?,
             grammar_compile_time: b.histogram(
                 "structured_output_compile_seconds",
@@ -333,6 +341,26 @@ impl Metrics {
         *seen = *now;
     }
 
+    /// The KV cache's shape, as vLLM's `cache_config_info` (value 1): what the Gateway API
+    /// Inference Extension reads to size a replica's cache. `num_gpu_blocks` counts the cache's
+    /// blocks on whatever device holds them.
+    pub fn record_cache_config(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        cache_dtype: &str,
+        prefix_caching: bool,
+    ) {
+        self.cache_config_info
+            .with_label_values(&[
+                &block_size.to_string(),
+                &num_blocks.to_string(),
+                cache_dtype,
+                &prefix_caching.to_string(),
+            ])
+            .set(1.0);
+    }
+
     /// The adapters of the running and waiting requests (names, comma-joined as vLLM does),
     /// with `max_lora` the most that run at once. One series, its labels replaced each time,
     /// its value the Unix time of the count (routers read the newest).
@@ -436,6 +464,19 @@ pub fn method_label(method: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_config_info_has_the_gateway_labels() {
+        let m = Metrics::new(MetricsPrefix::Vllm, "smol", 100).unwrap();
+        m.record_cache_config(16, 4096, "float16", true);
+        let text = m.render();
+        assert!(
+            text.contains(
+                "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"float16\",enable_prefix_caching=\"true\",model_name=\"smol\",num_gpu_blocks=\"4096\"} 1"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn lora_info_keeps_one_series_of_the_latest_adapters() {

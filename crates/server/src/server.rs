@@ -137,6 +137,12 @@ impl Server {
 
         let model_name = config.served_model_names[0].clone();
         let metrics = Arc::new(Metrics::new(config.metrics_prefix, &model_name, ec.max_model_len)?);
+        metrics.record_cache_config(
+            ec.block_size,
+            ec.num_blocks,
+            pagoda_runtime::dtype_name(runtime.kv_cache_dtype),
+            ec.enable_prefix_caching,
+        );
         let vocab_size = model_config.vocab_size;
         let engine_shutdown = Shutdown::new();
         let engine_started = Instant::now();

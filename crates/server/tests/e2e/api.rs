@@ -336,6 +336,13 @@ async fn metrics_move_with_traffic() -> Result<()> {
         metric(&after, "http_requests_total", "handler=\"/v1/completions\",method=\"POST\",status=\"200\"")
             .unwrap();
     assert!(ok1 > ok0);
+    // The cache's shape, as the Gateway API Inference Extension reads it.
+    let shape =
+        after.lines().find(|l| l.starts_with("pagoda:cache_config_info{")).expect("cache_config_info");
+    assert!(shape.contains("block_size=\"16\"") && shape.ends_with(" 1"), "{shape}");
+    let blocks: usize =
+        shape.split("num_gpu_blocks=\"").nth(1).unwrap().split('"').next().unwrap().parse()?;
+    assert!(blocks > 0, "{shape}");
     // The TTFT histogram has vLLM's buckets.
     assert!(after.contains("pagoda:time_to_first_token_seconds_bucket{model_name=\"smol\",le=\"2560\"}"));
     assert!(after.contains("pagoda:request_decode_time_seconds_bucket{model_name=\"smol\",le=\"7680\"}"));
