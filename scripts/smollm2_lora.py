@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_models  # noqa: E402
+import tiny_models_llamacpp  # noqa: E402
 
 ROOT = tiny_models.ROOT
 GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,16 +46,6 @@ CASES = ["plain_quick_brown_fox", "chat_capital_of_france"]
 TOP = 20
 STRIDE = 1024
 GREEDY = 16
-
-
-def llama_src() -> Path:
-    if os.environ.get("LLAMACPP_SRC"):
-        return Path(os.environ["LLAMACPP_SRC"])
-    found = sorted((Path.home() / ".cache" / "pagoda-llamacpp").glob(
-        "src/llama_cpp_python-*/vendor/llama.cpp/convert_lora_to_gguf.py"))
-    if not found:
-        sys.exit("llama.cpp's source is missing: run scripts/build-llama-server.sh (or set LLAMACPP_SRC)")
-    return found[-1].parent
 
 
 def dequantized_base(tmp: Path) -> Path:
@@ -154,7 +145,9 @@ def main() -> None:
     tiny_models.ensure_venv(Path(__file__))
     if not GGUF.exists():
         sys.exit(f"{GGUF} is missing: run `make model`")
-    src = llama_src()
+    src = tiny_models_llamacpp.llama_src()
+    if src is None or not (src / "convert_lora_to_gguf.py").exists():
+        sys.exit("llama.cpp's source is missing: run scripts/build-llama-server.sh (or set LLAMACPP_SRC)")
     tiny_models.fresh_output(OUT)
     with tempfile.TemporaryDirectory() as tmp:
         base_dir = dequantized_base(Path(tmp))

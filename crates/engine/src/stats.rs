@@ -125,7 +125,10 @@ impl LiveStats {
         self.prefix_cache_queries.store(bm.prefix_cache_queries(), Relaxed);
         self.prefix_cache_hits.store(bm.prefix_cache_hits(), Relaxed);
         self.num_preemptions.store(s.num_preemptions(), Relaxed);
-        *self.lora.lock().unwrap_or_else(|p| p.into_inner()) = s.lora_activity();
+        // Without LoRA (no `max_loras`) no sequence has an adapter: nothing to scan each step.
+        if s.config().max_loras.is_some() {
+            *self.lora.lock().unwrap_or_else(|p| p.into_inner()) = s.lora_activity();
+        }
     }
 
     pub fn lora_activity(&self) -> LoraActivity {

@@ -66,7 +66,6 @@ struct LoraPair {
 /// A loaded adapter: per layer, the pair of each module it adapts.
 #[derive(Debug)]
 pub struct LoraAdapter {
-    rank: usize,
     layers: Vec<[Option<LoraPair>; 7]>,
 }
 
@@ -99,7 +98,6 @@ impl LoraAdapter {
         };
         let mut layers: Vec<[Option<LoraPair>; 7]> =
             (0..config.num_layers).map(|_| Default::default()).collect();
-        let mut rank = 0;
         for p in file.pairs {
             let r = p.a.dim(0)?;
             // The projections the pair adapts; a fused one's B rows are its parts' in order.
@@ -151,13 +149,8 @@ impl LoraAdapter {
                     .to_device(device)?;
                 layers[p.layer][module as usize] = Some(LoraPair { a: a.clone(), b });
             }
-            rank = rank.max(r);
         }
-        Ok(Self { rank, layers })
-    }
-
-    pub fn rank(&self) -> usize {
-        self.rank
+        Ok(Self { layers })
     }
 
     fn pair(&self, layer: usize, module: LoraModule) -> Option<&LoraPair> {

@@ -14,6 +14,7 @@
 
 mod audit;
 mod beam;
+mod lora;
 mod masks;
 mod schedule;
 mod update;
@@ -539,26 +540,6 @@ impl Scheduler {
     /// Whether any request is in flight.
     pub fn has_unfinished(&self) -> bool {
         !self.requests.is_empty()
-    }
-
-    /// Live sequences (running or waiting) of LoRA adapter `id`.
-    pub fn lora_in_use(&self, id: crate::executor::LoraId) -> usize {
-        self.seqs.values().filter(|e| e.seq.lora == Some(id)).count()
-    }
-
-    /// The adapters of the running and of the waiting sequences, each set ascending.
-    pub fn lora_activity(&self) -> crate::stats::LoraActivity {
-        let adapters = |ids: &mut dyn Iterator<Item = &SeqId>| {
-            let mut v: Vec<crate::executor::LoraId> =
-                ids.filter_map(|id| self.seqs.get(id)?.seq.lora).collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
-        crate::stats::LoraActivity {
-            running: adapters(&mut self.running.iter()),
-            waiting: adapters(&mut self.waiting.iter()),
-        }
     }
 
     pub fn num_requests(&self) -> usize {

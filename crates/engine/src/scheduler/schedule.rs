@@ -183,10 +183,7 @@ impl Scheduler {
             *held.entry(e.shared.group).or_default() += e.slots();
         }
         // The adapters running now: with `max_loras`, a sequence of another one waits.
-        let mut adapters: Vec<crate::executor::LoraId> =
-            self.running.iter().filter_map(|id| self.seqs.get(id)?.seq.lora).collect();
-        adapters.sort_unstable();
-        adapters.dedup();
+        let mut adapters = self.adapters_of(self.running.iter());
         let mut waiting_by_group: HashMap<u64, usize> = HashMap::new();
         for e in self.waiting.iter().filter_map(|id| self.seqs.get(id)) {
             *waiting_by_group.entry(e.shared.group).or_default() += 1;
