@@ -12,6 +12,8 @@
 
 use std::collections::HashMap;
 
+use crate::cache_events::CacheEvent;
+
 /// Index of a physical KV block.
 pub type BlockId = u32;
 
@@ -53,6 +55,8 @@ pub struct BlockPool {
     /// `num_free + num_used == num_blocks` is a real cross-check.
     num_used: usize,
     index: HashMap<u64, BlockId>,
+    /// Evictions and flushes since [`Self::take_events`], when recorded.
+    events: Option<Vec<CacheEvent>>,
 }
 
 impl BlockPool {
@@ -76,7 +80,25 @@ impl BlockPool {
             num_free: n,
             num_used: 0,
             index: HashMap::new(),
+            events: None,
         }
+    }
+
+    /// Starts recording evictions and flushes for [`Self::take_events`].
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Records `event` when events are recorded.
+    pub fn push_event(&mut self, event: CacheEvent) {
+        if let Some(events) = &mut self.events {
+            events.push(event);
+        }
+    }
+
+    /// The events recorded since the last call.
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -114,10 +136,12 @@ impl BlockPool {
         let block = &mut self.blocks[id as usize];
         block.ref_count = 1;
         if let Some(entry) = block.cached.take() {
+            let evicted = CachedBlockRef { id, generation: block.generation };
             block.generation = block.generation.wrapping_add(1);
             if self.index.get(&entry.hash) == Some(&id) {
                 self.index.remove(&entry.hash);
             }
+            self.push_event(CacheEvent::Removed { block: evicted });
         }
         Some(id)
     }
@@ -186,6 +210,28 @@ impl BlockPool {
     /// Number of prefix-cache entries (cached blocks, used or free).
     pub fn num_cached(&self) -> usize {
         self.index.len()
+    }
+
+    /// Forgets the content of every cached block that nobody references, as a prefix-cache flush
+    /// does; returns how many entries were dropped. Referenced blocks keep theirs: a running
+    /// sequence's blocks are still its KV, and the caller flushes only when idle.
+    pub fn clear_cache(&mut self) -> usize {
+        let mut dropped = 0;
+        for id in 0..self.blocks.len() {
+            let block = &mut self.blocks[id];
+            if block.ref_count != 0 {
+                continue;
+            }
+            if let Some(entry) = block.cached.take() {
+                block.generation = block.generation.wrapping_add(1);
+                if self.index.get(&entry.hash) == Some(&(id as BlockId)) {
+                    self.index.remove(&entry.hash);
+                }
+                dropped += 1;
+            }
+        }
+        self.push_event(CacheEvent::Cleared);
+        dropped
     }
 
     /// Full consistency check (O(blocks)), for tests: the free list holds exactly the
@@ -374,6 +420,27 @@ mod tests {
         let ra2 = pool.register(a, 7, None, &[1, 2]).unwrap();
         assert_ne!(ra, ra2);
         assert_eq!(pool.lookup(6, Some(ra2), &[3, 4]), None);
+        pool.audit().unwrap();
+    }
+
+    #[test]
+    fn clearing_the_cache_keeps_referenced_blocks() {
+        let mut pool = BlockPool::new(3);
+        let ids: Vec<_> = (0..3).map(|_| pool.allocate().unwrap()).collect();
+        let refs: Vec<_> =
+            ids.iter().map(|&id| pool.register(id, u64::from(id), None, &[id]).unwrap()).collect();
+        pool.release(ids[0]);
+        pool.release(ids[1]);
+        assert_eq!(pool.clear_cache(), 2);
+        assert_eq!(pool.lookup(0, None, &[0]), None);
+        assert_eq!(pool.lookup(1, None, &[1]), None);
+        // The block still in use keeps its content and its entry.
+        assert_eq!(pool.lookup(2, None, &[2]), Some(refs[2]));
+        assert_eq!(pool.num_cached(), 1);
+        assert_eq!(pool.num_free(), 2);
+        // The same content registers afresh, under a new generation.
+        let b = pool.allocate().unwrap();
+        assert_ne!(pool.register(b, 0, None, &[0]), Some(refs[0]));
         pool.audit().unwrap();
     }
 }

@@ -58,6 +58,9 @@ pub struct EngineConfig {
     /// Most LoRA adapters whose sequences run at once (vLLM's `max_loras`); a sequence of
     /// another adapter waits. `None`: no limit.
     pub max_loras: Option<usize>,
+    /// Report the prefix cache's changes to the observer ([`crate::CacheEvent`]), for KV-event
+    /// publishers.
+    pub kv_cache_events: bool,
 }
 
 impl EngineConfig {
@@ -74,6 +77,7 @@ impl EngineConfig {
             enable_prefix_caching: true,
             speculative: None,
             max_loras: None,
+            kv_cache_events: false,
         }
     }
 

@@ -144,6 +144,7 @@ impl<E: ModelExecutor> EngineLoop<E> {
                 }
             }
             self.publish();
+            self.report_cache_events();
         }
     }
 
@@ -194,6 +195,9 @@ impl<E: ModelExecutor> EngineLoop<E> {
                     n => Err(format!("{n} sequences (running or waiting) use it")),
                 };
                 let _ = reply.send(answer);
+            }
+            Command::FlushPrefixCache { reply } => {
+                let _ = reply.send(self.scheduler.flush_prefix_cache().map_err(Into::into));
             }
             Command::Wake => {}
         }
@@ -374,6 +378,14 @@ impl<E: ModelExecutor> EngineLoop<E> {
 
     fn publish(&self) {
         self.shared.stats.publish(&self.scheduler);
+    }
+
+    /// Hands the prefix cache's changes (of the step, or of a flush) to the observer.
+    fn report_cache_events(&mut self) {
+        let events = self.scheduler.take_cache_events();
+        if !events.is_empty() {
+            self.observer.on_cache_events(events);
+        }
     }
 
     /// Ends every request in flight (and any still in the channel) and marks the engine dead.

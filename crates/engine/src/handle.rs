@@ -39,6 +39,15 @@ pub enum EngineError {
     Spawn(String),
 }
 
+/// Why the prefix cache was not flushed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlushError {
+    #[error(transparent)]
+    Busy(#[from] crate::scheduler::FlushBusy),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
 pub(crate) enum Command {
     /// The requests of one call, added in one go: the next step sees all of them.
     Add(Vec<(Request, Sender<TokenEvent>)>),
@@ -60,6 +69,10 @@ pub(crate) enum Command {
     UnloadLora {
         id: crate::executor::LoraId,
         reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+    },
+    /// Empties the prefix cache when no request is in flight.
+    FlushPrefixCache {
+        reply: tokio::sync::oneshot::Sender<Result<usize, FlushError>>,
     },
     /// Only wakes the loop (shutdown).
     Wake,
@@ -194,6 +207,18 @@ impl EngineHandle {
             return Err(format!("the engine has stopped: {}", dead()));
         }
         answer.await.unwrap_or_else(|_| Err(format!("the engine has stopped: {}", dead())))
+    }
+
+    /// Empties the prefix cache between two steps, when no request is in flight; returns how
+    /// many cached blocks it dropped.
+    pub async fn flush_prefix_cache(&self) -> Result<usize, FlushError> {
+        let dead = || EngineError::Dead(self.inner.shared.death_reason());
+        self.health()?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.inner.tx.send(Command::FlushPrefixCache { reply }).is_err() {
+            return Err(dead().into());
+        }
+        answer.await.unwrap_or_else(|_| Err(dead().into()))
     }
 
     /// Aborts a request; its stream ends with `FinishReason::Abort`. Unknown ids are ignored.

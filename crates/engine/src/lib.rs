@@ -23,6 +23,7 @@
 pub mod block_manager;
 pub mod block_pool;
 pub mod block_tables;
+pub mod cache_events;
 pub mod config;
 pub mod constraint;
 pub mod device_sampling;
@@ -45,6 +46,7 @@ pub mod speculative;
 pub mod stats;
 
 pub use block_tables::{BlockTableStore, BlockTableUpdate};
+pub use cache_events::CacheEvent;
 pub use config::{ConfigError, EngineConfig};
 pub use constraint::{ConstraintError, DraftGrammar, MaskSlot, SeqConstraint, TokenConstraint, TokenMask};
 pub use engine::Engine;
@@ -54,12 +56,12 @@ pub use executor::{
     PromptLogprobsRequest, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId, StepOutput,
     TokenLogprob, TopLogprobs,
 };
-pub use handle::{EngineError, EngineHandle, RequestStream, Shutdown};
+pub use handle::{EngineError, EngineHandle, FlushError, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use pagoda_text::TokenDecoder;
 pub use request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};
-pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
+pub use scheduler::{AddRequestError, FlushBusy, ScheduleStats, Scheduler, StepEvents, UpdateError};
 pub use sequence::{SeqStatus, Sequence};
 pub use speculative::{SpecDecodeStats, SpeculativeConfig, SpeculativeMethod};
 pub use stats::{EngineObserver, EngineStatsSnapshot, LoraActivity, NoopObserver, StepStats};

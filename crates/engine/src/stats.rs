@@ -44,6 +44,9 @@ impl StepStats {
 pub trait EngineObserver: Send + Sync {
     fn on_step(&self, _stats: &StepStats) {}
     fn on_request_finished(&self, _metrics: &RequestMetrics) {}
+    /// The prefix cache's changes of one step (or flush), in order; only with
+    /// `EngineConfig::kv_cache_events`.
+    fn on_cache_events(&self, _events: Vec<crate::CacheEvent>) {}
 }
 
 /// An observer that ignores everything.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{reference, Collected, VOCAB};
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
 use pagoda_engine::{
-    Engine, EngineConfig, EngineError, EngineHandle, EngineObserver, ExecutorError, FinishReason,
+    Engine, EngineConfig, EngineError, EngineHandle, EngineObserver, ExecutorError, FinishReason, FlushError,
     ModelExecutor, Request, RequestError, RequestMetrics, RequestStream, SamplingParams, ScheduledBatch,
     Shutdown, StepOutput, StepStats,
 };
@@ -552,4 +552,38 @@ fn handles_and_streams_cross_threads() {
     assert_send_sync::<EngineHandle>();
     assert_send_sync::<Shutdown>();
     assert_send::<RequestStream>();
+}
+
+#[test]
+fn flushing_the_prefix_cache_waits_for_an_idle_engine_and_forgets_prompts() {
+    let e = start(config(), true);
+    let flush = |handle: &EngineHandle| {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(handle.flush_prefix_cache())
+    };
+    let long = request(30, 40, 200);
+    let mut stream = e.handle.submit(long.clone()).unwrap();
+    e.wait_step();
+    // In flight: its blocks are its KV, so nothing is flushed. (The engine takes the command
+    // between steps, so the steps must run for it to answer.)
+    let handle = e.handle.clone();
+    let busy = std::thread::spawn(move || flush(&handle));
+    e.release_all();
+    let busy = busy.join().unwrap().unwrap_err();
+    assert!(matches!(busy, FlushError::Busy(b) if b.running + b.waiting == 1), "{busy:?}");
+    e.handle.abort(30);
+    collect(&mut stream);
+    wait_until("idle", || e.handle.stats().num_requests == 0);
+    // The 40-token prompt filled at least 10 blocks of 4.
+    assert!(flush(&e.handle).unwrap() >= 10);
+    assert_eq!(flush(&e.handle).unwrap(), 0);
+    // The same prompt again finds nothing cached; once more, it finds its blocks.
+    let mut hits = vec![e.handle.stats().prefix_cache_hits];
+    for id in [31, 32] {
+        let mut again = e.handle.submit(Request { id, ..long.clone() }.with_max_tokens(1)).unwrap();
+        collect(&mut again);
+        wait_until("idle", || e.handle.stats().num_requests == 0);
+        hits.push(e.handle.stats().prefix_cache_hits);
+    }
+    assert!(hits[1] == hits[0] && hits[2] > hits[1], "{hits:?}");
 }

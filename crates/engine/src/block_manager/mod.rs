@@ -18,6 +18,7 @@ mod admission;
 pub use admission::AdmissionPlan;
 
 use crate::block_pool::{BlockId, BlockPool, CachedBlockRef};
+use crate::cache_events::CacheEvent;
 use crate::executor::SeqId;
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
 use crate::rng::{combine, mix64};
@@ -125,6 +126,11 @@ impl BlockManager {
 
     pub fn pool(&self) -> &BlockPool {
         &self.pool
+    }
+
+    /// Empties the prefix cache of unreferenced blocks; returns how many blocks it held.
+    pub fn flush_prefix_cache(&mut self) -> usize {
+        self.pool.clear_cache()
     }
 
     fn num_groups(&self) -> usize {
@@ -256,9 +262,43 @@ impl BlockManager {
                     }
                     _ => None,
                 };
+                if let Some(stored) = r.filter(|r| r.id == block) {
+                    self.stored(seq, g, j, stored);
+                }
                 seq.cache_refs[g].push(r);
             }
         }
+    }
+
+    /// Records that block `j` of group `g` of `seq` entered the cache, chained to the group's
+    /// block before it (a block after one that could not be cached is not reported: its
+    /// chain is broken for any consumer).
+    fn stored(&mut self, seq: &Sequence, g: usize, j: usize, block: CachedBlockRef) {
+        let parent = match j.checked_sub(1) {
+            None => None,
+            Some(p) => match seq.cache_refs[g].get(p).copied().flatten() {
+                Some(parent) => Some(parent),
+                None => return,
+            },
+        };
+        let bs = self.block_size;
+        self.pool.push_event(CacheEvent::Stored {
+            block,
+            parent,
+            token_ids: seq.token_ids[j * bs..(j + 1) * bs].into(),
+            lora: seq.lora,
+            group: g,
+        });
+    }
+
+    /// Starts recording cache events for [`Self::take_events`].
+    pub fn record_events(&mut self) {
+        self.pool.record_events();
+    }
+
+    /// The cache events since the last call.
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.pool.take_events()
     }
 
     /// Releases, in each windowed group, the blocks wholly before the window of the next query

@@ -357,3 +357,52 @@ fn chunks_fit_the_free_blocks_of_every_group() {
     assert_eq!(bm.max_tokens_fitting(&s, 28), 4);
     assert_eq!(bm.blocks_needed(&s, 4), 3);
 }
+
+#[test]
+fn cache_events_report_stores_evictions_and_flushes_in_order() {
+    let mut bm = BlockManager::new(8, 4, true);
+    bm.record_events();
+    let mut copies = Vec::new();
+    let mut resident = std::collections::HashSet::new();
+    let mut apply = |events: Vec<CacheEvent>, resident: &mut std::collections::HashSet<CachedBlockRef>| {
+        for e in &events {
+            match e {
+                CacheEvent::Stored { block, .. } => assert!(resident.insert(*block), "stored twice: {e:?}"),
+                CacheEvent::Removed { block } => assert!(resident.remove(block), "removed unknown: {e:?}"),
+                CacheEvent::Cleared => resident.clear(),
+            }
+        }
+        events
+    };
+    let mut a = seq(1, (0..10).collect());
+    admit_all(&mut bm, &mut a, &mut copies);
+    let events = apply(bm.take_events(), &mut resident);
+    let [CacheEvent::Stored { block: a0, parent: None, token_ids: t0, lora: None, group: 0 }, CacheEvent::Stored { parent: Some(p), token_ids: t1, .. }] =
+        events.as_slice()
+    else {
+        panic!("{events:?}")
+    };
+    assert_eq!((&t0[..], &t1[..], p), (&[0, 1, 2, 3][..], &[4, 5, 6, 7][..], a0));
+    // A hit stores nothing new; its own third block does.
+    let mut b = seq(2, (0..8).chain(100..105).collect());
+    admit_all(&mut bm, &mut b, &mut copies);
+    let events = apply(bm.take_events(), &mut resident);
+    assert!(
+        matches!(events.as_slice(), [CacheEvent::Stored { token_ids, .. }] if token_ids[..] == [100, 101, 102, 103][..]),
+        "{events:?}"
+    );
+    assert_eq!(resident.len(), bm.pool().num_cached());
+    bm.free(&mut a);
+    bm.free(&mut b);
+    // New content needs every block: the cached ones are evicted, each reported.
+    let mut c = seq(3, (200..232).collect());
+    admit_all(&mut bm, &mut c, &mut copies);
+    let events = apply(bm.take_events(), &mut resident);
+    assert_eq!(events.iter().filter(|e| matches!(e, CacheEvent::Removed { .. })).count(), 3, "{events:?}");
+    assert_eq!(resident.len(), bm.pool().num_cached());
+    bm.free(&mut c);
+    bm.flush_prefix_cache();
+    let events = apply(bm.take_events(), &mut resident);
+    assert_eq!(events, vec![CacheEvent::Cleared]);
+    assert_eq!(bm.pool().num_cached(), 0);
+}

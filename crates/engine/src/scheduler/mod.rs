@@ -235,12 +235,15 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let blocks = BlockManager::with_groups(
+        let mut blocks = BlockManager::with_groups(
             config.num_blocks,
             config.block_size,
             config.kv_groups.clone(),
             config.enable_prefix_caching,
         );
+        if config.kv_cache_events {
+            blocks.record_events();
+        }
         let proposers = config.speculative.as_ref().map(Proposers::new);
         Ok(Self {
             config,
@@ -577,6 +580,20 @@ impl Scheduler {
         &self.blocks
     }
 
+    /// The prefix cache's changes since the last call (none unless `kv_cache_events`).
+    pub fn take_cache_events(&mut self) -> Vec<crate::CacheEvent> {
+        self.blocks.take_events()
+    }
+
+    /// Empties the prefix cache, or says how many requests are in flight: their blocks are
+    /// still their KV, so a flush waits for an idle engine (as vLLM's and SGLang's do).
+    pub fn flush_prefix_cache(&mut self) -> Result<usize, FlushBusy> {
+        if self.has_unfinished() {
+            return Err(FlushBusy { running: self.running.len(), waiting: self.waiting.len() });
+        }
+        Ok(self.blocks.flush_prefix_cache())
+    }
+
     /// A live sequence's block tables, one per KV group.
     pub fn block_tables(&self, seq_id: SeqId) -> Option<&[Vec<u32>]> {
         self.seqs.get(&seq_id).map(|e| e.seq.block_tables.as_slice())
@@ -590,6 +607,14 @@ impl Scheduler {
     pub fn last_spec_stats(&self) -> &SpecDecodeStats {
         &self.last_spec_stats
     }
+}
+
+/// Why the prefix cache was not flushed: sequences are running or waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{running} running and {waiting} waiting sequences are in flight; the prefix cache is flushed only when the server is idle")]
+pub struct FlushBusy {
+    pub running: usize,
+    pub waiting: usize,
 }
 
 #[cfg(test)]
