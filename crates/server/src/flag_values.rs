@@ -1,5 +1,5 @@
 //! The value sets of `pagoda serve`'s own enumerated flags (`--tool-call-parser`,
-//! `--reasoning-parser`, `--scheduling-policy`), each parsed by clap and by the TOML file alike.
+//! `--reasoning-parser`, `--scheduling-policy`, `--get-load-format`), each parsed by clap and by the TOML file alike.
 //! The model's and engine's flags are `pagoda_runtime::flags`; the flags themselves and their
 //! merging live in [`crate::config`], which re-exports these.
 
@@ -65,4 +65,18 @@ pub enum SchedulingPolicy {
     /// By the request's `priority` (lower first; ties by arrival); under KV pressure the least
     /// urgent running sequence is preempted first.
     Priority,
+}
+
+/// `--get-load-format`: the shape of `GET /get_load`, for the router in front. The two routers
+/// poll the same path with the same request and read different shapes, so the operator says
+/// which one the replicas serve.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum GetLoadFormat {
+    /// SGLang's: `[{"dp_rank": 0, "num_reqs", "num_waiting_reqs", "num_tokens"}]`, one entry per
+    /// data-parallel rank (sglang-router sums `num_tokens`).
+    #[default]
+    Sglang,
+    /// vllm-router's: `{"load": N}`, the requests in flight.
+    VllmRouter,
 }

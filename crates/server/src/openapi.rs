@@ -35,11 +35,21 @@ use crate::handlers;
         handlers::tokenize::detokenize,
         handlers::lora::load,
         handlers::lora::unload,
+        handlers::render::render_chat,
+        handlers::render::render_completion,
+        handlers::worker::server_info,
+        handlers::worker::model_info,
+        handlers::worker::get_load,
+        handlers::worker::flush_cache,
+        handlers::worker::health_generate,
+        handlers::worker::ready,
     ),
     modifiers(&BearerAuth),
     tags((name = "openai", description = "OpenAI-compatible endpoints"),
          (name = "anthropic", description = "Anthropic-compatible endpoints (errors in Anthropic's shape)"),
          (name = "vllm", description = "vLLM extensions"),
+         (name = "router", description = "What sglang-router and vllm-router call on a worker (SGLang's names; \
+                                          `/get_server_info` and `/get_model_info` are the older spellings)"),
          (name = "ops", description = "Health, version and metrics"))
 )]
 pub struct ApiDoc;
@@ -86,6 +96,14 @@ mod tests {
             "/metrics",
             "/tokenize",
             "/detokenize",
+            "/v1/chat/completions/render",
+            "/v1/completions/render",
+            "/server_info",
+            "/model_info",
+            "/get_load",
+            "/flush_cache",
+            "/health_generate",
+            "/ready",
         ] {
             assert!(paths.contains_key(p), "{p} missing from {:?}", paths.keys());
         }

@@ -137,12 +137,8 @@ impl Server {
 
         let model_name = config.served_model_names[0].clone();
         let metrics = Arc::new(Metrics::new(config.metrics_prefix, &model_name, ec.max_model_len)?);
-        metrics.record_cache_config(
-            ec.block_size,
-            ec.num_blocks,
-            pagoda_runtime::dtype_name(runtime.kv_cache_dtype),
-            ec.enable_prefix_caching,
-        );
+        let kv_cache_dtype = pagoda_runtime::dtype_name(runtime.kv_cache_dtype);
+        metrics.record_cache_config(ec.block_size, ec.num_blocks, kv_cache_dtype, ec.enable_prefix_caching);
         let vocab_size = model_config.vocab_size;
         let engine_shutdown = Shutdown::new();
         let engine_started = Instant::now();
@@ -178,7 +174,13 @@ impl Server {
             dimensions: running.model_config.hidden_size,
             pooling,
         });
+        let created = crate::openai::unix_now();
         let state = Arc::new(AppState {
+            worker: crate::state::WorkerIdentity {
+                instance_id: format!("pagoda-{}-{created}", std::process::id()),
+                get_load_format: config.get_load_format,
+                kv_cache_dtype: kv_cache_dtype.to_owned(),
+            },
             embedding,
             loras: crate::lora::ServedAdapters::new(running.loras.clone(), config.engine.lora.clone()),
             responses: ResponseStore::new(config.max_stored_responses),
@@ -197,7 +199,7 @@ impl Server {
             model: ModelInfo {
                 served_names: config.served_model_names.clone(),
                 root: config.engine.model.clone(),
-                created: crate::openai::unix_now(),
+                created,
                 architecture: running.model_config.architecture.clone(),
                 context_length: running.model_config.max_position_embeddings,
             },

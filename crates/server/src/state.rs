@@ -53,6 +53,17 @@ impl ModelInfo {
     }
 }
 
+/// What the worker endpoints a router calls report beyond the engine's config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerIdentity {
+    /// Unique to this process (routers name its KV events by it).
+    pub instance_id: String,
+    /// The shape of `/get_load`.
+    pub get_load_format: crate::config::GetLoadFormat,
+    /// The KV cache's element type, by its vLLM name (`auto`, `bfloat16`, ...).
+    pub kv_cache_dtype: String,
+}
+
 pub struct AppState {
     pub engine: EngineHandle,
     pub prompts: PromptBuilder,
@@ -75,6 +86,8 @@ pub struct AppState {
     pub embedding: Option<EmbeddingModel>,
     /// The LoRA adapters served beside the model.
     pub loras: crate::lora::ServedAdapters,
+    /// How this server describes itself to routers.
+    pub worker: WorkerIdentity,
 }
 
 impl std::fmt::Debug for AppState {

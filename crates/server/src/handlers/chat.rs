@@ -78,42 +78,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let (model, lora) = state.resolve_model(req.model.as_deref())?;
-    if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
-        return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
-    }
-    let prompt_logprobs = req.prompt_logprobs.map(|k| k as usize);
-    if prompt_logprobs.is_some() && req.stream.unwrap_or(false) {
-        return Err(ApiError::invalid("prompt_logprobs", "prompt_logprobs is not available with stream"));
-    }
-    if let Some(k) = prompt_logprobs.filter(|&k| k > state.limits.max_logprobs) {
-        return Err(ApiError::invalid(
-            "prompt_logprobs",
-            format!("at most {} logprobs per token are available, got {k}", state.limits.max_logprobs),
-        ));
-    }
-    let tools = ToolRequest::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?
-        .filter(ToolRequest::active);
-    let grammar = req.grammar_fields().grammar()?;
-    let messages = chat_messages(&req.messages)?;
-    let options = ChatOptions::of(
-        &messages,
-        req.add_generation_prompt,
-        req.continue_final_message,
-        req.add_special_tokens,
-        req.chat_template_kwargs.clone(),
-    )?;
-    let turn = ChatTurn {
-        messages,
-        options,
-        tools,
-        grammar,
-        params: req.common(),
-        prompt_param: "messages",
-        clamp_max_tokens: false,
-        reasoning_budget: None,
-        prompt_logprobs,
-        lora,
-    };
+    let turn = chat_turn(&state, &req, lora)?;
     let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     let ctx = Context {
         id: response_id("chatcmpl"),
@@ -129,6 +94,52 @@ pub async fn chat_completions(
         let response = collect_response(&state, ctx, submission).await?;
         Ok(Json(response).into_response())
     }
+}
+
+/// The turn a chat request asks for, with its parameters checked (shared with its render
+/// endpoint, so that a rendered prompt is exactly the one generation would run).
+pub(crate) fn chat_turn(
+    state: &SharedState,
+    req: &ChatCompletionRequest,
+    lora: Option<pagoda_engine::LoraId>,
+) -> Result<ChatTurn, ApiError> {
+    if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
+        return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
+    }
+    let prompt_logprobs = req.prompt_logprobs.map(|k| k as usize);
+    if prompt_logprobs.is_some() && req.stream.unwrap_or(false) {
+        return Err(ApiError::invalid("prompt_logprobs", "prompt_logprobs is not available with stream"));
+    }
+    if let Some(k) = prompt_logprobs.filter(|&k| k > state.limits.max_logprobs) {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            format!("at most {} logprobs per token are available, got {k}", state.limits.max_logprobs),
+        ));
+    }
+    let tools = ToolRequest::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?
+        .filter(ToolRequest::active);
+    crate::openai::router_fields::check(&req.router_fields())?;
+    let grammar = req.grammar_fields().grammar()?;
+    let messages = chat_messages(&req.messages)?;
+    let options = ChatOptions::of(
+        &messages,
+        req.add_generation_prompt,
+        req.continue_final_message,
+        req.add_special_tokens,
+        req.chat_template_kwargs.clone(),
+    )?;
+    Ok(ChatTurn {
+        messages,
+        options,
+        tools,
+        grammar,
+        params: req.common(),
+        prompt_param: "messages",
+        clamp_max_tokens: false,
+        reasoning_budget: None,
+        prompt_logprobs,
+        lora,
+    })
 }
 
 async fn collect_response(

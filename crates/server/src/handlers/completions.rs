@@ -78,6 +78,7 @@ pub async fn completions(
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
     let echo = req.echo.unwrap_or(false);
+    crate::openai::router_fields::check(&req.router_fields())?;
     let requested_grammar = req.grammar_fields().grammar()?;
     let mut params = validate(req.common(), &state.limits)?;
     params.lora = lora;

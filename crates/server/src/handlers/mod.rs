@@ -8,9 +8,11 @@ pub mod embeddings;
 pub mod info;
 pub mod lora;
 pub mod messages;
+pub mod render;
 pub mod responses;
 pub mod score;
 pub mod tokenize;
+pub mod worker;
 
 use crate::openai::{FinishReason, StopReason};
 

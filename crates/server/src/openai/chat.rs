@@ -150,6 +150,24 @@ pub struct ChatCompletionRequest {
     /// arrival. Otherwise only 0 (or absent).
     #[serde(default)]
     pub priority: Option<i64>,
+    /// SGLang extension that routers add at its default, `false` (stop strings are trimmed);
+    /// only that is served (see [`super::router_fields`]).
+    #[serde(default)]
+    pub no_stop_trim: Option<bool>,
+    /// SGLang extension that routers add at its default, `false`; only that is served.
+    #[serde(default)]
+    pub return_hidden_states: Option<bool>,
+    /// SGLang extension that routers add at its default, `true` (with a reasoning parser, the
+    /// reasoning is apart from the content); only that is served.
+    #[serde(default)]
+    pub separate_reasoning: Option<bool>,
+    /// SGLang extension that routers add at its default, `true` (reasoning streams as it is
+    /// generated); only that is served.
+    #[serde(default)]
+    pub stream_reasoning: Option<bool>,
+    /// vLLM extension, default `true` (the reasoning is returned); only that is served.
+    #[serde(default)]
+    pub include_reasoning: Option<bool>,
 }
 
 impl ChatCompletionRequest {
@@ -163,6 +181,20 @@ impl ChatCompletionRequest {
             guided_choice: self.guided_choice.as_deref(),
             guided_grammar: self.guided_grammar.as_deref(),
         }
+    }
+
+    /// The router-added SGLang fields, for [`super::router_fields::check`].
+    pub fn router_fields(&self) -> Vec<super::router_fields::RouterField> {
+        let mut fields = vec![
+            ("no_stop_trim", self.no_stop_trim, false),
+            ("return_hidden_states", self.return_hidden_states, false),
+        ];
+        fields.extend([
+            ("separate_reasoning", self.separate_reasoning, true),
+            ("stream_reasoning", self.stream_reasoning, true),
+            ("include_reasoning", self.include_reasoning, true),
+        ]);
+        fields
     }
 
     pub fn common(&self) -> CommonParams {

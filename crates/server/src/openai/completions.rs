@@ -123,6 +123,13 @@ pub struct CompletionRequest {
     /// arrival. Otherwise only 0 (or absent).
     #[serde(default)]
     pub priority: Option<i64>,
+    /// SGLang extension that routers add at its default, `false` (stop strings are trimmed);
+    /// only that is served (see [`super::router_fields`]).
+    #[serde(default)]
+    pub no_stop_trim: Option<bool>,
+    /// SGLang extension that routers add at its default, `false`; only that is served.
+    #[serde(default)]
+    pub return_hidden_states: Option<bool>,
 }
 
 impl CompletionRequest {
@@ -136,6 +143,14 @@ impl CompletionRequest {
             guided_choice: self.guided_choice.as_deref(),
             guided_grammar: self.guided_grammar.as_deref(),
         }
+    }
+
+    /// The router-added SGLang fields, for [`super::router_fields::check`].
+    pub fn router_fields(&self) -> Vec<super::router_fields::RouterField> {
+        vec![
+            ("no_stop_trim", self.no_stop_trim, false),
+            ("return_hidden_states", self.return_hidden_states, false),
+        ]
     }
 
     pub fn common(&self) -> CommonParams {

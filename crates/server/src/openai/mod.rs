@@ -8,9 +8,11 @@ pub mod embeddings;
 pub mod fields;
 pub mod lora;
 pub mod models;
+pub mod router_fields;
 pub mod sampling;
 pub mod score;
 pub mod tokenize;
+pub mod worker;
 
 pub use chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,

@@ -2,12 +2,18 @@
 //! docker/nginx/pagoda.conf.template (rendered by docker/nginx/render-conf.sh, as the compose
 //! load balancer renders it) in front of two `pagoda serve` processes on 127.0.0.1 with
 //! configs/serve-cpu.toml, and Prometheus with configs/prometheus.yml scraping both; plus the
-//! Grafana dashboard, loaded and checked against the server's real metrics.
+//! Grafana dashboard, loaded and checked against the server's real metrics; and the same
+//! replicas behind sglang-router and vllm-router, under their policies and through a replica's
+//! crash.
 //!
-//! nginx and Prometheus are the Debian packages (`make deploy-tools` installs them) and the
-//! model is the default one (`make model`); the tests fail, never skip, without them.
+//! nginx and Prometheus are the Debian packages (`make deploy-tools` installs them), the routers
+//! PyPI wheels (`make router-tools`), and the model is the default one (`make model`); the tests
+//! fail, never skip, without them.
 
 mod dashboard;
 mod load_balancer;
 mod processes;
+mod router_faults;
+mod router_policies;
+mod routers;
 mod stack;

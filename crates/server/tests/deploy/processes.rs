@@ -62,6 +62,13 @@ impl Process {
         Ok(())
     }
 
+    /// SIGKILL, as a crash or the OOM killer would end it; waits for the exit.
+    pub fn kill_hard(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -26,8 +26,42 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// Starts `pagoda serve` on `port` as the compose CPU replicas run it, plus `extra` flags,
+    /// with its log in `logs/<name>.log`.
+    pub fn spawn(name: &str, logs: &Path, port: u16, extra: &[&str]) -> Result<Replica> {
+        let root = repo_root();
+        let model = root.join(MODEL_FILE);
+        ensure!(model.exists(), "{} is missing: run `make model` first", model.display());
+        let mut serve = Command::new(env!("CARGO_BIN_EXE_pagoda"));
+        serve.current_dir(&root).args(["serve", "--config", "configs/serve-cpu.toml"]);
+        // The compose CPU replicas override the model path and address the same way; a small
+        // KV cache keeps two replicas light on a shared machine.
+        serve.arg("--model").arg(&model);
+        serve.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--kv-cache-memory", "64MiB"]);
+        serve.args(["--max-model-len", "1024"]);
+        serve.args(["--shutdown-timeout", "1"]);
+        serve.args(extra);
+        let process = Process::spawn(name, serve, logs)?;
+        Ok(Replica { process, addr: format!("127.0.0.1:{port}") })
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// Waits until the replica answers `/ready`.
+    pub async fn wait_ready(&mut self, http: &reqwest::Client) -> Result<()> {
+        let url = self.url("/ready");
+        let name = self.process.name.clone();
+        wait_for(&format!("{name} /ready"), Duration::from_secs(180), || {
+            let running = self.process.ensure_running();
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                running?;
+                Ok(answers_ok(&http, &url).await)
+            }
+        })
+        .await
     }
 }
 
@@ -46,8 +80,6 @@ impl Stack {
     /// nginx, and Prometheus is ready.
     pub async fn start(num_replicas: usize) -> Result<Stack> {
         let root = repo_root();
-        let model = root.join(MODEL_FILE);
-        ensure!(model.exists(), "{} is missing: run `make model` first", model.display());
         let nginx_bin = find_tool("nginx")?;
         let prometheus_bin = find_tool("prometheus")?;
         let dir = tempfile::Builder::new().prefix("pagoda-deploy-").tempdir()?;
@@ -57,17 +89,7 @@ impl Stack {
 
         let mut replicas = Vec::new();
         for i in 0..num_replicas {
-            let port = free_port()?;
-            let mut serve = Command::new(env!("CARGO_BIN_EXE_pagoda"));
-            serve.current_dir(&root).args(["serve", "--config", "configs/serve-cpu.toml"]);
-            // The compose CPU replicas override the model path and address the same way; a small
-            // KV cache keeps two replicas light on a shared machine.
-            serve.arg("--model").arg(&model);
-            serve.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--kv-cache-memory", "64MiB"]);
-            serve.args(["--max-model-len", "1024"]);
-            serve.args(["--shutdown-timeout", "1"]);
-            let process = Process::spawn(&format!("pagoda-{i}"), serve, logs)?;
-            replicas.push(Replica { process, addr: format!("127.0.0.1:{port}") });
+            replicas.push(Replica::spawn(&format!("pagoda-{i}"), logs, free_port()?, &[])?);
         }
         let addrs: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
 
@@ -105,17 +127,8 @@ impl Stack {
 
     async fn wait_ready(&mut self) -> Result<()> {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-        for i in 0..self.replicas.len() {
-            let url = self.replicas[i].url("/health");
-            wait_for(&format!("replica {i} /health"), Duration::from_secs(180), || {
-                let running = self.replicas[i].process.ensure_running();
-                let (http, url) = (http.clone(), url.clone());
-                async move {
-                    running?;
-                    Ok(answers_ok(&http, &url).await)
-                }
-            })
-            .await?;
+        for replica in &mut self.replicas {
+            replica.wait_ready(&http).await?;
         }
         let lb_health = format!("{}/health", self.lb_url);
         wait_for("nginx to proxy /health", Duration::from_secs(30), || {
@@ -185,7 +198,7 @@ impl Drop for Stack {
 }
 
 /// `Ok` once `url` answers 2xx; the reason it does not otherwise.
-async fn answers_ok(http: &reqwest::Client, url: &str) -> Result<(), String> {
+pub async fn answers_ok(http: &reqwest::Client, url: &str) -> Result<(), String> {
     match http.get(url).send().await {
         Ok(r) if r.status().is_success() => Ok(()),
         Ok(r) => Err(format!("{url}: status {}", r.status())),

@@ -49,6 +49,11 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     )?;
     let vocab_size = tokenizer.vocab_size();
     let state = Arc::new(AppState {
+        worker: pagoda_server::state::WorkerIdentity {
+            instance_id: "broken-1".into(),
+            get_load_format: Default::default(),
+            kv_cache_dtype: "auto".into(),
+        },
         loras: Default::default(),
         embedding: None,
         grammars: pagoda_server::grammars::Grammars::unavailable(),
@@ -90,6 +95,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     let c = reqwest::Client::new();
     let url = format!("http://{addr}");
     assert_eq!(c.get(format!("{url}/health")).send().await?.status(), 200);
+    assert_eq!(c.get(format!("{url}/ready")).send().await?.status(), 200);
 
     // The request in flight: role chunk, then the error event, then [DONE].
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true});
@@ -111,9 +117,12 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     assert!(saw_error, "no error event in the stream");
 
     // The engine is dead now: 503 everywhere, in the OpenAI shape.
-    let resp = c.get(format!("{url}/health")).send().await?;
-    assert_eq!(resp.status(), 503);
-    assert_error_shape(&resp.json().await?);
+    // A router's checks see it too: not ready, no token, no flush.
+    for path in ["/health", "/ready", "/health_generate", "/flush_cache"] {
+        let resp = c.get(format!("{url}{path}")).send().await?;
+        assert_eq!(resp.status(), 503, "{path}");
+        assert_error_shape(&resp.json().await?);
+    }
     for (path, body) in [
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}]})),
         ("/v1/completions", json!({"prompt": "hi", "stream": true})),

@@ -32,3 +32,4 @@ mod speculative;
 mod structured;
 mod tools;
 mod wire_details;
+mod worker_api;

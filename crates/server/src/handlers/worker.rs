@@ -1,0 +1,174 @@
+//! The calls routers make of a worker: server and model info (SGLang's names, both spellings),
+//! `/get_load`, the prefix-cache flush, `/health_generate` and `/ready`. `/health` says the
+//! process and its engine are alive; `/ready` says it takes new requests now.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::config::GetLoadFormat;
+use crate::error::ApiError;
+use crate::openai::worker::{
+    FlushResponse, Load, ModelInfo, RankLoad, ServerInfo, StatusResponse, VllmCacheConfig, VllmConfig,
+    VllmModelConfig,
+};
+use crate::openai::ErrorResponse;
+use crate::state::SharedState;
+
+/// How long `/health_generate`'s one-token generation may take, queueing included.
+const HEALTH_GENERATE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The server's identity and capacity.
+#[utoipa::path(get, path = "/server_info", tag = "router", responses((status = 200, body = ServerInfo)))]
+pub async fn server_info(State(state): State<SharedState>) -> Json<ServerInfo> {
+    let ec = state.engine.config();
+    let name = state.model.served_names[0].clone();
+    Json(ServerInfo {
+        model_id: name.clone(),
+        served_model_name: name.clone(),
+        model_path: state.model.root.clone(),
+        instance_id: state.worker.instance_id.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        tp_size: 1,
+        dp_size: 1,
+        disaggregation_mode: "null".to_owned(),
+        kv_block_size: ec.block_size,
+        max_total_tokens: ec.cache_capacity_tokens(),
+        max_prefill_tokens: ec.max_num_batched_tokens,
+        max_running_requests: ec.max_num_seqs,
+        max_model_len: ec.max_model_len,
+        num_gpu_blocks: ec.num_blocks,
+        enable_prefix_caching: ec.enable_prefix_caching,
+        kv_cache_dtype: state.worker.kv_cache_dtype.clone(),
+        vllm_config: VllmConfig {
+            model_config: VllmModelConfig {
+                model: state.model.root.clone(),
+                served_model_name: name,
+                max_model_len: ec.max_model_len,
+            },
+            cache_config: VllmCacheConfig {
+                block_size: ec.block_size,
+                num_gpu_blocks: ec.num_blocks,
+                enable_prefix_caching: ec.enable_prefix_caching,
+                cache_dtype: state.worker.kv_cache_dtype.clone(),
+            },
+        },
+    })
+}
+
+/// Hugging Face's `model_type` and architecture class for our architecture name.
+fn hf_names(architecture: &str) -> (&str, Option<&'static str>) {
+    match architecture {
+        "llama" => ("llama", Some("LlamaForCausalLM")),
+        "mistral" => ("mistral", Some("MistralForCausalLM")),
+        "mixtral" => ("mixtral", Some("MixtralForCausalLM")),
+        "qwen2" => ("qwen2", Some("Qwen2ForCausalLM")),
+        "qwen3" => ("qwen3", Some("Qwen3ForCausalLM")),
+        "qwen3moe" => ("qwen3_moe", Some("Qwen3MoeForCausalLM")),
+        "phi3" => ("phi3", Some("Phi3ForCausalLM")),
+        "gemma2" => ("gemma2", Some("Gemma2ForCausalLM")),
+        "gemma3" => ("gemma3_text", Some("Gemma3ForCausalLM")),
+        "smollm3" | "smollm" => ("smollm3", Some("SmolLM3ForCausalLM")),
+        "bert" => ("bert", Some("BertModel")),
+        other => (other, None),
+    }
+}
+
+/// The served model.
+#[utoipa::path(get, path = "/model_info", tag = "router", responses((status = 200, body = ModelInfo)))]
+pub async fn model_info(State(state): State<SharedState>) -> Json<ModelInfo> {
+    let (model_type, class) = hf_names(&state.model.architecture);
+    Json(ModelInfo {
+        model_path: state.model.root.clone(),
+        tokenizer_path: state.model.root.clone(),
+        served_model_name: state.model.served_names[0].clone(),
+        is_generation: state.embedding.is_none(),
+        model_type: model_type.to_owned(),
+        architectures: class.map(str::to_owned).into_iter().collect(),
+        max_model_len: state.limits.max_model_len,
+    })
+}
+
+/// The load in the shape `--get-load-format` names: SGLang's list of ranks, or vllm-router's
+/// `{"load": N}`.
+#[utoipa::path(get, path = "/get_load", tag = "router",
+    responses((status = 200, description = "`[RankLoad]` (sglang) or `Load` (vllm-router)", body = Vec<RankLoad>)))]
+pub async fn get_load(State(state): State<SharedState>) -> Response {
+    let s = state.engine.stats();
+    // Submissions not yet taken by a step are waiting too; the gauges lag by up to one step.
+    let waiting = s.num_waiting_seqs.max(state.engine.num_pending());
+    let in_flight = s.num_running_seqs + waiting;
+    match state.worker.get_load_format {
+        GetLoadFormat::Sglang => Json(vec![RankLoad {
+            dp_rank: 0,
+            num_reqs: in_flight,
+            num_waiting_reqs: waiting,
+            num_tokens: s.kv_blocks_used * state.engine.config().block_size,
+        }])
+        .into_response(),
+        GetLoadFormat::VllmRouter => Json(Load { load: in_flight }).into_response(),
+    }
+}
+
+/// Empties the prefix cache (SGLang's `/flush_cache`, vLLM's `/reset_prefix_cache`); 409 while
+/// requests are in flight, whose blocks are still their KV.
+#[utoipa::path(post, path = "/flush_cache", tag = "router",
+    responses((status = 200, body = FlushResponse), (status = 409, body = ErrorResponse),
+              (status = 503, body = ErrorResponse)))]
+pub async fn flush_cache(State(state): State<SharedState>) -> Result<Json<FlushResponse>, ApiError> {
+    let flushed_blocks = state.engine.flush_prefix_cache().await?;
+    tracing::info!(flushed_blocks, "prefix cache flushed");
+    Ok(Json(FlushResponse { message: "Cache flushed.".to_owned(), flushed_blocks }))
+}
+
+/// 200 once one greedy token has been generated end to end (the engine runs, not only lives);
+/// 503 otherwise. Embedding models answer with their engine's health.
+#[utoipa::path(get, path = "/health_generate", tag = "router",
+    responses((status = 200, body = StatusResponse), (status = 503, body = ErrorResponse)))]
+pub async fn health_generate(State(state): State<SharedState>) -> Result<Json<StatusResponse>, ApiError> {
+    state.engine.health()?;
+    if state.embedding.is_none() {
+        tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, generate_one(&state)).await.map_err(|_| {
+            ApiError::EngineUnavailable(format!(
+                "no token generated within {} s",
+                HEALTH_GENERATE_TIMEOUT.as_secs()
+            ))
+        })??;
+    }
+    Ok(Json(StatusResponse { status: "ok".to_owned() }))
+}
+
+/// One greedy token after the tokens of a space (with the tokenizer's special tokens, so the
+/// prompt is never empty where the model has a BOS).
+async fn generate_one(state: &SharedState) -> Result<(), ApiError> {
+    let prompt = state.prompts.encode(" ".to_owned(), true).await?;
+    let prompt = if prompt.is_empty() { vec![0] } else { prompt };
+    let params = pagoda_engine::SamplingParams { temperature: 0.0, ..Default::default() };
+    let request = pagoda_engine::Request::new(state.engine.next_request_id(), prompt, Arc::new(params))
+        .with_max_tokens(1);
+    let mut stream = state.engine.submit(request)?;
+    while let Some(event) = stream.recv().await {
+        if let Some(reason) = event.finished.as_ref().filter(|r| r.is_failure()) {
+            return Err(ApiError::EngineUnavailable(format!("{reason:?}")));
+        }
+        if event.is_last() {
+            return Ok(());
+        }
+    }
+    Err(ApiError::EngineUnavailable("the request ended without an answer".to_owned()))
+}
+
+/// 200 while the server takes new requests; 503 once its engine has stopped or it is shutting
+/// down. (`/health` only says the process is alive.)
+#[utoipa::path(get, path = "/ready", tag = "ops",
+    responses((status = 200, body = StatusResponse), (status = 503, body = ErrorResponse)))]
+pub async fn ready(State(state): State<SharedState>) -> Result<Json<StatusResponse>, ApiError> {
+    if state.engine.shutdown().is_triggered() {
+        return Err(ApiError::ShuttingDown);
+    }
+    state.engine.health()?;
+    Ok(Json(StatusResponse { status: "ready".to_owned() }))
+}

@@ -1,0 +1,229 @@
+//! sglang-router and vllm-router (the PyPI wheels `make router-tools` installs, pinned) in front
+//! of Pagoda replicas on 127.0.0.1: starting one with a policy, a workload of shared prefixes,
+//! and what the replicas' own metrics say about the calls the router made of them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use crate::processes::{free_port, wait_for, Process};
+use crate::stack::{Replica, SERVED_MODEL};
+
+/// The routers' virtual environment (scripts/install-router-tools.sh).
+fn routers_dir() -> PathBuf {
+    std::env::var_os("PAGODA_ROUTERS_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pagoda-routers")
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterKind {
+    Sglang,
+    Vllm,
+}
+
+impl RouterKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RouterKind::Sglang => "sglang-router",
+            RouterKind::Vllm => "vllm-router",
+        }
+    }
+
+    /// The `--get-load-format` the replicas need behind this router.
+    pub fn load_format(self) -> &'static str {
+        match self {
+            RouterKind::Sglang => "sglang",
+            RouterKind::Vllm => "vllm-router",
+        }
+    }
+}
+
+pub struct Router {
+    pub process: Process,
+    pub url: String,
+}
+
+impl Router {
+    /// Starts `kind` with `policy` in front of `workers`, checking health every second, and
+    /// waits until it routes.
+    pub async fn start(kind: RouterKind, policy: &str, workers: &[String], logs: &Path) -> Result<Router> {
+        let dir = routers_dir();
+        let port = free_port()?;
+        let metrics_port = free_port()?;
+        let mut command = match kind {
+            RouterKind::Sglang => {
+                let mut c = Command::new(dir.join("bin/python"));
+                c.args(["-m", "sglang_router.launch_router"]);
+                c
+            }
+            RouterKind::Vllm => Command::new(dir.join("bin/vllm-router")),
+        };
+        ensure!(
+            dir.join("bin/vllm-router").is_file(),
+            "the routers are not installed in {}: run `make router-tools`",
+            dir.display()
+        );
+        command.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", policy]);
+        command.arg("--worker-urls").args(workers.iter().map(|w| format!("http://{w}")));
+        command.args(["--prometheus-port", &metrics_port.to_string()]);
+        // Health every second; power_of_two polls /get_load at the startup-check interval.
+        command.args(["--health-check-interval-secs", "1", "--worker-startup-check-interval", "1"]);
+        // The model path the replicas report is a file; no hub lookup may leave the machine.
+        command.env("HF_ENDPOINT", "http://127.0.0.1:9").env("HF_HUB_OFFLINE", "1");
+        let name = format!("{}-{policy}", kind.name());
+        let mut process = Process::spawn(&name, command, logs)?;
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+        // A chat request through the router is the readiness both routers share.
+        let probe = chat_body("Say hi.", false);
+        wait_for(&format!("{name} to route"), Duration::from_secs(60), || {
+            let running = process.ensure_running();
+            let (http, url, probe) = (http.clone(), format!("{url}/v1/chat/completions"), probe.clone());
+            async move {
+                running?;
+                Ok(match http.post(&url).json(&probe).send().await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    Ok(r) => Err(format!("status {}", r.status())),
+                    Err(e) => Err(e.to_string()),
+                })
+            }
+        })
+        .await?;
+        Ok(Router { process, url })
+    }
+}
+
+pub fn chat_body(content: &str, stream: bool) -> Value {
+    json!({"model": SERVED_MODEL, "messages": [{"role": "user", "content": content}],
+           "max_tokens": 8, "temperature": 0, "stream": stream})
+}
+
+/// What one request through the router came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// 200 and a whole answer (a stream ends with `[DONE]`).
+    Completed,
+    /// A status other than 200, or a stream cut short: the client learns it failed.
+    Failed(String),
+}
+
+/// Sends `body` to `url` and reads the whole answer.
+pub async fn send(http: &reqwest::Client, url: &str, body: &Value) -> Outcome {
+    let resp = match http.post(url).json(body).send().await {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failed(format!("transport: {e}")),
+    };
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        return Outcome::Failed(format!("{status}: {}", text.chars().take(200).collect::<String>()));
+    }
+    let mut bytes = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(c) => bytes.extend_from_slice(&c),
+            Err(e) => return Outcome::Failed(format!("body cut: {e}")),
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let whole = if body["stream"] == true {
+        text.contains("data: [DONE]") && !text.contains("\"error\"")
+    } else {
+        serde_json::from_str::<Value>(&text).is_ok_and(|v| v["choices"].is_array())
+    };
+    if whole {
+        Outcome::Completed
+    } else {
+        Outcome::Failed(format!("incomplete answer: {}", text.chars().take(200).collect::<String>()))
+    }
+}
+
+/// A long shared prefix per group (a system prompt, or a document to continue), each group's
+/// requests differing only in their last words: what cache-aware routing is for.
+fn group_prefix(group: usize) -> String {
+    let topics = ["rivers", "mountains", "castles", "forests", "harbours", "deserts", "glaciers", "islands"];
+    let topic = topics[group % topics.len()];
+    format!(
+        "You are a guide who knows everything about {topic}. {} Answer in one short sentence.",
+        format!("Facts about {topic} number {group} are long and detailed and worth telling. ").repeat(16)
+    )
+}
+
+/// Request `i` of `group`: chat for even groups, completions for odd ones; every other one
+/// streamed.
+pub fn workload_request(group: usize, i: usize) -> (&'static str, Value) {
+    let stream = i % 2 == 1;
+    if group.is_multiple_of(2) {
+        let body = json!({"model": SERVED_MODEL, "max_tokens": 8, "temperature": 0, "stream": stream,
+                          "messages": [{"role": "system", "content": group_prefix(group)},
+                                       {"role": "user", "content": format!("Question {i}: what is special?")}]});
+        ("/v1/chat/completions", body)
+    } else {
+        let prompt = format!("{}\nQuestion {i}: what is special?\nAnswer:", group_prefix(group));
+        let body = json!({"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                          "stream": stream});
+        ("/v1/completions", body)
+    }
+}
+
+/// `groups` groups of `per_group` requests, sent round by round (request `r` of every group at
+/// once), so a group's later requests can find its prefix where its first one ran. Returns
+/// the outcomes and the wall time.
+pub async fn run_workload(
+    http: &reqwest::Client,
+    router: &Router,
+    groups: usize,
+    per_group: usize,
+) -> (Vec<Outcome>, Duration) {
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    for i in 0..per_group {
+        let round = (0..groups).map(|g| {
+            let (path, body) = workload_request(g, i);
+            let url = format!("{}{path}", router.url);
+            async move { send(http, &url, &body).await }
+        });
+        outcomes.extend(futures_util::future::join_all(round).await);
+    }
+    (outcomes, started.elapsed())
+}
+
+/// A replica's `/metrics` text.
+pub async fn replica_metrics(http: &reqwest::Client, replica: &Replica) -> Result<String> {
+    let url = replica.url("/metrics");
+    http.get(&url).send().await?.error_for_status()?.text().await.context("metrics")
+}
+
+/// The sum of `metric`'s samples whose labels contain every one of `labels`.
+pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split_once(['{', ' ']).is_some_and(|(name, _)| name == metric))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Requests of `handler` a replica answered with `status`.
+pub fn http_count(text: &str, handler: &str, status: u16) -> f64 {
+    metric_sum(
+        text,
+        "http_requests_total",
+        &[&format!("handler=\"{handler}\""), &format!("status=\"{status}\"")],
+    )
+}
+
+/// The replica's requests that found no route (404) or whose route the server does not know.
+pub fn not_found_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with("http_requests_total{"))
+        .filter(|l| l.contains("status=\"404\"") || l.contains("handler=\"unmatched\""))
+        .map(str::to_owned)
+        .collect()
+}
