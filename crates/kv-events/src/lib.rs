@@ -6,9 +6,18 @@
 //!   consumer hashing token ids itself finds the same keys.
 //! - [`hashes`]: the engine's [`pagoda_engine::CacheEvent`]s named by those hashes, chained
 //!   parent to child as the blocks were cached.
+//! - [`wire`]: vLLM's `KVEventBatch` in msgpack.
+//! - [`publisher`]: the ZMQ PUB socket and the replay ROUTER socket, fed without ever making
+//!   the engine wait.
+//! - [`config`]: vLLM's `--kv-events-config` JSON.
 
 pub mod block_hash;
+pub mod config;
 pub mod hashes;
+pub mod publisher;
+pub mod wire;
 
 pub use block_hash::{BlockDigest, BlockHasher, ExtraKeys};
+pub use config::KvEventsConfig;
 pub use hashes::{EventHashes, HashedEvent};
+pub use publisher::{AdapterNames, BoundEndpoints, KvEventPublisher, PublisherError, PublisherStats};

@@ -100,6 +100,7 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/model_info", get(worker::model_info))
         .route("/get_model_info", get(worker::model_info))
         .route("/get_load", get(worker::get_load))
+        .route("/kv_event_sources", get(worker::kv_event_sources))
         .route("/version", get(info::version))
         .route("/metrics", get(info::metrics))
         .route("/openapi.json", get(openapi_json));

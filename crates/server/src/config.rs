@@ -82,6 +82,11 @@ pub struct ServeArgs {
     /// The shape of `GET /get_load`: `sglang` (for sglang-router) or `vllm-router`. [default: sglang]
     #[arg(long, value_enum)]
     pub get_load_format: Option<GetLoadFormat>,
+    /// vLLM's KV-events config as JSON, e.g. `{"enable_kv_cache_events": true, "endpoint":
+    /// "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv"}`: publish the prefix
+    /// cache's changes over ZMQ for cache-aware routers (vLLM's wire format and block hashes).
+    #[arg(long, value_name = "JSON")]
+    pub kv_events_config: Option<String>,
     /// Most top logprobs a request may ask for. [default: 20]
     #[arg(long)]
     pub max_logprobs: Option<usize>,
@@ -134,6 +139,8 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     pub metrics_prefix: MetricsPrefix,
     pub get_load_format: GetLoadFormat,
+    /// KV events, when enabled.
+    pub kv_events: Option<pagoda_kv_events::KvEventsConfig>,
     pub max_logprobs: usize,
     pub max_request_body_bytes: usize,
     pub max_stored_responses: usize,
@@ -205,6 +212,14 @@ impl ServerConfig {
                 .unwrap_or_else(|| vec!["*".to_owned()]),
             metrics_prefix: cli.metrics_prefix.or(file.metrics_prefix).unwrap_or_default(),
             get_load_format: cli.get_load_format.or(file.get_load_format).unwrap_or_default(),
+            kv_events: match cli.kv_events_config.or(file.kv_events_config) {
+                None => None,
+                Some(json) => Some(
+                    pagoda_kv_events::KvEventsConfig::parse(&json)
+                        .map_err(|e| invalid("--kv-events-config", e.to_string()))?,
+                )
+                .filter(|c| c.enabled()),
+            },
             max_logprobs: cli.max_logprobs.or(file.max_logprobs).unwrap_or(20),
             max_request_body_bytes: cli
                 .max_request_body_bytes

@@ -241,3 +241,27 @@ fn pooling_is_off_unless_a_flag_or_the_file_names_one() {
     );
     assert!(Cli::try_parse_from(["pagoda", "--pooling", "max"]).is_err());
 }
+
+#[test]
+fn kv_events_config_takes_vllms_json_and_names_bad_fields() {
+    let on = r#"{"enable_kv_cache_events": true, "endpoint": "tcp://*:6000", "topic": "kv"}"#;
+    let c = ServerConfig::merge(cli(&["--kv-events-config", on]), ServeArgs::default()).unwrap();
+    let kv = c.kv_events.expect("enabled");
+    assert_eq!((kv.topic.as_str(), kv.buffer_steps), ("kv", 10_000));
+    // Present but not enabled: nothing is published.
+    let off = r#"{"enable_kv_cache_events": false}"#;
+    assert!(ServerConfig::merge(cli(&["--kv-events-config", off]), ServeArgs::default())
+        .unwrap()
+        .kv_events
+        .is_none());
+    for (json, needle) in [
+        (r#"{"enable_kv_cache_events": true, "endpoint": "ipc:///tmp/kv"}"#, "endpoint"),
+        (r#"{"enable_kv_cache_events": true, "publisher": "kafka"}"#, "kafka"),
+        (r#"{"enable_kv_cache_events": true, "unknown": 1}"#, "unknown"),
+        ("not json", "expected"),
+    ] {
+        let err = ServerConfig::merge(cli(&["--kv-events-config", json]), ServeArgs::default()).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("--kv-events-config") && text.contains(needle), "{json}: {text}");
+    }
+}

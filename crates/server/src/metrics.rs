@@ -133,6 +133,8 @@ pub struct Metrics {
     grammar_compile_time: Histogram,
     lora_requests_info: GaugeVec,
     cache_config_info: GaugeVec,
+    kv_events_batches: IntCounter,
+    kv_events_dropped: IntCounter,
     /// Engine counters as last copied, so that the next copy adds only the difference.
     engine_seen: Mutex<EngineSnapshot>,
 }
@@ -229,6 +231,14 @@ impl Metrics {
                 ),
                 &["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"],
             )?)?,
+            kv_events_batches: b.counter(
+                "kv_events_batches_total",
+                "KV-event batches published (one per engine step that changed the prefix cache).",
+            )?,
+            kv_events_dropped: b.counter(
+                "kv_events_dropped_total",
+                "KV-cache events dropped because the publisher's queue was full.",
+            )?,
             grammar_compile_time: b.histogram(
                 "structured_output_compile_seconds",
                 "Histogram of grammar compile time in seconds (cache misses).",
@@ -339,6 +349,12 @@ impl Metrics {
             }
         }
         *seen = *now;
+    }
+
+    /// The KV-event publisher's totals (they only grow).
+    pub fn record_kv_events(&self, batches: u64, dropped: u64) {
+        self.kv_events_batches.inc_by(batches.saturating_sub(self.kv_events_batches.get()));
+        self.kv_events_dropped.inc_by(dropped.saturating_sub(self.kv_events_dropped.get()));
     }
 
     /// The KV cache's shape, as vLLM's `cache_config_info` (value 1): what the Gateway API

@@ -43,6 +43,7 @@ use crate::handlers;
         handlers::worker::flush_cache,
         handlers::worker::health_generate,
         handlers::worker::ready,
+        handlers::worker::kv_event_sources,
     ),
     modifiers(&BearerAuth),
     tags((name = "openai", description = "OpenAI-compatible endpoints"),

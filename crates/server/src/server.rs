@@ -8,13 +8,14 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use futures_util::{Stream, StreamExt};
 use pagoda_engine::{EngineObserver, Shutdown};
+use pagoda_kv_events::{AdapterNames, KvEventPublisher, KvEventsConfig};
 use pagoda_runtime::{LoadedRuntime, OptionsError, RuntimeError};
 use pagoda_text::ChatTemplate;
 use tokio::net::TcpListener;
@@ -45,6 +46,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("start-up task failed: {0}")]
     Join(String),
+    #[error(transparent)]
+    KvEvents(#[from] pagoda_kv_events::PublisherError),
 }
 
 fn load_chat_template(path: &Path, runtime: &LoadedRuntime) -> Result<ChatTemplate, ServeError> {
@@ -54,13 +57,42 @@ fn load_chat_template(path: &Path, runtime: &LoadedRuntime) -> Result<ChatTempla
     ChatTemplate::new(&source, t.bos_token(), t.eos_token()).map_err(|e| err(e.to_string()))
 }
 
-/// Feeds engine steps into the metrics.
-struct StepMetrics(Arc<Metrics>);
+/// Feeds engine steps into the metrics, and the prefix cache's changes to the KV-event
+/// publisher.
+struct StepObserver {
+    metrics: Arc<Metrics>,
+    kv_events: Option<Arc<KvEventPublisher>>,
+}
 
-impl EngineObserver for StepMetrics {
+impl EngineObserver for StepObserver {
     fn on_step(&self, stats: &pagoda_engine::StepStats) {
-        self.0.observe_iteration(stats.num_prefill_tokens + stats.num_decode_tokens);
+        self.metrics.observe_iteration(stats.num_prefill_tokens + stats.num_decode_tokens);
     }
+
+    fn on_cache_events(&self, events: Vec<pagoda_engine::CacheEvent>) {
+        if let Some(publisher) = &self.kv_events {
+            publisher.submit(events);
+        }
+    }
+}
+
+/// Starts the KV-event publisher `config` asks for. Adapters are named through `state` once
+/// it exists (their names and paths go into their blocks' hashes).
+async fn start_kv_events(
+    config: &KvEventsConfig,
+    engine: &pagoda_engine::EngineConfig,
+    state: Arc<OnceLock<Weak<AppState>>>,
+) -> Result<KvEventPublisher, ServeError> {
+    let windows = (0..engine.kv_groups.len()).map(|g| engine.kv_groups.window(g)).collect();
+    let adapters: AdapterNames = Arc::new(move |id| {
+        let state = state.get()?.upgrade()?;
+        let adapter = state.loras.list().into_iter().find(|a| a.id == id)?;
+        Some((adapter.name, adapter.path.display().to_string()))
+    });
+    let publisher = KvEventPublisher::start(config, engine.block_size, windows, adapters).await?;
+    let ends = publisher.endpoints();
+    tracing::info!(publish = %ends.publish, replay = ?ends.replay, topic = %config.topic, "publishing KV events");
+    Ok(publisher)
 }
 
 /// A loaded, bound server that has not started serving yet.
@@ -90,7 +122,7 @@ impl Server {
             "loading the model"
         );
         let chat_template_path = config.chat_template.clone();
-        let runtime = tokio::task::spawn_blocking(move || -> Result<LoadedRuntime, ServeError> {
+        let mut runtime = tokio::task::spawn_blocking(move || -> Result<LoadedRuntime, ServeError> {
             let mut runtime = LoadedRuntime::load(&options)?;
             if let Some(path) = chat_template_path {
                 runtime.chat_template = Some(Arc::new(load_chat_template(&path, &runtime)?));
@@ -140,9 +172,18 @@ impl Server {
         let kv_cache_dtype = pagoda_runtime::dtype_name(runtime.kv_cache_dtype);
         metrics.record_cache_config(ec.block_size, ec.num_blocks, kv_cache_dtype, ec.enable_prefix_caching);
         let vocab_size = model_config.vocab_size;
+        let state_cell = Arc::new(OnceLock::new());
+        let kv_events = match &config.kv_events {
+            Some(kv) => {
+                runtime.engine_config.kv_cache_events = true;
+                Some(Arc::new(start_kv_events(kv, &runtime.engine_config, Arc::clone(&state_cell)).await?))
+            }
+            None => None,
+        };
         let engine_shutdown = Shutdown::new();
         let engine_started = Instant::now();
-        let running = runtime.start(Arc::new(StepMetrics(Arc::clone(&metrics))), engine_shutdown.clone())?;
+        let observer = StepObserver { metrics: Arc::clone(&metrics), kv_events: kv_events.clone() };
+        let running = runtime.start(Arc::new(observer), engine_shutdown.clone())?;
         tracing::info!(
             seconds = format!("{:.2}", engine_started.elapsed().as_secs_f64()),
             max_model_len = ec.max_model_len,
@@ -180,6 +221,9 @@ impl Server {
                 instance_id: format!("pagoda-{}-{created}", std::process::id()),
                 get_load_format: config.get_load_format,
                 kv_cache_dtype: kv_cache_dtype.to_owned(),
+                kv_events: kv_events
+                    .zip(config.kv_events.clone())
+                    .map(|(publisher, config)| crate::state::KvEventSource { publisher, config }),
             },
             embedding,
             loras: crate::lora::ServedAdapters::new(running.loras.clone(), config.engine.lora.clone()),
@@ -211,6 +255,7 @@ impl Server {
                 priority_scheduling: config.scheduling_policy == SchedulingPolicy::Priority,
             },
         });
+        let _ = state_cell.set(Arc::downgrade(&state));
         let http = HttpOptions {
             api_key: config.api_key.clone(),
             allowed_origins: config.allowed_origins.clone(),

@@ -53,8 +53,15 @@ impl ModelInfo {
     }
 }
 
+/// The KV-event publisher and its config, for `/kv_event_sources` and the metrics.
+#[derive(Debug, Clone)]
+pub struct KvEventSource {
+    pub publisher: Arc<pagoda_kv_events::KvEventPublisher>,
+    pub config: pagoda_kv_events::KvEventsConfig,
+}
+
 /// What the worker endpoints a router calls report beyond the engine's config.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct WorkerIdentity {
     /// Unique to this process (routers name its KV events by it).
     pub instance_id: String,
@@ -62,6 +69,8 @@ pub struct WorkerIdentity {
     pub get_load_format: crate::config::GetLoadFormat,
     /// The KV cache's element type, by its vLLM name (`auto`, `bfloat16`, ...).
     pub kv_cache_dtype: String,
+    /// Where the prefix cache's changes are published, when they are.
+    pub kv_events: Option<KvEventSource>,
 }
 
 pub struct AppState {
@@ -138,6 +147,11 @@ impl AppState {
             prefix_cache_hits: s.prefix_cache_hits,
             spec: s.spec,
         });
+        if let Some(kv) = &self.worker.kv_events {
+            let stats = kv.publisher.stats();
+            let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            self.metrics.record_kv_events(load(&stats.batches), load(&stats.dropped_events));
+        }
         if let Some(max_loras) = self.loras.max_loras() {
             let activity = self.engine.lora_activity();
             let names = |ids: &[pagoda_engine::LoraId]| self.loras.names(ids);

@@ -364,7 +364,7 @@ fn cache_events_report_stores_evictions_and_flushes_in_order() {
     bm.record_events();
     let mut copies = Vec::new();
     let mut resident = std::collections::HashSet::new();
-    let mut apply = |events: Vec<CacheEvent>, resident: &mut std::collections::HashSet<CachedBlockRef>| {
+    let apply = |events: Vec<CacheEvent>, resident: &mut std::collections::HashSet<CachedBlockRef>| {
         for e in &events {
             match e {
                 CacheEvent::Stored { block, .. } => assert!(resident.insert(*block), "stored twice: {e:?}"),

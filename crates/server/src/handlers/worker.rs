@@ -12,8 +12,8 @@ use axum::Json;
 use crate::config::GetLoadFormat;
 use crate::error::ApiError;
 use crate::openai::worker::{
-    FlushResponse, Load, ModelInfo, RankLoad, ServerInfo, StatusResponse, VllmCacheConfig, VllmConfig,
-    VllmModelConfig,
+    FlushResponse, KvEventSourceInfo, Load, ModelInfo, RankLoad, ServerInfo, StatusResponse, VllmCacheConfig,
+    VllmConfig, VllmModelConfig,
 };
 use crate::openai::ErrorResponse;
 use crate::state::SharedState;
@@ -159,6 +159,31 @@ async fn generate_one(state: &SharedState) -> Result<(), ApiError> {
         }
     }
     Err(ApiError::EngineUnavailable("the request ended without an answer".to_owned()))
+}
+
+/// Where this server publishes its KV events, by data-parallel rank (one rank; `{}` when it
+/// publishes none).
+#[utoipa::path(get, path = "/kv_event_sources", tag = "router",
+    responses((status = 200, body = std::collections::BTreeMap<String, KvEventSourceInfo>)))]
+pub async fn kv_event_sources(
+    State(state): State<SharedState>,
+) -> Json<std::collections::BTreeMap<String, KvEventSourceInfo>> {
+    let sources = state.worker.kv_events.as_ref().map(|kv| {
+        let ends = kv.publisher.endpoints();
+        let info = KvEventSourceInfo {
+            endpoint: ends.publish.clone(),
+            replay_endpoint: ends.replay.clone(),
+            topic: kv.config.topic.clone(),
+            hwm: kv.config.hwm,
+            buffer_steps: kv.config.buffer_steps,
+            publisher: "zmq".to_owned(),
+            encoding: "msgpack".to_owned(),
+            schema_version: 1,
+            enable_kv_cache_events: true,
+        };
+        ("0".to_owned(), info)
+    });
+    Json(sources.into_iter().collect())
 }
 
 /// 200 while the server takes new requests; 503 once its engine has stopped or it is shutting

@@ -167,3 +167,21 @@ impl RenderedSampling {
         }
     }
 }
+
+/// One data-parallel rank's KV-event sockets, as vllm-router's `kv_aware` policy discovers
+/// them (`/kv_event_sources` maps the rank, as a string, to this).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct KvEventSourceInfo {
+    /// The PUB socket (`tcp://0.0.0.0:PORT` when bound on every address).
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub topic: String,
+    pub hwm: usize,
+    pub buffer_steps: usize,
+    /// `zmq`.
+    pub publisher: String,
+    /// `msgpack`: vLLM's `KVEventBatch`.
+    pub encoding: String,
+    pub schema_version: u32,
+    pub enable_kv_cache_events: bool,
+}

@@ -1,4 +1,5 @@
-//! Two replicas behind each router under round robin, cache-aware and power-of-two: every
+//! Two replicas behind each router under round robin, cache-aware and power-of-two (and
+//! vllm-router's `kv_aware`, on the replicas' KV events): every
 //! request answered, every call the router made of a replica answered (no 404, no fallback),
 //! and the replicas' prefix-hit rate and the wall time of each policy, printed for the notes.
 //! The caches are flushed (`/flush_cache`) between policies so each starts cold.
@@ -16,7 +17,15 @@ use crate::stack::Replica;
 /// Odd, so that round robin's alternation lands a group's requests on both replicas in turn.
 const GROUPS: usize = 7;
 const PER_GROUP: usize = 4;
-const POLICIES: [&str; 3] = ["round_robin", "cache_aware", "power_of_two"];
+
+/// Each router's policies under test: both routers' round robin, cache-aware and power-of-two,
+/// and vllm-router's `kv_aware`, which routes on the replicas' KV events.
+fn policies(kind: RouterKind) -> &'static [&'static str] {
+    match kind {
+        RouterKind::Sglang => &["round_robin", "cache_aware", "power_of_two"],
+        RouterKind::Vllm => &["round_robin", "cache_aware", "power_of_two", "kv_aware"],
+    }
+}
 
 /// Prefix-cache counters summed over the replicas, and each replica's metrics text.
 async fn counters(http: &reqwest::Client, replicas: &[Replica]) -> Result<(f64, f64, Vec<String>)> {
@@ -33,7 +42,16 @@ async fn policies_behind(kind: RouterKind) -> Result<Vec<String>> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
     let mut replicas = Vec::new();
     for i in 0..2 {
-        let extra = ["--get-load-format", kind.load_format()];
+        let mut extra = vec!["--get-load-format".to_owned(), kind.load_format().to_owned()];
+        if kind == RouterKind::Vllm {
+            // Discovered by kv_aware through /kv_event_sources.
+            let events = format!(
+                r#"{{"enable_kv_cache_events": true, "endpoint": "tcp://*:{}", "topic": ""}}"#,
+                free_port()?
+            );
+            extra.extend(["--kv-events-config".to_owned(), events]);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         replicas.push(Replica::spawn(&format!("pagoda-{i}"), dir.path(), free_port()?, &extra)?);
     }
     for r in &mut replicas {
@@ -42,7 +60,7 @@ async fn policies_behind(kind: RouterKind) -> Result<Vec<String>> {
     let workers: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
     let mut rows = Vec::new();
     let mut hit_rates = Vec::new();
-    for policy in POLICIES {
+    for &policy in policies(kind) {
         for r in &replicas {
             let resp = http.post(r.url("/flush_cache")).send().await?;
             ensure!(resp.status().is_success(), "flush on {}: {}", r.addr, resp.status());
@@ -69,6 +87,16 @@ async fn policies_behind(kind: RouterKind) -> Result<Vec<String>> {
                         "vllm-router cache_aware: replica {i} rendered {rendered} of {sent}"
                     );
                     ensure!(http_count(a, "/tokenize", 200) == 0.0, "vllm-router fell back to /tokenize");
+                }
+                (RouterKind::Vllm, "kv_aware") => {
+                    ensure!(
+                        http_count(a, "/kv_event_sources", 200) > 0.0,
+                        "kv_aware never discovered replica {i}'s events"
+                    );
+                    ensure!(
+                        metric_sum(a, "pagoda:kv_events_batches_total", &[]) > 0.0,
+                        "replica {i} published nothing"
+                    );
                 }
                 (_, "power_of_two") => {
                     ensure!(
@@ -101,13 +129,15 @@ async fn policies_behind(kind: RouterKind) -> Result<Vec<String>> {
     }
     // Routing on the prefix keeps a group on the replica that holds it: about one miss per
     // group against round robin's two.
-    ensure!(
-        hit_rates[1] > hit_rates[0] + 0.05,
-        "{}: cache_aware's hit rate {:.2} is not above round robin's {:.2}",
-        kind.name(),
-        hit_rates[1],
-        hit_rates[0]
-    );
+    for (i, policy) in policies(kind).iter().enumerate().filter(|(_, p)| p.ends_with("_aware")) {
+        ensure!(
+            hit_rates[i] > hit_rates[0] + 0.05,
+            "{}: {policy}'s hit rate {:.2} is not above round robin's {:.2}",
+            kind.name(),
+            hit_rates[i],
+            hit_rates[0]
+        );
+    }
     Ok(rows)
 }
 

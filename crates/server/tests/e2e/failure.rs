@@ -53,6 +53,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
             instance_id: "broken-1".into(),
             get_load_format: Default::default(),
             kv_cache_dtype: "auto".into(),
+            kv_events: None,
         },
         loras: Default::default(),
         embedding: None,

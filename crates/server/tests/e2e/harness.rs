@@ -85,9 +85,10 @@ impl TestServer {
             "smol".to_owned(),
             "--port".to_owned(),
             "0".to_owned(),
-            "--kv-cache-memory".to_owned(),
-            "96MiB".to_owned(),
         ];
+        if !extra.contains(&"--kv-cache-memory") {
+            argv.extend(["--kv-cache-memory".to_owned(), "96MiB".to_owned()]);
+        }
         // 1024 unless the test picks its own (a model with fewer positions).
         if !extra.contains(&"--max-model-len") {
             argv.extend(["--max-model-len".to_owned(), "1024".to_owned()]);

@@ -15,6 +15,7 @@ mod gemma3;
 mod harness;
 mod hostile;
 mod hub;
+mod kv_events;
 mod load;
 mod lora;
 mod lora_runtime;
