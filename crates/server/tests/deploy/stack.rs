@@ -52,17 +52,28 @@ impl Replica {
     /// Waits until the replica answers `/ready`.
     pub async fn wait_ready(&mut self, http: &reqwest::Client) -> Result<()> {
         let url = self.url("/ready");
-        let name = self.process.name.clone();
-        wait_for(&format!("{name} /ready"), Duration::from_secs(180), || {
-            let running = self.process.ensure_running();
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                running?;
-                Ok(answers_ok(&http, &url).await)
-            }
-        })
-        .await
+        let what = format!("{} /ready", self.process.name);
+        wait_answering(&mut self.process, http, &url, &what, Duration::from_secs(180)).await
     }
+}
+
+/// Waits until `url` answers 2xx, failing at once if `process` (which serves it) exits.
+async fn wait_answering(
+    process: &mut Process,
+    http: &reqwest::Client,
+    url: &str,
+    what: &str,
+    timeout: Duration,
+) -> Result<()> {
+    wait_for(what, timeout, || {
+        let running = process.ensure_running();
+        let (http, url) = (http.clone(), url.to_owned());
+        async move {
+            running?;
+            Ok(answers_ok(&http, &url).await)
+        }
+    })
+    .await
 }
 
 pub struct Stack {
@@ -131,25 +142,11 @@ impl Stack {
             replica.wait_ready(&http).await?;
         }
         let lb_health = format!("{}/health", self.lb_url);
-        wait_for("nginx to proxy /health", Duration::from_secs(30), || {
-            let running = self.nginx.ensure_running();
-            let (http, url) = (http.clone(), lb_health.clone());
-            async move {
-                running?;
-                Ok(answers_ok(&http, &url).await)
-            }
-        })
-        .await?;
+        wait_answering(&mut self.nginx, &http, &lb_health, "nginx to proxy /health", Duration::from_secs(30))
+            .await?;
         let ready = format!("{}/-/ready", self.prometheus_url);
-        wait_for("Prometheus to be ready", Duration::from_secs(60), || {
-            let running = self.prometheus.ensure_running();
-            let (http, url) = (http.clone(), ready.clone());
-            async move {
-                running?;
-                Ok(answers_ok(&http, &url).await)
-            }
-        })
-        .await
+        wait_answering(&mut self.prometheus, &http, &ready, "Prometheus to be ready", Duration::from_secs(60))
+            .await
     }
 
     /// A PromQL instant query; the `data.result` vector.
