@@ -39,11 +39,19 @@ pub enum EngineError {
     Spawn(String),
 }
 
+/// Why the prefix cache was not flushed: sequences are running or waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{running} running and {waiting} waiting sequences are in flight; the prefix cache is flushed only when the server is idle")]
+pub struct FlushBusy {
+    pub running: usize,
+    pub waiting: usize,
+}
+
 /// Why the prefix cache was not flushed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FlushError {
     #[error(transparent)]
-    Busy(#[from] crate::scheduler::FlushBusy),
+    Busy(#[from] FlushBusy),
     #[error(transparent)]
     Engine(#[from] EngineError),
 }

@@ -56,12 +56,12 @@ pub use executor::{
     PromptLogprobsRequest, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId, StepOutput,
     TokenLogprob, TopLogprobs,
 };
-pub use handle::{EngineError, EngineHandle, FlushError, RequestStream, Shutdown};
+pub use handle::{EngineError, EngineHandle, FlushBusy, FlushError, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use pagoda_text::TokenDecoder;
 pub use request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};
-pub use scheduler::{AddRequestError, FlushBusy, ScheduleStats, Scheduler, StepEvents, UpdateError};
+pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
 pub use sequence::{SeqStatus, Sequence};
 pub use speculative::{SpecDecodeStats, SpeculativeConfig, SpeculativeMethod};
 pub use stats::{EngineObserver, EngineStatsSnapshot, LoraActivity, NoopObserver, StepStats};

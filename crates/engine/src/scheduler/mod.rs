@@ -587,9 +587,12 @@ impl Scheduler {
 
     /// Empties the prefix cache, or says how many requests are in flight: their blocks are
     /// still their KV, so a flush waits for an idle engine (as vLLM's and SGLang's do).
-    pub fn flush_prefix_cache(&mut self) -> Result<usize, FlushBusy> {
+    pub fn flush_prefix_cache(&mut self) -> Result<usize, crate::handle::FlushBusy> {
         if self.has_unfinished() {
-            return Err(FlushBusy { running: self.running.len(), waiting: self.waiting.len() });
+            return Err(crate::handle::FlushBusy {
+                running: self.running.len(),
+                waiting: self.waiting.len(),
+            });
         }
         Ok(self.blocks.flush_prefix_cache())
     }
@@ -607,14 +610,6 @@ impl Scheduler {
     pub fn last_spec_stats(&self) -> &SpecDecodeStats {
         &self.last_spec_stats
     }
-}
-
-/// Why the prefix cache was not flushed: sequences are running or waiting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{running} running and {waiting} waiting sequences are in flight; the prefix cache is flushed only when the server is idle")]
-pub struct FlushBusy {
-    pub running: usize,
-    pub waiting: usize,
 }
 
 #[cfg(test)]
