@@ -80,6 +80,7 @@ script-check: ## The benchmark scripts: shell syntax, and the peer-comparison ta
 	bash -n scripts/bench-speculative.sh
 	bash -n scripts/bench-embeddings.sh
 	bash -n scripts/bench-lora.sh
+	bash -n scripts/bench-pd.sh
 	bash -n scripts/gpu-bench.sh
 	bash -n scripts/gpu-check.sh
 	bash -n scripts/gpu-spec-bench.sh

@@ -108,8 +108,18 @@ impl<E: ModelExecutor> EngineLoop<E> {
             if !self.scheduler.has_unfinished() {
                 // Idle: sleep until a command arrives; a closed channel means no handle is left.
                 // Events still waiting for a slow reader are retried every few milliseconds.
-                let received = if self.streams.values().any(Outbox::has_waiting) {
-                    match self.rx.recv_timeout(std::time::Duration::from_millis(5)) {
+                // Held transfer blocks are released at their deadline, idle or not.
+                let hold_wait =
+                    self.scheduler.next_hold_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+                let wait = if self.streams.values().any(Outbox::has_waiting) {
+                    Some(hold_wait.map_or(std::time::Duration::from_millis(5), |w| {
+                        w.min(std::time::Duration::from_millis(5))
+                    }))
+                } else {
+                    hold_wait
+                };
+                let received = if let Some(wait) = wait {
+                    match self.rx.recv_timeout(wait) {
                         Err(mpsc::RecvTimeoutError::Timeout) => None,
                         other => Some(other.map_err(|_| ())),
                     }
@@ -138,6 +148,10 @@ impl<E: ModelExecutor> EngineLoop<E> {
                 continue;
             }
             self.reap_closed_streams();
+            if self.scheduler.next_hold_deadline().is_some_and(|d| d <= Instant::now()) {
+                self.scheduler.expire_holds(Instant::now());
+                self.publish();
+            }
             if self.scheduler.has_unfinished() {
                 if let Flow::Stop = self.step() {
                     return;
@@ -199,8 +213,60 @@ impl<E: ModelExecutor> EngineLoop<E> {
             Command::FlushPrefixCache { reply } => {
                 let _ = reply.send(self.scheduler.flush_prefix_cache().map_err(Into::into));
             }
+            // Published before answering: a caller that has the answer sees the blocks' state.
+            Command::ExportHeld { key, reply } => {
+                let exported = self.export_held(&key);
+                self.publish();
+                let _ = reply.send(exported);
+            }
+            Command::ImportPrefix { prefix, lora, reply } => {
+                let imported = self.import_prefix(&prefix, lora);
+                self.publish();
+                self.report_cache_events();
+                let _ = reply.send(imported);
+            }
             Command::Wake => {}
         }
+    }
+
+    /// Reads the pages held under `key` and releases them.
+    fn export_held(&mut self, key: &str) -> Result<Option<crate::KvPrefix>, String> {
+        let Some(layout) = self.executor.kv_page_layout() else {
+            return Err("this model's KV cache cannot be transferred".into());
+        };
+        let Some(held) = self.scheduler.take_held(key) else { return Ok(None) };
+        let pages = self.executor.read_kv_pages(&held.blocks).map_err(|e| e.to_string());
+        let token_ids = held.token_ids.clone();
+        self.scheduler.release_held(held);
+        Ok(Some(crate::KvPrefix { layout, token_ids, pages: pages? }))
+    }
+
+    /// Writes a received prefix's pages into free blocks and registers them in the prefix
+    /// cache; the leading blocks cached already are not written again.
+    fn import_prefix(
+        &mut self,
+        prefix: &crate::KvPrefix,
+        lora: Option<crate::LoraId>,
+    ) -> Result<usize, String> {
+        match self.executor.kv_page_layout() {
+            Some(layout) if layout == prefix.layout => {}
+            Some(layout) => {
+                return Err(format!("the pages' layout {:?} is not this cache's {layout:?}", prefix.layout))
+            }
+            None => return Err("this model's KV cache cannot be transferred".into()),
+        }
+        prefix.check()?;
+        let plan = self.scheduler.plan_import(&prefix.token_ids, lora);
+        let block_bytes = prefix.layout.block_bytes();
+        let first = plan.first_written_block() * block_bytes;
+        let pages = &prefix.pages[first..first + plan.writes.len() * block_bytes];
+        let written = if plan.writes.is_empty() {
+            Ok(())
+        } else {
+            self.executor.write_kv_pages(&plan.writes, pages).map_err(|e| e.to_string())
+        };
+        let cached = self.scheduler.finish_import(plan, written.is_ok());
+        written.map(|()| cached)
     }
 
     /// Aborts requests whose receiver is gone, so their blocks are free for this step.

@@ -317,4 +317,22 @@ pub trait ModelExecutor: Send {
         let _ = id;
         false
     }
+
+    /// The shape of the pages [`Self::read_kv_pages`] returns; `None` when this executor's KV
+    /// cannot be transferred (prefill/decode disaggregation, [`crate::kv_transfer`]).
+    fn kv_page_layout(&self) -> Option<crate::KvPageLayout> {
+        None
+    }
+
+    /// The K and V pages of `blocks`, block-major (see [`crate::kv_transfer`]).
+    fn read_kv_pages(&mut self, blocks: &[u32]) -> Result<Vec<u8>, ExecutorError> {
+        let _ = blocks;
+        Err(ExecutorError::Execution("this executor cannot read KV pages".into()))
+    }
+
+    /// Writes `pages` (block-major, as [`Self::read_kv_pages`] returns them) into `blocks`.
+    fn write_kv_pages(&mut self, blocks: &[u32], pages: &[u8]) -> Result<(), ExecutorError> {
+        let _ = (blocks, pages);
+        Err(ExecutorError::Execution("this executor cannot write KV pages".into()))
+    }
 }

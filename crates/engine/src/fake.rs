@@ -331,6 +331,54 @@ impl ModelExecutor for FakeExecutor {
     fn has_draft_model(&self) -> bool {
         true
     }
+
+    /// One "layer" whose K page holds each slot's token and position and whose V page its
+    /// group, so an import lands exactly what the reads check.
+    fn kv_page_layout(&self) -> Option<crate::KvPageLayout> {
+        (self.groups.len() == 1).then(|| crate::KvPageLayout {
+            dtype: "fake".into(),
+            element_bytes: 8,
+            num_layers: 1,
+            block_size: self.block_size,
+            num_kv_heads: 1,
+            head_dim: 1,
+        })
+    }
+
+    fn read_kv_pages(&mut self, blocks: &[u32]) -> Result<Vec<u8>, ExecutorError> {
+        let bs = self.block_size;
+        let mut pages = Vec::with_capacity(blocks.len() * bs * 16);
+        for &b in blocks {
+            let slots = self
+                .kv
+                .get(b as usize * bs..(b as usize + 1) * bs)
+                .ok_or_else(|| ExecutorError::InvalidBatch(format!("block {b} is outside the cache")))?;
+            for s in slots {
+                pages.extend_from_slice(&s.token.to_le_bytes());
+                pages.extend_from_slice(&s.pos.to_le_bytes());
+            }
+            for s in slots {
+                pages.extend_from_slice(&u64::from(s.group).to_le_bytes());
+            }
+        }
+        Ok(pages)
+    }
+
+    fn write_kv_pages(&mut self, blocks: &[u32], pages: &[u8]) -> Result<(), ExecutorError> {
+        let bs = self.block_size;
+        if pages.len() != blocks.len() * bs * 16 || blocks.iter().any(|&b| b as usize >= self.num_blocks) {
+            return Err(ExecutorError::InvalidBatch("pages do not fit the blocks".into()));
+        }
+        let word = |at: usize| u32::from_le_bytes(pages[at..at + 4].try_into().unwrap_or_default());
+        for (k, &b) in blocks.iter().enumerate() {
+            let page = k * bs * 16;
+            for i in 0..bs {
+                let (kv, v) = (page + i * 8, page + bs * 8 + i * 8);
+                self.kv[b as usize * bs + i] = Slot { token: word(kv), pos: word(kv + 4), group: word(v) };
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Decodes id `i` to one lowercase letter (`'a' + i % 26`), twice for odd `i / 26`, so tokens

@@ -82,6 +82,17 @@ pub(crate) enum Command {
     FlushPrefixCache {
         reply: tokio::sync::oneshot::Sender<Result<usize, FlushError>>,
     },
+    /// Reads and releases the blocks held under a transfer key (`None`: nothing held there).
+    ExportHeld {
+        key: String,
+        reply: tokio::sync::oneshot::Sender<Result<Option<crate::KvPrefix>, String>>,
+    },
+    /// Writes received pages into the prefix cache; answers the leading tokens now cached.
+    ImportPrefix {
+        prefix: crate::KvPrefix,
+        lora: Option<crate::executor::LoraId>,
+        reply: tokio::sync::oneshot::Sender<Result<usize, String>>,
+    },
     /// Only wakes the loop (shutdown).
     Wake,
 }
@@ -118,7 +129,7 @@ impl Shared {
         self.alive.store(false, Ordering::SeqCst);
     }
 
-    fn death_reason(&self) -> String {
+    pub(crate) fn death_reason(&self) -> String {
         let death = self.death.lock().unwrap_or_else(PoisonError::into_inner);
         death.clone().unwrap_or_else(|| "stopped".into())
     }

@@ -17,6 +17,8 @@
 //!   token masks are computed while the model runs.
 //! - [`speculative`]: proposals a decoding sequence carries into a step (n-gram, suffix, or the
 //!   executor's own first layers), verified by the sampler's own draws; rejected KV rolls back.
+//! - [`kv_transfer`]: prefill/decode disaggregation's engine side: a finished prefill's blocks
+//!   held for a decode instance, received pages imported into the prefix cache.
 //! - [`device_sampling`]: a batch's sampling requests flattened for the GPU sampler kernel, with
 //!   the CPU sampler's semantics.
 
@@ -34,6 +36,7 @@ pub mod fake;
 pub mod handle;
 mod id_map;
 pub mod kv_groups;
+pub mod kv_transfer;
 mod outbox;
 pub mod output;
 pub mod request;
@@ -58,10 +61,11 @@ pub use executor::{
 };
 pub use handle::{EngineError, EngineHandle, FlushBusy, FlushError, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
+pub use kv_transfer::{KvHold, KvPageLayout, KvPrefix, KvTransferError};
 pub use pagoda_text::TokenDecoder;
 pub use request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};
-pub use scheduler::{AddRequestError, ScheduleStats, Scheduler, StepEvents, UpdateError};
+pub use scheduler::{AddRequestError, HeldPrefix, ScheduleStats, Scheduler, StepEvents, UpdateError};
 pub use sequence::{SeqStatus, Sequence};
 pub use speculative::{SpecDecodeStats, SpeculativeConfig, SpeculativeMethod};
 pub use stats::{EngineObserver, EngineStatsSnapshot, LoraActivity, NoopObserver, StepStats};

@@ -9,6 +9,7 @@ use pagoda_text::StopStrings;
 use crate::config::EngineConfig;
 use crate::constraint::SeqConstraint;
 use crate::executor::LoraId;
+use crate::kv_transfer::KvHold;
 use crate::sampling::{SamplingParams, SamplingParamsError};
 use crate::speculative::ProposerKind;
 
@@ -98,6 +99,9 @@ pub struct Request {
     pub prompt_logprobs: Option<usize>,
     /// Search beams instead of sampling; `n` is then how many of the best hypotheses return.
     pub beam: Option<BeamSearch>,
+    /// Prefill/decode disaggregation: hold the prompt's KV blocks for a decode instance once
+    /// the request finishes ([`crate::kv_transfer`]). One sample, no beams.
+    pub kv_hold: Option<KvHold>,
 }
 
 impl Request {
@@ -122,6 +126,7 @@ impl Request {
             lora: None,
             prompt_logprobs: None,
             beam: None,
+            kv_hold: None,
         }
     }
 
@@ -238,6 +243,9 @@ impl Request {
             }
         }
         self.params.validate()?;
+        if self.kv_hold.is_some() && (self.n != 1 || self.beam.is_some()) {
+            return Err(RequestError::KvHoldSamples);
+        }
         if let Some(beam) = self.beam {
             self.validate_beam(beam, max_tokens, config)?;
         }
@@ -309,6 +317,7 @@ impl Request {
             ),
             ("prompt_logprobs", self.prompt_logprobs.is_some()),
             ("beam search", self.beam.is_some()),
+            ("a KV transfer", self.kv_hold.is_some()),
         ];
         match generating.into_iter().find(|(_, set)| *set) {
             Some((what, _)) => Err(RequestError::PoolingGenerates { what }),
@@ -365,6 +374,8 @@ pub enum RequestError {
     BeamTooLarge { blocks: usize, num_blocks: usize },
     #[error("beam search scores the model's own distribution, so it takes no {what}")]
     BeamUnsupported { what: &'static str },
+    #[error("a prefill for remote decoding takes one sample (n = 1, no beam search)")]
+    KvHoldSamples,
     #[error("a pooling request generates nothing, so it takes no {what}")]
     PoolingGenerates { what: &'static str },
     #[error(transparent)]

@@ -72,6 +72,10 @@ pub struct EngineStatsSnapshot {
     pub num_decode_tokens: u64,
     pub num_finished_requests: u64,
     pub spec: SpecDecodeStats,
+    /// Blocks pinned for prefill/decode transfers now.
+    pub kv_held_blocks: usize,
+    /// Transfer holds released unread (expired) since start.
+    pub kv_expired_holds: u64,
 }
 
 impl EngineStatsSnapshot {
@@ -113,6 +117,8 @@ pub(crate) struct LiveStats {
     spec_num_draft_tokens: AtomicU64,
     spec_num_accepted_tokens: AtomicU64,
     spec_accepted_per_position: [AtomicU64; MAX_SPECULATIVE_TOKENS],
+    kv_held_blocks: AtomicUsize,
+    kv_expired_holds: AtomicU64,
     lora: Mutex<LoraActivity>,
 }
 
@@ -128,6 +134,8 @@ impl LiveStats {
         self.prefix_cache_queries.store(bm.prefix_cache_queries(), Relaxed);
         self.prefix_cache_hits.store(bm.prefix_cache_hits(), Relaxed);
         self.num_preemptions.store(s.num_preemptions(), Relaxed);
+        self.kv_held_blocks.store(s.num_held_blocks(), Relaxed);
+        self.kv_expired_holds.store(s.num_expired_holds(), Relaxed);
         // Without LoRA (no `max_loras`) no sequence has an adapter: nothing to scan each step.
         if s.config().max_loras.is_some() {
             *self.lora.lock().unwrap_or_else(|p| p.into_inner()) = s.lora_activity();
@@ -179,6 +187,8 @@ impl LiveStats {
                     self.spec_accepted_per_position[i].load(Relaxed)
                 }),
             },
+            kv_held_blocks: self.kv_held_blocks.load(Relaxed),
+            kv_expired_holds: self.kv_expired_holds.load(Relaxed),
         }
     }
 }

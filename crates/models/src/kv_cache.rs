@@ -95,6 +95,132 @@ impl KvCache {
     }
 }
 
+impl KvCache {
+    /// The shape of one page for prefill/decode transfers; `None` with windowed layers (more
+    /// than one KV group) or no stored KV (an encoder).
+    pub fn page_layout(&self) -> Option<pagoda_engine::KvPageLayout> {
+        if self.layout.kv_groups().len() != 1 || self.slots.is_empty() {
+            return None;
+        }
+        let (k, _) = &self.slots[0];
+        let (_, block_size, num_kv_heads, head_dim) = k.dims4().ok()?;
+        Some(pagoda_engine::KvPageLayout {
+            dtype: format!("{:?}", k.dtype()).to_lowercase(),
+            element_bytes: k.dtype().size_in_bytes(),
+            num_layers: self.slots.len(),
+            block_size,
+            num_kv_heads,
+            head_dim,
+        })
+    }
+
+    /// The pages of `blocks`, block-major: per block, every layer's K page then its V page.
+    pub fn read_pages(&self, blocks: &[u32]) -> Result<Vec<u8>> {
+        let layout = self.page_layout().ok_or_else(transfer_refused)?;
+        let page = layout.layer_page_bytes();
+        let ids = self.block_index(blocks)?;
+        let mut out = vec![0u8; blocks.len() * layout.block_bytes()];
+        for (s, (k, v)) in self.slots.iter().enumerate() {
+            for (half, t) in [k, v].into_iter().enumerate() {
+                let bytes = tensor_bytes(&t.index_select(&ids, 0)?)?;
+                for b in 0..blocks.len() {
+                    let at = b * layout.block_bytes() + (2 * s + half) * page;
+                    out[at..at + page].copy_from_slice(&bytes[b * page..(b + 1) * page]);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `pages` (as [`Self::read_pages`] lays them out) into `blocks`.
+    pub fn write_pages(&self, blocks: &[u32], pages: &[u8]) -> Result<()> {
+        let layout = self.page_layout().ok_or_else(transfer_refused)?;
+        let page = layout.layer_page_bytes();
+        if pages.len() != blocks.len() * layout.block_bytes() {
+            return Err(ModelError::InvalidOption(format!(
+                "{} bytes of KV pages for {} blocks of {} bytes",
+                pages.len(),
+                blocks.len(),
+                layout.block_bytes()
+            )));
+        }
+        self.block_index(blocks)?;
+        let shape = (blocks.len(), layout.block_size, layout.num_kv_heads, layout.head_dim);
+        for (s, (k, v)) in self.slots.iter().enumerate() {
+            for (half, t) in [k, v].into_iter().enumerate() {
+                let mut bytes = Vec::with_capacity(blocks.len() * page);
+                for b in 0..blocks.len() {
+                    let at = b * layout.block_bytes() + (2 * s + half) * page;
+                    bytes.extend_from_slice(&pages[at..at + page]);
+                }
+                let src = bytes_tensor(&bytes, t.dtype(), shape, t.device())?;
+                for (b, &id) in blocks.iter().enumerate() {
+                    t.slice_set(&src.narrow(0, b, 1)?, 0, id as usize)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn block_index(&self, blocks: &[u32]) -> Result<Tensor> {
+        if let Some(&bad) = blocks.iter().find(|&&b| b as usize >= self.num_blocks) {
+            return Err(ModelError::InvalidOption(format!(
+                "block {bad} is outside the cache of {} blocks",
+                self.num_blocks
+            )));
+        }
+        let device = self.slots.first().map_or(Device::Cpu, |(k, _)| k.device().clone());
+        Ok(Tensor::from_slice(blocks, blocks.len(), &device)?)
+    }
+}
+
+fn transfer_refused() -> ModelError {
+    ModelError::InvalidOption("this model's KV cache (windowed layers, or none) cannot be transferred".into())
+}
+
+/// A tensor's elements as little-endian bytes (copied to the host).
+fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let flat = t.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::BF16 => flat.to_vec1::<half::bf16>()?.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        DType::F16 => flat.to_vec1::<half::f16>()?.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        DType::F32 => flat.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        other => {
+            return Err(ModelError::InvalidOption(format!("KV pages of {other:?} cannot be transferred")))
+        }
+    })
+}
+
+/// The inverse of [`tensor_bytes`].
+fn bytes_tensor(
+    bytes: &[u8],
+    dtype: DType,
+    shape: (usize, usize, usize, usize),
+    device: &Device,
+) -> Result<Tensor> {
+    let words = |n: usize| bytes.chunks_exact(n);
+    Ok(match dtype {
+        DType::BF16 => Tensor::from_vec(
+            words(2).map(|w| half::bf16::from_bits(u16::from_le_bytes([w[0], w[1]]))).collect::<Vec<_>>(),
+            shape,
+            device,
+        )?,
+        DType::F16 => Tensor::from_vec(
+            words(2).map(|w| half::f16::from_bits(u16::from_le_bytes([w[0], w[1]]))).collect::<Vec<_>>(),
+            shape,
+            device,
+        )?,
+        DType::F32 => Tensor::from_vec(
+            words(4).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect::<Vec<_>>(),
+            shape,
+            device,
+        )?,
+        other => {
+            return Err(ModelError::InvalidOption(format!("KV pages of {other:?} cannot be transferred")))
+        }
+    })
+}
+
 /// A zeroed cache tensor. On the CPU, 16-bit floats come from a zeroed `u16` allocation:
 /// candle fills an f16/bf16 tensor element by element, which for a 1 GiB cache costs most of a
 /// second at start-up, while `calloc`'s fresh pages are zero until first written.
@@ -176,6 +302,44 @@ pub(crate) mod tests {
             assert!(block(k, 2).iter().all(|&x| x == 0.0), "other blocks untouched");
         }
         assert!(cache.copy_blocks(&[(0, 4)]).is_err());
+    }
+
+    #[test]
+    fn pages_read_from_one_cache_write_the_same_values_into_another() {
+        for dtype in [DType::F32, DType::BF16] {
+            let a = KvCache::new(&config(), 4, 2, dtype, &Device::Cpu).unwrap();
+            for (i, (k, v)) in a.slots.iter().enumerate() {
+                for b in 0..4 {
+                    let fill = Tensor::full(1.0 + (10 * i + b) as f32, (1, 2, 1, 4), &Device::Cpu).unwrap();
+                    k.slice_set(&fill.to_dtype(dtype).unwrap(), 0, b).unwrap();
+                    v.slice_set(&(fill * -1.0).unwrap().to_dtype(dtype).unwrap(), 0, b).unwrap();
+                }
+            }
+            let layout = a.page_layout().unwrap();
+            assert_eq!(layout.block_bytes(), 2 * 2 * 2 * 4 * dtype.size_in_bytes());
+            let pages = a.read_pages(&[3, 1]).unwrap();
+            let b = KvCache::new(&config(), 4, 2, dtype, &Device::Cpu).unwrap();
+            b.write_pages(&[0, 2], &pages).unwrap();
+            let block = |t: &Tensor, b: usize| -> Vec<f32> {
+                t.narrow(0, b, 1)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            };
+            for i in 0..2 {
+                let ((ka, va), (kb, vb)) = (a.layer(i), b.layer(i));
+                assert_eq!(block(kb, 0), block(ka, 3));
+                assert_eq!(block(vb, 2), block(va, 1));
+                assert_eq!(block(kb, 2), block(ka, 1));
+                assert!(block(kb, 1).iter().all(|&x| x == 0.0), "other blocks untouched");
+            }
+            assert!(b.write_pages(&[0], &pages).is_err(), "two blocks of pages for one block");
+            assert!(a.read_pages(&[4]).is_err());
+        }
     }
 
     #[test]

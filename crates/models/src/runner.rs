@@ -332,6 +332,18 @@ impl ModelExecutor for ModelRunner {
     fn has_draft_model(&self) -> bool {
         self.draft.is_some()
     }
+
+    fn kv_page_layout(&self) -> Option<pagoda_engine::KvPageLayout> {
+        self.cache.page_layout()
+    }
+
+    fn read_kv_pages(&mut self, blocks: &[u32]) -> std::result::Result<Vec<u8>, ExecutorError> {
+        self.cache.read_pages(blocks).map_err(|e| ExecutorError::Execution(e.to_string()))
+    }
+
+    fn write_kv_pages(&mut self, blocks: &[u32], pages: &[u8]) -> std::result::Result<(), ExecutorError> {
+        self.cache.write_pages(blocks, pages).map_err(|e| ExecutorError::Execution(e.to_string()))
+    }
 }
 
 impl ModelRunner {

@@ -87,6 +87,11 @@ pub struct ServeArgs {
     /// cache's changes over ZMQ for cache-aware routers (vLLM's wire format and block hashes).
     #[arg(long, value_name = "JSON")]
     pub kv_events_config: Option<String>,
+    /// Prefill/decode disaggregation, as vLLM's KV-transfer config JSON, e.g. `{"kv_role":
+    /// "kv_producer", "kv_port": 14579}` on the prefill instance and `{"kv_role": "kv_consumer"}`
+    /// on the decode instance (Pagoda's own TCP transport; docs/deployment.md).
+    #[arg(long, value_name = "JSON")]
+    pub kv_transfer_config: Option<String>,
     /// Most top logprobs a request may ask for. [default: 20]
     #[arg(long)]
     pub max_logprobs: Option<usize>,
@@ -141,6 +146,8 @@ pub struct ServerConfig {
     pub get_load_format: GetLoadFormat,
     /// KV events, when enabled.
     pub kv_events: Option<pagoda_kv_events::KvEventsConfig>,
+    /// Prefill/decode disaggregation, when configured.
+    pub kv_transfer: Option<pagoda_kv_transfer::KvTransferConfig>,
     pub max_logprobs: usize,
     pub max_request_body_bytes: usize,
     pub max_stored_responses: usize,
@@ -219,6 +226,13 @@ impl ServerConfig {
                         .map_err(|e| invalid("--kv-events-config", e.to_string()))?,
                 )
                 .filter(|c| c.enabled()),
+            },
+            kv_transfer: match cli.kv_transfer_config.or(file.kv_transfer_config) {
+                None => None,
+                Some(json) => Some(
+                    pagoda_kv_transfer::KvTransferConfig::parse(&json)
+                        .map_err(|e| invalid("--kv-transfer-config", e.to_string()))?,
+                ),
             },
             max_logprobs: cli.max_logprobs.or(file.max_logprobs).unwrap_or(20),
             max_request_body_bytes: cli

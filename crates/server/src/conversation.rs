@@ -44,6 +44,8 @@ pub struct ChatTurn {
     pub prompt_logprobs: Option<usize>,
     /// The LoRA adapter the request's `model` named; `None`: the base model.
     pub lora: Option<pagoda_engine::LoraId>,
+    /// Prefill/decode disaggregation (chat completions' `kv_transfer_params` or bootstrap fields).
+    pub kv_transfer: Option<pagoda_kv_transfer::Directive>,
 }
 
 /// A turn admitted by the engine.
@@ -103,6 +105,7 @@ impl ChatTurn {
         let mut params = validate(self.params.clone(), &state.limits)?;
         params.prompt_logprobs = self.prompt_logprobs;
         params.lora = self.lora;
+        params.kv_transfer = self.kv_transfer.clone();
         if let Some(requested) = requested {
             params.grammar = Some(crate::structured::compile(state, requested).await?);
         }
@@ -136,7 +139,17 @@ impl ChatTurn {
             }));
         }
         let split = ChoiceSplit { reasoning, tools: self.tools.as_ref().map(|_| state.tool_format) };
-        let submission = submit(state, vec![prompt], &params, arrival, self.prompt_param)?;
+        let prompts = vec![prompt];
+        crate::disaggregation::fetch_prompt_kv(
+            &state.engine,
+            &state.metrics,
+            state.disaggregation.as_ref(),
+            params.kv_transfer.as_ref(),
+            &prompts,
+            params.lora,
+        )
+        .await?;
+        let submission = submit(state, prompts, &params, arrival, self.prompt_param)?;
         Ok(StartedTurn { submission, split, max_tokens_clamped })
     }
 }

@@ -215,6 +215,7 @@ impl From<RequestError> for ApiError {
             e @ (RequestError::NoSpeculation { .. } | RequestError::NoDraft) => {
                 ApiError::invalid("speculative_method", e.to_string())
             }
+            e @ RequestError::KvHoldSamples => ApiError::invalid("n", e.to_string()),
             e @ RequestError::BeamWidth { .. } => ApiError::invalid("best_of", e.to_string()),
             e @ RequestError::BeamTooLarge { .. } => ApiError::invalid("max_tokens", e.to_string()),
             RequestError::BeamUnsupported { what } => {

@@ -13,6 +13,7 @@ pub mod chat_output;
 pub mod config;
 pub mod config_doc;
 pub mod conversation;
+pub mod disaggregation;
 pub mod embeddings;
 pub mod error;
 pub mod extract;

@@ -135,6 +135,10 @@ pub struct Metrics {
     cache_config_info: GaugeVec,
     kv_events_batches: IntCounter,
     kv_events_dropped: IntCounter,
+    kv_transfer_blocks: IntCounterVec,
+    kv_transfer_failures: IntCounterVec,
+    kv_transfer_held_blocks: IntGauge,
+    kv_transfer_expired_holds: IntCounter,
     /// Engine counters as last copied, so that the next copy adds only the difference.
     engine_seen: Mutex<EngineSnapshot>,
 }
@@ -238,6 +242,23 @@ impl Metrics {
             kv_events_dropped: b.counter(
                 "kv_events_dropped_total",
                 "KV-cache events dropped because the publisher's queue was full.",
+            )?,
+            kv_transfer_blocks: b.register(IntCounterVec::new(
+                b.opts("kv_transfer_blocks_total", "KV blocks moved between prefill and decode instances."),
+                &["direction"],
+            )?)?,
+            kv_transfer_failures: b.register(IntCounterVec::new(
+                b.opts(
+                    "kv_transfer_failures_total",
+                    "Prompt KV fetches that failed (the decode instance computed the prompt itself), by reason.",
+                ),
+                &["reason"],
+            )?)?,
+            kv_transfer_held_blocks: b
+                .int_gauge("kv_transfer_held_blocks", "KV blocks a prefill instance holds for decode instances.")?,
+            kv_transfer_expired_holds: b.counter(
+                "kv_transfer_expired_holds_total",
+                "Prompts whose held KV no decode instance read in time (the blocks were released).",
             )?,
             grammar_compile_time: b.histogram(
                 "structured_output_compile_seconds",
@@ -349,6 +370,24 @@ impl Metrics {
             }
         }
         *seen = *now;
+    }
+
+    pub fn record_kv_transfer_sent(&self, blocks: usize) {
+        self.kv_transfer_blocks.with_label_values(&["sent"]).inc_by(blocks as u64);
+    }
+
+    pub fn record_kv_transfer_received(&self, blocks: usize) {
+        self.kv_transfer_blocks.with_label_values(&["received"]).inc_by(blocks as u64);
+    }
+
+    pub fn record_kv_transfer_failure(&self, reason: &str) {
+        self.kv_transfer_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// The engine's transfer holds: blocks held now, and holds expired since start.
+    pub fn record_kv_transfer_holds(&self, held_blocks: usize, expired: u64) {
+        self.kv_transfer_held_blocks.set(held_blocks as i64);
+        self.kv_transfer_expired_holds.inc_by(expired.saturating_sub(self.kv_transfer_expired_holds.get()));
     }
 
     /// The KV-event publisher's totals (they only grow).

@@ -48,6 +48,8 @@ pub enum ServeError {
     Join(String),
     #[error(transparent)]
     KvEvents(#[from] pagoda_kv_events::PublisherError),
+    #[error(transparent)]
+    KvTransfer(#[from] crate::disaggregation::StartError),
 }
 
 fn load_chat_template(path: &Path, runtime: &LoadedRuntime) -> Result<ChatTemplate, ServeError> {
@@ -216,9 +218,23 @@ impl Server {
             pooling,
         });
         let created = crate::openai::unix_now();
+        let instance_id = format!("pagoda-{}-{created}", std::process::id());
+        let disaggregation = match config.kv_transfer.clone() {
+            Some(kv) => Some(
+                crate::disaggregation::Disaggregation::start(
+                    kv,
+                    &running.engine,
+                    Arc::clone(&metrics),
+                    &instance_id,
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let state = Arc::new(AppState {
+            disaggregation,
             worker: crate::state::WorkerIdentity {
-                instance_id: format!("pagoda-{}-{created}", std::process::id()),
+                instance_id,
                 get_load_format: config.get_load_format,
                 kv_cache_dtype: kv_cache_dtype.to_owned(),
                 kv_events: kv_events

@@ -75,6 +75,8 @@ pub struct WorkerIdentity {
 
 pub struct AppState {
     pub engine: EngineHandle,
+    /// Prefill/decode disaggregation, with `--kv-transfer-config`.
+    pub disaggregation: Option<crate::disaggregation::Disaggregation>,
     pub prompts: PromptBuilder,
     pub metrics: Arc<Metrics>,
     pub model: ModelInfo,
@@ -147,6 +149,9 @@ impl AppState {
             prefix_cache_hits: s.prefix_cache_hits,
             spec: s.spec,
         });
+        if self.disaggregation.is_some() {
+            self.metrics.record_kv_transfer_holds(s.kv_held_blocks, s.kv_expired_holds);
+        }
         if let Some(kv) = &self.worker.kv_events {
             let stats = kv.publisher.stats();
             let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);

@@ -33,6 +33,8 @@ pub struct Submission {
     pub n: usize,
     /// Whether the client asked for logprobs.
     pub wants_logprobs: bool,
+    /// A prefill for remote decoding: the `kv_transfer_params` to answer with.
+    pub kv_transfer_params: Option<serde_json::Value>,
     pub events: BoxStream<'static, ChoiceEvent>,
 }
 
@@ -82,7 +84,7 @@ pub fn submit(
     // The prompts of one call form one admission group: the scheduler shares sequence slots
     // between groups, so a large fan-out does not hold up everyone else.
     let group = state.engine.next_request_id();
-    let requests: Vec<Request> = prompts
+    let mut requests: Vec<Request> = prompts
         .iter()
         .zip(&max_tokens)
         .map(|(prompt, &max_tokens)| {
@@ -120,6 +122,11 @@ pub fn submit(
             request
         })
         .collect();
+    let kv_transfer_params = crate::disaggregation::apply_hold(
+        state.disaggregation.as_ref(),
+        params.kv_transfer.as_ref(),
+        &mut requests,
+    )?;
     let engine_ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
     let engine_streams = state.engine.submit_all(requests)?;
     let mut streams = Vec::with_capacity(prompts.len());
@@ -139,6 +146,7 @@ pub fn submit(
         prompts,
         n: params.n,
         wants_logprobs: params.sampling.logprobs.is_some(),
+        kv_transfer_params,
         events: stream::select_all(streams).boxed(),
     })
 }

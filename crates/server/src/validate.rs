@@ -67,6 +67,8 @@ pub struct GenerationParams {
     pub beam: Option<BeamSearch>,
     /// The LoRA adapter the request's `model` named; `None`: the base model.
     pub lora: Option<pagoda_engine::LoraId>,
+    /// Prefill/decode disaggregation: hold the prompt's KV, or fetch it first.
+    pub kv_transfer: Option<pagoda_kv_transfer::Directive>,
 }
 
 fn check_range(param: &str, value: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<(), InvalidParam> {
@@ -234,6 +236,7 @@ pub fn validate(params: CommonParams, limits: &Limits) -> Result<GenerationParam
         prompt_logprobs: None,
         beam,
         lora: None,
+        kv_transfer: None,
     })
 }
 

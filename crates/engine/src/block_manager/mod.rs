@@ -14,8 +14,10 @@
 //! exact as group 0's chain while surviving the eviction of its own earlier blocks.
 
 mod admission;
+mod transfer;
 
 pub use admission::AdmissionPlan;
+pub use transfer::ImportPlan;
 
 use crate::block_pool::{BlockId, BlockPool, CachedBlockRef};
 use crate::cache_events::CacheEvent;

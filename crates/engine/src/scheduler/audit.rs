@@ -10,7 +10,8 @@ impl Scheduler {
     /// match the block tables, waiting sequences hold no blocks, running ones hold exactly what
     /// their computed tokens and windows need, and the slot count is right.
     pub fn audit(&self) -> Result<(), String> {
-        self.blocks.audit(self.seqs.values().map(|e| e.seq.block_tables.as_slice()))?;
+        let held = self.held.values().map(|h| h.table.as_slice());
+        self.blocks.audit(self.seqs.values().map(|e| e.seq.block_tables.as_slice()).chain(held))?;
         let slots: usize = self.running.iter().map(|id| self.seqs.get(id).map_or(0, SeqEntry::slots)).sum();
         if slots != self.running_slots {
             return Err(format!("running slots {} but counted {slots}", self.running_slots));

@@ -7,6 +7,7 @@ use super::*;
 use crate::event::StopReason;
 use crate::executor::{ModelExecutor, ScheduledBatch, StepOutput};
 use crate::fake::{FakeDecoder, FakeExecutor};
+use crate::request::StopConditions;
 
 const VOCAB: usize = 32;
 

@@ -249,6 +249,11 @@ impl Scheduler {
         if let Some(proposers) = &mut self.proposers {
             proposers.record_output(e.seq.output_token_ids());
         }
+        if matches!(reason, FinishReason::Stop(_) | FinishReason::Length) {
+            if let Some(hold) = &e.shared.kv_hold {
+                self.hold_for_transfer(hold, &e.seq, now);
+            }
+        }
         self.blocks.free(&mut e.seq);
         // A preempted sequence waits without a running slot.
         if e.seq.status == crate::sequence::SeqStatus::Running {

@@ -455,6 +455,7 @@ pub fn turn_of(
         reasoning_budget: display.budget,
         prompt_logprobs: None,
         lora: None,
+        kv_transfer: None,
     };
     Ok((turn, display))
 }

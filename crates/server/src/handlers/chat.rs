@@ -139,6 +139,11 @@ pub(crate) fn chat_turn(
         reasoning_budget: None,
         prompt_logprobs,
         lora,
+        kv_transfer: crate::disaggregation::directive_of(
+            state.disaggregation.as_ref(),
+            req.pd_fields(),
+            state.engine.next_request_id(),
+        )?,
     })
 }
 
@@ -148,6 +153,7 @@ async fn collect_response(
     submission: Submission,
 ) -> Result<ChatCompletionResponse, ApiError> {
     let want_logprobs = submission.wants_logprobs;
+    let kv_transfer_params = submission.kv_transfer_params.clone();
     let (_, mut collected) = submission.collect(state).await?;
     let prompt_logprobs = collected
         .choices
@@ -189,6 +195,7 @@ async fn collect_response(
         choices,
         usage: Usage::new(collected.prompt_tokens, collected.completion_tokens),
         prompt_logprobs,
+        kv_transfer_params,
     })
 }
 

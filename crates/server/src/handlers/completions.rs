@@ -44,6 +44,7 @@ impl Context {
             model: self.model.clone(),
             choices,
             usage,
+            kv_transfer_params: None,
         }
     }
 }
@@ -82,6 +83,11 @@ pub async fn completions(
     let requested_grammar = req.grammar_fields().grammar()?;
     let mut params = validate(req.common(), &state.limits)?;
     params.lora = lora;
+    params.kv_transfer = crate::disaggregation::directive_of(
+        state.disaggregation.as_ref(),
+        req.pd_fields(),
+        state.engine.next_request_id(),
+    )?;
     let shown = Shown {
         echo,
         logprobs: params.sampling.logprobs.is_some(),
@@ -101,6 +107,15 @@ pub async fn completions(
     }
     let add_special_tokens = req.add_special_tokens.unwrap_or(true);
     let prompts = state.prompts.completion(req.prompt.into_inputs(), add_special_tokens).await?;
+    crate::disaggregation::fetch_prompt_kv(
+        &state.engine,
+        &state.metrics,
+        state.disaggregation.as_ref(),
+        params.kv_transfer.as_ref(),
+        &prompts,
+        params.lora,
+    )
+    .await?;
     let submission = submit(&state, prompts, &params, arrival, "prompt")?;
     let ctx = Context {
         id: response_id("cmpl"),
@@ -150,6 +165,7 @@ async fn collect_response(
 ) -> Result<CompletionResponse, ApiError> {
     let n = submission.n;
     let want_logprobs = submission.wants_logprobs;
+    let kv_transfer_params = submission.kv_transfer_params.clone();
     let (prompts, mut collected) = submission.collect(state).await?;
     // One choice of each prompt carries its scores.
     let scores: Vec<Vec<pagoda_engine::TopLogprobs>> = collected
@@ -188,7 +204,10 @@ async fn collect_response(
             }
         })
         .collect();
-    Ok(ctx.response(choices, Some(Usage::new(collected.prompt_tokens, collected.completion_tokens))))
+    let mut response =
+        ctx.response(choices, Some(Usage::new(collected.prompt_tokens, collected.completion_tokens)));
+    response.kv_transfer_params = kv_transfer_params;
+    Ok(response)
 }
 
 struct StreamState {

@@ -34,7 +34,17 @@ pub async fn server_info(State(state): State<SharedState>) -> Json<ServerInfo> {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         tp_size: 1,
         dp_size: 1,
-        disaggregation_mode: "null".to_owned(),
+        disaggregation_mode: match state.disaggregation.as_ref().map(|pd| pd.config.role) {
+            Some(pagoda_kv_transfer::KvRole::KvProducer) => "prefill",
+            Some(pagoda_kv_transfer::KvRole::KvConsumer) => "decode",
+            _ => "null",
+        }
+        .to_owned(),
+        disaggregation_bootstrap_port: state
+            .disaggregation
+            .as_ref()
+            .filter(|pd| pd.config.role.produces())
+            .map(|pd| pd.config.listen_port),
         kv_block_size: ec.block_size,
         max_total_tokens: ec.cache_capacity_tokens(),
         max_prefill_tokens: ec.max_num_batched_tokens,

@@ -130,6 +130,24 @@ pub struct CompletionRequest {
     /// SGLang extension that routers add at its default, `false`; only that is served.
     #[serde(default)]
     pub return_hidden_states: Option<bool>,
+    /// vLLM's disaggregated serving: `{"do_remote_decode": true}` on a prefill instance, or the
+    /// prefill's answer (`do_remote_prefill` with `remote_host`, `remote_port`,
+    /// `remote_request_id`) on a decode instance. Needs `--kv-transfer-config`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub kv_transfer_params: Option<serde_json::Value>,
+    /// SGLang's disaggregated serving (sglang-router's PD mode): the prefill instance's host.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub bootstrap_host: Option<serde_json::Value>,
+    /// SGLang's disaggregated serving: the prefill instance's KV-transfer port.
+    #[serde(default)]
+    #[schema(value_type = Option<u16>)]
+    pub bootstrap_port: Option<serde_json::Value>,
+    /// SGLang's disaggregated serving: the transfer's id, the same on both instances.
+    #[serde(default)]
+    #[schema(value_type = Option<u64>)]
+    pub bootstrap_room: Option<serde_json::Value>,
 }
 
 impl CompletionRequest {
@@ -142,6 +160,17 @@ impl CompletionRequest {
             guided_regex: self.guided_regex.as_deref(),
             guided_choice: self.guided_choice.as_deref(),
             guided_grammar: self.guided_grammar.as_deref(),
+        }
+    }
+
+    /// The disaggregation fields, for [`crate::disaggregation::directive_of`].
+    pub fn pd_fields(&self) -> crate::disaggregation::PdFields<'_> {
+        crate::disaggregation::PdFields {
+            kv_transfer_params: self.kv_transfer_params.as_ref(),
+            bootstrap_host: self.bootstrap_host.as_ref(),
+            bootstrap_port: self.bootstrap_port.as_ref(),
+            bootstrap_room: self.bootstrap_room.as_ref(),
+            stream: self.stream.unwrap_or(false),
         }
     }
 
@@ -302,6 +331,11 @@ pub struct CompletionResponse {
     /// `stream_options.include_usage`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Disaggregated serving: on a prefill instance's answer, where a decode instance fetches
+    /// the prompt's KV (a router copies it into the decode request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub kv_transfer_params: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

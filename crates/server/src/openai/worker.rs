@@ -22,8 +22,12 @@ pub struct ServerInfo {
     pub version: String,
     pub tp_size: usize,
     pub dp_size: usize,
-    /// SGLang's spelling of "no prefill/decode split".
+    /// SGLang's names of the instance's part in a prefill/decode split: `prefill` (a
+    /// `kv_producer`), `decode` (a `kv_consumer`), or `null` (no split, or `kv_both`).
     pub disaggregation_mode: String,
+    /// A prefill instance's KV-transfer port (SGLang's bootstrap port); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disaggregation_bootstrap_port: Option<u16>,
     /// Tokens per KV block (the prefix cache's granularity).
     pub kv_block_size: usize,
     /// Tokens the KV cache holds.

@@ -445,6 +445,7 @@ pub fn chat_turn(
         reasoning_budget: None,
         prompt_logprobs: None,
         lora: None,
+        kv_transfer: None,
     };
     Ok((turn, namespaces))
 }

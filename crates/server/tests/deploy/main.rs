@@ -11,6 +11,7 @@
 //! fail, never skip, without them.
 
 mod dashboard;
+mod disaggregation;
 mod load_balancer;
 mod processes;
 mod router_faults;

@@ -52,6 +52,42 @@ impl Router {
     /// Starts `kind` with `policy` in front of `workers`, checking health every second, and
     /// waits until it routes.
     pub async fn start(kind: RouterKind, policy: &str, workers: &[String], logs: &Path) -> Result<Router> {
+        let mut args = vec!["--worker-urls".to_owned()];
+        args.extend(workers.iter().map(|w| format!("http://{w}")));
+        Self::launch(kind, policy, &format!("{}-{policy}", kind.name()), &args, logs).await
+    }
+
+    /// Starts `kind` in its prefill/decode mode: `prefill` (whose KV-transfer listener is on
+    /// `bootstrap_port`, what sglang-router tells the decode instance) and `decode`.
+    pub async fn start_pd(
+        kind: RouterKind,
+        prefill: &str,
+        bootstrap_port: u16,
+        decode: &str,
+        logs: &Path,
+    ) -> Result<Router> {
+        let mode = match kind {
+            RouterKind::Sglang => "--pd-disaggregation",
+            RouterKind::Vllm => "--vllm-pd-disaggregation",
+        };
+        let args = [
+            mode.to_owned(),
+            "--prefill".to_owned(),
+            format!("http://{prefill}"),
+            bootstrap_port.to_string(),
+            "--decode".to_owned(),
+            format!("http://{decode}"),
+        ];
+        Self::launch(kind, "round_robin", &format!("{}-pd", kind.name()), &args, logs).await
+    }
+
+    async fn launch(
+        kind: RouterKind,
+        policy: &str,
+        name: &str,
+        args: &[String],
+        logs: &Path,
+    ) -> Result<Router> {
         let dir = routers_dir();
         let port = free_port()?;
         let metrics_port = free_port()?;
@@ -69,14 +105,13 @@ impl Router {
             dir.display()
         );
         command.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", policy]);
-        command.arg("--worker-urls").args(workers.iter().map(|w| format!("http://{w}")));
+        command.args(args);
         command.args(["--prometheus-port", &metrics_port.to_string()]);
         // Health every second; power_of_two polls /get_load at the startup-check interval.
         command.args(["--health-check-interval-secs", "1", "--worker-startup-check-interval", "1"]);
         // The model path the replicas report is a file; no hub lookup may leave the machine.
         command.env("HF_ENDPOINT", "http://127.0.0.1:9").env("HF_HUB_OFFLINE", "1");
-        let name = format!("{}-{policy}", kind.name());
-        let mut process = Process::spawn(&name, command, logs)?;
+        let mut process = Process::spawn(name, command, logs)?;
         let url = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
         // A chat request through the router is the readiness both routers share.

@@ -49,6 +49,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
     )?;
     let vocab_size = tokenizer.vocab_size();
     let state = Arc::new(AppState {
+        disaggregation: None,
         worker: pagoda_server::state::WorkerIdentity {
             instance_id: "broken-1".into(),
             get_load_format: Default::default(),

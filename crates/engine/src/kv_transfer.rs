@@ -1,0 +1,141 @@
+//! Prefill/decode disaggregation, the engine's share: a prefill instance *holds* the KV blocks of
+//! a finished prompt under a transfer key until a decode instance reads them, and a decode
+//! instance *imports* pages it received into its prefix cache, where the request's admission
+//! then finds them as an ordinary cache hit. Moving the bytes between machines is not the
+//! engine's business (the server's transport does it); the engine only pins, reads and writes
+//! pages, through the executor ([`crate::ModelExecutor::read_kv_pages`]).
+//!
+//! Pages travel block-major: block after block, and within one block every layer's K page then
+//! its V page, as the executor stores them (`[block_size, num_kv_heads, head_dim]` each).
+
+use std::time::{Duration, Instant};
+
+/// The shape of one KV page as an executor stores it. Two instances can exchange pages only
+/// when their layouts are equal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvPageLayout {
+    /// The element type's name (`bf16`, `f16`, `f32`).
+    pub dtype: String,
+    pub element_bytes: usize,
+    pub num_layers: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvPageLayout {
+    /// Bytes of one block: K and V of every layer.
+    pub fn block_bytes(&self) -> usize {
+        2 * self.num_layers * self.layer_page_bytes()
+    }
+
+    /// Bytes of one layer's K (or V) page of one block.
+    pub fn layer_page_bytes(&self) -> usize {
+        self.block_size * self.num_kv_heads * self.head_dim * self.element_bytes
+    }
+}
+
+/// The KV of a prompt's leading full blocks: `token_ids` (a whole number of blocks) and their
+/// pages, block-major.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvPrefix {
+    pub layout: KvPageLayout,
+    pub token_ids: Vec<u32>,
+    pub pages: Vec<u8>,
+}
+
+impl KvPrefix {
+    /// Number of whole blocks it holds.
+    pub fn num_blocks(&self) -> usize {
+        self.token_ids.len() / self.layout.block_size.max(1)
+    }
+
+    /// Why it cannot be imported as it is, if it cannot: the pages must cover the tokens
+    /// exactly, in whole blocks.
+    pub fn check(&self) -> Result<(), String> {
+        let bs = self.layout.block_size.max(1);
+        if !self.token_ids.len().is_multiple_of(bs) {
+            return Err(format!("{} token ids are not whole blocks of {bs}", self.token_ids.len()));
+        }
+        let want = self.num_blocks() * self.layout.block_bytes();
+        if self.pages.len() != want {
+            return Err(format!(
+                "{} bytes of pages for {} blocks, expected {want}",
+                self.pages.len(),
+                self.num_blocks()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Keeps the first `blocks` blocks only.
+    pub fn truncate_blocks(&mut self, blocks: usize) {
+        let blocks = blocks.min(self.num_blocks());
+        self.token_ids.truncate(blocks * self.layout.block_size);
+        self.pages.truncate(blocks * self.layout.block_bytes());
+    }
+}
+
+/// What a request asks the engine to do with its prompt's KV once it finishes: hold its full
+/// blocks under `key` for a decode instance to read, for at most `timeout` (then they are
+/// released, as if never held).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvHold {
+    pub key: String,
+    pub timeout: Duration,
+}
+
+/// Blocks pinned for one transfer.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldBlocks {
+    /// As a one-group block table, for the audit.
+    pub table: Vec<Vec<u32>>,
+    pub token_ids: Vec<u32>,
+    pub deadline: Instant,
+}
+
+/// Why the engine could not export or import a prefix.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KvTransferError {
+    #[error(transparent)]
+    Engine(#[from] crate::EngineError),
+    /// The engine refused: no transferable cache, a layout mismatch, or the executor failed.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl crate::EngineHandle {
+    /// Reads the prompt pages held under `key` and releases them; `Ok(None)` when nothing is
+    /// held under it (not yet finished, already read, or expired).
+    pub async fn export_held(&self, key: &str) -> Result<Option<KvPrefix>, KvTransferError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.transfer_command(crate::handle::Command::ExportHeld { key: key.to_owned(), reply }, answer).await
+    }
+
+    /// Writes a received prefix into the prefix cache for adapter `lora`; returns how many of
+    /// its leading tokens the cache now holds (fewer when blocks ran short).
+    pub async fn import_prefix(
+        &self,
+        prefix: KvPrefix,
+        lora: Option<crate::LoraId>,
+    ) -> Result<usize, KvTransferError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.transfer_command(crate::handle::Command::ImportPrefix { prefix, lora, reply }, answer).await
+    }
+
+    async fn transfer_command<T>(
+        &self,
+        command: crate::handle::Command,
+        answer: tokio::sync::oneshot::Receiver<Result<T, String>>,
+    ) -> Result<T, KvTransferError> {
+        self.health()?;
+        let dead = || crate::EngineError::Dead(self.inner.shared.death_reason());
+        if self.inner.tx.send(command).is_err() {
+            return Err(dead().into());
+        }
+        match answer.await {
+            Ok(result) => result.map_err(KvTransferError::Refused),
+            Err(_) => Err(dead().into()),
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! `--kv-transfer-config`: vLLM's `KVTransferConfig` JSON, the fields that mean something to
+//! Pagoda's TCP transport. Anything else is refused by name, so a vLLM setting is never
+//! silently ignored.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The one connector Pagoda has; vLLM's names (NIXL, LMCache, ...) are refused with this name
+/// in the message.
+pub const TCP_CONNECTOR: &str = "PagodaTcpConnector";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("kv_connector {0:?} is not available; Pagoda transfers KV with \"{TCP_CONNECTOR}\" (its own TCP transport)")]
+    Connector(String),
+    #[error("kv_load_failure_policy {0:?} is not one of \"recompute\", \"fail\"")]
+    FailurePolicy(String),
+    #[error("{0} must be above 0")]
+    NotPositive(&'static str),
+}
+
+/// What this instance does in a disaggregated pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvRole {
+    /// Prefill instance: holds prompts' KV for decode instances to read.
+    KvProducer,
+    /// Decode instance: reads prompts' KV from prefill instances.
+    KvConsumer,
+    /// Either, per request.
+    KvBoth,
+}
+
+impl KvRole {
+    pub fn produces(self) -> bool {
+        matches!(self, KvRole::KvProducer | KvRole::KvBoth)
+    }
+
+    pub fn consumes(self) -> bool {
+        matches!(self, KvRole::KvConsumer | KvRole::KvBoth)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvRole::KvProducer => "kv_producer",
+            KvRole::KvConsumer => "kv_consumer",
+            KvRole::KvBoth => "kv_both",
+        }
+    }
+}
+
+/// What to do when a decode instance cannot get a prompt's KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Compute the prompt locally (the default): the request is served, later.
+    Recompute,
+    /// Fail the request (503), for deployments that would rather retry elsewhere.
+    Fail,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    kv_connector: Option<String>,
+    kv_role: KvRole,
+    engine_id: Option<String>,
+    kv_ip: Option<String>,
+    kv_port: Option<u16>,
+    kv_load_failure_policy: Option<String>,
+    #[serde(default)]
+    kv_connector_extra_config: Extra,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Extra {
+    advertise_host: Option<String>,
+    transfer_timeout_s: Option<f64>,
+    hold_timeout_s: Option<f64>,
+}
+
+/// A parsed `--kv-transfer-config`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvTransferConfig {
+    pub role: KvRole,
+    /// Names this instance in the parameters a prefill returns (`remote_engine_id`); unset:
+    /// the server's instance id.
+    pub engine_id: Option<String>,
+    /// Where a producer's transfer listener binds. vLLM's default address and port.
+    pub listen_host: String,
+    pub listen_port: u16,
+    /// The host a producer tells decode instances to fetch from (`remote_host`); unset: the
+    /// listen host, or 127.0.0.1 when that is a wildcard.
+    pub advertise_host: Option<String>,
+    /// How long a decode instance waits for a prompt's KV before computing it itself.
+    pub transfer_timeout: Duration,
+    /// How long a prefill instance holds a prompt's blocks for a decode instance that has not
+    /// read them.
+    pub hold_timeout: Duration,
+    pub failure_policy: FailurePolicy,
+}
+
+impl KvTransferConfig {
+    pub fn parse(json: &str) -> Result<Self, ConfigError> {
+        let raw: Raw = serde_json::from_str(json)?;
+        if let Some(name) = raw.kv_connector.filter(|c| c != TCP_CONNECTOR) {
+            return Err(ConfigError::Connector(name));
+        }
+        let failure_policy = match raw.kv_load_failure_policy.as_deref() {
+            None | Some("recompute") => FailurePolicy::Recompute,
+            Some("fail") => FailurePolicy::Fail,
+            Some(other) => return Err(ConfigError::FailurePolicy(other.to_owned())),
+        };
+        let seconds = |value: Option<f64>, default: f64, name| match value.unwrap_or(default) {
+            s if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
+            _ => Err(ConfigError::NotPositive(name)),
+        };
+        let extra = raw.kv_connector_extra_config;
+        Ok(Self {
+            role: raw.kv_role,
+            engine_id: raw.engine_id,
+            listen_host: raw.kv_ip.unwrap_or_else(|| "127.0.0.1".to_owned()),
+            listen_port: raw.kv_port.unwrap_or(14579),
+            advertise_host: extra.advertise_host,
+            transfer_timeout: seconds(extra.transfer_timeout_s, 30.0, "transfer_timeout_s")?,
+            hold_timeout: seconds(extra.hold_timeout_s, 120.0, "hold_timeout_s")?,
+            failure_policy,
+        })
+    }
+
+    /// The host decode instances are told to fetch from.
+    pub fn advertised_host(&self) -> String {
+        match &self.advertise_host {
+            Some(host) => host.clone(),
+            None if matches!(self.listen_host.as_str(), "0.0.0.0" | "::" | "[::]") => "127.0.0.1".to_owned(),
+            None => self.listen_host.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_vllm() {
+        let c = KvTransferConfig::parse(r#"{"kv_role": "kv_producer"}"#).unwrap();
+        assert_eq!((c.role, c.listen_host.as_str(), c.listen_port), (KvRole::KvProducer, "127.0.0.1", 14579));
+        assert_eq!(c.failure_policy, FailurePolicy::Recompute);
+        assert_eq!(c.transfer_timeout, Duration::from_secs(30));
+        assert!(c.role.produces() && !c.role.consumes());
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let c = KvTransferConfig::parse(
+            r#"{"kv_connector": "PagodaTcpConnector", "kv_role": "kv_both", "engine_id": "p0",
+                "kv_ip": "0.0.0.0", "kv_port": 7000, "kv_load_failure_policy": "fail",
+                "kv_connector_extra_config": {"transfer_timeout_s": 2.5, "hold_timeout_s": 9}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.engine_id.as_deref(), Some("p0"));
+        assert_eq!((c.listen_port, c.advertised_host().as_str()), (7000, "127.0.0.1"));
+        assert_eq!(
+            (c.transfer_timeout, c.hold_timeout),
+            (Duration::from_millis(2500), Duration::from_secs(9))
+        );
+        assert_eq!(c.failure_policy, FailurePolicy::Fail);
+    }
+
+    #[test]
+    fn what_it_cannot_honour_is_refused_by_name() {
+        let err = |json: &str| KvTransferConfig::parse(json).unwrap_err().to_string();
+        assert!(
+            err(r#"{"kv_role": "kv_producer", "kv_connector": "NixlConnector"}"#).contains("NixlConnector")
+        );
+        assert!(err(r#"{"kv_role": "kv_producer", "kv_buffer_size": 1e9}"#).contains("kv_buffer_size"));
+        assert!(err(r#"{"kv_role": "prefill"}"#).contains("prefill"));
+        assert!(err(r#"{}"#).contains("kv_role"));
+        assert!(err(r#"{"kv_role": "kv_both", "kv_load_failure_policy": "retry"}"#).contains("retry"));
+        let extra = r#"{"kv_role": "kv_both", "kv_connector_extra_config": {"transfer_timeout_s": 0}}"#;
+        assert!(err(extra).contains("transfer_timeout_s"));
+        let extra = r#"{"kv_role": "kv_both", "kv_connector_extra_config": {"backends": ["UCX"]}}"#;
+        assert!(err(extra).contains("backends"));
+    }
+}
