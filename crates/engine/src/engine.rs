@@ -48,7 +48,7 @@ impl Engine {
     ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
         config.validate_for(&executor)?;
         let scheduler = Scheduler::new(config.clone())?;
-        let shared = Arc::new(Shared::new(config));
+        let shared = Arc::new(Shared::new(config).with_kv_page_layout(executor.kv_page_layout()));
         shared.stats.publish(&scheduler);
         let (tx, rx) = mpsc::channel();
         let inner =
@@ -216,7 +216,9 @@ impl<E: ModelExecutor> EngineLoop<E> {
             // Published before answering: a caller that has the answer sees the blocks' state.
             Command::ExportHeld { key, reply } => {
                 let exported = self.export_held(&key);
-                self.publish();
+                if matches!(exported, Ok(crate::HeldExport::Ready(_))) {
+                    self.publish();
+                }
                 let _ = reply.send(exported);
             }
             Command::ImportPrefix { prefix, lora, reply } => {
@@ -230,15 +232,19 @@ impl<E: ModelExecutor> EngineLoop<E> {
     }
 
     /// Reads the pages held under `key` and releases them.
-    fn export_held(&mut self, key: &str) -> Result<Option<crate::KvPrefix>, String> {
+    fn export_held(&mut self, key: &str) -> Result<crate::HeldExport, String> {
         let Some(layout) = self.executor.kv_page_layout() else {
             return Err("this model's KV cache cannot be transferred".into());
         };
-        let Some(held) = self.scheduler.take_held(key) else { return Ok(None) };
+        let held = match self.scheduler.take_held(key) {
+            crate::TakeHeld::Ready(held) => held,
+            crate::TakeHeld::Pending => return Ok(crate::HeldExport::Pending),
+            crate::TakeHeld::Gone(reason) => return Ok(crate::HeldExport::Gone(reason.to_owned())),
+        };
         let pages = self.executor.read_kv_pages(&held.blocks).map_err(|e| e.to_string());
         let token_ids = held.token_ids.clone();
         self.scheduler.release_held(held);
-        Ok(Some(crate::KvPrefix { layout, token_ids, pages: pages? }))
+        Ok(crate::HeldExport::Ready(crate::KvPrefix { layout, token_ids, pages: pages? }))
     }
 
     /// Writes a received prefix's pages into free blocks and registers them in the prefix
@@ -286,6 +292,12 @@ impl<E: ModelExecutor> EngineLoop<E> {
         // Requests admitted just now stop counting against `max_waiting_requests` before the
         // (possibly long) step runs.
         self.sync_pending();
+        if batch.is_empty() && self.scheduler.num_held_blocks() > 0 {
+            // Blocks held for transfers are what admission lacks: they go before any request.
+            self.scheduler.release_oldest_hold();
+            self.publish();
+            return Flow::Continue;
+        }
         if batch.is_empty() {
             self.empty_steps += 1;
             if self.empty_steps >= MAX_EMPTY_STEPS {

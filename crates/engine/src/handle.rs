@@ -85,7 +85,7 @@ pub(crate) enum Command {
     /// Reads and releases the blocks held under a transfer key (`None`: nothing held there).
     ExportHeld {
         key: String,
-        reply: tokio::sync::oneshot::Sender<Result<Option<crate::KvPrefix>, String>>,
+        reply: tokio::sync::oneshot::Sender<Result<crate::kv_transfer::HeldExport, String>>,
     },
     /// Writes received pages into the prefix cache; answers the leading tokens now cached.
     ImportPrefix {
@@ -107,6 +107,8 @@ pub(crate) struct Shared {
     /// `max_waiting_requests` bounds.
     pub pending: AtomicUsize,
     pub stats: LiveStats,
+    /// The executor's page shape for prefill/decode transfers, `None` when it has none.
+    pub kv_page_layout: Option<crate::KvPageLayout>,
     next_request_id: AtomicU64,
 }
 
@@ -118,8 +120,14 @@ impl Shared {
             death: Mutex::new(None),
             pending: AtomicUsize::new(0),
             stats: LiveStats::default(),
+            kv_page_layout: None,
             next_request_id: AtomicU64::new(1),
         }
+    }
+
+    pub fn with_kv_page_layout(mut self, layout: Option<crate::KvPageLayout>) -> Self {
+        self.kv_page_layout = layout;
+        self
     }
 
     /// Marks the engine dead for `reason` (the first reason wins).
@@ -276,6 +284,12 @@ impl EngineHandle {
 
     pub fn config(&self) -> &EngineConfig {
         &self.inner.shared.config
+    }
+
+    /// The executor's KV page shape for prefill/decode transfers; `None` when its cache cannot
+    /// be transferred.
+    pub fn kv_page_layout(&self) -> Option<&crate::KvPageLayout> {
+        self.inner.shared.kv_page_layout.as_ref()
     }
 
     /// A fresh request id, unique for this engine (for callers without ids of their own).

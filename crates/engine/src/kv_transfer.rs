@@ -29,6 +29,13 @@ impl KvPageLayout {
         2 * self.num_layers * self.layer_page_bytes()
     }
 
+    /// [`Self::block_bytes`] for a layout that came from elsewhere: `None` on overflow.
+    pub fn checked_block_bytes(&self) -> Option<usize> {
+        [self.num_kv_heads, self.head_dim, self.element_bytes, self.num_layers, 2]
+            .into_iter()
+            .try_fold(self.block_size, usize::checked_mul)
+    }
+
     /// Bytes of one layer's K (or V) page of one block.
     pub fn layer_page_bytes(&self) -> usize {
         self.block_size * self.num_kv_heads * self.head_dim * self.element_bytes
@@ -57,8 +64,9 @@ impl KvPrefix {
         if !self.token_ids.len().is_multiple_of(bs) {
             return Err(format!("{} token ids are not whole blocks of {bs}", self.token_ids.len()));
         }
-        let want = self.num_blocks() * self.layout.block_bytes();
-        if self.pages.len() != want {
+        let want = self.layout.checked_block_bytes().and_then(|b| b.checked_mul(self.num_blocks()));
+        if want != Some(self.pages.len()) {
+            let want = want.map_or("more than memory holds".to_owned(), |w| w.to_string());
             return Err(format!(
                 "{} bytes of pages for {} blocks, expected {want}",
                 self.pages.len(),
@@ -68,7 +76,7 @@ impl KvPrefix {
         Ok(())
     }
 
-    /// Keeps the first `blocks` blocks only.
+    /// Keeps the first `blocks` blocks only (of a prefix that passed [`Self::check`]).
     pub fn truncate_blocks(&mut self, blocks: usize) {
         let blocks = blocks.min(self.num_blocks());
         self.token_ids.truncate(blocks * self.layout.block_size);
@@ -85,12 +93,32 @@ pub struct KvHold {
     pub timeout: Duration,
 }
 
+/// What a read of a transfer key finds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeldExport {
+    /// The held prefix, now released here.
+    Ready(KvPrefix),
+    /// Nothing yet: the prefill may still be running (or may never come).
+    Pending,
+    /// Nothing will come: the prefill failed, or its blocks were read or expired (the reason).
+    Gone(String),
+}
+
 /// Blocks pinned for one transfer.
 #[derive(Debug, Clone)]
 pub(crate) struct HeldBlocks {
     /// As a one-group block table, for the audit.
     pub table: Vec<Vec<u32>>,
     pub token_ids: Vec<u32>,
+    pub deadline: Instant,
+    /// The hold's timeout, which also bounds how long its key is remembered once gone.
+    pub timeout: Duration,
+}
+
+/// A key whose blocks will never be there, and why, until `deadline`.
+#[derive(Debug, Clone)]
+pub(crate) struct GoneKey {
+    pub reason: &'static str,
     pub deadline: Instant,
 }
 
@@ -105,9 +133,9 @@ pub enum KvTransferError {
 }
 
 impl crate::EngineHandle {
-    /// Reads the prompt pages held under `key` and releases them; `Ok(None)` when nothing is
-    /// held under it (not yet finished, already read, or expired).
-    pub async fn export_held(&self, key: &str) -> Result<Option<KvPrefix>, KvTransferError> {
+    /// Reads the prompt pages held under `key` and releases them; otherwise says whether they
+    /// may still come.
+    pub async fn export_held(&self, key: &str) -> Result<HeldExport, KvTransferError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.transfer_command(crate::handle::Command::ExportHeld { key: key.to_owned(), reply }, answer).await
     }

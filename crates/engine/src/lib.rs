@@ -61,11 +61,13 @@ pub use executor::{
 };
 pub use handle::{EngineError, EngineHandle, FlushBusy, FlushError, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
-pub use kv_transfer::{KvHold, KvPageLayout, KvPrefix, KvTransferError};
+pub use kv_transfer::{HeldExport, KvHold, KvPageLayout, KvPrefix, KvTransferError};
 pub use pagoda_text::TokenDecoder;
 pub use request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};
-pub use scheduler::{AddRequestError, HeldPrefix, ScheduleStats, Scheduler, StepEvents, UpdateError};
+pub use scheduler::{
+    AddRequestError, HeldPrefix, ScheduleStats, Scheduler, StepEvents, TakeHeld, UpdateError,
+};
 pub use sequence::{SeqStatus, Sequence};
 pub use speculative::{SpecDecodeStats, SpeculativeConfig, SpeculativeMethod};
 pub use stats::{EngineObserver, EngineStatsSnapshot, LoraActivity, NoopObserver, StepStats};

@@ -2,8 +2,9 @@
 //! prompt's blocks under a key, the pages read from it and imported into a second engine are a
 //! prefix-cache hit there, and the decode's output equals a request run alone. The fake checks
 //! every slot it reads holds the expected token and position, so pages landing in the wrong
-//! blocks would fail the run. Also: holds expire, a wrong layout is refused, and the blocks are
-//! accounted for throughout.
+//! blocks would fail the run. Also: holds expire, a failed prefill and a read hold say so at
+//! once, holds give way to admission, a wrong layout is refused, and the blocks are accounted
+//! for throughout.
 
 mod common;
 
@@ -13,8 +14,8 @@ use std::time::Duration;
 use common::{reference, Collected, VOCAB};
 use pagoda_engine::fake::{FakeDecoder, FakeExecutor};
 use pagoda_engine::{
-    Engine, EngineConfig, EngineHandle, KvHold, KvTransferError, NoopObserver, Request, SamplingParams,
-    Shutdown,
+    Engine, EngineConfig, EngineHandle, FinishReason, HeldExport, KvHold, KvPrefix, KvTransferError,
+    NoopObserver, Request, SamplingParams, Shutdown,
 };
 
 const MAX_MODEL_LEN: usize = 256;
@@ -58,6 +59,23 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
+/// The prefix held under `key`, which must be there.
+fn take(handle: &EngineHandle, key: &str) -> KvPrefix {
+    match block_on(handle.export_held(key)).unwrap() {
+        HeldExport::Ready(prefix) => prefix,
+        other => panic!("nothing held under {key}: {other:?}"),
+    }
+}
+
+/// Polls until `check` holds (5 s at most).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn hold(key: &str, secs: u64) -> Option<KvHold> {
     Some(KvHold { key: key.into(), timeout: Duration::from_secs(secs) })
 }
@@ -74,13 +92,16 @@ fn a_decode_instance_continues_from_imported_pages() {
     assert_eq!(prefill.stats().kv_held_blocks, 4);
     assert_eq!(prefill.stats().kv_blocks_used, 4);
 
-    let prefix = block_on(prefill.export_held("t1")).unwrap().expect("held");
+    assert_eq!(block_on(prefill.export_held("other")).unwrap(), HeldExport::Pending);
+    let prefix = take(&prefill, "t1");
     assert_eq!(prefix.token_ids, tokens[..64]);
     assert_eq!(prefix.num_blocks(), 4);
     assert_eq!(prefill.stats().kv_held_blocks, 0);
     assert_eq!(prefill.stats().kv_blocks_used, 0);
-    // Read once: the key is gone.
-    assert_eq!(block_on(prefill.export_held("t1")).unwrap(), None);
+    // Read once: the key is gone, and says so.
+    assert!(
+        matches!(block_on(prefill.export_held("t1")).unwrap(), HeldExport::Gone(r) if r.contains("read"))
+    );
 
     assert_eq!(block_on(decode.import_prefix(prefix.clone(), None)).unwrap(), 64);
     let wanted = request(&decode, tokens.clone(), 20);
@@ -99,7 +120,7 @@ fn pages_written_to_the_wrong_positions_are_caught() {
     let mut other = request(&prefill, prompt(40).into_iter().map(|t| (t + 1) % VOCAB as u32).collect(), 1);
     other.kv_hold = hold("x", 60);
     run(&prefill, other);
-    let mut prefix = block_on(prefill.export_held("x")).unwrap().unwrap();
+    let mut prefix = take(&prefill, "x");
     let tokens = prompt(40);
     prefix.token_ids = tokens[..32].to_vec();
     block_on(decode.import_prefix(prefix, None)).unwrap();
@@ -112,26 +133,60 @@ fn pages_written_to_the_wrong_positions_are_caught() {
 fn holds_expire_and_free_their_blocks() {
     let prefill = engine(64);
     let mut first = request(&prefill, prompt(50), 1);
-    first.kv_hold = Some(KvHold { key: "late".into(), timeout: Duration::from_millis(200) });
+    first.kv_hold = Some(KvHold { key: "late".into(), timeout: Duration::from_secs(1) });
     run(&prefill, first);
     assert_eq!(prefill.stats().kv_held_blocks, 3);
-    std::thread::sleep(Duration::from_millis(600));
+    eventually("the hold expires", || prefill.stats().kv_expired_holds == 1);
     let stats = prefill.stats();
-    assert_eq!((stats.kv_held_blocks, stats.kv_blocks_used, stats.kv_expired_holds), (0, 0, 1));
-    assert_eq!(block_on(prefill.export_held("late")).unwrap(), None);
+    assert_eq!((stats.kv_held_blocks, stats.kv_blocks_used), (0, 0));
+    assert!(
+        matches!(block_on(prefill.export_held("late")).unwrap(), HeldExport::Gone(r) if r.contains("expired"))
+    );
 }
 
 #[test]
-fn aborted_prefills_hold_nothing() {
+fn a_prefill_that_ends_without_its_blocks_says_so() {
     let prefill = engine(64);
     let mut first = request(&prefill, prompt(50), 200);
     first.kv_hold = hold("gone", 60);
     let id = first.id;
     let mut stream = prefill.submit(first).unwrap();
     prefill.abort(id);
-    while stream.blocking_recv().is_some() {}
+    let mut finish = None;
+    while let Some(ev) = stream.blocking_recv() {
+        finish = ev.finished.or(finish);
+    }
+    // The abort may come after the 200 tokens; either way the key tells a reader what it holds.
+    let found = block_on(prefill.export_held("gone")).unwrap();
+    match finish {
+        Some(FinishReason::Abort) => {
+            assert_eq!(prefill.stats().kv_held_blocks, 0);
+            assert!(matches!(found, HeldExport::Gone(ref r) if r.contains("did not finish")), "{found:?}");
+        }
+        other => assert!(matches!(found, HeldExport::Ready(_)), "finished {other:?}, found {found:?}"),
+    }
+}
+
+#[test]
+fn holds_give_way_to_requests() {
+    // 16 blocks: holds take at most half, and an admission that finds none free gets them.
+    let prefill = engine_with(16, 256);
+    // Prompts that share nothing, so that every hold pins blocks of its own.
+    let distinct = |len: usize, salt: u32| -> Vec<u32> {
+        prompt(len).into_iter().map(|t| (t + salt) % VOCAB as u32).collect()
+    };
+    for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+        let mut r = request(&prefill, distinct(64 + i, 1 + i as u32), 1);
+        r.kv_hold = hold(key, 60);
+        run(&prefill, r);
+    }
+    // Each prompt holds 4 blocks; the third hold pushed out the first.
+    assert_eq!(prefill.stats().kv_held_blocks, 8);
+    assert!(matches!(block_on(prefill.export_held("a")).unwrap(), HeldExport::Gone(r) if r.contains("room")));
+    // A request needing 13 blocks is served: the holds go rather than the request failing.
+    let (out, _) = run(&prefill, request(&prefill, distinct(200, 9), 8));
+    assert!(matches!(out.samples[0].finish, Some(FinishReason::Length)), "{:?}", out.samples[0].finish);
     assert_eq!(prefill.stats().kv_held_blocks, 0);
-    assert_eq!(block_on(prefill.export_held("gone")).unwrap(), None);
 }
 
 #[test]
@@ -140,7 +195,7 @@ fn a_different_layout_is_refused_and_the_cache_is_untouched() {
     let mut first = request(&prefill, prompt(40), 1);
     first.kv_hold = hold("k", 60);
     run(&prefill, first);
-    let mut prefix = block_on(prefill.export_held("k")).unwrap().unwrap();
+    let mut prefix = take(&prefill, "k");
     prefix.layout.num_kv_heads = 2;
     let err = block_on(decode.import_prefix(prefix.clone(), None)).unwrap_err();
     assert!(matches!(err, KvTransferError::Refused(ref m) if m.contains("layout")), "{err}");
@@ -158,7 +213,7 @@ fn an_import_takes_only_the_free_blocks() {
     let mut first = request(&prefill, tokens.clone(), 1);
     first.kv_hold = hold("big", 60);
     run(&prefill, first);
-    let prefix = block_on(prefill.export_held("big")).unwrap().unwrap();
+    let prefix = take(&prefill, "big");
     assert_eq!(block_on(decode.import_prefix(prefix, None)).unwrap(), 3 * BLOCK);
 }
 

@@ -18,8 +18,10 @@ pub enum ConfigError {
     Connector(String),
     #[error("kv_load_failure_policy {0:?} is not one of \"recompute\", \"fail\"")]
     FailurePolicy(String),
-    #[error("{0} must be above 0")]
+    #[error("{0} must be above 0 and at most a day")]
     NotPositive(&'static str),
+    #[error("kv_ip {0:?} listens on every address, so decode instances need to be told one: set kv_connector_extra_config.advertise_host")]
+    NoAdvertiseHost(String),
 }
 
 /// What this instance does in a disaggregated pair.
@@ -80,6 +82,7 @@ struct Extra {
     advertise_host: Option<String>,
     transfer_timeout_s: Option<f64>,
     hold_timeout_s: Option<f64>,
+    allowed_producers: Option<Vec<String>>,
 }
 
 /// A parsed `--kv-transfer-config`.
@@ -101,6 +104,9 @@ pub struct KvTransferConfig {
     /// read them.
     pub hold_timeout: Duration,
     pub failure_policy: FailurePolicy,
+    /// The only `host:port` transfer listeners a decode instance fetches from; `None`: any the
+    /// request names (then the decode instance's API must be reachable by the router only).
+    pub allowed_producers: Option<Vec<String>>,
 }
 
 impl KvTransferConfig {
@@ -115,30 +121,35 @@ impl KvTransferConfig {
             Some(other) => return Err(ConfigError::FailurePolicy(other.to_owned())),
         };
         let seconds = |value: Option<f64>, default: f64, name| match value.unwrap_or(default) {
-            s if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
+            s if s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
             _ => Err(ConfigError::NotPositive(name)),
         };
         let extra = raw.kv_connector_extra_config;
+        let listen_host = raw.kv_ip.unwrap_or_else(|| "127.0.0.1".to_owned());
+        if is_wildcard(&listen_host) && extra.advertise_host.is_none() && raw.kv_role.produces() {
+            return Err(ConfigError::NoAdvertiseHost(listen_host));
+        }
         Ok(Self {
             role: raw.kv_role,
             engine_id: raw.engine_id,
-            listen_host: raw.kv_ip.unwrap_or_else(|| "127.0.0.1".to_owned()),
+            listen_host,
             listen_port: raw.kv_port.unwrap_or(14579),
             advertise_host: extra.advertise_host,
             transfer_timeout: seconds(extra.transfer_timeout_s, 30.0, "transfer_timeout_s")?,
             hold_timeout: seconds(extra.hold_timeout_s, 120.0, "hold_timeout_s")?,
             failure_policy,
+            allowed_producers: extra.allowed_producers,
         })
     }
 
     /// The host decode instances are told to fetch from.
     pub fn advertised_host(&self) -> String {
-        match &self.advertise_host {
-            Some(host) => host.clone(),
-            None if matches!(self.listen_host.as_str(), "0.0.0.0" | "::" | "[::]") => "127.0.0.1".to_owned(),
-            None => self.listen_host.clone(),
-        }
+        self.advertise_host.clone().unwrap_or_else(|| self.listen_host.clone())
     }
+}
+
+fn is_wildcard(host: &str) -> bool {
+    matches!(host, "0.0.0.0" | "::" | "[::]")
 }
 
 #[cfg(test)]
@@ -159,11 +170,13 @@ mod tests {
         let c = KvTransferConfig::parse(
             r#"{"kv_connector": "PagodaTcpConnector", "kv_role": "kv_both", "engine_id": "p0",
                 "kv_ip": "0.0.0.0", "kv_port": 7000, "kv_load_failure_policy": "fail",
-                "kv_connector_extra_config": {"transfer_timeout_s": 2.5, "hold_timeout_s": 9}}"#,
+                "kv_connector_extra_config": {"transfer_timeout_s": 2.5, "hold_timeout_s": 9,
+                  "advertise_host": "10.0.0.7", "allowed_producers": ["10.0.0.7:7000"]}}"#,
         )
         .unwrap();
         assert_eq!(c.engine_id.as_deref(), Some("p0"));
-        assert_eq!((c.listen_port, c.advertised_host().as_str()), (7000, "127.0.0.1"));
+        assert_eq!((c.listen_port, c.advertised_host().as_str()), (7000, "10.0.0.7"));
+        assert_eq!(c.allowed_producers, Some(vec!["10.0.0.7:7000".to_owned()]));
         assert_eq!(
             (c.transfer_timeout, c.hold_timeout),
             (Duration::from_millis(2500), Duration::from_secs(9))
@@ -185,5 +198,8 @@ mod tests {
         assert!(err(extra).contains("transfer_timeout_s"));
         let extra = r#"{"kv_role": "kv_both", "kv_connector_extra_config": {"backends": ["UCX"]}}"#;
         assert!(err(extra).contains("backends"));
+        let forever = r#"{"kv_role": "kv_both", "kv_connector_extra_config": {"hold_timeout_s": 1e300}}"#;
+        assert!(err(forever).contains("hold_timeout_s"));
+        assert!(err(r#"{"kv_role": "kv_producer", "kv_ip": "0.0.0.0"}"#).contains("advertise_host"));
     }
 }

@@ -162,11 +162,8 @@ fn vllm_directive(
                     ))
                 }
             };
-            Ok(Some(Directive::Fetch(TransferSource {
-                host: text("remote_host")?,
-                port,
-                key: text("remote_request_id")?,
-            })))
+            let source = TransferSource { host: text("remote_host")?, port, key: text("remote_request_id")? };
+            allowed(config, source, "kv_transfer_params.remote_host").map(|s| Some(Directive::Fetch(s)))
         }
     }
 }
@@ -188,12 +185,26 @@ fn sglang_directive(
                 .filter(|h| !h.is_empty())
                 .ok_or_else(|| refuse("bootstrap_host", "is required with bootstrap_room"))?;
             let port = bootstrap.port.unwrap_or(SGLANG_DEFAULT_BOOTSTRAP_PORT);
-            Ok(Some(Directive::Fetch(TransferSource { host, port, key })))
+            allowed(config, TransferSource { host, port, key }, "bootstrap_host").map(|s| Some(Directive::Fetch(s)))
         }
         KvRole::KvBoth => Err(refuse(
             "bootstrap_room",
             "SGLang's bootstrap flow needs an instance that is either the prefill (kv_producer) or the decode (kv_consumer), not kv_both",
         )),
+    }
+}
+
+/// `source` when the config lets this instance fetch from it.
+fn allowed(
+    config: &KvTransferConfig,
+    source: TransferSource,
+    field: &str,
+) -> Result<TransferSource, DirectiveError> {
+    match &config.allowed_producers {
+        Some(list) if !list.contains(&source.addr()) => {
+            Err(refuse(field, format!("{} is not one of this instance's allowed_producers", source.addr())))
+        }
+        _ => Ok(source),
     }
 }
 
@@ -306,5 +317,20 @@ mod tests {
         assert_eq!(directive(Some(&consumer), None, &no_room, "1").unwrap_err().field, "bootstrap_room");
         let no_host = Bootstrap { host: None, ..room };
         assert_eq!(directive(Some(&consumer), None, &no_host, "1").unwrap_err().field, "bootstrap_host");
+        let fenced = KvTransferConfig::parse(
+            r#"{"kv_role": "kv_consumer", "kv_connector_extra_config": {"allowed_producers": ["10.0.0.2:8998"]}}"#,
+        )
+        .unwrap();
+        let ok = Bootstrap { host: Some("10.0.0.2".into()), port: Some(8998), room: Some(1) };
+        assert!(directive(Some(&fenced), None, &ok, "1").is_ok());
+        let elsewhere = Bootstrap { host: Some("10.0.0.66".into()), ..ok };
+        assert_eq!(directive(Some(&fenced), None, &elsewhere, "1").unwrap_err().field, "bootstrap_host");
+        let vllm = params(
+            r#"{"do_remote_prefill": true, "remote_host": "10.0.0.66", "remote_port": 8998, "remote_request_id": "k"}"#,
+        );
+        assert_eq!(
+            directive(Some(&fenced), Some(&vllm), &Bootstrap::default(), "1").unwrap_err().field,
+            "kv_transfer_params.remote_host"
+        );
     }
 }

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 pub use config::{KvRole, KvTransferConfig};
 pub use directive::{Directive, TransferSource};
-pub use pagoda_engine::KvPrefix;
+pub use pagoda_engine::{HeldExport, KvPageLayout, KvPrefix};
 
 /// A boxed future, so that the transport traits can be used as trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -39,8 +39,8 @@ pub enum TransferError {
     Connect { addr: String, source: std::io::Error },
     #[error("the transfer timed out")]
     Timeout,
-    #[error("the prefill instance holds nothing under key {0:?} (never held, already read, or expired)")]
-    NotFound(String),
+    #[error("the prefill instance holds nothing under key {key:?}: {reason}")]
+    NotFound { key: String, reason: String },
     #[error("the prefill instance refused: {0}")]
     Refused(String),
     #[error("transfer I/O: {0}")]
@@ -55,7 +55,7 @@ impl TransferError {
         match self {
             TransferError::Connect { .. } => "connect",
             TransferError::Timeout => "timeout",
-            TransferError::NotFound(_) => "not_found",
+            TransferError::NotFound { .. } => "not_found",
             TransferError::Refused(_) => "refused",
             TransferError::Io(_) => "io",
             TransferError::Protocol(_) => "protocol",
@@ -63,18 +63,33 @@ impl TransferError {
     }
 }
 
-/// The consumer's side of a transport: fetches the prefix a producer holds for `source`,
-/// waiting for it (the prefill may still be running) until `deadline`.
+/// What a decode instance asks for, and what it can take: pages of its own model and layout,
+/// at most `max_blocks` of them. A transport checks the answer against these before it
+/// allocates anything for the pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchSpec {
+    pub source: TransferSource,
+    /// The model both instances must serve (compared by the producer).
+    pub model: String,
+    pub layout: KvPageLayout,
+    pub max_blocks: usize,
+}
+
+/// The consumer's side of a transport: fetches the prefix a producer holds for
+/// `spec.source`, waiting for it (the prefill may still be running) until `deadline`.
 pub trait KvConnector: Send + Sync {
     fn fetch<'a>(
         &'a self,
-        source: &'a TransferSource,
+        spec: &'a FetchSpec,
         deadline: Instant,
     ) -> BoxFuture<'a, Result<KvPrefix, TransferError>>;
 }
 
 /// What a producer's transport serves: the prefix held under a key, taken (and released) by
-/// the read; `Ok(None)` while nothing is held there.
+/// the read, or whether it may still come.
 pub trait KvSource: Send + Sync + 'static {
-    fn take<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KvPrefix>, String>>;
+    fn take<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<HeldExport, String>>;
+
+    /// The model this instance serves; a fetch for another is refused without taking anything.
+    fn model(&self) -> &str;
 }

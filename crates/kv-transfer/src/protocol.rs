@@ -21,6 +21,8 @@ pub const MAX_PAGES_BYTES: u64 = 64 << 30;
 pub struct FetchRequest {
     pub version: u32,
     pub key: String,
+    /// The model the decode instance serves; a producer serving another refuses.
+    pub model: String,
     /// How long the producer may wait for the key to be held before answering `not_found`.
     pub wait_ms: u64,
 }
@@ -128,7 +130,7 @@ mod tests {
 
     #[tokio::test]
     async fn frames_round_trip_and_garbage_is_refused() {
-        let req = FetchRequest { version: VERSION, key: "room-1".into(), wait_ms: 250 };
+        let req = FetchRequest { version: VERSION, key: "room-1".into(), model: "m".into(), wait_ms: 250 };
         let mut buf = Vec::new();
         write_frame(&mut buf, &req).await.unwrap();
         let back: FetchRequest = read_frame(&mut buf.as_slice()).await.unwrap();

@@ -140,15 +140,7 @@ impl ChatTurn {
         }
         let split = ChoiceSplit { reasoning, tools: self.tools.as_ref().map(|_| state.tool_format) };
         let prompts = vec![prompt];
-        crate::disaggregation::fetch_prompt_kv(
-            &state.engine,
-            &state.metrics,
-            state.disaggregation.as_ref(),
-            params.kv_transfer.as_ref(),
-            &prompts,
-            params.lora,
-        )
-        .await?;
+        crate::disaggregation::fetch_prompt_kv(state, &params, &prompts).await?;
         let submission = submit(state, prompts, &params, arrival, self.prompt_param)?;
         Ok(StartedTurn { submission, split, max_tokens_clamped })
     }

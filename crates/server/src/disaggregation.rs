@@ -11,21 +11,29 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use pagoda_engine::{EngineHandle, KvHold, KvPrefix, Request};
+use pagoda_engine::{EngineHandle, HeldExport, KvHold, Request, SpeculativeMethod};
 use pagoda_kv_transfer::config::FailurePolicy;
 use pagoda_kv_transfer::directive::{self, Bootstrap};
 use pagoda_kv_transfer::tcp::{serve, TcpConnector};
-use pagoda_kv_transfer::{BoxFuture, Directive, KvConnector, KvSource, KvTransferConfig, TransferSource};
+use pagoda_kv_transfer::{
+    BoxFuture, Directive, FetchSpec, KvConnector, KvSource, KvTransferConfig, TransferSource,
+};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::prompt::TokenizedPrompt;
+use crate::state::AppState;
+use crate::validate::GenerationParams;
 
 /// This instance's part in a disaggregated pair.
 pub struct Disaggregation {
     pub config: KvTransferConfig,
     /// Names this instance in the parameters a prefill answers with.
     pub engine_id: String,
+    /// The model as both instances must name it: the last component of `--model` (a file or
+    /// directory name, or a hub id's name), so that two hosts with the model at different
+    /// paths still agree.
+    pub model: String,
     connector: Arc<dyn KvConnector>,
 }
 
@@ -56,8 +64,23 @@ impl Disaggregation {
         engine: &EngineHandle,
         metrics: Arc<Metrics>,
         instance_id: &str,
+        model_path: &str,
     ) -> Result<Self, StartError> {
         let ec = engine.config();
+        if engine.kv_page_layout().is_none() {
+            return Err(StartError::Unsupported(
+                "this model keeps no KV pages that could be transferred".into(),
+            ));
+        }
+        if config.role.consumes()
+            && ec.speculative.as_ref().is_some_and(|s| matches!(s.method, SpeculativeMethod::DraftModel))
+        {
+            return Err(StartError::Unsupported(
+                "a separate draft model keeps a KV cache of its own, which is not transferred; \
+                 use another speculative method on a decode instance"
+                    .into(),
+            ));
+        }
         if !ec.enable_prefix_caching {
             return Err(StartError::Unsupported(
                 "transferred KV enters through the prefix cache; run without --no-enable-prefix-caching"
@@ -74,13 +97,26 @@ impl Disaggregation {
             let listener = tokio::net::TcpListener::bind(&addr)
                 .await
                 .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
-            let source = Arc::new(EngineSource { engine: engine.clone(), metrics });
+            let source =
+                Arc::new(EngineSource { engine: engine.clone(), metrics, model: model_name(model_path) });
             tokio::spawn(serve(listener, source, config.transfer_timeout.max(config.hold_timeout)));
             tracing::info!(%addr, role = config.role.name(), "KV transfer listener started");
         }
         let engine_id = config.engine_id.clone().unwrap_or_else(|| instance_id.to_owned());
-        Ok(Self { config, engine_id, connector: Arc::new(TcpConnector) })
+        Ok(Self { config, engine_id, model: model_name(model_path), connector: Arc::new(TcpConnector) })
     }
+}
+
+/// The last component of a model path or hub id.
+fn model_name(path: &str) -> String {
+    path.trim_end_matches('/').rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+/// A transfer key no outsider can guess (holds are taken by key).
+fn unguessable(n: u64) -> String {
+    use std::hash::BuildHasher;
+    let state = std::collections::hash_map::RandomState::new();
+    format!("{:016x}{:016x}", state.hash_one(n), state.hash_one(!n))
 }
 
 /// Reads what a request asks of disaggregation; a field this instance cannot honour is a 400
@@ -104,7 +140,7 @@ pub fn directive_of(
     };
     let config = pd.map(|pd| &pd.config);
     let key = match pd {
-        Some(pd) => format!("{}-{request_key}", pd.engine_id),
+        Some(pd) => format!("{}-{}", pd.engine_id, unguessable(request_key)),
         None => request_key.to_string(),
     };
     let found = directive::directive(config, params, &bootstrap, &key)
@@ -162,23 +198,21 @@ pub fn apply_hold(
 /// cache before the request is submitted. Failures fall back to computing the prompt here,
 /// unless the config asks to fail the request instead.
 pub async fn fetch_prompt_kv(
-    engine: &EngineHandle,
-    metrics: &Metrics,
-    pd: Option<&Disaggregation>,
-    directive: Option<&Directive>,
+    state: &AppState,
+    params: &GenerationParams,
     prompts: &[TokenizedPrompt],
-    lora: Option<pagoda_engine::LoraId>,
 ) -> Result<(), ApiError> {
-    let (Some(pd), Some(Directive::Fetch(source))) = (pd, directive) else { return Ok(()) };
+    let (Some(pd), Some(Directive::Fetch(source))) = (&state.disaggregation, &params.kv_transfer) else {
+        return Ok(());
+    };
+    let (engine, metrics, lora) = (&state.engine, &state.metrics, params.lora);
     let [prompt] = prompts else {
         return Err(ApiError::invalid("prompt", "a disaggregated request takes one prompt"));
     };
     let started = Instant::now();
-    let result = fetch_and_import(engine, pd, source, &prompt.token_ids, lora).await;
+    let result = fetch_and_import(engine, metrics, pd, source, &prompt.token_ids, lora).await;
     match result {
         Ok(tokens) => {
-            let block_size = engine.config().block_size.max(1);
-            metrics.record_kv_transfer_received(tokens / block_size);
             tracing::debug!(
                 key = source.key,
                 tokens,
@@ -205,16 +239,26 @@ pub async fn fetch_prompt_kv(
     }
 }
 
-/// Fetches and imports; the error is a metric label and a message.
+/// Fetches and imports; returns the leading prompt tokens now cached. The error is a metric
+/// label and a message.
 async fn fetch_and_import(
     engine: &EngineHandle,
+    metrics: &Metrics,
     pd: &Disaggregation,
     source: &TransferSource,
     prompt: &[u32],
     lora: Option<pagoda_engine::LoraId>,
 ) -> Result<usize, (&'static str, String)> {
     let deadline = Instant::now() + pd.config.transfer_timeout;
-    let mut prefix = pd.connector.fetch(source, deadline).await.map_err(|e| (e.kind(), e.to_string()))?;
+    let layout = engine.kv_page_layout().ok_or(("refused", "this cache cannot be transferred".to_owned()))?;
+    let spec = FetchSpec {
+        source: source.clone(),
+        model: pd.model.clone(),
+        layout: layout.clone(),
+        max_blocks: engine.config().num_blocks,
+    };
+    let mut prefix = pd.connector.fetch(&spec, deadline).await.map_err(|e| (e.kind(), e.to_string()))?;
+    metrics.record_kv_transfer_received(prefix.num_blocks());
     // Only blocks of this very prompt are imported: a prefill that tokenized differently
     // (another template or model) contributes the blocks the two agree on.
     if prefix.num_blocks() == 0 {
@@ -234,17 +278,22 @@ async fn fetch_and_import(
 struct EngineSource {
     engine: EngineHandle,
     metrics: Arc<Metrics>,
+    model: String,
 }
 
 impl KvSource for EngineSource {
-    fn take<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KvPrefix>, String>> {
+    fn take<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<HeldExport, String>> {
         Box::pin(async move {
             let taken = self.engine.export_held(key).await.map_err(|e| e.to_string())?;
-            if let Some(prefix) = &taken {
+            if let HeldExport::Ready(prefix) = &taken {
                 self.metrics.record_kv_transfer_sent(prefix.num_blocks());
             }
             Ok(taken)
         })
+    }
+
+    fn model(&self) -> &str {
+        &self.model
     }
 }
 
@@ -255,7 +304,12 @@ mod tests {
 
     fn instance(role: &str) -> Disaggregation {
         let config = KvTransferConfig::parse(&format!(r#"{{"kv_role": "{role}"}}"#)).unwrap();
-        Disaggregation { config, engine_id: "p0".into(), connector: Arc::new(TcpConnector) }
+        Disaggregation {
+            config,
+            engine_id: "p0".into(),
+            model: "m".into(),
+            connector: Arc::new(TcpConnector),
+        }
     }
 
     fn param_of(err: ApiError) -> String {
@@ -271,10 +325,18 @@ mod tests {
         let ask = json!({"do_remote_decode": true, "remote_host": null});
         let fields = PdFields { kv_transfer_params: Some(&ask), ..Default::default() };
         let found = directive_of(Some(&producer), fields, 7).unwrap();
-        assert_eq!(
-            found,
-            Some(Directive::Hold { key: "req-p0-7".into(), params: true, prefill_only: false })
+        let Some(Directive::Hold { key, params: true, prefill_only: false }) = found else {
+            panic!("{found:?}")
+        };
+        assert!(key.starts_with("req-p0-") && key.len() == "req-p0-".len() + 32, "{key}");
+        let again = directive_of(Some(&producer), fields, 7).unwrap();
+        assert_ne!(
+            again,
+            Some(Directive::Hold { key, params: true, prefill_only: false }),
+            "keys are not guessable"
         );
+        assert_eq!(model_name("/models/SmolLM2.gguf"), "SmolLM2.gguf");
+        assert_eq!(model_name("HuggingFaceTB/SmolLM2-135M-Instruct/"), "SmolLM2-135M-Instruct");
         // The answer comes in the response body, so the prefill cannot be streamed.
         let streamed = PdFields { stream: true, ..fields };
         assert_eq!(

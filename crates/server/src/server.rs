@@ -226,6 +226,7 @@ impl Server {
                     &running.engine,
                     Arc::clone(&metrics),
                     &instance_id,
+                    &config.engine.model,
                 )
                 .await?,
             ),

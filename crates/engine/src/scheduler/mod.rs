@@ -22,7 +22,7 @@ mod transfer;
 mod update;
 
 pub(crate) use state::{RequestShared, RequestState, Scheduled, SeqEntry};
-pub use transfer::HeldPrefix;
+pub use transfer::{HeldPrefix, TakeHeld};
 
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
@@ -126,7 +126,9 @@ pub struct Scheduler {
     pub(crate) last_spec_stats: SpecDecodeStats,
     /// Blocks pinned for prefill/decode transfers, by transfer key (`transfer.rs`).
     pub(crate) held: std::collections::HashMap<String, crate::kv_transfer::HeldBlocks>,
-    /// Holds released because nobody read them in time, since start.
+    /// Keys that will not be held (failed prefills, holds read or expired), until forgotten.
+    pub(crate) gone: std::collections::HashMap<String, crate::kv_transfer::GoneKey>,
+    /// Holds released unread (expired, or given up for room), since start.
     pub(crate) expired_holds: u64,
     /// Source of seeds for requests that bring none.
     seed_state: u64,
@@ -163,6 +165,7 @@ impl Scheduler {
             proposers,
             last_spec_stats: SpecDecodeStats::default(),
             held: std::collections::HashMap::new(),
+            gone: std::collections::HashMap::new(),
             expired_holds: 0,
             seed_state: RandomState::new().hash_one(0x5EED_u64),
         })
@@ -318,6 +321,9 @@ impl Scheduler {
         }
         let now = Instant::now();
         let Some(mut state) = self.requests.remove(&id) else { return true };
+        if let Some(hold) = &state.shared.kv_hold {
+            self.hold_failed(hold, now);
+        }
         if state.timestamps.first_scheduled.is_none() {
             self.num_unstarted -= state.shared.n;
         }

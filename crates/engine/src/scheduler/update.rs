@@ -249,9 +249,11 @@ impl Scheduler {
         if let Some(proposers) = &mut self.proposers {
             proposers.record_output(e.seq.output_token_ids());
         }
-        if matches!(reason, FinishReason::Stop(_) | FinishReason::Length) {
-            if let Some(hold) = &e.shared.kv_hold {
+        if let Some(hold) = &e.shared.kv_hold {
+            if matches!(reason, FinishReason::Stop(_) | FinishReason::Length) {
                 self.hold_for_transfer(hold, &e.seq, now);
+            } else {
+                self.hold_failed(hold, now);
             }
         }
         self.blocks.free(&mut e.seq);

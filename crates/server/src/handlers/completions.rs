@@ -107,15 +107,7 @@ pub async fn completions(
     }
     let add_special_tokens = req.add_special_tokens.unwrap_or(true);
     let prompts = state.prompts.completion(req.prompt.into_inputs(), add_special_tokens).await?;
-    crate::disaggregation::fetch_prompt_kv(
-        &state.engine,
-        &state.metrics,
-        state.disaggregation.as_ref(),
-        params.kv_transfer.as_ref(),
-        &prompts,
-        params.lora,
-    )
-    .await?;
+    crate::disaggregation::fetch_prompt_kv(&state, &params, &prompts).await?;
     let submission = submit(&state, prompts, &params, arrival, "prompt")?;
     let ctx = Context {
         id: response_id("cmpl"),

@@ -132,9 +132,13 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
     ensure!(reference.iter().all(|(_, n)| *n > 0), "the single instance generated nothing: {reference:?}");
 
     for kind in [RouterKind::Vllm, RouterKind::Sglang] {
+        // Each router starts on a cold decode cache: its hits can only come from transfers.
+        let flushed = http.post(decode.url("/flush_cache")).send().await?;
+        ensure!(flushed.status().is_success(), "flushing the decode instance: {}", flushed.status());
         let before = replica_metrics(&http, &decode).await?;
         let received_before =
             metric_sum(&before, "pagoda:kv_transfer_blocks_total", &["direction=\"received\""]);
+        let hits_before = metric_sum(&before, "pagoda:prefix_cache_hits_total", &[]);
         let router = Router::start_pd(kind, &prefill.addr, kv_port, &decode.addr, dir.path()).await?;
         // sglang-router itself refuses a completions prompt of token ids (422): text only there.
         let served = |body: &Value| kind == RouterKind::Vllm || !body["prompt"].is_array();
@@ -161,6 +165,12 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
         // shorter than a block), plus the streamed chat's.
         let whole: f64 = prompt_lengths(&http, &single, &sent).await?.iter().map(|n| (n / 16) as f64).sum();
         ensure!(received >= whole, "{}: {received} blocks received, the prompts have {whole}", kind.name());
+        let hits = metric_sum(&after, "pagoda:prefix_cache_hits_total", &[]) - hits_before;
+        ensure!(
+            hits >= whole * 16.0,
+            "{}: only {hits} prompt tokens came from the imported blocks",
+            kind.name()
+        );
         ensure!(
             failures == 0.0,
             "{}: {failures} transfers failed\n{}",
@@ -223,6 +233,8 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
     prefill_body["kv_transfer_params"] = json!({"do_remote_decode": true, "do_remote_prefill": false,
         "remote_host": null, "remote_port": null, "remote_block_ids": null, "remote_engine_id": null});
     prefill_body["max_tokens"] = json!(1);
+    let expired_before =
+        metric_sum(&replica_metrics(&http, &prefill).await?, "pagoda:kv_transfer_expired_holds_total", &[]);
     let prefilled = post(&http, &prefill.url(path), &prefill_body).await?;
     let params = prefilled["kv_transfer_params"].clone();
     ensure!(
@@ -234,7 +246,8 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
     tokio::time::sleep(Duration::from_secs(10)).await;
     let metrics = replica_metrics(&http, &prefill).await?;
     ensure!(metric_sum(&metrics, "pagoda:kv_transfer_held_blocks", &[]) == 0.0, "held blocks not released");
-    ensure!(metric_sum(&metrics, "pagoda:kv_transfer_expired_holds_total", &[]) == 1.0, "expiry not counted");
+    let expired = metric_sum(&metrics, "pagoda:kv_transfer_expired_holds_total", &[]) - expired_before;
+    ensure!(expired == 1.0, "{expired} expiries counted, expected 1");
     let mut late = body.clone();
     late["kv_transfer_params"] = params;
     let got = answer(&post(&http, &decode_1s.url(path), &late).await?);
