@@ -67,6 +67,17 @@ impl Disaggregation {
         model_path: &str,
     ) -> Result<Self, StartError> {
         let ec = engine.config();
+        if !ec.enable_prefix_caching {
+            return Err(StartError::Unsupported(
+                "transferred KV enters through the prefix cache; run without --no-enable-prefix-caching"
+                    .into(),
+            ));
+        }
+        if ec.kv_groups.len() != 1 {
+            return Err(StartError::Unsupported(
+                "this model has sliding-window layers, whose KV cannot be transferred yet".into(),
+            ));
+        }
         if engine.kv_page_layout().is_none() {
             return Err(StartError::Unsupported(
                 "this model keeps no KV pages that could be transferred".into(),
@@ -79,17 +90,6 @@ impl Disaggregation {
                 "a separate draft model keeps a KV cache of its own, which is not transferred; \
                  use another speculative method on a decode instance"
                     .into(),
-            ));
-        }
-        if !ec.enable_prefix_caching {
-            return Err(StartError::Unsupported(
-                "transferred KV enters through the prefix cache; run without --no-enable-prefix-caching"
-                    .into(),
-            ));
-        }
-        if ec.kv_groups.len() != 1 {
-            return Err(StartError::Unsupported(
-                "this model has sliding-window layers, whose KV cannot be transferred yet".into(),
             ));
         }
         if config.role.produces() {

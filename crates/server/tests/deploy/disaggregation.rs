@@ -266,3 +266,40 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
     ensure!(resp.status() == 400, "a decode instance took a prefill: {}", resp.status());
     Ok(())
 }
+
+/// What cannot take part stops the server at start-up with the reason, rather than failing
+/// transfers later: Gemma 3's sliding-window layers, and a cache outside the prefix cache.
+#[test]
+fn instances_that_cannot_transfer_refuse_to_start() -> Result<()> {
+    let root = repo_root();
+    let gemma = root.join("models/gemma-3-270m-q4_k_m.gguf");
+    ensure!(gemma.exists(), "{} is missing: run `make model-gemma3`", gemma.display());
+    let consumer = transfer_config("kv_consumer", json!({}), None);
+    let cases: [(&std::path::Path, &[&str], &str); 2] = [
+        (&gemma, &[], "sliding-window"),
+        (&root.join(crate::stack::MODEL_FILE), &["--no-enable-prefix-caching"], "prefix cache"),
+    ];
+    for (model, extra, reason) in cases {
+        let port = free_port()?.to_string();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pagoda"))
+            .args(["serve", "--model"])
+            .arg(model)
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port,
+                "--max-model-len",
+                "512",
+                "--kv-cache-memory",
+                "32MiB",
+            ])
+            .args(["--kv-transfer-config", &consumer])
+            .args(extra)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "{} started with {extra:?}", model.display());
+        ensure!(stderr.contains(reason) && stderr.contains("--kv-transfer-config"), "{reason}: {stderr}");
+    }
+    Ok(())
+}
