@@ -1,7 +1,9 @@
 //! The engine loop, on its own OS thread: drain commands (add, abort, end a sample cut by a stop
 //! string) -> drop requests whose stream was dropped -> `schedule()` -> `execute()` ->
 //! `update()` -> send token events (their text is made on the caller's side, `crate::output`). It blocks on
-//! the command channel when there is nothing to do and never busy-waits.
+//! the command channel when there is nothing to do and never busy-waits. Between steps it also
+//! serves prefill/decode transfers (reading a held prefix, importing a received one) and
+//! releases holds at their deadline ([`crate::kv_transfer`]).
 //!
 //! No request is lost: every stream ends with a last event (finished, aborted or failed), also
 //! when the executor fails, at shutdown, and — through `Drop` — if the loop itself panics.

@@ -100,6 +100,7 @@ fn transfer_config(role: &str, extra: Value, port: Option<u16>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> Result<()> {
+    let _turn = crate::SERVERS.lock().await;
     let dir = tempfile::Builder::new().prefix("pagoda-pd-").tempdir()?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
     let kv_port = free_port()?;
@@ -271,6 +272,7 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
 /// transfers later: Gemma 3's sliding-window layers, and a cache outside the prefix cache.
 #[test]
 fn instances_that_cannot_transfer_refuse_to_start() -> Result<()> {
+    let _turn = crate::SERVERS.blocking_lock();
     let root = repo_root();
     let gemma = root.join("models/gemma-3-270m-q4_k_m.gguf");
     ensure!(gemma.exists(), "{} is missing: run `make model-gemma3`", gemma.display());

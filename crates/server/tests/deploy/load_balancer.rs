@@ -85,6 +85,7 @@ fn metric_sum(text: &str, metric: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn load_balanced_replicas_stream_spread_and_are_scraped() -> Result<()> {
+    let _turn = crate::SERVERS.lock().await;
     let stack = Stack::start(2).await?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
 

@@ -46,6 +46,7 @@ fn load(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_fails_cleanly_and_rejoins() -> Result<()> {
+    let _turn = crate::SERVERS.lock().await;
     let dir = tempfile::Builder::new().prefix("pagoda-faults-").tempdir()?;
     // Each request has a deadline: one that hangs fails the test.
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;

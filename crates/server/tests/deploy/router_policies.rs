@@ -143,6 +143,7 @@ async fn policies_behind(kind: RouterKind) -> Result<Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_routers_route_every_policy_without_a_404() -> Result<()> {
+    let _turn = crate::SERVERS.lock().await;
     let mut rows = vec![
         "| router | policy | requests | prefix-hit rate | wall |".to_owned(),
         "|---|---|---|---|---|".to_owned(),
