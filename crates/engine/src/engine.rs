@@ -235,7 +235,7 @@ impl<E: ModelExecutor> EngineLoop<E> {
 
     /// Reads the pages held under `key` and releases them.
     fn export_held(&mut self, key: &str) -> Result<crate::HeldExport, String> {
-        let Some(layout) = self.executor.kv_page_layout() else {
+        let Some(layout) = self.shared.kv_page_layout.clone() else {
             return Err("this model's KV cache cannot be transferred".into());
         };
         let held = match self.scheduler.take_held(key) {
@@ -256,8 +256,8 @@ impl<E: ModelExecutor> EngineLoop<E> {
         prefix: &crate::KvPrefix,
         lora: Option<crate::LoraId>,
     ) -> Result<usize, String> {
-        match self.executor.kv_page_layout() {
-            Some(layout) if layout == prefix.layout => {}
+        match &self.shared.kv_page_layout {
+            Some(layout) if *layout == prefix.layout => {}
             Some(layout) => {
                 return Err(format!("the pages' layout {:?} is not this cache's {layout:?}", prefix.layout))
             }

@@ -259,12 +259,12 @@ async fn fetch_and_import(
     };
     let mut prefix = pd.connector.fetch(&spec, deadline).await.map_err(|e| (e.kind(), e.to_string()))?;
     metrics.record_kv_transfer_received(prefix.num_blocks());
-    // Only blocks of this very prompt are imported: a prefill that tokenized differently
-    // (another template or model) contributes the blocks the two agree on.
     if prefix.num_blocks() == 0 {
         // A prompt shorter than one block: nothing whole to move, and nothing failed.
         return Ok(0);
     }
+    // Only blocks of this very prompt are imported: a prefill that tokenized differently
+    // (another template or model) contributes the blocks the two agree on.
     let bs = prefix.layout.block_size.max(1);
     let agree = prefix.token_ids.iter().zip(prompt).take_while(|(a, b)| a == b).count();
     prefix.truncate_blocks(agree / bs);

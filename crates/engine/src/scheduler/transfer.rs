@@ -146,11 +146,6 @@ impl Scheduler {
         self.expired_holds
     }
 
-    /// Whether this scheduler's cache can hold and import transferred prefixes.
-    pub fn supports_transfer(&self) -> bool {
-        self.blocks.supports_transfer()
-    }
-
     /// Plans importing pages for `token_ids` under `lora` (see
     /// [`BlockManager::plan_import`](crate::block_manager::BlockManager::plan_import)).
     pub fn plan_import(&mut self, token_ids: &[u32], lora: Option<LoraId>) -> ImportPlan {
