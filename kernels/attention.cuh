@@ -23,8 +23,31 @@ struct WorkItem {
     uint32_t split;         // which split of the key range this is
     uint32_t num_splits;    // 1: the item writes `out`; > 1: partial rows for the combine kernel
     uint32_t scratch_base;  // first partial row of the split group
-    uint32_t reserved;
+    uint32_t flags;         // ITEM_RANGE_AT_RUN_TIME or 0
 };
+
+// Flag of a one-token decode item planned before its context length was known (a CUDA graph
+// replays the plan at every step): pos0, kv_lo and kv_hi come from context_lens at run time.
+constexpr uint32_t ITEM_RANGE_AT_RUN_TIME = 1;
+// The split rule's constants (crates/ops/src/cuda/plan.rs, SPLIT_GRANULE and SPLIT_MIN_KEYS).
+constexpr uint32_t SPLIT_GRANULE = 64;
+constexpr uint32_t SPLIT_MIN_KEYS = 128;
+
+// Fills in an ITEM_RANGE_AT_RUN_TIME item from its sequence's context length: split s of S
+// covers keys [s * piece, (s + 1) * piece) of the context, piece being the context over S
+// rounded up to SPLIT_GRANULE and at least SPLIT_MIN_KEYS; pieces past the context are empty.
+// The host's mirror is plan.rs's `range_at_run_time`.
+__device__ __forceinline__ void resolve_range_at_run_time(WorkItem &it, const uint32_t *__restrict__ context_lens) {
+    if (!(it.flags & ITEM_RANGE_AT_RUN_TIME)) return;
+    const uint32_t ctx = context_lens[it.seq];
+    uint32_t piece = (ctx + it.num_splits - 1) / it.num_splits;
+    piece = (piece + SPLIT_GRANULE - 1) / SPLIT_GRANULE * SPLIT_GRANULE;
+    piece = piece < SPLIT_MIN_KEYS ? SPLIT_MIN_KEYS : piece;
+    const uint32_t lo = min(it.split * piece, ctx);
+    it.kv_lo = lo;
+    it.kv_hi = min(lo + piece, ctx);
+    it.pos0 = ctx - it.ntok;
+}
 
 // Partial results of split items: row (split, kv_head, r) of a group lives at
 // scratch_base + (split * kv_heads + kv_head) * rows + r in part_o ([.., head_dim] f32,

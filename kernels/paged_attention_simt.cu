@@ -41,7 +41,8 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
                                                      const T *__restrict__ v_cache, const uint32_t *__restrict__ block_tables,
                                                      int max_blocks_per_seq, int block_size, int kv_heads, int group,
                                                      float scale_log2, T *__restrict__ out, float *__restrict__ part_o,
-                                                     float *__restrict__ part_lse) {
+                                                     float *__restrict__ part_lse,
+                                                     const uint32_t *__restrict__ context_lens) {
     using S = SimtShape<T, D, RT>;
     constexpr int VEC = S::VEC, CH = S::CH, DX = S::DX, NG = S::NG, KT = S::KT, KPG = S::KPG, NW = S::NW;
 
@@ -52,7 +53,8 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     T *v_tiles = k_tiles + 2 * KT * D;         // [2][KT][D]
     float *o_partial = reinterpret_cast<float *>(smem);  // [NW][RT][D], after the key loop
 
-    const WorkItem it = items[blockIdx.x];
+    WorkItem it = items[blockIdx.x];
+    resolve_range_at_run_time(it, context_lens);
     const int kv_head = blockIdx.y;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int lane_d = tid % DX, grp = tid / DX;
@@ -242,10 +244,10 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     extern "C" __global__ void __launch_bounds__(pagoda::SIMT_THREADS) pagoda_paged_attention_simt_##suffix(         \
         const pagoda::WorkItem *items, const T *q, long long q_row_stride, const T *k_cache, const T *v_cache,        \
         const uint32_t *block_tables, int max_blocks_per_seq, int block_size, int kv_heads, int group,               \
-        float scale_log2, T *out, float *part_o, float *part_lse) {                                                  \
+        float scale_log2, T *out, float *part_o, float *part_lse, const uint32_t *context_lens) {                     \
         pagoda::paged_attention_simt<T, D, RT>(items, q, q_row_stride, k_cache, v_cache, block_tables,              \
                                                max_blocks_per_seq, block_size, kv_heads, group, scale_log2, out,     \
-                                               part_o, part_lse);                                                    \
+                                               part_o, part_lse, context_lens);                                      \
     }                                                                                                                \
     PAGODA_ENTRY(pagoda_paged_attention_simt_##suffix)
 

@@ -16,6 +16,10 @@
 //!
 //! The floor is the weight bytes over the measured device-to-device copy bandwidth.
 //!
+//! Then the same steps replayed as CUDA graphs (`ModelRunner::enable_decode_graphs`): checked
+//! bit for bit against the same step run uncaptured on the graph's buffers, compared with the
+//! eager step (its attention plan splits keys differently, so bf16 rounding differs), timed.
+//!
 //! Last, one step at each batch in `PAGODA_PROFILE_BATCHES` (default 1) runs inside
 //! `cuProfilerStart`/`cuProfilerStop`, so that `ncu --profile-from-start off` records the kernels
 //! of exactly those steps (`scripts/gpu-step-kernels.sh`); without a profiler attached it is
@@ -74,6 +78,64 @@ pub(crate) fn enqueue_time(runner: &mut ModelRunner, batch: &ScheduledBatch, gpu
         drop(logits);
     }
     Ok(median(&mut samples))
+}
+
+/// The decode steps of [`BATCHES`] replayed as CUDA graphs. Checked: the graph's logits are
+/// the bits of the same step run eagerly on the graph's buffers and attention plan (the path
+/// without a capture). Reported: how far they are from the eager step's logits `eager`, whose
+/// attention plan splits keys by the actual context, and the step time (MBU against `floors`).
+fn graph_steps(
+    runner: &mut ModelRunner,
+    eager: &[Vec<Vec<f32>>],
+    floors: &[f64],
+    gpu: &Device,
+    report: &mut Report,
+) -> Result<()> {
+    // As a server with a long max_model_len would plan them: the cache's whole length.
+    let max_context = runner.num_blocks() * BLOCK_SIZE;
+    let max_batch = *BATCHES.iter().max().unwrap_or(&1);
+    for ((batch_size, want), floor) in BATCHES.into_iter().zip(eager).zip(floors) {
+        let batch = decode_batch(batch_size);
+        runner.enable_decode_graphs(max_batch, max_context, false);
+        let uncaptured = runner.logits(&batch)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        runner.enable_decode_graphs(max_batch, max_context, true);
+        let got = runner.logits(&batch)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        let captured = runner.decode_graph_sizes().contains(&batch_size);
+        report.expect(
+            SECTION,
+            &format!("decode graph, batch {batch_size}: captured, the bits of the same step uncaptured"),
+            captured && got == uncaptured,
+            format!("captured {captured}; bit-identical {}", got == uncaptured),
+        );
+        let (mut worst, mut same) = (0f32, 0);
+        for (g, w) in got.iter().zip(want) {
+            let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            worst = g.iter().zip(w).map(|(a, b)| (a - b).abs() / scale).fold(worst, f32::max);
+            same += usize::from(argmax(g) == argmax(w));
+        }
+        let step = time_calls(gpu, TIMED_STEPS, 1, || {
+            runner.execute(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(())
+        })?;
+        let enqueue = enqueue_time(runner, &batch, gpu)?;
+        report.info(
+            SECTION,
+            &format!("decode step as a CUDA graph, batch {batch_size}"),
+            format!(
+                "step {:.2} ms (MBU {:.0}%); host enqueue {:.3} ms; against the eager step: {same}/{} \
+                 greedy tokens the same, logit error {worst:.4} of the largest",
+                step * 1e3,
+                100.0 * floor / step,
+                enqueue * 1e3,
+                want.len(),
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
 }
 
 /// Which matmul a projection is timed with.
@@ -213,8 +275,11 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
     let mut runner = ModelRunner::new(loaded.model, cache, gpu.clone())?;
     let weights = projections(&config, gpu)?;
 
+    let mut eager = Vec::new();
+    let mut floors = Vec::new();
     for batch_size in BATCHES {
         let batch = decode_batch(batch_size);
+        eager.push(runner.logits(&batch)?.to_dtype(DType::F32)?.to_vec2::<f32>()?);
         // One call per round: each step waited for, the median of TIMED_STEPS.
         let step = time_calls(gpu, TIMED_STEPS, 1, || {
             runner.execute(&batch).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -248,7 +313,9 @@ pub fn run(config_path: &Path, gpu: &Device, report: &mut Report) -> Result<()> 
                 floor * 1e3,
             ),
         );
+        floors.push(floor);
     }
+    graph_steps(&mut runner, &eager, &floors, gpu, report)?;
     for rows in [1, 8] {
         skinny_sweep(&weights, rows, gpu, report)?;
     }

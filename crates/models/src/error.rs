@@ -28,6 +28,8 @@ pub enum ModelError {
     ThreadPool(#[from] rayon::ThreadPoolBuildError),
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    #[error("CUDA graph: {0}")]
+    Graph(String),
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;

@@ -7,6 +7,7 @@ pub(crate) mod attention;
 pub mod bert;
 pub mod classifier;
 pub mod config;
+mod decode_graphs;
 mod config_gguf;
 mod config_hf;
 pub mod device_sampling;

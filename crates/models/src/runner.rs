@@ -4,7 +4,7 @@
 //! and block tables), runs the model over the whole mixed batch at once, and samples one token
 //! per sequence that asked for one (verifying its proposed tokens first, when it carries any).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::{Device, Tensor};
 use pagoda_engine::sampler::with_thread_sampler;
@@ -16,6 +16,7 @@ use pagoda_engine::{
 use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
+use crate::decode_graphs::DecodeGraphs;
 use crate::drafter::{DraftModel, Drafter};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -41,25 +42,27 @@ pub struct ModelRunner {
     /// from the engine thread instead, every op would hand its work to the pool and sleep until
     /// it is done: two thread wake-ups per op, hundreds per step (a fifth of a decode step).
     pool: Arc<rayon::ThreadPool>,
+    /// Decode steps replayed as CUDA graphs, when enabled ([`ModelRunner::enable_decode_graphs`]).
+    graphs: Option<Mutex<DecodeGraphs>>,
 }
 
 /// Host-side flattening of one batch.
 pub(crate) struct FlatBatch<'t> {
     /// Per sequence, its block tables (one per KV group).
-    tables: Vec<&'t [Vec<u32>]>,
-    input_ids: Vec<u32>,
-    positions: Vec<u32>,
+    pub(crate) tables: Vec<&'t [Vec<u32>]>,
+    pub(crate) input_ids: Vec<u32>,
+    pub(crate) positions: Vec<u32>,
     /// Per KV group.
-    slot_mappings: Vec<Vec<u32>>,
-    cu_seqlens_q: Vec<u32>,
-    context_lens: Vec<u32>,
-    logits_rows: Vec<u32>,
+    pub(crate) slot_mappings: Vec<Vec<u32>>,
+    pub(crate) cu_seqlens_q: Vec<u32>,
+    pub(crate) context_lens: Vec<u32>,
+    pub(crate) logits_rows: Vec<u32>,
     /// The token rows of the pooling sequences, which they pool; `pooled_bounds[i]..[i + 1]`
     /// are the `i`-th one's.
-    pooled_rows: Vec<u32>,
-    pooled_bounds: Vec<usize>,
+    pub(crate) pooled_rows: Vec<u32>,
+    pub(crate) pooled_bounds: Vec<usize>,
     /// Each row's LoRA adapter.
-    lora: LoraBatch,
+    pub(crate) lora: LoraBatch,
 }
 
 impl ModelRunner {
@@ -73,6 +76,7 @@ impl ModelRunner {
             tables: BlockTableStore::new(),
             copies_done: None,
             pool: Arc::new(pool),
+            graphs: None,
         })
     }
 
@@ -100,7 +104,30 @@ impl ModelRunner {
     /// A draft model is attached after that, with a cache of the final geometry.
     pub fn replace_cache(&mut self, cache: KvCache) -> KvCache {
         self.tables.clear();
-        std::mem::replace(&mut self.cache, cache)
+        let old = std::mem::replace(&mut self.cache, cache);
+        // Graphs captured the old cache's addresses.
+        if let Some(graphs) = self.graphs.take() {
+            let graphs = graphs.into_inner().unwrap_or_else(PoisonError::into_inner);
+            self.graphs = Some(Mutex::new(graphs.for_cache(&self.model, &self.cache)));
+        }
+        old
+    }
+
+    /// Runs decode steps of up to `max_batch` sequences (up to 128) of contexts of up to
+    /// `max_context` tokens as CUDA graphs, captured on first use (see
+    /// [`crate::decode_graphs`]); with `capture` false, on the same padded buffers without a
+    /// graph (how the CPU tests check that path).
+    pub fn enable_decode_graphs(&mut self, max_batch: usize, max_context: usize, capture: bool) {
+        let graphs = DecodeGraphs::new(&self.model, &self.cache, max_batch, max_context, capture);
+        self.graphs = Some(Mutex::new(graphs));
+    }
+
+    /// The decode batch sizes captured (or prepared) so far.
+    pub fn decode_graph_sizes(&self) -> Vec<usize> {
+        self.graphs
+            .as_ref()
+            .map(|g| g.lock().unwrap_or_else(PoisonError::into_inner).prepared_sizes())
+            .unwrap_or_default()
     }
 
     fn check_draft_cache(&self, cache: &KvCache) -> Result<()> {
@@ -130,6 +157,12 @@ impl ModelRunner {
     /// done (they run only after the check, so that a batch retried without a rejected sequence
     /// copies nothing twice).
     fn forward_flat(&self, flat: FlatBatch<'_>) -> Result<(Tensor, Option<Tensor>)> {
+        if let Some(graphs) = &self.graphs {
+            let mut graphs = graphs.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(logits) = graphs.forward(&self.model, &self.cache, &self.device, &flat)? {
+                return Ok((logits, None));
+            }
+        }
         forward_with(&self.model, &self.cache, &self.device, flat, None)
     }
 

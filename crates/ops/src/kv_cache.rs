@@ -20,8 +20,13 @@ const OP: &str = "reshape_and_cache";
 /// bf16 cache: each value is then rounded to the nearest as it is copied (the bits of
 /// `to_dtype`, without its pass over a strided view). They may be strided views whose rows
 /// (one token's `num_kv_heads * head_dim` values) are contiguous. Every slot must be below
-/// `num_blocks * block_size`; an out-of-range slot is an error and then nothing is written.
-/// If a slot repeats, the later token's row wins.
+/// `num_blocks * block_size` or be [`PADDING_SLOT`] (a padding row, written nowhere); another
+/// out-of-range slot is an error and then nothing is written. If a slot repeats, the later
+/// token's row wins.
+/// The slot of a token that is written nowhere: a padding row of a batch replayed at a fixed
+/// size (CUDA graphs).
+pub const PADDING_SLOT: u32 = u32::MAX;
+
 pub fn reshape_and_cache(
     k: &Tensor,
     v: &Tensor,
@@ -79,7 +84,7 @@ impl WriteKv {
             return Err(invalid(OP, "cache storage does not match its shape"));
         }
         // Validate every slot before writing any, so a bad batch leaves the cache untouched.
-        if let Some(&bad) = slots.iter().find(|&&s| s as usize >= self.num_slots) {
+        if let Some(&bad) = slots.iter().find(|&&s| s as usize >= self.num_slots && s != PADDING_SLOT) {
             return Err(candle_core::Error::InvalidIndex {
                 op: OP,
                 index: bad as usize,
@@ -97,7 +102,7 @@ impl WriteKv {
             op: OP,
         })?;
         let cache = &mut cache[cache_start..cache_end];
-        for (t, &slot) in slots.iter().enumerate() {
+        for (t, &slot) in slots.iter().enumerate().filter(|&(_, &s)| s != PADDING_SLOT) {
             let dst = slot as usize * self.row_len;
             copy_row(&src[rows.range(t)], &mut cache[dst..dst + self.row_len]);
         }

@@ -44,11 +44,12 @@ mod rms_norm;
 mod rotary;
 mod rotary_tables;
 mod simd;
+mod write_in_place;
 
 pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
-pub use kv_cache::reshape_and_cache;
+pub use kv_cache::{reshape_and_cache, PADDING_SLOT};
 pub use lora::{lora_add, LoraSegment};
 pub use matmul::device_quant::{
     DeviceQuantWeight, QuantLaunch, QUANT_KERNEL_MAX_ROWS, QUANT_MATMUL_MAX_ROWS,
@@ -62,6 +63,7 @@ pub use matmul::skinny_matmul::{
     SkinnyLaunch, SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS,
 };
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
+pub use write_in_place::write_u32_in_place;
 pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams, CUDA_ATTENTION_HEAD_DIMS};
 pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};

@@ -167,6 +167,9 @@ pub struct AttentionMetadata {
     pub max_q_len: usize,
     pub max_context_len: usize,
     host: HostAttentionMetadata,
+    /// Set on metadata a CUDA graph replays ([`AttentionMetadata::for_replay`]): the longest
+    /// context it holds, for which the attention plan is made once, whatever the contexts.
+    replay_max_context: Option<usize>,
     /// The CUDA attention plan of this step, made by the first layer and reused by the rest.
     #[cfg(feature = "cuda")]
     pub(crate) cuda_plans: crate::cuda::attention::PlanCache,
@@ -260,9 +263,58 @@ impl AttentionMetadata {
             max_q_len,
             max_context_len,
             host,
+            replay_max_context: None,
             #[cfg(feature = "cuda")]
             cuda_plans: Default::default(),
         }
+    }
+
+    /// Metadata of `num_seqs` one-token decodes whose values change from step to step in the
+    /// same device buffers ([`AttentionMetadata::write_replay`]), for a CUDA graph that replays
+    /// the same kernels on them: block tables `max_blocks_per_seq` wide, and an attention plan
+    /// made for contexts of up to `max_blocks_per_seq * block_size` keys that the kernels
+    /// resolve when they run. Until written, every sequence is a padding row: a context of one
+    /// token in block 0, its new token written nowhere ([`crate::PADDING_SLOT`]).
+    pub fn for_replay(
+        num_seqs: usize,
+        max_blocks_per_seq: usize,
+        block_size: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let host = HostAttentionMetadata {
+            slot_mapping: vec![crate::PADDING_SLOT; num_seqs],
+            cu_seqlens_q: (0..=num_seqs as u32).collect(),
+            context_lens: vec![1; num_seqs],
+            block_tables: vec![0; num_seqs * max_blocks_per_seq],
+            max_blocks_per_seq,
+        };
+        let mut meta = Self::from_host(host, device)?;
+        meta.replay_max_context = Some(max_blocks_per_seq * block_size);
+        Ok(meta)
+    }
+
+    /// Writes another step's decodes into replay metadata's buffers in place; `host` must have
+    /// its shape (sequences, one token each, table width). The attention plan is kept.
+    pub fn write_replay(&mut self, host: HostAttentionMetadata) -> Result<()> {
+        host.validate()?;
+        let fits = self.replay_max_context.is_some()
+            && host.num_seqs() == self.num_seqs()
+            && host.num_tokens() == self.num_seqs()
+            && host.max_blocks_per_seq == self.host.max_blocks_per_seq;
+        if !fits {
+            return Err(invalid(OP, "the step does not have the replay metadata's shape"));
+        }
+        crate::write_u32_in_place(&self.slot_mapping, &host.slot_mapping)?;
+        crate::write_u32_in_place(&self.context_lens, &host.context_lens)?;
+        crate::write_u32_in_place(&self.block_tables, &host.block_tables)?;
+        self.max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
+        self.host = host;
+        Ok(())
+    }
+
+    /// The longest context of replay metadata; `None` for one step's.
+    pub fn replay_max_context(&self) -> Option<usize> {
+        self.replay_max_context
     }
 
     /// The host copy of the metadata (what the CPU kernels read).
@@ -370,5 +422,29 @@ mod tests {
         let m = AttentionMetadata::new(vec![], vec![0], vec![], none, &Device::Cpu).unwrap();
         assert_eq!((m.num_seqs(), m.num_tokens(), m.max_q_len, m.max_context_len), (0, 0, 0, 0));
         assert_eq!(m.block_tables.dims(), &[0, 0]);
+    }
+
+    #[test]
+    fn replay_metadata_is_written_in_place() {
+        let mut m = AttentionMetadata::for_replay(2, 3, 4, &Device::Cpu).unwrap();
+        assert_eq!(m.replay_max_context(), Some(12));
+        assert_eq!(m.host().context_lens, vec![1, 1]);
+        let (slots, tables) = (m.slot_mapping.clone(), m.block_tables.clone());
+        let step = HostAttentionMetadata {
+            slot_mapping: vec![9, u32::MAX],
+            cu_seqlens_q: vec![0, 1, 2],
+            context_lens: vec![10, 1],
+            block_tables: vec![5, 6, 2, 0, 0, 0],
+            max_blocks_per_seq: 3,
+        };
+        m.write_replay(step.clone()).unwrap();
+        assert_eq!(slots.to_vec1::<u32>().unwrap(), vec![9, u32::MAX]);
+        assert_eq!(tables.flatten_all().unwrap().to_vec1::<u32>().unwrap(), step.block_tables);
+        assert_eq!(m.context_lens.to_vec1::<u32>().unwrap(), vec![10, 1]);
+        assert_eq!((m.host(), m.max_context_len), (&step, 10));
+        // Another shape, or a step's own metadata, is refused.
+        let wider = HostAttentionMetadata { block_tables: vec![0; 8], max_blocks_per_seq: 4, ..step.clone() };
+        assert!(m.write_replay(wider).is_err());
+        assert!(two_seqs().write_replay(step).is_err());
     }
 }

@@ -132,6 +132,11 @@ pub struct EngineArgs {
     /// CUDA (bfloat16/float16): our skinny matmul at every step, attention per token.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub batch_invariant: Option<bool>,
+    /// CUDA: run every step eagerly, without the CUDA graphs that otherwise replay decode steps
+    /// of up to --max-num-seqs sequences (at most 128; each batch size captured the first time
+    /// a step needs it). Always eager on the CPU and with --batch-invariant.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub enforce_eager: Option<bool>,
     /// Speculative decoding, as JSON in vLLM's shape: `{"method": "ngram",
     /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
     /// "disable_by_batch_size": 4}`, or `"method": "suffix"` (proposals also from recent
@@ -181,6 +186,7 @@ impl EngineArgs {
             kv_cache_dtype: self.kv_cache_dtype.or(file.kv_cache_dtype),
             cpu_gemm_dtype: self.cpu_gemm_dtype.or(file.cpu_gemm_dtype),
             batch_invariant: self.batch_invariant.or(file.batch_invariant),
+            enforce_eager: self.enforce_eager.or(file.enforce_eager),
             speculative_config: self.speculative_config.or(file.speculative_config),
             dequantize: self.dequantize.or(file.dequantize),
             pooling: self.pooling.or(file.pooling),
@@ -211,6 +217,7 @@ impl EngineArgs {
                 cpu_gemm_dtype: a.cpu_gemm_dtype.unwrap_or_default().into(),
                 batch_invariant: a.batch_invariant.unwrap_or(false),
             },
+            enforce_eager: a.enforce_eager.unwrap_or(false),
             block_size: a.block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
             kv_cache_memory: a.kv_cache_memory.map(|b| b.0),
             gpu_memory_utilization: a.gpu_memory_utilization.unwrap_or(DEFAULT_GPU_MEMORY_UTILIZATION),
@@ -251,6 +258,8 @@ pub struct EngineSettings {
     pub kv_cache_dtype: DtypeArg,
     /// `--cpu-gemm-dtype` and `--batch-invariant`, which the kernel plan resolves.
     pub kernels: KernelRequest,
+    /// No CUDA graphs (`--enforce-eager`).
+    pub enforce_eager: bool,
     pub block_size: usize,
     pub kv_cache_memory: Option<u64>,
     pub gpu_memory_utilization: f64,

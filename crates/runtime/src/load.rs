@@ -289,6 +289,11 @@ impl LoadedRuntime {
             cache_dtype,
             &options.device,
         )?);
+        // A batch-invariant step plans attention per token, which a replayed plan cannot.
+        let graphs = options.device.is_cuda() && !options.enforce_eager && !options.kernels.batch_invariant;
+        if graphs {
+            runner.enable_decode_graphs(options.max_num_seqs, max_model_len, true);
+        }
         let dtype_size = cache_dtype.size_in_bytes();
         let mut kv_cache_bytes =
             (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;

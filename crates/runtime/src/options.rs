@@ -50,6 +50,8 @@ pub struct RuntimeOptions {
     pub kv_cache_dtype: DType,
     /// `--cpu-gemm-dtype` and `--batch-invariant`, resolved into a kernel plan at load.
     pub kernels: KernelRequest,
+    /// Run decode steps eagerly on CUDA instead of replaying them as CUDA graphs.
+    pub enforce_eager: bool,
     pub block_size: usize,
     /// Bytes of KV cache; ignored when `num_blocks` is set or the cache is sized from device
     /// memory.
@@ -109,6 +111,7 @@ impl EngineSettings {
             dtype,
             kv_cache_dtype: self.kv_cache_dtype.kv_cache(dtype),
             kernels: self.kernels,
+            enforce_eager: self.enforce_eager,
             block_size: self.block_size,
             kv_cache_bytes: self.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES),
             num_blocks: self.num_gpu_blocks_override,

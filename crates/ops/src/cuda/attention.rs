@@ -11,7 +11,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage
 
 use super::device;
 use super::launch::{self, AttentionArgs, AttentionKernel};
-use super::plan::{plan_attention, PlanParams, WorkItem, SIMT_MAX_ROWS, SIMT_SMALL_ROWS};
+use super::plan::{plan_attention, plan_replay, PlanParams, WorkItem, SIMT_MAX_ROWS, SIMT_SMALL_ROWS};
 use crate::check::{self, invalid};
 use crate::metadata::AttentionMetadata;
 use crate::CUDA_ATTENTION_HEAD_DIMS;
@@ -59,7 +59,10 @@ impl PlanCache {
             }
         }
         let host = meta.host();
-        let plan = plan_attention(&host.cu_seqlens_q, &host.context_lens, &params);
+        let plan = match meta.replay_max_context() {
+            Some(max_context) => plan_replay(host.num_seqs(), max_context, &params),
+            None => plan_attention(&host.cu_seqlens_q, &host.context_lens, &params),
+        };
         let uploaded = Arc::new(DevicePlan {
             simt_small: upload(dev, &plan.simt_small)?,
             simt: upload(dev, &plan.simt)?,
@@ -151,6 +154,11 @@ pub(crate) fn paged_attention(
         });
     };
     let (bt0, _) = check::contiguous_range(bt_l, OP)?;
+    let (cl_storage, cl_l) = meta.context_lens.storage_and_layout();
+    let Storage::Cuda(context_lens) = &*cl_storage else {
+        return Err(invalid(OP, "context_lens must be on the device of q"));
+    };
+    let (cl0, _) = check::contiguous_range(cl_l, OP)?;
     let mut part_o = device::alloc(&dev, DType::F32, plan.partial_rows * head_dim)?;
     let mut part_lse = device::alloc(&dev, DType::F32, plan.partial_rows)?;
 
@@ -160,6 +168,7 @@ pub(crate) fn paged_attention(
         let (k_ptr, _kg) = device::ptr(k, k0, &stream)?;
         let (v_ptr, _vg) = device::ptr(v, v0, &stream)?;
         let (bt_ptr, _btg) = device::ptr(block_tables, bt0, &stream)?;
+        let (cl_ptr, _clg) = device::ptr(context_lens, cl0, &stream)?;
         let (out_ptr, _og) = device::ptr_mut(&mut out, 0, &stream)?;
         let (po_ptr, _pog) = device::ptr_mut(&mut part_o, 0, &stream)?;
         let (pl_ptr, _plg) = device::ptr_mut(&mut part_lse, 0, &stream)?;
@@ -179,6 +188,7 @@ pub(crate) fn paged_attention(
             out: out_ptr,
             part_o: po_ptr,
             part_lse: pl_ptr,
+            context_lens: cl_ptr,
         };
         let lists = [
             (&plan.simt_small, plan.counts[0], AttentionKernel::Simt { rows: SIMT_SMALL_ROWS }),

@@ -372,6 +372,8 @@ pub(crate) struct AttentionArgs {
     /// f32 `[partial_rows, head_dim]` and `[partial_rows]`; 0 when nothing is split.
     pub part_o: u64,
     pub part_lse: u64,
+    /// u32 `[num_seqs]`: what items planned with their ranges at run time read.
+    pub context_lens: u64,
 }
 
 /// Which attention kernel a list of work items goes to.
@@ -428,6 +430,7 @@ pub(crate) fn attention(
             let r = if rows <= SIMT_SMALL_ROWS { 4 } else { 8 };
             args.push(Arg::Ptr(a.part_o));
             args.push(Arg::Ptr(a.part_lse));
+            args.push(Arg::Ptr(a.context_lens));
             (KernelModule::AttentionSimt, format!("pagoda_paged_attention_simt_{dt}_d{}_r{r}", a.head_dim), 0)
         }
         AttentionKernel::Mma => {
@@ -532,6 +535,7 @@ mod tests {
             out: 5,
             part_o: 6,
             part_lse: 7,
+            context_lens: 8,
         }
     }
 
@@ -541,7 +545,7 @@ mod tests {
         let simt = attention(&a, AttentionKernel::Simt { rows: 4 }, 9, 64).unwrap().unwrap();
         assert_eq!(simt.function, "pagoda_paged_attention_simt_bf16_d128_r4");
         assert_eq!((simt.grid, simt.block, simt.shared_mem_bytes), ([64, 8, 1], [128, 1, 1], 0));
-        assert_eq!(simt.args.len(), 14);
+        assert_eq!(simt.args.len(), 15);
         assert_eq!(simt.args[10], Arg::F32(0.125 * std::f32::consts::LOG2_E));
         let mma = attention(&a, AttentionKernel::Mma, 9, 3).unwrap().unwrap();
         assert_eq!(mma.function, "pagoda_paged_attention_mma_bf16_d128");

@@ -43,6 +43,8 @@ mod sim_lora_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_quant_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
+mod sim_replay_tests;
+#[cfg(all(test, feature = "kernel-sim"))]
 mod sim_sampling_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_tests;

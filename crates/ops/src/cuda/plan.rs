@@ -16,6 +16,10 @@
 //!   of its own: CUDA-core items of one token, split by the token's key count alone
 //!   ([`invariant_splits`]). A row's item, and so its bits, are then those of the same token
 //!   decoded alone.
+//! - Replay plans ([`plan_replay`], for metadata a CUDA graph replays) depend on the number of
+//!   sequences alone: one-token decodes on the CUDA-core kernel, split for the longest context
+//!   the metadata can hold, each item marked [`ITEM_RANGE_AT_RUN_TIME`] so that the kernel
+//!   takes its position and key range from the sequence's context length when it runs.
 
 /// Rows (tokens x heads) of the CUDA-core kernel's small and large variants.
 pub(crate) const SIMT_SMALL_ROWS: usize = 4;
@@ -52,11 +56,19 @@ pub(crate) struct WorkItem {
     pub split: u32,
     pub num_splits: u32,
     pub scratch_base: u32,
-    pub reserved: u32,
+    /// [`ITEM_RANGE_AT_RUN_TIME`] or 0.
+    pub flags: u32,
 }
 
 /// u32 words per [`WorkItem`].
 pub(crate) const WORK_ITEM_WORDS: usize = 12;
+
+/// `WorkItem::flags` bit of a one-token decode item whose `pos0`, `kv_lo` and `kv_hi` the
+/// kernel computes from the sequence's context length (kernels/attention.cuh,
+/// `resolve_range_at_run_time`): split `s` of `S` covers keys `[s * piece, (s + 1) * piece)`
+/// of the context, `piece` being the context over `S` rounded up to [`SPLIT_GRANULE`] and at
+/// least [`SPLIT_MIN_KEYS`].
+pub(crate) const ITEM_RANGE_AT_RUN_TIME: u32 = 1;
 
 impl WorkItem {
     pub fn rows(&self) -> usize {
@@ -77,7 +89,7 @@ impl WorkItem {
             self.split,
             self.num_splits,
             self.scratch_base,
-            self.reserved,
+            self.flags,
         ]
     }
 }
@@ -267,6 +279,50 @@ pub(crate) fn plan_attention(cu_seqlens_q: &[u32], context_lens: &[u32], p: &Pla
     }
     plan.mma.sort_by_key(|it| std::cmp::Reverse(it.kv_hi));
     plan
+}
+
+/// The plan of `num_seqs` one-token decodes (sequence `i` is query token `i`) whose context
+/// lengths are only known when the kernels run, at most `max_context` each: what a CUDA graph
+/// captures once and replays at every step of that batch size. Every item reads its key range
+/// at run time ([`ITEM_RANGE_AT_RUN_TIME`]); the splits are those a decode of `max_context`
+/// keys would get, so a short context leaves the last pieces empty (they exit at once and the
+/// combine kernel skips them).
+pub(crate) fn plan_replay(num_seqs: usize, max_context: usize, p: &PlanParams) -> AttentionPlan {
+    let group = (p.num_q_heads / p.num_kv_heads.max(1)).max(1) as u32;
+    let capacity = if group as usize <= SIMT_SMALL_ROWS { SIMT_SMALL_ROWS } else { SIMT_MAX_ROWS };
+    let mut items = Vec::new();
+    for seq in 0..num_seqs as u32 {
+        // pos0 and the key range are placeholders of the longest context; the kernel replaces them.
+        let rows = SeqRows { seq, tok0: seq, q_len: 1, pos0: max_context.max(1) as u32 - 1 };
+        cut(&rows, group, capacity as u32, &mut items);
+    }
+    let unsplit_blocks = items.len() * p.num_kv_heads;
+    let splits = num_splits(max_context, unsplit_blocks, p.num_sms);
+    let mut plan = AttentionPlan::default();
+    let out = if capacity == SIMT_SMALL_ROWS { &mut plan.simt_small } else { &mut plan.simt };
+    let mut partial_rows = 0;
+    for item in items {
+        if splits > 1 {
+            partial_rows += split(item, splits, partial_rows, p.num_kv_heads, out, &mut plan.combine);
+        } else {
+            out.push(item);
+        }
+    }
+    plan.partial_rows = partial_rows;
+    for it in plan.simt_small.iter_mut().chain(&mut plan.simt).chain(&mut plan.combine) {
+        it.flags = ITEM_RANGE_AT_RUN_TIME;
+    }
+    plan
+}
+
+/// The key range `[lo, hi)` and position that split `split` of `num_splits` of a one-token
+/// item gets at run time for a context of `context_len` keys: the host's mirror of the
+/// kernel's `resolve_range_at_run_time`, for tests.
+#[cfg(test)]
+pub(crate) fn range_at_run_time(context_len: u32, split: u32, num_splits: u32) -> (u32, u32) {
+    let piece = context_len.div_ceil(num_splits).next_multiple_of(SPLIT_GRANULE as u32).max(SPLIT_MIN_KEYS as u32);
+    let lo = (split * piece).min(context_len);
+    (lo, (lo + piece).min(context_len))
 }
 
 #[cfg(test)]
@@ -492,8 +548,46 @@ mod tests {
             split: 9,
             num_splits: 10,
             scratch_base: 11,
-            reserved: 12,
+            flags: 12,
         };
         assert_eq!(it.words(), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    }
+
+    /// A replay plan covers every head of every sequence once, and the ranges its pieces take
+    /// at run time tile each context exactly, whatever its length up to the plan's limit.
+    #[test]
+    fn replay_plans_tile_every_context_at_run_time() {
+        for (num_seqs, q, kv) in [(1, 32, 8), (3, 32, 8), (8, 14, 2), (64, 32, 8), (2, 16, 1)] {
+            let p = params(q, kv, true);
+            let max_context = 8192;
+            let plan = plan_replay(num_seqs, max_context, &p);
+            assert!(plan.mma.is_empty());
+            let items: Vec<&WorkItem> = plan.simt_small.iter().chain(&plan.simt).collect();
+            assert!(items.iter().chain(&plan.combine.iter().collect::<Vec<_>>()).all(|it| it.flags == ITEM_RANGE_AT_RUN_TIME));
+            let group = (q / kv) as u32;
+            for ctx in [1u32, 5, 127, 128, 129, 1000, 4096, 8192] {
+                let mut covered: HashMap<(u32, u32), Vec<(u32, u32)>> = HashMap::new();
+                for it in &items {
+                    assert_eq!((it.ntok, it.tok0), (1, it.seq));
+                    let (lo, hi) = range_at_run_time(ctx, it.split, it.num_splits);
+                    for h in it.head_lo..it.head_lo + it.head_cnt {
+                        covered.entry((it.seq, h)).or_default().push((lo, hi));
+                    }
+                }
+                assert_eq!(covered.len(), num_seqs * group as usize);
+                for ranges in covered.values_mut() {
+                    ranges.retain(|r| r.0 < r.1);
+                    ranges.sort();
+                    assert_eq!(ranges[0].0, 0, "{ranges:?}");
+                    assert_eq!(ranges.last().unwrap().1, ctx, "{ranges:?}");
+                    assert!(ranges.windows(2).all(|w| w[0].1 == w[1].0), "{ranges:?}");
+                }
+            }
+            let split_items = items.iter().filter(|i| i.num_splits > 1).count();
+            assert_eq!(plan.combine.iter().map(|c| c.num_splits as usize).sum::<usize>(), split_items);
+        }
+        // One sequence of a long context is split to fill the GPU; 64 are not split.
+        assert!(plan_replay(1, 8192, &params(32, 8, true)).combine.len() == 1);
+        assert!(plan_replay(64, 8192, &params(32, 8, true)).combine.is_empty());
     }
 }

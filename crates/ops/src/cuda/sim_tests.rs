@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::launch::{self, AttentionArgs, AttentionKernel, NormArgs, RotaryArgs, SiluArgs};
-use super::plan::{plan_attention, PlanParams, WorkItem, SIMT_MAX_ROWS, SIMT_SMALL_ROWS};
+use super::plan::{plan_attention, plan_replay, PlanParams, WorkItem, SIMT_MAX_ROWS, SIMT_SMALL_ROWS};
 use super::sim;
 use super::skinny::{self, SkinnyArgs, SkinnyLaunch};
 use crate::AttentionMetadata;
@@ -356,21 +356,31 @@ fn reshape_and_cache_writes_the_same_slots_as_cpu() {
 }
 
 /// One attention configuration: `seqs` are (new tokens, context length after the step).
-struct Case {
-    dtype: DType,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    block_size: usize,
-    seqs: Vec<(usize, usize)>,
-    num_sms: usize,
+pub(super) struct Case {
+    pub dtype: DType,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub seqs: Vec<(usize, usize)>,
+    pub num_sms: usize,
     /// Plan every token as a decode of its own ([`PlanParams::batch_invariant`]).
-    batch_invariant: bool,
+    pub batch_invariant: bool,
 }
 
 /// Runs `c` through the plan and the simulated kernels and through the CPU op; returns the
 /// relative error and the plan's (simt, mma, split groups) counts.
 fn attention_case(c: &Case, rng: &mut StdRng) -> (f32, [usize; 3]) {
+    attention_case_planned(c, rng, None)
+}
+
+/// [`attention_case`], planned for replay ([`plan_replay`]) with room for `replay_max_context`
+/// keys when that is given (every sequence must then be a one-token decode).
+pub(super) fn attention_case_planned(
+    c: &Case,
+    rng: &mut StdRng,
+    replay_max_context: Option<usize>,
+) -> (f32, [usize; 3]) {
     let blocks_per_seq: Vec<usize> = c.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(c.block_size)).collect();
     let num_blocks = blocks_per_seq.iter().sum::<usize>() + 3;
     let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
@@ -407,7 +417,11 @@ fn attention_case(c: &Case, rng: &mut StdRng) -> (f32, [usize; 3]) {
         num_sms: c.num_sms,
         batch_invariant: c.batch_invariant,
     };
-    let plan = plan_attention(&cu, &ctxs, &params);
+    let plan = match replay_max_context {
+        Some(max_context) => plan_replay(ctxs.len(), max_context, &params),
+        None => plan_attention(&cu, &ctxs, &params),
+    };
+    let mut context_lens = HostBuf::words(ctxs.clone());
     let words = |items: &[WorkItem]| HostBuf::words(items.iter().flat_map(|i| i.words()).collect());
     let (mut qb, mut kb, mut vb) = (HostBuf::of(&q_full), HostBuf::of(&k_cache), HostBuf::of(&v_cache));
     let mut bt = HostBuf::words(meta.host().block_tables.clone());
@@ -431,6 +445,7 @@ fn attention_case(c: &Case, rng: &mut StdRng) -> (f32, [usize; 3]) {
         out: out.addr(0),
         part_o: part_o.addr(0),
         part_lse: part_lse.addr(0),
+        context_lens: context_lens.addr(0),
     };
     for (items, kernel) in [
         (&plan.simt_small, AttentionKernel::Simt { rows: SIMT_SMALL_ROWS }),
