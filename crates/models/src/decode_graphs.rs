@@ -59,7 +59,13 @@ struct Replay {
 impl DecodeGraphs {
     /// Graphs of decode steps of up to `max_batch` sequences (rounded up to a capture size,
     /// at most 128) of up to `max_context` tokens each, for `model` over `cache`.
-    pub(crate) fn new(model: &Model, cache: &KvCache, max_batch: usize, max_context: usize, capture: bool) -> Self {
+    pub(crate) fn new(
+        model: &Model,
+        cache: &KvCache,
+        max_batch: usize,
+        max_context: usize,
+        capture: bool,
+    ) -> Self {
         let limit = CAPTURE_SIZES.iter().copied().find(|&s| s >= max_batch).unwrap_or(CAPTURE_SIZES[7]);
         let block_size = cache.block_size();
         let longest = max_context.min(model.config().max_position_embeddings).div_ceil(block_size);
@@ -248,9 +254,8 @@ impl Graph {
         // The capture ends whatever happened, so the stream is usable again.
         let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0)).w();
         recorded?;
-        let graph = ended?.ok_or_else(|| {
-            crate::error::ModelError::Graph("the capture recorded nothing".into())
-        })?;
+        let graph =
+            ended?.ok_or_else(|| crate::error::ModelError::Graph("the capture recorded nothing".into()))?;
         graph.upload().w()?;
         Ok(Self { graph })
     }

@@ -320,7 +320,8 @@ pub(crate) fn plan_replay(num_seqs: usize, max_context: usize, p: &PlanParams) -
 /// kernel's `resolve_range_at_run_time`, for tests.
 #[cfg(test)]
 pub(crate) fn range_at_run_time(context_len: u32, split: u32, num_splits: u32) -> (u32, u32) {
-    let piece = context_len.div_ceil(num_splits).next_multiple_of(SPLIT_GRANULE as u32).max(SPLIT_MIN_KEYS as u32);
+    let piece =
+        context_len.div_ceil(num_splits).next_multiple_of(SPLIT_GRANULE as u32).max(SPLIT_MIN_KEYS as u32);
     let lo = (split * piece).min(context_len);
     (lo, (lo + piece).min(context_len))
 }
@@ -563,7 +564,10 @@ mod tests {
             let plan = plan_replay(num_seqs, max_context, &p);
             assert!(plan.mma.is_empty());
             let items: Vec<&WorkItem> = plan.simt_small.iter().chain(&plan.simt).collect();
-            assert!(items.iter().chain(&plan.combine.iter().collect::<Vec<_>>()).all(|it| it.flags == ITEM_RANGE_AT_RUN_TIME));
+            assert!(items
+                .iter()
+                .chain(&plan.combine.iter().collect::<Vec<_>>())
+                .all(|it| it.flags == ITEM_RANGE_AT_RUN_TIME));
             let group = (q / kv) as u32;
             for ctx in [1u32, 5, 127, 128, 129, 1000, 4096, 8192] {
                 let mut covered: HashMap<(u32, u32), Vec<(u32, u32)>> = HashMap::new();
