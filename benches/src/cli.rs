@@ -21,10 +21,25 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of the serve variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Stream requests to an OpenAI-compatible server and report throughput and latencies.
     Serve(ServeArgs),
+    /// Write the HTML report of results saved with --save-result, side by side.
+    Report(ReportArgs),
+}
+
+/// `pagoda-bench report`.
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// Files written by --save-result; the first is the run the report is about.
+    #[arg(required = true, value_name = "SAVED.json")]
+    pub results: Vec<PathBuf>,
+    /// The self-contained HTML page to write.
+    #[arg(long, short, value_name = "FILE.html")]
+    pub output: PathBuf,
 }
 
 /// The request set; `pagoda-bench serve` and `pagoda-bench-offline` share it.
@@ -95,6 +110,14 @@ pub struct OutputArgs {
     /// Write the summary and every request's TTFT, ITLs and lengths to this JSON file.
     #[arg(long, value_name = "FILE.json")]
     pub save_result: Option<PathBuf>,
+    /// Write a self-contained HTML report to this file: the summary table, the TTFT, TPOT, ITL
+    /// and end-to-end latency CDFs, and output tokens per second over the run (plotly.js is
+    /// written into the page; opening it fetches nothing).
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
+    /// Results saved with --save-result to show beside this run in --report (repeatable).
+    #[arg(long, value_name = "SAVED.json", requires = "report")]
+    pub compare: Vec<PathBuf>,
     /// No progress bar on stderr.
     #[arg(long)]
     pub no_progress: bool,
@@ -255,7 +278,7 @@ mod tests {
             "r.json",
         ])
         .unwrap();
-        let Command::Serve(a) = cli.command;
+        let Command::Serve(a) = cli.command else { panic!("not serve") };
         assert_eq!(
             (a.endpoint, a.request_rate, a.max_concurrency, a.ignore_eos),
             (Endpoint::Chat, 2.5, Some(4), true)
@@ -269,7 +292,9 @@ mod tests {
 
     #[test]
     fn serve_defaults_send_everything_at_once() {
-        let Command::Serve(a) = Cli::try_parse_from(["pagoda-bench", "serve"]).unwrap().command;
+        let Command::Serve(a) = Cli::try_parse_from(["pagoda-bench", "serve"]).unwrap().command else {
+            panic!("not serve")
+        };
         assert!(a.request_rate.is_infinite());
         assert_eq!(
             (a.endpoint, a.max_concurrency, a.dataset.num_prompts),
@@ -285,6 +310,7 @@ mod tests {
             let argv = ["pagoda-bench", "serve"].into_iter().chain(extra.iter().copied());
             match Cli::try_parse_from(argv).map(|c| c.command) {
                 Ok(Command::Serve(a)) => Ok(a),
+                Ok(Command::Report(_)) => panic!("not serve"),
                 Err(e) => Err(e),
             }
         };

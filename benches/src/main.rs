@@ -1,4 +1,4 @@
-//! The `pagoda-bench` binary: parses the command line and runs `serve`.
+//! The `pagoda-bench` binary: parses the command line and runs `serve` or `report`.
 
 use std::process::ExitCode;
 
@@ -12,7 +12,8 @@ fn main() -> ExitCode {
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(pagoda_bench::run::serve(args))),
+            .and_then(|rt| rt.block_on(pagoda_bench::run::serve(args)).map(drop)),
+        Command::Report(args) => pagoda_bench::run::report(&args),
     };
     match result {
         Ok(_) => ExitCode::SUCCESS,

@@ -10,9 +10,10 @@ use anyhow::{bail, Context};
 use pagoda_text::Tokenizer;
 use serde_json::Value;
 
-use crate::cli::{OutputArgs, ServeArgs};
+use crate::cli::{OutputArgs, ReportArgs, ServeArgs};
 use crate::client::{first_model, Client, ClientConfig, Endpoint};
 use crate::dataset::{generate, Dataset};
+use crate::html_report::{self, ReportRun};
 use crate::metrics::{summarize, RequestResult, Summary};
 use crate::report::{save, table, SavedResult, TableInfo};
 use crate::serve::ServeOptions;
@@ -57,7 +58,8 @@ fn length_notes(dataset: &Dataset) -> Vec<String> {
     )]
 }
 
-/// Prints the table, saves the JSON if asked, and fails when no request succeeded.
+/// Prints the table, saves the JSON and writes the HTML report if asked, and fails when no
+/// request succeeded.
 pub fn finish(
     mode: &'static str,
     info: TableInfo,
@@ -70,17 +72,30 @@ pub fn finish(
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(table.as_bytes())?;
     stdout.flush()?;
+    let saved = SavedResult {
+        pagoda_bench_version: env!("CARGO_PKG_VERSION"),
+        mode,
+        date_unix_s: unix_now(),
+        config,
+        summary: &summary,
+        requests: &results,
+    };
     if let Some(path) = &output.save_result {
-        let saved = SavedResult {
-            pagoda_bench_version: env!("CARGO_PKG_VERSION"),
-            mode,
-            date_unix_s: unix_now(),
-            config,
-            summary: &summary,
-            requests: &results,
-        };
         save(path, &saved)?;
         eprintln!("results saved to {}", path.display());
+    }
+    if let Some(path) = &output.report {
+        let label = output
+            .save_result
+            .as_ref()
+            .and_then(|p| p.file_stem())
+            .map_or_else(|| "this run".to_owned(), |s| s.to_string_lossy().into_owned());
+        let mut runs = vec![ReportRun { label, saved: serde_json::to_value(&saved)? }];
+        for compared in &output.compare {
+            runs.push(ReportRun::load(compared).context("--compare")?);
+        }
+        html_report::write(path, &runs)?;
+        eprintln!("report written to {}", path.display());
     }
     if summary.completed == 0 {
         bail!("every request failed");
@@ -88,8 +103,20 @@ pub fn finish(
     Ok(Report { summary, results, table })
 }
 
+/// `pagoda-bench report`: the HTML report of saved results.
+pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
+    let runs = args.results.iter().map(|p| ReportRun::load(p)).collect::<anyhow::Result<Vec<_>>>()?;
+    html_report::write(&args.output, &runs)?;
+    eprintln!("report written to {}", args.output.display());
+    Ok(())
+}
+
 /// `pagoda-bench serve`.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<Report> {
+    // A file --compare cannot read fails the command before the run, not after it.
+    for path in &args.output.compare {
+        ReportRun::load(path).context("--compare")?;
+    }
     let model = match &args.model {
         Some(m) => m.clone(),
         None => first_model(&args.base_url, args.api_key.as_deref()).await?,

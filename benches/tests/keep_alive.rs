@@ -197,6 +197,7 @@ fn args(server: &Server, extra: &[&str]) -> ServeArgs {
     argv.extend_from_slice(extra);
     match Cli::try_parse_from(argv).unwrap().command {
         Command::Serve(a) => a,
+        Command::Report(_) => panic!("not serve"),
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use pagoda_bench::cli::{Cli, Command};
 use pagoda_bench::dataset::{generate, DatasetKind, DatasetSpec};
+use pagoda_bench::html_report::ReportRun;
 use pagoda_bench::run::Report;
 use pagoda_bench::words::{TextSynth, WORDS};
 use pagoda_server::config::{ServeArgs, ServerConfig};
@@ -82,7 +83,7 @@ async fn serve(extra: &[&str]) -> Report {
     let tok = model_path().display().to_string();
     let mut argv = vec!["serve", "--base-url", &url, "--tokenizer", &tok, "--no-progress"];
     argv.extend_from_slice(extra);
-    let Command::Serve(args) = parse(&argv);
+    let Command::Serve(args) = parse(&argv) else { panic!("not serve") };
     pagoda_bench::run::serve(args).await.unwrap()
 }
 
@@ -213,4 +214,109 @@ fn a_tokenizer_makes_lengths_exact() {
     let ids: Vec<Vec<u32>> = d.prompts.iter().map(|p| t.encode(&p.text, false).unwrap()).collect();
     assert!(ids.iter().all(|i| i.len() == 50 && i[..40] == ids[0][..40]));
     assert_ne!(ids[0][40..], ids[1][40..]);
+}
+
+/// Checks that `page` parses as HTML without errors and loads nothing from elsewhere: no
+/// element names an external `src` or `href`, no style imports a URL. Returns the document.
+fn self_contained(page: &str) -> scraper::Html {
+    let doc = scraper::Html::parse_document(page);
+    assert!(doc.errors.is_empty(), "HTML parse errors: {:?}", &doc.errors[..doc.errors.len().min(5)]);
+    let linked = scraper::Selector::parse("[src], [href], link").unwrap();
+    for element in doc.select(&linked) {
+        let target = element.value().attr("src").or(element.value().attr("href")).unwrap_or("<link>");
+        assert!(!target.contains("//") && !target.starts_with("http"), "external resource {target}");
+        assert_ne!(element.value().name(), "link", "a <link> element");
+    }
+    let styles = scraper::Selector::parse("style").unwrap();
+    assert!(doc.select(&styles).all(|s| !s.text().collect::<String>().contains("url(")));
+    doc
+}
+
+/// The cells of the summary table's row named `metric`, one per run.
+fn row(doc: &scraper::Html, metric: &str) -> Vec<String> {
+    let rows = scraper::Selector::parse("table.summary tbody tr").unwrap();
+    let cells = scraper::Selector::parse("td").unwrap();
+    let row = doc
+        .select(&rows)
+        .map(|r| r.select(&cells).map(|c| c.text().collect::<String>()).collect::<Vec<_>>())
+        .find(|r| r[0] == metric)
+        .unwrap_or_else(|| panic!("no row {metric}"));
+    row[1..].to_vec()
+}
+
+/// The data of plot `id` (its script's text).
+fn plot_script(doc: &scraper::Html, id: &str) -> String {
+    let plot = scraper::Selector::parse(&format!("div#{id} + script")).unwrap();
+    doc.select(&plot).next().unwrap_or_else(|| panic!("no plot {id}")).text().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn html_reports_of_a_run_and_of_runs_compared() {
+    let dir = std::env::temp_dir().join(format!("pagoda-bench-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).display().to_string();
+    let (first_json, first_html) = (path("first.json"), path("first.html"));
+    let run = |seed: &'static str| {
+        [
+            "--model",
+            "smol",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--ignore-eos",
+            "--seed",
+            seed,
+        ]
+    };
+    let mut argv = run("1").to_vec();
+    argv.extend(["--save-result", &first_json, "--report", &first_html]);
+    let first = serve(&argv).await;
+
+    let page = std::fs::read_to_string(&first_html).unwrap();
+    let doc = self_contained(&page);
+    assert!(page.contains("Plotly.newPlot"), "the plot library and its plots are in the page");
+    let s = &first.summary;
+    assert_eq!(row(&doc, "successful requests"), ["4"]);
+    assert_eq!(row(&doc, "request throughput (req/s)"), [format!("{:.2}", s.request_throughput)]);
+    assert_eq!(row(&doc, "median TTFT (ms)"), [format!("{:.2}", s.ttft_ms.as_ref().unwrap().median)]);
+    assert_eq!(row(&doc, "P99 ITL (ms)"), [format!("{:.2}", s.itl_ms.as_ref().unwrap().percentiles[0].1)]);
+    // Every request's TTFT is a point of the TTFT CDF, its last at fraction 1.
+    let ttft = plot_script(&doc, "plot-ttft");
+    for r in &first.results {
+        assert!(ttft.contains(&serde_json::to_string(&r.ttft_ms.unwrap()).unwrap()), "{ttft}");
+    }
+    for id in ["plot-tpot", "plot-itl", "plot-e2el", "plot-throughput"] {
+        assert!(plot_script(&doc, id).contains("\"first\""), "{id} names the run");
+    }
+
+    // A second run beside the first, then the two saved files by `pagoda-bench report`.
+    let (second_json, compared_html) = (path("second.json"), path("compared.html"));
+    let mut argv = run("2").to_vec();
+    argv.extend(["--save-result", &second_json, "--report", &compared_html, "--compare", &first_json]);
+    let second = serve(&argv).await;
+    let doc = self_contained(&std::fs::read_to_string(&compared_html).unwrap());
+    let throughputs = [second.summary.request_throughput, s.request_throughput].map(|t| format!("{t:.2}"));
+    assert_eq!(row(&doc, "request throughput (req/s)"), throughputs);
+    let headers = scraper::Selector::parse("table.summary thead th").unwrap();
+    let names: Vec<String> = doc.select(&headers).map(|h| h.text().collect()).collect();
+    assert_eq!(names, ["metric", "second", "first"]);
+    assert!(
+        plot_script(&doc, "plot-ttft").contains("\"second\"")
+            && plot_script(&doc, "plot-ttft").contains("\"first\"")
+    );
+
+    let offline_html = path("offline.html");
+    let Command::Report(args) = parse(&["report", &first_json, &second_json, "-o", &offline_html]) else {
+        panic!("not report")
+    };
+    pagoda_bench::run::report(&args).unwrap();
+    let doc = self_contained(&std::fs::read_to_string(&offline_html).unwrap());
+    assert_eq!(row(&doc, "successful requests"), ["4", "4"]);
+    // A file that is not a saved result is refused by name.
+    let err = ReportRun::load(std::path::Path::new(&first_html)).unwrap_err().to_string();
+    assert!(err.contains("first.html"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -195,6 +195,7 @@ fn serve_args(url: &str, extra: &[&str]) -> ServeArgs {
     argv.extend_from_slice(extra);
     match Cli::try_parse_from(argv).unwrap().command {
         Command::Serve(a) => a,
+        Command::Report(_) => panic!("not serve"),
     }
 }
 
@@ -423,7 +424,7 @@ async fn an_unreachable_server_fails_the_test_request() {
     let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
     let argv =
         ["pagoda-bench", "serve", "--base-url", &format!("http://{addr}"), "--model", "m", "--no-progress"];
-    let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command;
+    let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("not serve") };
     let err = pagoda_bench::run::serve(args).await.unwrap_err();
     assert!(format!("{err:#}").contains("test request"), "{err:#}");
 }
