@@ -240,11 +240,13 @@ pub fn cdf_points(values: &[f64]) -> (Vec<f64>, Vec<f64>) {
 
 fn cdf_plot(runs: &[ReportRun], id: &str, name: &str, key: &str, flatten: bool) -> String {
     let mut plot = Plot::new();
+    let mut any_positive = false;
     for run in runs {
-        let (x, y) = cdf_points(&run.values(key, flatten));
+        let values = run.values(key, flatten);
+        any_positive |= values.iter().any(|&v| v > 0.0);
+        let (x, y) = cdf_points(&values);
         plot.add_trace(Scatter::new(x, y).name(&run.label).mode(Mode::Lines).line(Line::new().width(2.0)));
     }
-    let any_positive = runs.iter().any(|r| r.values(key, flatten).iter().any(|&v| v > 0.0));
     let x_axis = Axis::new().title(Title::with_text(format!("{name} (ms)")));
     let x_axis = if any_positive { x_axis.type_(AxisType::Log) } else { x_axis };
     plot.set_layout(

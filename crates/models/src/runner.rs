@@ -54,13 +54,13 @@ pub(crate) struct FlatBatch<'t> {
     pub(crate) positions: Vec<u32>,
     /// Per KV group.
     pub(crate) slot_mappings: Vec<Vec<u32>>,
-    pub(crate) cu_seqlens_q: Vec<u32>,
+    cu_seqlens_q: Vec<u32>,
     pub(crate) context_lens: Vec<u32>,
     pub(crate) logits_rows: Vec<u32>,
     /// The token rows of the pooling sequences, which they pool; `pooled_bounds[i]..[i + 1]`
     /// are the `i`-th one's.
     pub(crate) pooled_rows: Vec<u32>,
-    pub(crate) pooled_bounds: Vec<usize>,
+    pooled_bounds: Vec<usize>,
     /// Each row's LoRA adapter.
     pub(crate) lora: LoraBatch,
 }
