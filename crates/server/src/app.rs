@@ -21,7 +21,7 @@ use crate::auth::{require_api_key, ApiKey};
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
 use crate::handlers::{
-    chat, completions, embeddings, info, lora, messages, render, responses, score, tokenize, worker,
+    chat, completions, embeddings, info, lora, messages, render, responses, score, stats, tokenize, worker,
 };
 use crate::layers::{self, MakeId, X_REQUEST_ID};
 use crate::state::SharedState;
@@ -35,6 +35,8 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
     /// Largest accepted request body; larger ones get 413.
     pub max_request_body_bytes: usize,
+    /// Serve the playground and the dashboard ([`crate::web_ui`]).
+    pub web_ui: bool,
 }
 
 static OPENAPI: LazyLock<serde_json::Value> =
@@ -103,7 +105,9 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/kv_event_sources", get(worker::kv_event_sources))
         .route("/version", get(info::version))
         .route("/metrics", get(info::metrics))
+        .route("/stats", get(stats::stats))
         .route("/openapi.json", get(openapi_json));
+    let open = if options.web_ui { open.merge(crate::web_ui::routes()) } else { open };
     let metrics = state.metrics.clone();
     api.merge(open)
         .fallback(not_found)

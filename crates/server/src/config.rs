@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// flight, else waits. [default: 2048]
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// Do not serve the web UI: the playground at `/` and the dashboard at `/dashboard` (the
+    /// JSON behind the dashboard, `/stats`, stays).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub disable_web_ui: Option<bool>,
     /// TOML file with any of these options in kebab-case (e.g. `max-model-len = 2048`).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
@@ -155,6 +159,8 @@ pub struct ServerConfig {
     pub http_header_read_timeout: Duration,
     pub http_keep_alive_timeout: Duration,
     pub max_connections: usize,
+    /// Serve the playground and the dashboard.
+    pub web_ui: bool,
 }
 
 /// Keys a config file may not hold although they are flags: they only make sense on a command
@@ -253,6 +259,7 @@ impl ServerConfig {
                 cli.http_keep_alive_timeout.or(file.http_keep_alive_timeout).unwrap_or(75.0),
             )?,
             max_connections: cli.max_connections.or(file.max_connections).unwrap_or(2048),
+            web_ui: !cli.disable_web_ui.or(file.disable_web_ui).unwrap_or(false),
         };
         config.check()?;
         Ok(config)

@@ -31,6 +31,7 @@ use crate::handlers;
         handlers::info::health,
         handlers::info::version,
         handlers::info::metrics,
+        handlers::stats::stats,
         handlers::tokenize::tokenize,
         handlers::tokenize::detokenize,
         handlers::lora::load,

@@ -211,6 +211,11 @@ impl PromptBuilder {
         self.vocab_size
     }
 
+    /// Whether chat requests can be rendered (the model's template, or `--chat-template`).
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
     /// Renders the conversation and tokenizes it (the template writes any BOS itself).
     pub async fn chat(
         &self,

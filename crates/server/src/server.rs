@@ -248,6 +248,7 @@ impl Server {
             grammars,
             tool_format,
             reasoning,
+            stats: Default::default(),
             eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
             prompts: PromptBuilder::new(
                 Arc::clone(&running.tokenizer),
@@ -277,6 +278,7 @@ impl Server {
             api_key: config.api_key.clone(),
             allowed_origins: config.allowed_origins.clone(),
             max_request_body_bytes: config.max_request_body_bytes,
+            web_ui: config.web_ui,
         };
         let router = router(Arc::clone(&state), &http);
         let addr = config.bind_addr();
@@ -331,6 +333,7 @@ impl Server {
             model = %state.model.served_names[0],
             "ready on http://{addr}"
         );
+        let sampler = tokio::spawn(crate::live_stats::run_sampler(Arc::downgrade(&state)));
         // Fused: a source that has ended is polled again for the second signal.
         let mut signals = Box::pin(signals.fuse());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -370,6 +373,7 @@ impl Server {
         }
         // Whatever is still open is cut off here.
         drop(serve);
+        sampler.abort();
         engine_shutdown.trigger();
         tokio::task::spawn_blocking(move || engine_thread.join())
             .await

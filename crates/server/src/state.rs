@@ -99,6 +99,8 @@ pub struct AppState {
     pub loras: crate::lora::ServedAdapters,
     /// How this server describes itself to routers.
     pub worker: WorkerIdentity,
+    /// The dashboard's recent samples of the metrics.
+    pub stats: crate::live_stats::StatsHistory,
 }
 
 impl std::fmt::Debug for AppState {

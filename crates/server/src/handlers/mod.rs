@@ -11,6 +11,7 @@ pub mod messages;
 pub mod render;
 pub mod responses;
 pub mod score;
+pub mod stats;
 pub mod tokenize;
 pub mod worker;
 

@@ -99,6 +99,7 @@ pub async fn model_info(State(state): State<SharedState>) -> Json<ModelInfo> {
         model_type: model_type.to_owned(),
         architectures: class.map(str::to_owned).into_iter().collect(),
         max_model_len: state.limits.max_model_len,
+        has_chat_template: state.prompts.has_chat_template(),
     })
 }
 

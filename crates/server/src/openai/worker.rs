@@ -78,6 +78,8 @@ pub struct ModelInfo {
     /// Hugging Face's architecture class, when the model type has one.
     pub architectures: Vec<String>,
     pub max_model_len: usize,
+    /// Whether chat requests can be served; without a template only completions generate.
+    pub has_chat_template: bool,
 }
 
 /// One data-parallel rank's load, SGLang's `/get_load` entry.

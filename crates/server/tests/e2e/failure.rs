@@ -61,6 +61,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         grammars: pagoda_server::grammars::Grammars::unavailable(),
         tool_format: pagoda_text::ToolCallFormat::Generic,
         reasoning: None,
+        stats: Default::default(),
         responses: pagoda_server::responses::store::ResponseStore::new(8),
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),
         prompts: PromptBuilder::new(tokenizer, Some(Arc::new(template)), vocab_size, 2048),
@@ -81,8 +82,12 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
             priority_scheduling: false,
         },
     });
-    let http =
-        HttpOptions { api_key: None, allowed_origins: vec!["*".into()], max_request_body_bytes: 1 << 20 };
+    let http = HttpOptions {
+        api_key: None,
+        allowed_origins: vec!["*".into()],
+        max_request_body_bytes: 1 << 20,
+        web_ui: true,
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -42,6 +42,9 @@ async fn gemma3_completions_follow_the_golden_greedy_continuations() -> Result<(
     assert_eq!(models["data"][0]["architecture"], "gemma3");
     assert_eq!(models["data"][0]["context_length"], 32768);
     assert_eq!(models["data"][0]["max_model_len"], 1024);
+    // The base model has no chat template: the playground offers completion mode only.
+    let info: Value = c.get(server.url("/model_info")).send().await?.json().await?;
+    assert_eq!(info["has_chat_template"], false, "{info}");
 
     for case in fixture["logits_cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();

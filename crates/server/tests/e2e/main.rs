@@ -32,5 +32,6 @@ mod shutdown;
 mod speculative;
 mod structured;
 mod tools;
+mod web_ui;
 mod wire_details;
 mod worker_api;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::harness::{client, post_json, read_sse, TestServer};
 
-const QWEN3_STYLE: &str = r#"{%- for message in messages %}<|im_start|>{{ message.role }}
+pub(crate) const QWEN3_STYLE: &str = r#"{%- for message in messages %}<|im_start|>{{ message.role }}
 {{ message.content }}<|im_end|>
 {% endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant

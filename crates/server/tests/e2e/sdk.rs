@@ -22,7 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 const REQUEST_TIMEOUT_S: &str = "240";
 
 /// The repository root (Cargo's run-time value first, as in `harness::model_path`).
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
         .join("../..")

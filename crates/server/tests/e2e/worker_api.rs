@@ -56,6 +56,7 @@ async fn info_load_health_and_render_answer_as_routers_read_them() -> Result<()>
     assert_eq!(status, 200);
     assert_eq!(get(&c, &server, "/get_model_info").await?.1, model);
     assert_eq!((model["model_type"].as_str(), model["is_generation"].as_bool()), (Some("llama"), Some(true)));
+    assert_eq!(model["has_chat_template"], true, "{model}");
     assert_eq!(model["architectures"], json!(["LlamaForCausalLM"]));
 
     // SGLang's load shape: one rank, idle, then one request in flight.
