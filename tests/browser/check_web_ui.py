@@ -345,6 +345,9 @@ def dashboard_checks(d):
     check(kv and math.isclose(kv[-1] / 100, expected["kv-usage"], abs_tol=1e-9), "the KV chart ends at /metrics' usage")
     preempt = [y for _, y in series("chart-preemptions")["total"] if y is not None]
     check(preempt and preempt[-1] == expected["preemptions"], "the preemptions chart ends at /metrics' count")
+    # Tall enough for every chart.
+    d.set_window_size(1400, 1500)
+    time.sleep(0.3)
     d.save_screenshot(os.path.join(ARGS.artifacts, "dashboard.png"))
 
 
@@ -359,6 +362,9 @@ def main():
     p.add_argument("--artifacts", required=True)
     ARGS = p.parse_args()
     os.makedirs(ARGS.artifacts, exist_ok=True)
+    for stale in ("chat.png", "dashboard.png", "failure.png"):
+        if os.path.exists(os.path.join(ARGS.artifacts, stale)):
+            os.remove(os.path.join(ARGS.artifacts, stale))
     d = driver()
     try:
         try:

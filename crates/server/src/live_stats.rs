@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::metrics::{BucketCounts, LiveTotals, TPOT_BUCKETS, TTFT_BUCKETS};
+use crate::metrics::{TPOT_BUCKETS, TTFT_BUCKETS};
 use crate::state::AppState;
 
 /// How often the sampler reads the metrics.
@@ -24,6 +24,44 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 pub const HISTORY_LEN: usize = 300;
 /// Samples a windowed value spans: each point covers the five seconds before it.
 pub const WINDOW: usize = 5;
+
+/// A histogram's cumulative bucket counts, one per finite bound of its bucket set, as `/metrics`
+/// exports them; `count` is the `+Inf` bucket.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BucketCounts {
+    pub cumulative: Vec<u64>,
+    pub count: u64,
+    pub sum: f64,
+}
+
+/// The metrics' plain values now: counters since start-up, gauges as last recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LiveCounters {
+    /// Finished requests, whatever the reason.
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub running: u64,
+    pub waiting: u64,
+    /// 0 to 1.
+    pub kv_cache_usage: f64,
+    pub preemptions: u64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+}
+
+/// The values the dashboard reads ([`crate::metrics::Metrics::live_totals`]): the plain ones
+/// and two latency histograms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LiveTotals {
+    pub counters: LiveCounters,
+    /// Time to first token, over [`TTFT_BUCKETS`].
+    pub ttft: BucketCounts,
+    /// Inter-token latency, over [`TPOT_BUCKETS`].
+    pub itl: BucketCounts,
+}
 
 /// One reading of the metrics.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,17 +121,8 @@ pub struct StatsPoint {
 /// The since-start-up values, as `/metrics` has them now.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StatsTotals {
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub running: u64,
-    pub waiting: u64,
-    pub kv_cache_usage: f64,
-    pub preemptions: u64,
-    pub prefix_cache_queries: u64,
-    pub prefix_cache_hits: u64,
-    pub spec_draft_tokens: u64,
-    pub spec_accepted_tokens: u64,
+    #[serde(flatten)]
+    pub counters: LiveCounters,
     pub ttft_s: HistogramTotals,
     pub itl_s: HistogramTotals,
 }
@@ -162,7 +191,7 @@ fn histogram_totals(bounds: &[f64], h: &BucketCounts) -> HistogramTotals {
 /// The point for `now`, its window starting at `then` (the sample `WINDOW` before, or the
 /// oldest kept).
 fn point(now: &Sample, then: Option<&Sample>) -> StatsPoint {
-    let n = &now.totals;
+    let n = &now.totals.counters;
     let mut p = StatsPoint {
         t: now.at_ms,
         running: n.running,
@@ -176,7 +205,7 @@ fn point(now: &Sample, then: Option<&Sample>) -> StatsPoint {
         itl_s: None,
     };
     if let Some(then) = then.filter(|t| t.at_ms < now.at_ms) {
-        let b = &then.totals;
+        let b = &then.totals.counters;
         let seconds = (now.at_ms - then.at_ms) as f64 / 1000.0;
         p.output_tokens_per_s =
             Some(n.generation_tokens.saturating_sub(b.generation_tokens) as f64 / seconds);
@@ -188,25 +217,15 @@ fn point(now: &Sample, then: Option<&Sample>) -> StatsPoint {
             n.spec_accepted_tokens.saturating_sub(b.spec_accepted_tokens),
             n.spec_draft_tokens.saturating_sub(b.spec_draft_tokens),
         );
-        p.ttft_s = window_percentiles(TTFT_BUCKETS, &n.ttft, &b.ttft);
-        p.itl_s = window_percentiles(TPOT_BUCKETS, &n.itl, &b.itl);
+        p.ttft_s = window_percentiles(TTFT_BUCKETS, &now.totals.ttft, &then.totals.ttft);
+        p.itl_s = window_percentiles(TPOT_BUCKETS, &now.totals.itl, &then.totals.itl);
     }
     p
 }
 
 pub fn totals(t: &LiveTotals) -> StatsTotals {
     StatsTotals {
-        requests: t.requests,
-        prompt_tokens: t.prompt_tokens,
-        generation_tokens: t.generation_tokens,
-        running: t.running,
-        waiting: t.waiting,
-        kv_cache_usage: t.kv_cache_usage,
-        preemptions: t.preemptions,
-        prefix_cache_queries: t.prefix_cache_queries,
-        prefix_cache_hits: t.prefix_cache_hits,
-        spec_draft_tokens: t.spec_draft_tokens,
-        spec_accepted_tokens: t.spec_accepted_tokens,
+        counters: t.counters.clone(),
         ttft_s: histogram_totals(TTFT_BUCKETS, &t.ttft),
         itl_s: histogram_totals(TPOT_BUCKETS, &t.itl),
     }

@@ -15,11 +15,14 @@ fn quantiles_interpolate_within_buckets_as_prometheus_does() {
 
 fn totals_at(step: u64) -> LiveTotals {
     LiveTotals {
-        requests: step,
-        generation_tokens: 10 * step,
-        prefix_cache_queries: 4 * step,
-        prefix_cache_hits: step,
-        running: step % 2,
+        counters: LiveCounters {
+            requests: step,
+            generation_tokens: 10 * step,
+            prefix_cache_queries: 4 * step,
+            prefix_cache_hits: step,
+            running: step % 2,
+            ..LiveCounters::default()
+        },
         // One first token a step, all at 50 ms (in the bucket up to 0.06 s).
         ttft: BucketCounts {
             cumulative: TTFT_BUCKETS.iter().map(|&b| if b >= 0.06 { step } else { 0 }).collect(),
@@ -27,7 +30,6 @@ fn totals_at(step: u64) -> LiveTotals {
             sum: 0.05 * step as f64,
         },
         itl: BucketCounts { cumulative: vec![0; TPOT_BUCKETS.len()], count: 0, sum: 0.0 },
-        ..LiveTotals::default()
     }
 }
 
@@ -73,7 +75,7 @@ fn the_history_keeps_a_bounded_window() {
 #[test]
 fn totals_carry_the_histograms_percentiles_since_start_up() {
     let t = totals(&totals_at(4));
-    assert_eq!(t.requests, 4);
+    assert_eq!(t.counters.requests, 4);
     assert_eq!(t.ttft_s.count, 4);
     let p = t.ttft_s.percentiles.expect("observations");
     assert_eq!(Some(p.p50), histogram_quantile(0.5, TTFT_BUCKETS, &totals_at(4).ttft.cumulative, 4));
@@ -81,4 +83,20 @@ fn totals_carry_the_histograms_percentiles_since_start_up() {
     let json = serde_json::to_value(&t).unwrap();
     assert!(json["ttft_s"]["p90"].is_f64(), "{json}");
     assert!(json["itl_s"].get("p90").is_none(), "{json}");
+    assert_eq!(json["requests"], 4, "the counters sit beside the histograms: {json}");
+}
+
+#[test]
+fn speculative_acceptance_is_accepted_over_proposed_in_the_window() {
+    let history = StatsHistory::default();
+    for step in 0..3u64 {
+        let mut t = totals_at(step);
+        // Eight tokens drafted a second, six of them accepted.
+        t.counters.spec_draft_tokens = 8 * step;
+        t.counters.spec_accepted_tokens = 6 * step;
+        history.record(1_000 * (step + 1), t);
+    }
+    let points = history.points_since(0);
+    assert_eq!(points[0].spec_acceptance_rate, None);
+    assert_eq!(points[2].spec_acceptance_rate, Some(0.75));
 }

@@ -15,6 +15,8 @@ use prometheus::{
 };
 use serde::Deserialize;
 
+use crate::live_stats::{BucketCounts, LiveCounters, LiveTotals};
+
 /// The namespace in front of every model metric.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -100,36 +102,6 @@ pub struct RequestRecord {
     pub prefill: Option<Duration>,
     /// First token to last token.
     pub decode: Option<Duration>,
-}
-
-/// A histogram's cumulative bucket counts, one per finite bound of its bucket set, as `/metrics`
-/// exports them; `count` is the `+Inf` bucket.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BucketCounts {
-    pub cumulative: Vec<u64>,
-    pub count: u64,
-    pub sum: f64,
-}
-
-/// The metrics' values now: counters since start-up, gauges as last recorded.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LiveTotals {
-    /// Finished requests, whatever the reason.
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub running: u64,
-    pub waiting: u64,
-    pub kv_cache_usage: f64,
-    pub preemptions: u64,
-    pub prefix_cache_queries: u64,
-    pub prefix_cache_hits: u64,
-    pub spec_draft_tokens: u64,
-    pub spec_accepted_tokens: u64,
-    /// Time to first token, over [`TTFT_BUCKETS`].
-    pub ttft: BucketCounts,
-    /// Inter-token latency, over [`TPOT_BUCKETS`].
-    pub itl: BucketCounts,
 }
 
 pub struct Metrics {
@@ -539,17 +511,19 @@ impl Metrics {
             }
         };
         LiveTotals {
-            requests,
-            prompt_tokens: self.prompt_tokens.get(),
-            generation_tokens: self.generation_tokens.get(),
-            running: self.num_requests_running.get().max(0) as u64,
-            waiting: self.num_requests_waiting.get().max(0) as u64,
-            kv_cache_usage: self.kv_cache_usage_perc.get(),
-            preemptions: self.num_preemptions.get(),
-            prefix_cache_queries: self.prefix_cache_queries.get(),
-            prefix_cache_hits: self.prefix_cache_hits.get(),
-            spec_draft_tokens: self.spec_decode_num_draft_tokens.get(),
-            spec_accepted_tokens: self.spec_decode_num_accepted_tokens.get(),
+            counters: LiveCounters {
+                requests,
+                prompt_tokens: self.prompt_tokens.get(),
+                generation_tokens: self.generation_tokens.get(),
+                running: self.num_requests_running.get().max(0) as u64,
+                waiting: self.num_requests_waiting.get().max(0) as u64,
+                kv_cache_usage: self.kv_cache_usage_perc.get(),
+                preemptions: self.num_preemptions.get(),
+                prefix_cache_queries: self.prefix_cache_queries.get(),
+                prefix_cache_hits: self.prefix_cache_hits.get(),
+                spec_draft_tokens: self.spec_decode_num_draft_tokens.get(),
+                spec_accepted_tokens: self.spec_decode_num_accepted_tokens.get(),
+            },
             ttft: buckets(&self.time_to_first_token),
             itl: buckets(&self.inter_token_latency),
         }

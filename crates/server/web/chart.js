@@ -30,14 +30,16 @@ const LineChart = (() => {
     return v.toFixed(digits);
   }
 
-  // series: [{name, color, points: [[t_ms, y|null], ...]}]; options: {unit, digits, yMax, spanMs}
+  // series: [{name, color, points: [[t_ms, y|null], ...]}];
+  // options: {unit, digits, yMax, integer, spanMs}
   function draw(container, series, options) {
     const digits = options.digits ?? 1;
     const now = Date.now();
     const span = options.spanMs;
     const values = series.flatMap((s) => s.points.map((p) => p[1]).filter((y) => y != null));
-    const top = Math.max(options.yMax ?? 0, ...values, 1e-9);
-    const step = niceStep(top);
+    // Counts get whole ticks and at least 0 to 1; other values at least some range.
+    const top = Math.max(options.yMax ?? 0, ...values, options.integer ? 1 : 1e-3);
+    const step = options.integer ? Math.max(1, niceStep(top)) : niceStep(top);
     const yTop = Math.ceil(top / step) * step;
     const x = (t) => PAD.left + ((t - (now - span)) / span) * (W - PAD.left - PAD.right);
     const y = (v) => H - PAD.bottom - (v / yTop) * (H - PAD.top - PAD.bottom);
@@ -47,8 +49,9 @@ const LineChart = (() => {
       root.append(svg("line", { x1: PAD.left, x2: W - PAD.right, y1: y(v), y2: y(v), class: "grid" }));
       root.append(svg("text", { x: PAD.left - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, formatValue(v, step < 1 ? 2 : 0)));
     }
-    for (let back = 0; back <= span; back += 60000) {
-      const label = back === 0 ? "now" : `-${back / 60000}m`;
+    const tick = span <= 120000 ? 15000 : 60000;
+    for (let back = 0; back <= span; back += tick) {
+      const label = back === 0 ? "now" : tick < 60000 ? `-${back / 1000}s` : `-${back / 60000}m`;
       root.append(svg("text", { x: x(now - back), y: H - 6, class: "tick", "text-anchor": "middle" }, label));
     }
     for (const s of series) {

@@ -54,20 +54,22 @@ function series(name, pick, i) {
 }
 
 function renderCharts(speculative) {
-  const opts = { spanMs: dash.historyMs };
+  // The last minute at first, growing with the history up to all of it.
+  const oldest = dash.samples.length ? dash.samples[0].t : Date.now();
+  const opts = { spanMs: Math.min(dash.historyMs, Math.max(60000, Date.now() - oldest)) };
   const percentiles = (key) => ["p50", "p90", "p99"].map((p, i) => series(p, (s) => ms(s[key]?.[p]), i));
   LineChart.draw(document.getElementById("chart-ttft"), percentiles("ttft_s"), { ...opts, unit: " ms" });
   LineChart.draw(document.getElementById("chart-itl"), percentiles("itl_s"), { ...opts, unit: " ms" });
   LineChart.draw(document.getElementById("chart-throughput"),
     [series("tok/s", (s) => s.output_tokens_per_s, 0)], opts);
   LineChart.draw(document.getElementById("chart-requests"),
-    [series("running", (s) => s.running, 0), series("waiting", (s) => s.waiting, 1)], { ...opts, digits: 0 });
+    [series("running", (s) => s.running, 0), series("waiting", (s) => s.waiting, 1)], { ...opts, digits: 0, integer: true });
   LineChart.draw(document.getElementById("chart-kv"),
     [series("used", (s) => pct(s.kv_cache_usage), 0)], { ...opts, unit: " %", yMax: 100 });
   LineChart.draw(document.getElementById("chart-prefix"),
     [series("hit rate", (s) => pct(s.prefix_cache_hit_rate), 0)], { ...opts, unit: " %", yMax: 100 });
   LineChart.draw(document.getElementById("chart-preemptions"),
-    [series("total", (s) => s.preemptions, 2)], { ...opts, digits: 0 });
+    [series("total", (s) => s.preemptions, 2)], { ...opts, digits: 0, integer: true });
   document.getElementById("spec-figure").hidden = !speculative;
   if (speculative) {
     LineChart.draw(document.getElementById("chart-spec"),

@@ -28,8 +28,9 @@ pub(crate) fn repo_root() -> PathBuf {
         .join("../..")
 }
 
-/// `$PAGODA_TOOLS_DIR/sdk/bin/python` (default `~/.cache/pagoda-tools/sdk/bin/python`).
-fn sdk_python() -> PathBuf {
+/// `$PAGODA_TOOLS_DIR/VENV/bin/python` (default `~/.cache/pagoda-tools/VENV/bin/python`), the
+/// Python of a virtual environment that `make MAKE_TARGET` installs; its absence fails the test.
+pub(crate) fn tools_python(venv: &str, make_target: &str) -> PathBuf {
     let tools = std::env::var_os("PAGODA_TOOLS_DIR").filter(|d| !d.is_empty()).map_or_else(
         || {
             let home = std::env::var_os("HOME").expect("HOME is unset: cannot find ~/.cache/pagoda-tools");
@@ -37,12 +38,8 @@ fn sdk_python() -> PathBuf {
         },
         PathBuf::from,
     );
-    let python = tools.join("sdk/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `make sdk-tools` (scripts/install-sdk-tools.sh) to install the OpenAI SDK",
-        python.display()
-    );
+    let python = tools.join(venv).join("bin/python");
+    assert!(python.exists(), "{} is missing: run `make {make_target}`", python.display());
     python
 }
 
@@ -53,7 +50,7 @@ async fn run_checks(base_url: &str, extra: &[&str]) -> Result<()> {
 
 /// Runs tests/sdk/`name` against the server at `base_url`.
 pub(crate) async fn run_script(name: &str, base_url: &str, extra: &[&str]) -> Result<()> {
-    let python = sdk_python();
+    let python = tools_python("sdk", "sdk-tools");
     let script = repo_root().join("tests/sdk").join(name);
     assert!(script.exists(), "{} is missing", script.display());
     let child = tokio::process::Command::new(&python)

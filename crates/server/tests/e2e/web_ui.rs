@@ -17,21 +17,6 @@ const BROWSER_KEY: &str = "browser-secret";
 /// The whole browser run: about a dozen short generations and a short load.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// `$PAGODA_TOOLS_DIR/browser/bin/python` (default `~/.cache/pagoda-tools/browser/bin/python`).
-fn browser_python() -> PathBuf {
-    let tools = std::env::var_os("PAGODA_TOOLS_DIR").filter(|d| !d.is_empty()).map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").expect("HOME is unset")).join(".cache/pagoda-tools"),
-        PathBuf::from,
-    );
-    let python = tools.join("browser/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `make browser-tools` (scripts/install-browser-tools.sh)",
-        python.display()
-    );
-    python
-}
-
 fn tool(name: &str) -> PathBuf {
     let path = PathBuf::from("/usr/bin").join(name);
     assert!(path.exists(), "{} is missing: run `make browser-tools`", path.display());
@@ -47,7 +32,7 @@ async fn playground_and_dashboard_in_headless_chromium() -> Result<()> {
     );
     let artifacts = crate::sdk::repo_root().join("artifacts/web-ui");
     let script = crate::sdk::repo_root().join("tests/browser/check_web_ui.py");
-    let child = tokio::process::Command::new(browser_python())
+    let child = tokio::process::Command::new(crate::sdk::tools_python("browser", "browser-tools"))
         .arg(&script)
         .args(["--base-url", &server.url(""), "--api-key", BROWSER_KEY, "--model", "smol"])
         .arg("--chromium")
