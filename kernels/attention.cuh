@@ -49,6 +49,25 @@ __device__ __forceinline__ void resolve_range_at_run_time(WorkItem &it, const ui
     it.pos0 = ctx - it.ntok;
 }
 
+// The first key an item reads: its planned start, or later when a sliding window of `window`
+// keys (0: none) hides the keys before its first query's window. Keys before it are never
+// loaded: a windowed layer's cache may have given their blocks back.
+__device__ __forceinline__ int window_start(const WorkItem &it, int window) {
+    const int lo = (int)it.kv_lo;
+    return window > 0 ? max(lo, (int)it.pos0 + 1 - window) : lo;
+}
+
+// Whether a query at `row_pos` sees the key at `pos`: causal, and inside the window if any.
+__device__ __forceinline__ bool visible(int pos, int row_pos, int window) {
+    return pos <= row_pos && (window <= 0 || pos + window > row_pos);
+}
+
+// Gemma's soft-capped scores, cap * tanh(score / cap), in the base-2 units the kernels use
+// (both score and cap scaled by log2(e)); `cap_log2` 0 leaves the score as it is.
+__device__ __forceinline__ float soft_cap(float score_log2, float cap_log2) {
+    return cap_log2 > 0.f ? cap_log2 * tanhf(score_log2 / cap_log2) : score_log2;
+}
+
 // Partial results of split items: row (split, kv_head, r) of a group lives at
 // scratch_base + (split * kv_heads + kv_head) * rows + r in part_o ([.., head_dim] f32,
 // normalised by its own softmax sum) and part_lse (log2 of that sum plus the running max, in

@@ -1,5 +1,6 @@
 // Paged attention on tensor cores (f16/bf16): prefill chunks, causal within the chunk and
-// attending to all cached context, in the FlashAttention-2 style with mma.sync m16n8k16.
+// attending to all cached context (or to a sliding window of it, with optionally soft-capped
+// scores), in the FlashAttention-2 style with mma.sync m16n8k16.
 //
 // Launch: grid (num_items, num_kv_heads), block 128 threads (4 warps), dynamic shared memory
 // MmaShape<D>::SMEM_BYTES (opt-in above 48 KiB). Each block handles one WorkItem for one kv
@@ -26,12 +27,17 @@ template <int D> struct MmaShape {
     static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
 };
 
-template <typename T, int D>
+// LOCAL: the variant with sliding windows and soft caps; the plain one keeps the registers of
+// causal attention (the masks and the tanh cost about 50 more per thread).
+template <typename T, int D, bool LOCAL>
 __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__ items, const T *__restrict__ q,
                                                     long long q_row_stride, const T *__restrict__ k_cache,
                                                     const T *__restrict__ v_cache, const uint32_t *__restrict__ block_tables,
                                                     int max_blocks_per_seq, int block_size, int kv_heads, int group,
-                                                    float scale_log2, T *__restrict__ out) {
+                                                    float scale_log2, int window_arg, float softcap_arg,
+                                                    T *__restrict__ out) {
+    const int window = LOCAL ? window_arg : 0;
+    const float softcap_log2 = LOCAL ? softcap_arg : 0.f;
     constexpr int STRIDE = MmaShape<D>::STRIDE;
     constexpr int CH = D / 8;  // 16-byte chunks per row
     PAGODA_DYNAMIC_SMEM(smem);
@@ -46,7 +52,7 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
     const int nrows = (int)(it.ntok * it.head_cnt);
     const int q_heads = kv_heads * group;
     const uint32_t *table = block_tables + (long long)it.seq * max_blocks_per_seq;
-    const int kv_lo = (int)it.kv_lo, kv_hi = (int)it.kv_hi;
+    const int kv_lo = window_start(it, window), kv_hi = (int)it.kv_hi;
     const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + MMA_KEYS - 1) / MMA_KEYS : 0;
 
     if (num_tiles > 0) {
@@ -103,7 +109,9 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
         cp_async_wait<1>();
         __syncthreads();
         const int tile_start = kv_lo + t * MMA_KEYS;
-        if (warp_live && tile_start <= warp_max_pos) {  // warp-uniform
+        // Warp-uniform: skip tiles after the warp's last row, and before its first row's window.
+        const bool before_window = window > 0 && tile_start + MMA_KEYS - 1 < warp_min_pos + 1 - window;
+        if (warp_live && tile_start <= warp_max_pos && !before_window) {
             const T *k_tile = k_s + (t & 1) * MMA_KEYS * STRIDE;
             const T *v_tile = v_s + (t & 1) * MMA_KEYS * STRIDE;
 
@@ -123,17 +131,20 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
                 }
             }
 
-            // Scale to base-2 units; mask keys after each row's position (this also masks
-            // positions >= kv_hi and padding rows).
+            // Scale to base-2 units (soft-capped if asked); mask keys after each row's position
+            // (this also masks positions >= kv_hi and padding rows) and before its window. Only
+            // tiles crossing the diagonal or a window's start need the masks.
             const bool diagonal = tile_start + MMA_KEYS - 1 > warp_min_pos;
+            const bool window_edge = window > 0 && tile_start < warp_max_pos + 1 - window;
 #pragma unroll
             for (int n = 0; n < 8; ++n) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int key = tile_start + n * 8 + 2 * tq + (i & 1);
                     const int row_pos = i < 2 ? pos_r0 : pos_r1;
-                    const float v = s[n][i] * scale_log2;
-                    s[n][i] = (diagonal && key > row_pos) ? -INFINITY : v;
+                    const float v = soft_cap(s[n][i] * scale_log2, softcap_log2);
+                    const bool hidden = (diagonal && key > row_pos) || (window_edge && key + window <= row_pos);
+                    s[n][i] = hidden ? -INFINITY : v;
                 }
             }
 
@@ -221,17 +232,24 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
 
 }  // namespace pagoda
 
-#define PAGODA_ATTENTION_MMA(suffix, T, D)                                                                           \
-    extern "C" __global__ void __launch_bounds__(pagoda::MMA_THREADS) pagoda_paged_attention_mma_##suffix(           \
+#define PAGODA_ATTENTION_MMA_VARIANT(name, T, D, LOCAL)                                                              \
+    extern "C" __global__ void __launch_bounds__(pagoda::MMA_THREADS) name(                                          \
         const pagoda::WorkItem *items, const T *q, long long q_row_stride, const T *k_cache, const T *v_cache,        \
         const uint32_t *block_tables, int max_blocks_per_seq, int block_size, int kv_heads, int group,               \
-        float scale_log2, T *out) {                                                                                  \
-        pagoda::paged_attention_mma<T, D>(items, q, q_row_stride, k_cache, v_cache, block_tables, max_blocks_per_seq, \
-                                          block_size, kv_heads, group, scale_log2, out);                             \
+        float scale_log2, int window, float softcap_log2, T *out) {                                                  \
+        pagoda::paged_attention_mma<T, D, LOCAL>(items, q, q_row_stride, k_cache, v_cache, block_tables,            \
+                                                 max_blocks_per_seq, block_size, kv_heads, group, scale_log2, window, \
+                                                 softcap_log2, out);                                                 \
     }                                                                                                                \
-    PAGODA_ENTRY(pagoda_paged_attention_mma_##suffix)
+    PAGODA_ENTRY(name)
+
+#define PAGODA_ATTENTION_MMA(suffix, T, D)                                                       \
+    PAGODA_ATTENTION_MMA_VARIANT(pagoda_paged_attention_mma_##suffix, T, D, false)               \
+    PAGODA_ATTENTION_MMA_VARIANT(pagoda_paged_attention_mma_local_##suffix, T, D, true)
 
 #define PAGODA_ATTENTION_MMA_DIMS(dt, T)     \
+    PAGODA_ATTENTION_MMA(dt##_d16, T, 16)   \
+    PAGODA_ATTENTION_MMA(dt##_d32, T, 32)   \
     PAGODA_ATTENTION_MMA(dt##_d64, T, 64)   \
     PAGODA_ATTENTION_MMA(dt##_d80, T, 80)   \
     PAGODA_ATTENTION_MMA(dt##_d96, T, 96)   \

@@ -1,5 +1,7 @@
-// Paged attention on CUDA cores: decodes (and every f32 item), with an optional split of the
-// key range (flash-decoding) whose partial results paged_attention_combine.cu merges.
+// Paged attention on CUDA cores: decodes (and every f32 item, and every item of a head dim the
+// tensor-core kernel lacks), with an optional split of the key range (flash-decoding) whose
+// partial results paged_attention_combine.cu merges; causal, or inside a sliding window, with
+// optionally soft-capped scores.
 //
 // Launch: grid (num_items, num_kv_heads), block 128 threads, static shared memory only
 // (< 48 KiB). Each block handles one WorkItem for one kv head: up to RT rows (query tokens x
@@ -25,7 +27,8 @@ template <typename T, int D, int RT> struct SimtShape {
     static constexpr int CH = D / VEC;                   // chunks per head row
     static constexpr int DX = CH <= 8 ? 8 : CH <= 16 ? 16 : 32;  // lanes per group
     static constexpr int NG = SIMT_THREADS / DX;         // groups per block
-    static constexpr int KT = sizeof(T) == 4 ? 16 : 32;  // keys per tile
+    // Keys per tile: 16 for f32 and for wide heads, so that two stages fit static shared memory.
+    static constexpr int KT = sizeof(T) == 4 || D > 128 ? 16 : 32;
     static constexpr int KPG = KT / NG;                  // keys per group per tile
     static constexpr int NW = SIMT_THREADS / 32;
     static constexpr int STAGE_BYTES = 2 * 2 * KT * D * (int)sizeof(T);  // K and V, two stages
@@ -40,7 +43,8 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
                                                      long long q_row_stride, const T *__restrict__ k_cache,
                                                      const T *__restrict__ v_cache, const uint32_t *__restrict__ block_tables,
                                                      int max_blocks_per_seq, int block_size, int kv_heads, int group,
-                                                     float scale_log2, T *__restrict__ out, float *__restrict__ part_o,
+                                                     float scale_log2, int window, float softcap_log2,
+                                                     T *__restrict__ out, float *__restrict__ part_o,
                                                      float *__restrict__ part_lse,
                                                      const uint32_t *__restrict__ context_lens) {
     using S = SimtShape<T, D, RT>;
@@ -85,7 +89,7 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
         row_sum[tid] = 0.f;
     }
 
-    const int kv_lo = (int)it.kv_lo, kv_hi = (int)it.kv_hi;
+    const int kv_lo = window_start(it, window), kv_hi = (int)it.kv_hi;
     const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KT - 1) / KT : 0;
     if (num_tiles > 0) {
         load_kv_tile<T, D, KT, SIMT_THREADS>(k_tiles, v_tiles, D, k_cache, v_cache, table, block_size, kv_heads, kv_head,
@@ -131,7 +135,10 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
             if (lane_d == 0) {
                 const int pos = tile_start + key;
 #pragma unroll
-                for (int r = 0; r < RT; ++r) s_tile[r][key] = (pos < kv_hi && pos <= row_pos[r]) ? dot[r] : -INFINITY;
+                for (int r = 0; r < RT; ++r) {
+                    const bool seen = pos < kv_hi && visible(pos, row_pos[r], window);
+                    s_tile[r][key] = seen ? soft_cap(dot[r], softcap_log2) : -INFINITY;
+                }
             }
         }
         __syncthreads();
@@ -244,10 +251,11 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     extern "C" __global__ void __launch_bounds__(pagoda::SIMT_THREADS) pagoda_paged_attention_simt_##suffix(         \
         const pagoda::WorkItem *items, const T *q, long long q_row_stride, const T *k_cache, const T *v_cache,        \
         const uint32_t *block_tables, int max_blocks_per_seq, int block_size, int kv_heads, int group,               \
-        float scale_log2, T *out, float *part_o, float *part_lse, const uint32_t *context_lens) {                     \
+        float scale_log2, int window, float softcap_log2, T *out, float *part_o, float *part_lse,                    \
+        const uint32_t *context_lens) {                                                                              \
         pagoda::paged_attention_simt<T, D, RT>(items, q, q_row_stride, k_cache, v_cache, block_tables,              \
-                                               max_blocks_per_seq, block_size, kv_heads, group, scale_log2, out,     \
-                                               part_o, part_lse, context_lens);                                      \
+                                               max_blocks_per_seq, block_size, kv_heads, group, scale_log2, window,  \
+                                               softcap_log2, out, part_o, part_lse, context_lens);                   \
     }                                                                                                                \
     PAGODA_ENTRY(pagoda_paged_attention_simt_##suffix)
 
@@ -256,6 +264,8 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     PAGODA_ATTENTION_SIMT(dt##_d##D##_r8, T, D, 8)
 
 #define PAGODA_ATTENTION_SIMT_DIMS(dt, T)   \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 16)  \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 32)  \
     PAGODA_ATTENTION_SIMT_ROWS(dt, T, 64)  \
     PAGODA_ATTENTION_SIMT_ROWS(dt, T, 80)  \
     PAGODA_ATTENTION_SIMT_ROWS(dt, T, 96)  \
@@ -264,3 +274,6 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
 PAGODA_ATTENTION_SIMT_DIMS(f32, float)
 PAGODA_ATTENTION_SIMT_DIMS(f16, pagoda::f16)
 PAGODA_ATTENTION_SIMT_DIMS(bf16, pagoda::bf16)
+// Head dim 256 (Gemma) in half precision only: an f32 row is 64 chunks, past one warp's lanes.
+PAGODA_ATTENTION_SIMT_ROWS(f16, pagoda::f16, 256)
+PAGODA_ATTENTION_SIMT_ROWS(bf16, pagoda::bf16, 256)

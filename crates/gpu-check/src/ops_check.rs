@@ -7,7 +7,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use pagoda_gpu_check::compare::{rel_err, tolerance};
 use pagoda_gpu_check::report::Report;
-use pagoda_ops::{AttentionMetadata, RotaryStyle};
+use pagoda_ops::{AttentionMetadata, AttentionParams, RotaryStyle};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -218,6 +218,9 @@ struct AttentionCase {
     head_dim: usize,
     block_size: usize,
     seqs: Vec<(usize, usize)>,
+    /// Gemma's attention: a sliding window and soft-capped scores.
+    window: Option<usize>,
+    softcap: Option<f32>,
 }
 
 fn attention_cases() -> Vec<AttentionCase> {
@@ -228,8 +231,22 @@ fn attention_cases() -> Vec<AttentionCase> {
         head_dim,
         block_size,
         seqs,
+        window: None,
+        softcap: None,
+    };
+    let gemma = |name, q_heads, kv_heads, seqs, window, softcap| AttentionCase {
+        window: Some(window),
+        softcap,
+        ..case(name, q_heads, kv_heads, 256, 16, seqs)
     };
     vec![
+        gemma("Gemma 3 local 4/1 d256 window 512", 4, 1, vec![(1, 2000), (64, 64), (1, 300)], 512, None),
+        gemma("Gemma 2 8/4 d256 window 4096 cap 50", 8, 4, vec![(1, 6000), (300, 1500)], 4096, Some(50.0)),
+        AttentionCase {
+            window: Some(100),
+            softcap: Some(30.0),
+            ..case("window 100 cap 30 32/8 d128", 32, 8, 128, 16, vec![(200, 200), (1, 5000), (90, 400)])
+        },
         case(
             "decode GQA 32/8 d128",
             32,
@@ -275,14 +292,17 @@ fn attention_case(rng: &mut StdRng, gpu: &Device, c: &AttentionCase, dtype: DTyp
     let (q_cpu, q_gpu) = (full.cpu.narrow(1, 0, c.q_heads)?, full.gpu.narrow(1, 0, c.q_heads)?);
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     poison(gpu)?;
-    let got = pagoda_ops::paged_attention(&q_gpu, &k.gpu, &v.gpu, &meta_gpu, scale)?;
-    let want = pagoda_ops::paged_attention(&q_cpu, &k.cpu, &v.cpu, &meta_cpu, scale)?;
+    let params =
+        AttentionParams { window: c.window, logit_softcap: c.softcap, ..AttentionParams::scaled(scale) };
+    let got = pagoda_ops::paged_attention_with(&q_gpu, &k.gpu, &v.gpu, &meta_gpu, params)?;
+    let want = pagoda_ops::paged_attention_with(&q_cpu, &k.cpu, &v.cpu, &meta_cpu, params)?;
     Ok(rel_err(&values(&got)?, &values(&want)?))
 }
 
 fn attention(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
     for c in attention_cases() {
-        for dtype in DTYPES {
+        // Head dim 256 has kernels in half precision only.
+        for dtype in DTYPES.into_iter().filter(|&d| c.head_dim <= 128 || d != DType::F32) {
             let check = format!("paged_attention {dtype:?} {}", c.name);
             match attention_case(rng, gpu, &c, dtype) {
                 Ok(err) => report.at_most(SECTION, &check, err as f64, tolerance(dtype) as f64),

@@ -104,18 +104,21 @@ enum Architecture {
     Bert(Bert),
 }
 
-/// Why a model has to run on the CPU, if it does: what its attention needs that no CUDA kernel
-/// has yet. Checked when the model loads, so a GPU server refuses it at start-up rather than
+/// Why a model has to run on the CPU, if it does: a head dim no CUDA attention kernel covers in
+/// `dtype`. Checked when the model loads, so a GPU server refuses it at start-up rather than
 /// failing every request.
-fn cpu_only_reason(config: &ModelConfig) -> Option<String> {
-    if config.sliding_window.is_some() || config.attn_logit_softcapping.is_some() {
-        return Some("uses sliding-window or soft-capped attention, which run on the CPU only so far".into());
-    }
-    (!pagoda_ops::CUDA_ATTENTION_HEAD_DIMS.contains(&config.head_dim)).then(|| {
-        format!(
+fn cpu_only_reason(config: &ModelConfig, dtype: DType) -> Option<String> {
+    if !pagoda_ops::CUDA_ATTENTION_HEAD_DIMS.contains(&config.head_dim) {
+        return Some(format!(
             "has head_dim {}, which the CUDA attention kernels do not cover ({:?}); run it on the CPU",
             config.head_dim,
             pagoda_ops::CUDA_ATTENTION_HEAD_DIMS
+        ));
+    }
+    (!pagoda_ops::cuda_attention_covers(config.head_dim, dtype)).then(|| {
+        format!(
+            "has head_dim {}, whose CUDA attention kernel is f16/bf16 only; use --dtype bfloat16",
+            config.head_dim
         )
     })
 }
@@ -127,7 +130,7 @@ impl Model {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        if let Some(reason) = cpu_only_reason(&config).filter(|_| !device.is_cpu()) {
+        if let Some(reason) = cpu_only_reason(&config, dtype).filter(|_| !device.is_cpu()) {
             return Err(ModelError::InvalidOption(format!("`{}` {reason}", config.architecture)));
         }
         let architecture = match config.architecture.as_str() {
@@ -268,24 +271,21 @@ mod tests {
 
     #[test]
     fn models_the_cuda_kernels_cannot_run_are_named_with_the_reason() {
-        for shipped in ["configs/models/llama-3.1-8b.json", "configs/models/smollm2-135m.json"] {
-            assert_eq!(cpu_only_reason(&config(shipped)), None, "{shipped}");
+        let shipped = ["configs/models/llama-3.1-8b.json", "configs/models/smollm2-135m.json"];
+        let tiny = ["llama", "qwen3", "gemma2", "gemma3_text", "mistral", "phi3", "qwen3_moe", "mixtral"];
+        let tiny = tiny.map(|t| format!("tests/fixtures/tiny/{t}/config.json"));
+        for path in shipped.iter().copied().chain(tiny.iter().map(String::as_str)) {
+            for dtype in [DType::BF16, DType::F32] {
+                assert_eq!(cpu_only_reason(&config(path), dtype), None, "{path} {dtype:?}");
+            }
         }
-        let tiny_llama = cpu_only_reason(&config("tests/fixtures/tiny/llama/config.json")).unwrap();
-        assert!(tiny_llama.contains("head_dim 16"), "{tiny_llama}");
-        let qwen3 = cpu_only_reason(&config("tests/fixtures/tiny/qwen3/config.json")).unwrap();
-        assert!(qwen3.contains("head_dim 32"), "{qwen3}");
-        for windowed in ["gemma2", "gemma3_text", "mistral"] {
-            let reason =
-                cpu_only_reason(&config(&format!("tests/fixtures/tiny/{windowed}/config.json"))).unwrap();
-            assert!(reason.contains("sliding-window"), "{windowed}: {reason}");
-        }
-    }
-
-    #[test]
-    fn the_cpu_loads_what_cuda_refuses() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/llama");
-        let loaded = crate::load_model(&dir, &crate::LoadOptions::default()).unwrap();
-        assert_eq!(loaded.model.config().head_dim, 16);
+        let mut odd = config(shipped[1]);
+        odd.head_dim = 72;
+        assert!(cpu_only_reason(&odd, DType::BF16).unwrap().contains("head_dim 72"));
+        // Gemma's 256 has kernels in half precision only.
+        let mut wide = config(shipped[1]);
+        wide.head_dim = 256;
+        assert_eq!(cpu_only_reason(&wide, DType::BF16), None);
+        assert!(cpu_only_reason(&wide, DType::F32).unwrap().contains("bfloat16"));
     }
 }

@@ -63,7 +63,9 @@ pub use matmul::skinny_matmul::{
     SkinnyLaunch, SKINNY_MAX_ROWS, SKINNY_MODEL_ROWS,
 };
 pub use metadata::{AttentionMetadata, HostAttentionMetadata, NULL_BLOCK};
-pub use paged_attention::{paged_attention, paged_attention_with, AttentionParams, CUDA_ATTENTION_HEAD_DIMS};
+pub use paged_attention::{
+    cuda_attention_covers, paged_attention, paged_attention_with, AttentionParams, CUDA_ATTENTION_HEAD_DIMS,
+};
 pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};
 pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};

@@ -16,8 +16,14 @@ use crate::paged_attention_cpu::{self as cpu, CacheView, Queries};
 const OP: &str = "paged_attention";
 
 /// Head dims the CUDA attention kernels are instantiated for (kernels/paged_attention_*.cu); a
-/// model with another head dim runs on the CPU only.
-pub const CUDA_ATTENTION_HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
+/// model with another head dim runs on the CPU only. 256 is there in f16 and bf16, on CUDA
+/// cores only; 16 and 32 are the tiny test checkpoints'.
+pub const CUDA_ATTENTION_HEAD_DIMS: [usize; 7] = [16, 32, 64, 80, 96, 128, 256];
+
+/// Whether the CUDA attention kernels cover `head_dim` for a KV cache of `dtype`.
+pub fn cuda_attention_covers(head_dim: usize, dtype: candle_core::DType) -> bool {
+    CUDA_ATTENTION_HEAD_DIMS.contains(&head_dim) && (dtype != candle_core::DType::F32 || head_dim <= 128)
+}
 
 /// Varlen paged attention over a mixed batch.
 ///
@@ -64,8 +70,9 @@ impl AttentionParams {
     }
 }
 
-/// [`paged_attention`] with a sliding window and/or soft-capped scores. CPU only for now: the
-/// CUDA kernels refuse both.
+/// [`paged_attention`] with a sliding window and/or soft-capped scores (Gemma, Mistral), on
+/// the CPU and on CUDA. Keys before a window are never read: a windowed layer's cache may have
+/// given their blocks back.
 pub fn paged_attention_with(
     q: &Tensor,
     k_cache: &Tensor,
@@ -194,20 +201,6 @@ impl CustomOp3 for PagedAttention<'_> {
         v: &candle_core::CudaStorage,
         v_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let p = self.params;
-        if p.window.is_some() || p.logit_softcap.is_some() {
-            return Err(invalid(OP, "sliding windows and soft-capped scores have no CUDA kernel yet"));
-        }
-        crate::cuda::attention::paged_attention(
-            self.meta,
-            p.softmax_scale,
-            p.batch_invariant,
-            q,
-            q_l,
-            k,
-            k_l,
-            v,
-            v_l,
-        )
+        crate::cuda::attention::paged_attention(self.meta, &self.params, q, q_l, k, k_l, v, v_l)
     }
 }

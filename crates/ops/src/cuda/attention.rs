@@ -10,11 +10,11 @@ use candle_core::cuda_backend::cudarc::driver::CudaSlice;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage};
 
 use super::device;
-use super::launch::{self, AttentionArgs, AttentionKernel};
+use super::launch::{self, AttentionArgs, AttentionKernel, CUDA_MMA_HEAD_DIMS};
 use super::plan::{plan_attention, plan_replay, PlanParams, WorkItem, SIMT_MAX_ROWS, SIMT_SMALL_ROWS};
 use crate::check::{self, invalid};
 use crate::metadata::AttentionMetadata;
-use crate::CUDA_ATTENTION_HEAD_DIMS;
+use crate::{AttentionParams, CUDA_ATTENTION_HEAD_DIMS};
 
 const OP: &str = "paged_attention";
 
@@ -82,8 +82,7 @@ impl PlanCache {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn paged_attention(
     meta: &AttentionMetadata,
-    softmax_scale: f32,
-    batch_invariant: bool,
+    p: &AttentionParams,
     q: &CudaStorage,
     q_l: &Layout,
     k: &CudaStorage,
@@ -100,17 +99,7 @@ pub(crate) fn paged_attention(
     }
     if q.dtype() != k.dtype() {
         let q_cast = q.to_dtype(q_l, k.dtype())?;
-        let (out, shape) = paged_attention(
-            meta,
-            softmax_scale,
-            batch_invariant,
-            &q_cast,
-            &Layout::contiguous(shape),
-            k,
-            k_l,
-            v,
-            v_l,
-        )?;
+        let (out, shape) = paged_attention(meta, p, &q_cast, &Layout::contiguous(shape), k, k_l, v, v_l)?;
         let back = out.to_dtype(&Layout::contiguous(&shape), q.dtype())?;
         return Ok((back, shape));
     }
@@ -124,6 +113,12 @@ pub(crate) fn paged_attention(
         ));
     }
     let dtype = k.dtype();
+    if dtype == DType::F32 && !CUDA_MMA_HEAD_DIMS.contains(&head_dim) {
+        return Err(invalid(
+            OP,
+            format!("head_dim {head_dim} has a CUDA kernel for f16 and bf16 caches only"),
+        ));
+    }
     let esize = dtype.size_in_bytes();
     let (k0, _) = check::contiguous_range(k_l, OP)?;
     let (v0, _) = check::contiguous_range(v_l, OP)?;
@@ -140,9 +135,9 @@ pub(crate) fn paged_attention(
     let params = PlanParams {
         num_q_heads: q_heads,
         num_kv_heads: kv_heads,
-        tensor_cores: dtype != DType::F32,
+        tensor_cores: dtype != DType::F32 && CUDA_MMA_HEAD_DIMS.contains(&head_dim),
         num_sms: device::num_sms(&dev)?,
-        batch_invariant,
+        batch_invariant: p.batch_invariant,
     };
     let plan = meta.cuda_plans.get(meta, params, &dev)?;
     let (bt_storage, bt_l) = meta.block_tables.storage_and_layout();
@@ -184,7 +179,9 @@ pub(crate) fn paged_attention(
             block_size,
             num_kv_heads: kv_heads,
             group: q_heads / kv_heads,
-            softmax_scale,
+            softmax_scale: p.softmax_scale,
+            window: p.window.unwrap_or(0),
+            logit_softcap: p.logit_softcap.unwrap_or(0.0),
             out: out_ptr,
             part_o: po_ptr,
             part_lse: pl_ptr,

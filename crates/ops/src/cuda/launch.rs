@@ -368,6 +368,10 @@ pub(crate) struct AttentionArgs {
     pub num_kv_heads: usize,
     pub group: usize,
     pub softmax_scale: f32,
+    /// Sliding window in keys; 0 for none.
+    pub window: usize,
+    /// Gemma's score cap (natural units); 0 for none.
+    pub logit_softcap: f32,
     pub out: u64,
     /// f32 `[partial_rows, head_dim]` and `[partial_rows]`; 0 when nothing is split.
     pub part_o: u64,
@@ -387,6 +391,10 @@ pub(crate) enum AttentionKernel {
 
 const OP_ATTN: &str = "paged_attention";
 
+/// Head dims of the tensor-core kernel; the others of [`CUDA_ATTENTION_HEAD_DIMS`] run on CUDA
+/// cores (256: two stages of 64 keys would not fit an sm_80 block's shared memory).
+pub(crate) const CUDA_MMA_HEAD_DIMS: [usize; 6] = [16, 32, 64, 80, 96, 128];
+
 fn attention_common(a: &AttentionArgs) -> Result<Vec<Arg>> {
     Ok(vec![
         Arg::Ptr(a.q),
@@ -399,6 +407,8 @@ fn attention_common(a: &AttentionArgs) -> Result<Vec<Arg>> {
         Arg::I32(to_i32(a.num_kv_heads, "kv heads", OP_ATTN)?),
         Arg::I32(to_i32(a.group, "group size", OP_ATTN)?),
         Arg::F32(a.softmax_scale * std::f32::consts::LOG2_E),
+        Arg::I32(to_i32(a.window, "window", OP_ATTN)?),
+        Arg::F32(a.logit_softcap * std::f32::consts::LOG2_E),
         Arg::Ptr(a.out),
     ])
 }
@@ -427,6 +437,12 @@ pub(crate) fn attention(
     args.extend(attention_common(a)?);
     let (module, function, shared_mem_bytes) = match kernel {
         AttentionKernel::Simt { rows } => {
+            if a.dtype == DType::F32 && !CUDA_MMA_HEAD_DIMS.contains(&a.head_dim) {
+                return Err(candle_core::Error::Msg(format!(
+                    "{OP_ATTN}: head_dim {} has a CUDA kernel for f16 and bf16 only",
+                    a.head_dim
+                )));
+            }
             let r = if rows <= SIMT_SMALL_ROWS { 4 } else { 8 };
             args.push(Arg::Ptr(a.part_o));
             args.push(Arg::Ptr(a.part_lse));
@@ -440,9 +456,17 @@ pub(crate) fn attention(
                     "paged_attention (tensor cores)",
                 ));
             }
+            if !CUDA_MMA_HEAD_DIMS.contains(&a.head_dim) {
+                return Err(candle_core::Error::Msg(format!(
+                    "{OP_ATTN}: head_dim {} has no tensor-core kernel (supported: {CUDA_MMA_HEAD_DIMS:?})",
+                    a.head_dim
+                )));
+            }
+            // Windows and soft caps have their own entry point, so causal attention keeps its registers.
+            let local = if a.window > 0 || a.logit_softcap > 0.0 { "local_" } else { "" };
             (
                 KernelModule::AttentionMma,
-                format!("pagoda_paged_attention_mma_{dt}_d{}", a.head_dim),
+                format!("pagoda_paged_attention_mma_{local}{dt}_d{}", a.head_dim),
                 mma_shared_bytes(a.head_dim),
             )
         }
@@ -532,6 +556,8 @@ mod tests {
             num_kv_heads: 8,
             group: 4,
             softmax_scale: 0.125,
+            window: 0,
+            logit_softcap: 0.0,
             out: 5,
             part_o: 6,
             part_lse: 7,
@@ -545,18 +571,28 @@ mod tests {
         let simt = attention(&a, AttentionKernel::Simt { rows: 4 }, 9, 64).unwrap().unwrap();
         assert_eq!(simt.function, "pagoda_paged_attention_simt_bf16_d128_r4");
         assert_eq!((simt.grid, simt.block, simt.shared_mem_bytes), ([64, 8, 1], [128, 1, 1], 0));
-        assert_eq!(simt.args.len(), 15);
+        assert_eq!(simt.args.len(), 17);
         assert_eq!(simt.args[10], Arg::F32(0.125 * std::f32::consts::LOG2_E));
         let mma = attention(&a, AttentionKernel::Mma, 9, 3).unwrap().unwrap();
         assert_eq!(mma.function, "pagoda_paged_attention_mma_bf16_d128");
         assert_eq!(mma.shared_mem_bytes, 87_040);
-        assert_eq!(mma.args.len(), 12);
+        assert_eq!(mma.args.len(), 14);
         let r8 = attention(&attention_args(DType::F32, 80), AttentionKernel::Simt { rows: 6 }, 9, 1)
             .unwrap()
             .unwrap();
         assert_eq!(r8.function, "pagoda_paged_attention_simt_f32_d80_r8");
         assert!(attention(&attention_args(DType::F32, 80), AttentionKernel::Mma, 9, 1).is_err());
         assert!(attention(&attention_args(DType::F16, 72), AttentionKernel::Mma, 9, 1).is_err());
+        // Head dim 256: CUDA cores, half precision.
+        let wide =
+            attention(&attention_args(DType::F16, 256), AttentionKernel::Simt { rows: 8 }, 9, 1).unwrap();
+        assert_eq!(wide.unwrap().function, "pagoda_paged_attention_simt_f16_d256_r8");
+        assert!(attention(&attention_args(DType::F16, 256), AttentionKernel::Mma, 9, 1).is_err());
+        let local = AttentionArgs { window: 512, ..attention_args(DType::BF16, 64) };
+        let mma = attention(&local, AttentionKernel::Mma, 9, 1).unwrap().unwrap();
+        assert_eq!(mma.function, "pagoda_paged_attention_mma_local_bf16_d64");
+        assert_eq!(mma.args[11], Arg::I32(512));
+        assert!(attention(&attention_args(DType::F32, 256), AttentionKernel::Simt { rows: 4 }, 9, 1).is_err());
         assert!(attention(&a, AttentionKernel::Mma, 9, 0).unwrap().is_none());
         let c = attention_combine(&a, 9, 2).unwrap().unwrap();
         assert_eq!((c.function.as_str(), c.grid), ("pagoda_attention_combine_bf16", [2, 8, 1]));
@@ -565,7 +601,7 @@ mod tests {
     #[test]
     fn mma_shared_memory_fits_an_sm() {
         // 227 KiB is the most one block may opt into on sm_90 (163 KiB on sm_80).
-        for d in CUDA_ATTENTION_HEAD_DIMS {
+        for d in CUDA_MMA_HEAD_DIMS {
             assert!(mma_shared_bytes(d) <= 163 * 1024);
         }
     }

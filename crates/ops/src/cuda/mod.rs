@@ -48,3 +48,5 @@ mod sim_replay_tests;
 mod sim_sampling_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_tests;
+#[cfg(all(test, feature = "kernel-sim"))]
+mod sim_window_tests;

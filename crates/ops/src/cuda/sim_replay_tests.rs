@@ -24,6 +24,8 @@ fn replay_plans_match_cpu_at_every_context_length() {
             seqs: vec![(1, 1), (1, 37), (1, 128), (1, 129), (1, 700)],
             num_sms: 32,
             batch_invariant: false,
+            window: None,
+            softcap: None,
         };
         let (err, counts) = attention_case_planned(&c, &mut rng, Some(1024));
         assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads} d{head_dim}: {err}");

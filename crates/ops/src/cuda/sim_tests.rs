@@ -366,11 +366,16 @@ pub(super) struct Case {
     pub num_sms: usize,
     /// Plan every token as a decode of its own ([`PlanParams::batch_invariant`]).
     pub batch_invariant: bool,
+    /// A sliding window of keys: the blocks before each sequence's window are given back, as a
+    /// windowed layer's cache does (their table entries point at a block of NaNs).
+    pub window: Option<usize>,
+    /// Soft-capped scores.
+    pub softcap: Option<f32>,
 }
 
 /// Runs `c` through the plan and the simulated kernels and through the CPU op; returns the
 /// relative error and the plan's (simt, mma, split groups) counts.
-fn attention_case(c: &Case, rng: &mut StdRng) -> (f32, [usize; 3]) {
+pub(super) fn attention_case(c: &Case, rng: &mut StdRng) -> (f32, [usize; 3]) {
     attention_case_planned(c, rng, None)
 }
 
@@ -400,20 +405,41 @@ pub(super) fn attention_case_planned(
         ctxs.push(ctx as u32);
     }
     let num_tokens = *cu.last().unwrap() as usize;
+    // The block past the others is all NaN: what a window gave back points there.
+    let poison = num_blocks;
+    if let Some(w) = c.window {
+        for (table, &(q_len, ctx)) in tables.iter_mut().zip(&c.seqs) {
+            let first_visible = (ctx - q_len + 1).saturating_sub(w);
+            for entry in &mut table[..first_visible / c.block_size] {
+                *entry = poison as u32;
+            }
+        }
+    }
     let meta = AttentionMetadata::new(slots, cu.clone(), ctxs.clone(), &tables, &Device::Cpu).unwrap();
     let (d, extra_heads) = (c.head_dim, 1);
-    let cache_shape = [num_blocks, c.block_size, c.kv_heads, d];
-    let k_cache = random(rng, &cache_shape, c.dtype);
-    let v_cache = random(rng, &cache_shape, c.dtype);
+    let cache_shape = [num_blocks + 1, c.block_size, c.kv_heads, d];
+    let block_len = c.block_size * c.kv_heads * d;
+    let poisoned = |t: Tensor| {
+        let mut values = f32_values(&t);
+        values[poison * block_len..].fill(f32::NAN);
+        Tensor::from_vec(values, &cache_shape, &Device::Cpu).unwrap().to_dtype(c.dtype).unwrap()
+    };
+    let k_cache = poisoned(random(rng, &cache_shape, c.dtype));
+    let v_cache = poisoned(random(rng, &cache_shape, c.dtype));
     let q_full = random(rng, &[num_tokens, c.q_heads + extra_heads, d], c.dtype);
     let q = q_full.narrow(1, 0, c.q_heads).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
-    let want = f32_values(&crate::paged_attention(&q, &k_cache, &v_cache, &meta, scale).unwrap());
+    let attention = crate::AttentionParams {
+        window: c.window,
+        logit_softcap: c.softcap,
+        ..crate::AttentionParams::scaled(scale)
+    };
+    let want = f32_values(&crate::paged_attention_with(&q, &k_cache, &v_cache, &meta, attention).unwrap());
 
     let params = PlanParams {
         num_q_heads: c.q_heads,
         num_kv_heads: c.kv_heads,
-        tensor_cores: c.dtype != DType::F32,
+        tensor_cores: c.dtype != DType::F32 && launch::CUDA_MMA_HEAD_DIMS.contains(&c.head_dim),
         num_sms: c.num_sms,
         batch_invariant: c.batch_invariant,
     };
@@ -442,6 +468,8 @@ pub(super) fn attention_case_planned(
         num_kv_heads: c.kv_heads,
         group: c.q_heads / c.kv_heads,
         softmax_scale: scale,
+        window: c.window.unwrap_or(0),
+        logit_softcap: c.softcap.unwrap_or(0.0),
         out: out.addr(0),
         part_o: part_o.addr(0),
         part_lse: part_lse.addr(0),
@@ -478,6 +506,8 @@ fn attention_cuda_core_path_matches_cpu() {
             seqs: vec![(1, 37), (5, 5), (0, 3), (1, 1), (11, 40)],
             num_sms: 1,
             batch_invariant: false,
+            window: None,
+            softcap: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(DType::F32), "f32 {q_heads}/{kv_heads} d{head_dim} bs{block_size}: {err}");
@@ -495,6 +525,8 @@ fn attention_cuda_core_path_matches_cpu() {
             seqs: vec![(1, 100), (1, 17), (2, 50)],
             num_sms: 1,
             batch_invariant: false,
+            window: None,
+            softcap: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} decode: {err}");
@@ -516,6 +548,8 @@ fn attention_split_kv_matches_cpu() {
             seqs: vec![(1, 1000), (1, 9)],
             num_sms: 132,
             batch_invariant: false,
+            window: None,
+            softcap: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} split decode: {err}");
@@ -539,6 +573,8 @@ fn attention_split_kv_matches_cpu() {
         seqs: vec![(3, 700)],
         num_sms: 132,
         batch_invariant: false,
+        window: None,
+        softcap: None,
     };
     let (err, counts) = attention_case(&c, &mut rng);
     assert!(err <= tolerance(DType::F32), "split prefill: {err}");
@@ -562,6 +598,8 @@ fn attention_tensor_core_path_matches_cpu() {
             seqs: vec![(70, 70), (20, 90), (1, 33)],
             num_sms: 1,
             batch_invariant: false,
+            window: None,
+            softcap: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads} d{head_dim} bs{block_size}: {err}");
@@ -586,6 +624,8 @@ fn attention_batch_invariant_plans_match_cpu() {
                 seqs: vec![(9, 300), (20, 20), (1, 700), (1, 2200), (1, 5)],
                 num_sms: 132,
                 batch_invariant: true,
+                window: None,
+                softcap: None,
             };
             let (err, counts) = attention_case(&c, &mut rng);
             assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads}: {err}");
