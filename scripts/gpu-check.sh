@@ -6,7 +6,8 @@
 #       (scripts/install-cuda-toolchain.sh), builds the release server and the check binary
 #       with --features cuda, and the load generator for scripts/gpu-bench.sh (target dir
 #       $PAGODA_CUDA_TARGET_DIR, default ~/.cache/pagoda-target-cuda), strips and
-#       xz-compresses them into DIR/bin (default ./gpu-check),
+#       xz-compresses them into DIR/bin (default ./gpu-check), copies the tiny checkpoints
+#       (tests/fixtures/tiny, about 7 MiB) into DIR/tiny for the `tiny` section,
 #       and adds the default model, xz-compressed and split into parts of N MiB (default 40) so
 #       that no transfer of the folder exceeds a small limit. DIR/gpu-check.sh is this script.
 #
@@ -73,6 +74,12 @@ build() {
     done
     cp "$repo/scripts/gpu-check.sh" "$dir/gpu-check.sh"
     chmod +x "$dir/gpu-check.sh"
+    # The tiny checkpoints of every architecture (about 7 MiB) for the `tiny` section.
+    rm -rf "$dir/tiny"
+    mkdir -p "$dir/tiny"
+    for t in "$repo"/tests/fixtures/tiny/*/model.gguf; do
+        cp "$t" "$dir/tiny/$(basename "$(dirname "$t")").gguf"
+    done
 
     if [ "$with_model" = 1 ]; then
         local model="$repo/models/$MODEL_NAME" sha
@@ -211,8 +218,10 @@ run() {
     nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 
     set +e
+    local tiny=()
+    [ -d "$pack/tiny" ] && tiny=(--tiny-dir "$pack/tiny")
     "$stage/bin/pagoda-gpu-check" --model "$model" --server-binary "$stage/bin/pagoda" --out "$out" \
-        "${check_args[@]}" 2>&1 | tee "$out/check.log"
+        "${tiny[@]}" "${check_args[@]}" 2>&1 | tee "$out/check.log"
     local status="${PIPESTATUS[0]}"
     set -e
     return "$status"

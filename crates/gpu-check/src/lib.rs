@@ -6,9 +6,11 @@
 //! inputs, the whole default model on CUDA against the CPU, the release server answering a
 //! chat request on CUDA, and times the attention kernels. This library holds the parts that
 //! need no GPU, so they are tested everywhere: the results table, the error metrics, the
-//! timing arithmetic and the server check.
+//! timing arithmetic, the server check and the whole-model comparison (run on the CPU against
+//! itself in the tests).
 
 pub mod compare;
+pub mod model_check;
 pub mod report;
 pub mod server;
 pub mod timing;

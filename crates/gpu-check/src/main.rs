@@ -12,7 +12,6 @@
 
 mod bench;
 mod invariance_check;
-mod model_check;
 mod ops_check;
 mod quant_check;
 mod sampler_check;
@@ -24,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Parser;
+use pagoda_gpu_check::model_check;
 use pagoda_gpu_check::report::Report;
 use pagoda_gpu_check::server::{chat, ServerProcess};
 
@@ -42,12 +42,16 @@ struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// The tiny checkpoints for the `tiny` section (`<arch>.gguf` files; gpu-check.sh packs
+    /// tests/fixtures/tiny there).
+    #[arg(long)]
+    tiny_dir: Option<PathBuf>,
     /// Model shape for the `steps` and `quant` sections (random weights).
     #[arg(long, default_value = "configs/models/llama-3.1-8b.json")]
     dummy_config: PathBuf,
-    /// Sections to run (comma-separated): ops, model, invariance, server, timings, steps and
-    /// quant (the last two not in the default set: they load 8B models of random weights).
-    #[arg(long, value_delimiter = ',', default_value = "ops,model,invariance,server,timings")]
+    /// Sections to run (comma-separated): ops, model, tiny, invariance, server, timings, steps
+    /// and quant (the last two not in the default set: they load 8B models of random weights).
+    #[arg(long, value_delimiter = ',', default_value = "ops,model,tiny,invariance,server,timings")]
     sections: Vec<String>,
 }
 
@@ -132,6 +136,10 @@ fn main() -> Result<()> {
         let result = match section.as_str() {
             "ops" => ops_check::run(&device, &mut report),
             "model" => model_check::run(&args.model, &device, &mut report),
+            "tiny" => match &args.tiny_dir {
+                Some(dir) => model_check::run_tiny(dir, &device, &mut report),
+                None => Err(anyhow::anyhow!("the tiny section needs --tiny-dir")),
+            },
             "invariance" => invariance_check::run(&args.model, &device, &mut report),
             "server" => server_section(&args, &mut report),
             "timings" => bench::run(&device, &mut report),
