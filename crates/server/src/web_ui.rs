@@ -6,13 +6,13 @@
 //! the key the user gives it, and the dashboard reads the public `/stats`. A content security
 //! policy keeps every page to this origin.
 
-use axum::extract::Path;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
 use crate::error::ApiError;
+use crate::extract::PathParam;
 use crate::state::SharedState;
 
 /// Scripts, styles, and connections to this origin only; no inline script.
@@ -73,7 +73,7 @@ async fn dashboard() -> Response {
     serve(&DASHBOARD)
 }
 
-async fn asset(Path(name): Path<String>) -> Result<Response, ApiError> {
+async fn asset(PathParam(name): PathParam) -> Result<Response, ApiError> {
     match ASSETS.iter().find(|a| a.name == name) {
         Some(asset) => Ok(serve(asset)),
         None => Err(ApiError::RouteNotFound { method: "GET".to_owned(), path: format!("/ui/{name}") }),

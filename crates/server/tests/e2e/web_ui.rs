@@ -90,6 +90,10 @@ async fn pages_are_served_from_the_binary_with_their_policy() -> Result<()> {
     assert_eq!(resp.status(), 404);
     let body: Value = resp.json().await?;
     assert!(body["error"]["message"].as_str().unwrap_or("").contains("/ui/missing.js"), "{body}");
+    // A name that is not UTF-8 once decoded: a 400 in the API's shape.
+    let resp = http.get(s.url("/ui/%ff")).send().await?;
+    assert_eq!(resp.status(), 400);
+    assert!(resp.json::<Value>().await?["error"]["message"].is_string());
     assert_eq!(http.get(s.url("/v1/models")).send().await?.status(), 401);
     Ok(())
 }
