@@ -39,6 +39,8 @@ pub(crate) mod sampling;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim;
 #[cfg(all(test, feature = "kernel-sim"))]
+mod sim_attention_tests;
+#[cfg(all(test, feature = "kernel-sim"))]
 mod sim_lora_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_quant_tests;

@@ -5,7 +5,8 @@ use candle_core::DType;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::sim_tests::{attention_case_planned, tolerance, Case};
+use super::sim_attention_tests::{attention_case_planned, Case};
+use super::sim_tests::tolerance;
 
 #[test]
 fn replay_plans_match_cpu_at_every_context_length() {

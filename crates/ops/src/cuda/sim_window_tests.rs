@@ -7,7 +7,8 @@ use candle_core::DType;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::sim_tests::{attention_case, attention_case_planned, tolerance, Case};
+use super::sim_attention_tests::{attention_case, attention_case_planned, Case};
+use super::sim_tests::tolerance;
 
 fn case(dtype: DType, head_dim: usize, seqs: Vec<(usize, usize)>, window: usize, softcap: f32) -> Case {
     Case {
