@@ -43,6 +43,21 @@ pub(crate) fn tools_python(venv: &str, make_target: &str) -> PathBuf {
     python
 }
 
+/// `python script`, unbuffered, without bytecode files, its output piped and killed when
+/// dropped: how the e2e tests run their Python checks (add arguments, then `spawn`).
+pub(crate) fn python_check(python: &std::path::Path, script: &std::path::Path) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(python);
+    command
+        .arg(script)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
 /// Runs the SDK checks (`extra` arguments select a suite) against the server at `base_url`.
 async fn run_checks(base_url: &str, extra: &[&str]) -> Result<()> {
     run_script("check_structured.py", base_url, extra).await
@@ -53,17 +68,10 @@ pub(crate) async fn run_script(name: &str, base_url: &str, extra: &[&str]) -> Re
     let python = tools_python("sdk", "sdk-tools");
     let script = repo_root().join("tests/sdk").join(name);
     assert!(script.exists(), "{} is missing", script.display());
-    let child = tokio::process::Command::new(&python)
-        .arg(&script)
+    let child = python_check(&python, &script)
         .args(["--base-url", base_url, "--api-key", API_KEY])
         .args(["--model", "smol", "--timeout", REQUEST_TIMEOUT_S])
         .args(extra)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("PYTHONUNBUFFERED", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {}", python.display()))?;
     let output = match tokio::time::timeout(TIMEOUT, child.wait_with_output()).await {

@@ -4,7 +4,6 @@
 //! chromium and chromedriver). Missing tools fail the test.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -32,8 +31,8 @@ async fn playground_and_dashboard_in_headless_chromium() -> Result<()> {
     );
     let artifacts = crate::sdk::repo_root().join("artifacts/web-ui");
     let script = crate::sdk::repo_root().join("tests/browser/check_web_ui.py");
-    let child = tokio::process::Command::new(crate::sdk::tools_python("browser", "browser-tools"))
-        .arg(&script)
+    let python = crate::sdk::tools_python("browser", "browser-tools");
+    let child = crate::sdk::python_check(&python, &script)
         .args(["--base-url", &server.url(""), "--api-key", BROWSER_KEY, "--model", "smol"])
         .arg("--chromium")
         .arg(tool("chromium"))
@@ -43,12 +42,6 @@ async fn playground_and_dashboard_in_headless_chromium() -> Result<()> {
         .arg(&artifacts)
         // Selenium Manager must not look for drivers on the network: both paths are given.
         .env("SE_OFFLINE", "true")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("PYTHONUNBUFFERED", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .context("starting the browser test")?;
     let output = tokio::time::timeout(BROWSER_TIMEOUT, child.wait_with_output())
