@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 
 use crate::processes::{free_port, repo_root};
@@ -65,7 +65,9 @@ async fn streamed_chat(http: &reqwest::Client, url: &str, body: &Value) -> Resul
     let resp = http.post(url).json(&body).send().await?;
     ensure!(resp.status().is_success(), "{url}: {}", resp.status());
     let text = resp.text().await?;
-    ensure!(text.contains("data: [DONE]"), "the stream did not end: {text}");
+    if let Err(why) = crate::routers::whole_stream(&text) {
+        bail!("the stream is not whole ({why}): {text}");
+    }
     let mut content = String::new();
     for line in text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|l| *l != "[DONE]") {
         let chunk: Value = serde_json::from_str(line)?;

@@ -60,7 +60,12 @@ async fn a_killed_replica_fails_cleanly_and_rejoins() -> Result<()> {
         r.wait_ready(&http).await?;
     }
     let workers: Vec<String> = replicas.iter().map(|r| r.addr.clone()).collect();
-    let router = Router::start(RouterKind::Vllm, "round_robin", &workers, dir.path()).await?;
+    // Health checks on /ready, as deployments should run them: a replica rejoins when it takes
+    // requests, not merely when its process answers. The failed sends at the kill open
+    // vllm-router's circuit breaker; 15 s open instead of 60 keeps the wait for the rejoin
+    // short, and the failed health checks keep the replica out until it is back regardless.
+    let flags = ["--health-check-endpoint", "/ready", "--cb-timeout-duration-secs", "15"];
+    let router = Router::start_with(RouterKind::Vllm, "round_robin", &workers, &flags, dir.path()).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let log: Log = Arc::default();
@@ -80,7 +85,13 @@ async fn a_killed_replica_fails_cleanly_and_rejoins() -> Result<()> {
             async move {
                 let text = replica_metrics(&http, replica).await?;
                 let served = http_count(&text, "/v1/completions", 200);
-                Ok(if served >= 3.0 { Ok(served) } else { Err(format!("{served} served")) })
+                // The router's checks reached /ready, beside the one wait_ready made.
+                let checks = http_count(&text, "/ready", 200);
+                Ok(if served >= 3.0 && checks >= 3.0 {
+                    Ok(served)
+                } else {
+                    Err(format!("{served} served, /ready checked {checks} times"))
+                })
             }
         })
         .await;
@@ -104,6 +115,9 @@ async fn a_killed_replica_fails_cleanly_and_rejoins() -> Result<()> {
         failures.len(),
         failures.iter().map(|(t, _)| (t * 10.0).round() / 10.0).collect::<Vec<_>>()
     );
+    for (after_kill, outcome) in &failures {
+        println!("  {after_kill:.1} s after the kill: {outcome:?}");
+    }
     // Nothing is lost: every request came back, completed or failed (a hang would have timed out).
     ensure!(sent == completed + failures.len());
     ensure!(sent > 20, "too little load: {sent}");

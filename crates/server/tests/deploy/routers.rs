@@ -52,8 +52,20 @@ impl Router {
     /// Starts `kind` with `policy` in front of `workers`, checking health every second, and
     /// waits until it routes.
     pub async fn start(kind: RouterKind, policy: &str, workers: &[String], logs: &Path) -> Result<Router> {
+        Self::start_with(kind, policy, workers, &[], logs).await
+    }
+
+    /// [`Router::start`] with the router's own `extra` flags.
+    pub async fn start_with(
+        kind: RouterKind,
+        policy: &str,
+        workers: &[String],
+        extra: &[&str],
+        logs: &Path,
+    ) -> Result<Router> {
         let mut args = vec!["--worker-urls".to_owned()];
         args.extend(workers.iter().map(|w| format!("http://{w}")));
+        args.extend(extra.iter().map(|a| a.to_string()));
         Self::launch(kind, policy, &format!("{}-{policy}", kind.name()), &args, logs).await
     }
 
@@ -167,15 +179,55 @@ pub async fn send(http: &reqwest::Client, url: &str, body: &Value) -> Outcome {
         }
     }
     let text = String::from_utf8_lossy(&bytes);
-    let whole = if body["stream"] == true {
-        text.contains("data: [DONE]") && !text.contains("\"error\"")
+    let answer = if body["stream"] == true {
+        whole_stream(&text)
     } else {
-        serde_json::from_str::<Value>(&text).is_ok_and(|v| v["choices"].is_array())
+        serde_json::from_str::<Value>(&text).map_err(|e| format!("not JSON: {e}")).and_then(|v| {
+            if v["choices"].is_array() {
+                Ok(())
+            } else {
+                Err("no choices".to_owned())
+            }
+        })
     };
-    if whole {
-        Outcome::Completed
+    match answer {
+        Ok(()) => Outcome::Completed,
+        Err(why) => Outcome::Failed(format!("incomplete answer ({why}) of {} bytes: {text}", bytes.len())),
+    }
+}
+
+/// Whether an SSE body is a whole answer: every event's data a JSON chunk (none an error
+/// object), the last one `[DONE]`. The events are parsed, not searched: generated text may
+/// well contain `"error"` or `[DONE]`. Comment lines (keep-alives) are skipped.
+pub fn whole_stream(text: &str) -> Result<(), String> {
+    let datas = text.split("\n\n").filter_map(|event| {
+        let lines: Vec<&str> = event.lines().filter(|l| !l.is_empty() && !l.starts_with(':')).collect();
+        (!lines.is_empty()).then_some(lines)
+    });
+    let mut done = false;
+    for lines in datas {
+        let data = match lines.as_slice() {
+            [line] => line.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d)),
+            _ => None,
+        }
+        .ok_or_else(|| format!("not one data line: {lines:?}"))?;
+        if done {
+            return Err(format!("an event after [DONE]: {data}"));
+        }
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|e| format!("a chunk that is not JSON ({e})"))?;
+        if chunk.get("error").is_some() {
+            return Err(format!("an error event: {data}"));
+        }
+    }
+    if done {
+        Ok(())
     } else {
-        Outcome::Failed(format!("incomplete answer: {}", text.chars().take(200).collect::<String>()))
+        Err("no [DONE]".to_owned())
     }
 }
 
@@ -261,4 +313,20 @@ pub fn not_found_lines(text: &str) -> Vec<String> {
         .filter(|l| l.contains("status=\"404\"") || l.contains("handler=\"unmatched\""))
         .map(str::to_owned)
         .collect()
+}
+
+#[test]
+fn a_stream_is_whole_by_its_events_not_its_words() {
+    let chunk = |text: &str| format!("data: {}\n\n", json!({"choices": [{"index": 0, "text": text}]}));
+    // Generated text that reads like an error or an end is still text.
+    let words = format!("{}: keep-alive\n\n{}data: [DONE]\n\n", chunk("error"), chunk("[DONE]"));
+    assert_eq!(whole_stream(&words), Ok(()));
+    let cut = chunk("Once upon");
+    assert_eq!(whole_stream(&cut), Err("no [DONE]".to_owned()));
+    let error = format!("{}data: {}\n\ndata: [DONE]\n\n", chunk("a"), json!({"error": {"message": "gone"}}));
+    assert!(whole_stream(&error).unwrap_err().starts_with("an error event"));
+    let half_chunk = format!("{}data: {{\"choices\n\n", chunk("a"));
+    assert!(whole_stream(&half_chunk).unwrap_err().contains("not JSON"));
+    let after_done = format!("data: [DONE]\n\n{}", chunk("late"));
+    assert!(whole_stream(&after_done).unwrap_err().starts_with("an event after [DONE]"));
 }
