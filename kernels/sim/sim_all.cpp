@@ -7,6 +7,7 @@
 
 #include "runtime.h"
 
+#include "../fp8_matmul.cu"
 #include "../lora.cu"
 #include "../paged_attention_combine.cu"
 #include "../paged_attention_mma.cu"

@@ -11,6 +11,7 @@
 //! check passed.
 
 mod bench;
+mod fp8_check;
 mod invariance_check;
 mod ops_check;
 mod quant_check;
@@ -49,9 +50,10 @@ struct Args {
     /// Model shape for the `steps` and `quant` sections (random weights).
     #[arg(long, default_value = "configs/models/llama-3.1-8b.json")]
     dummy_config: PathBuf,
-    /// Sections to run (comma-separated): ops, model, tiny, invariance, server, timings, steps
-    /// and quant (the last two not in the default set: they load 8B models of random weights).
-    #[arg(long, value_delimiter = ',', default_value = "ops,model,tiny,invariance,server,timings")]
+    /// Sections to run (comma-separated): ops, fp8, model, tiny, invariance, server, timings,
+    /// steps and quant (the last two not in the default set: they load 8B models of random
+    /// weights).
+    #[arg(long, value_delimiter = ',', default_value = "ops,fp8,model,tiny,invariance,server,timings")]
     sections: Vec<String>,
 }
 
@@ -145,6 +147,7 @@ fn main() -> Result<()> {
             "timings" => bench::run(&device, &mut report),
             "steps" => step_profile::run(&args.dummy_config, &device, &mut report),
             "quant" => quant_check::run(&args.dummy_config, &device, &mut report),
+            "fp8" => fp8_check::run(&device, &mut report),
             other => Err(anyhow::anyhow!("unknown section {other:?}")),
         };
         if let Err(e) = result {

@@ -13,7 +13,8 @@
 //! `skinny_matmul` is the CUDA matmul of decode steps (up to 8 rows in models): tensor cores,
 //! each weight streamed once, the same bits for a row whatever the batch. `DeviceQuantWeight`
 //! keeps GGUF blocks quantized on CUDA: decode steps multiply the blocks directly, larger steps
-//! a copy dequantized for the call.
+//! a copy dequantized for the call. `DeviceFp8Weight` does the same for FP8 (e4m3) weights with
+//! a scale per row ([`Fp8Weight`], quantized from dense rows).
 //!
 //! `time_panel_kernels` times panel kernels on one weight, so that the kernel plan
 //! (`pagoda_models::kernel_plan`) chooses the fastest by measurement (`gemm_probe`).
@@ -51,9 +52,11 @@ pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
 pub use kv_cache::{reshape_and_cache, PADDING_SLOT};
 pub use lora::{lora_add, LoraSegment};
+pub use matmul::device_fp8::{DeviceFp8Weight, FP8_KERNEL_K_STEP, FP8_KERNEL_MAX_ROWS, FP8_MATMUL_MAX_ROWS};
 pub use matmul::device_quant::{
     DeviceQuantWeight, QuantLaunch, QUANT_KERNEL_MAX_ROWS, QUANT_MATMUL_MAX_ROWS,
 };
+pub use matmul::fp8_weight::{fp8_e4m3_value, Fp8Weight, FP8_E4M3_MAX};
 pub use matmul::gemm_probe::{time_panel_kernels, PanelTiming};
 pub use matmul::panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use matmul::quant_matmul::{quant_matmul, quant_matmul_batch_invariant};

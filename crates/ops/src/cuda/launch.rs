@@ -22,12 +22,13 @@ pub(crate) enum KernelModule {
     Sampling,
     SkinnyMatmul,
     QuantMatmul,
+    Fp8Matmul,
     Lora,
 }
 
 impl KernelModule {
     #[cfg(test)]
-    pub const ALL: [KernelModule; 11] = [
+    pub const ALL: [KernelModule; 12] = [
         KernelModule::ReshapeAndCache,
         KernelModule::RmsNorm,
         KernelModule::Rotary,
@@ -38,6 +39,7 @@ impl KernelModule {
         KernelModule::Sampling,
         KernelModule::SkinnyMatmul,
         KernelModule::QuantMatmul,
+        KernelModule::Fp8Matmul,
         KernelModule::Lora,
     ];
 
@@ -54,6 +56,7 @@ impl KernelModule {
             KernelModule::Sampling => "sampling",
             KernelModule::SkinnyMatmul => "skinny_matmul",
             KernelModule::QuantMatmul => "quant_matmul",
+            KernelModule::Fp8Matmul => "fp8_matmul",
             KernelModule::Lora => "lora",
         }
     }

@@ -9,6 +9,7 @@
 
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
+pub(crate) mod fp8;
 pub(crate) mod launch;
 pub(crate) mod lora;
 pub(crate) mod plan;
@@ -21,6 +22,8 @@ pub(crate) mod activation;
 pub(crate) mod attention;
 #[cfg(feature = "cuda")]
 pub(crate) mod device;
+#[cfg(feature = "cuda")]
+pub(crate) mod fp8_ops;
 #[cfg(feature = "cuda")]
 pub(crate) mod kv_cache;
 #[cfg(feature = "cuda")]
@@ -40,6 +43,8 @@ pub(crate) mod sampling;
 mod sim;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_attention_tests;
+#[cfg(all(test, feature = "kernel-sim"))]
+mod sim_fp8_tests;
 #[cfg(all(test, feature = "kernel-sim"))]
 mod sim_lora_tests;
 #[cfg(all(test, feature = "kernel-sim"))]

@@ -3,11 +3,14 @@
 //! blocks' int8 codes (`panel_matmul`, with `int8_matmul` and `int16_matmul` for 8- and 16-bit
 //! activations), their x86 kernels (`*_x86`), the timing the kernel plan chooses by
 //! (`gemm_probe`), the dense CPU weight interface (`cpu_matmul`), CUDA's decode-step matmul
-//! (`skinny_matmul`) and GGUF blocks kept quantized on CUDA (`device_quant`). Which of them a
+//! (`skinny_matmul`), GGUF blocks kept quantized on CUDA (`device_quant`) and FP8 weights with a
+//! scale per row (`fp8_weight`, on CUDA `device_fp8`). Which of them a
 //! model runs is `pagoda_models::kernel_plan`'s decision.
 
 pub(crate) mod cpu_matmul;
+pub(crate) mod device_fp8;
 pub(crate) mod device_quant;
+pub(crate) mod fp8_weight;
 pub(crate) mod gemm_probe;
 pub(crate) mod int16_matmul;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,122 @@
+//! FP8 weights kept on the device (`pagoda_ops::DeviceFp8Weight`):
+//!
+//! - **correct**: the FP8 kernel (1, 3, 8 and up to 32 rows) and the dequantize-then-cuBLAS
+//!   path (40 rows) against the CPU reference (exact code values, f32 sums, the row's scale),
+//!   in f16 and bf16; a row's bits whatever the rows beside it; the dequantization bit for bit;
+//! - **fast**: each projection of Llama-3.1-8B's shape at M = 1 and 8 in GB/s of the bytes the
+//!   device holds (weights cold, as in a step), beside the bf16 skinny kernel on the same shape.
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use pagoda_gpu_check::compare::{rel_err, tolerance};
+use pagoda_gpu_check::report::Report;
+use pagoda_ops::{DeviceFp8Weight, Fp8Weight};
+
+use crate::bench::{copy_bandwidth, time_calls};
+use crate::ops_check::values;
+
+const SECTION: &str = "fp8";
+
+fn bits(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(values(t)?.iter().map(|v| v.to_bits()).collect())
+}
+
+/// A `[rows, cols]` weight of seeded normal values, quantized on the host.
+fn host_weight(rows: usize, cols: usize, seed: u64) -> Result<Fp8Weight> {
+    let device = Device::Cpu;
+    device.set_seed(seed)?;
+    let values: Vec<f32> = Tensor::randn(0f32, 0.05, (rows * cols,), &device)?.to_vec1()?;
+    Fp8Weight::quantize(rows, cols, &values).map_err(anyhow::Error::msg)
+}
+
+/// The worst error over the dtype's tolerance, whether rows kept their bits, whether the
+/// dequantization matched.
+fn check(gpu: &Device) -> Result<(f32, bool, bool)> {
+    let (mut worst, mut rows_same, mut dequant_same) = (0f32, true, true);
+    for (seed, (n, k, row_counts)) in
+        [(70, 576, &[1, 3, 8, 12, 32, 40][..]), (4096, 4096, &[1, 8, 32][..])].into_iter().enumerate()
+    {
+        let host = host_weight(n, k, 40 + seed as u64)?;
+        let (on_cpu, on_gpu) =
+            (DeviceFp8Weight::new(&host, &Device::Cpu)?, DeviceFp8Weight::new(&host, gpu)?);
+        for dtype in [DType::F16, DType::BF16] {
+            for &m in row_counts {
+                let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?.to_dtype(dtype)?;
+                let x_gpu = x.to_device(gpu)?;
+                if m <= pagoda_ops::FP8_MATMUL_MAX_ROWS && !on_gpu.kernel_takes(&x_gpu) {
+                    anyhow::bail!("{dtype:?} {m}x{n}x{k}: the kernel does not take it");
+                }
+                let want = values(&on_cpu.matmul(&x)?)?;
+                worst = worst.max(rel_err(&values(&on_gpu.forward(&x_gpu)?)?, &want) / tolerance(dtype));
+                if m <= pagoda_ops::FP8_KERNEL_MAX_ROWS {
+                    let all = on_gpu.matmul(&x_gpu)?;
+                    worst = worst.max(rel_err(&values(&all)?, &want) / tolerance(dtype));
+                    let row = 5.min(m - 1);
+                    rows_same &=
+                        bits(&on_gpu.matmul(&x_gpu.narrow(0, row, 1)?)?)? == bits(&all.narrow(0, row, 1)?)?;
+                }
+            }
+            dequant_same &= bits(&on_gpu.dequantize(dtype)?)? == bits(&on_cpu.dequantize(dtype)?)?;
+        }
+    }
+    Ok((worst, rows_same, dequant_same))
+}
+
+/// Bytes a timing rotates through so that each call reads its weight from DRAM.
+const COLD_BYTES: usize = 512 << 20;
+
+/// Llama-3.1-8B's projections as the model stacks them: (name, rows, cols).
+const SHAPES: [(&str, usize, usize); 4] =
+    [("QKV", 6144, 4096), ("O", 4096, 4096), ("gate+up", 28_672, 4096), ("down", 4096, 14_336)];
+
+fn timings(gpu: &Device, report: &mut Report) -> Result<()> {
+    let copy = copy_bandwidth(gpu)?;
+    let mut cells = Vec::new();
+    for (i, (name, rows, cols)) in SHAPES.into_iter().enumerate() {
+        let host = host_weight(rows, cols, 200 + i as u64)?;
+        let copies: Vec<DeviceFp8Weight> = (0..COLD_BYTES.div_ceil(rows * cols).clamp(1, 16))
+            .map(|_| DeviceFp8Weight::new(&host, gpu))
+            .collect::<candle_core::Result<_>>()?;
+        let dense: Vec<Tensor> = (0..COLD_BYTES.div_ceil(2 * rows * cols).clamp(1, 16))
+            .map(|_| copies[0].dequantize(DType::BF16))
+            .collect::<candle_core::Result<_>>()?;
+        let fp8_bytes = copies[0].size_in_bytes() as f64;
+        for m in [1, 8] {
+            let x = Tensor::randn(0f32, 1.0, (m, cols), gpu)?.to_dtype(DType::BF16)?;
+            let mut next = 0;
+            let fp8 = time_calls(gpu, 5, 10, || {
+                drop(copies[next % copies.len()].matmul(&x)?);
+                next += 1;
+                Ok(())
+            })?;
+            let bf16 = time_calls(gpu, 5, 10, || {
+                drop(pagoda_ops::skinny_matmul(&x, &dense[next % dense.len()])?);
+                next += 1;
+                Ok(())
+            })?;
+            cells.push(format!(
+                "{name} {rows}x{cols} M={m}: fp8 {:.1} us {:.0} GB/s ({:.0}% of copy), bf16 skinny {:.1} us",
+                fp8 * 1e6,
+                fp8_bytes / fp8 / 1e9,
+                100.0 * fp8_bytes / fp8 / copy,
+                bf16 * 1e6
+            ));
+        }
+    }
+    report.info(SECTION, &format!("fp8 matmul, copy {:.0} GB/s", copy / 1e9), cells.join("; "));
+    Ok(())
+}
+
+pub fn run(gpu: &Device, report: &mut Report) -> Result<()> {
+    let name = "fp8_matmul against the CPU, f16 and bf16, M = 1..40 (error / tolerance)";
+    match check(gpu) {
+        Ok((worst, rows, dequant)) => {
+            report.at_most(SECTION, name, worst as f64, 1.0);
+            let same = |ok: bool| if ok { "identical" } else { "differ" };
+            report.expect(SECTION, "fp8_matmul: a row's bits whatever the rows beside it", rows, same(rows));
+            report.expect(SECTION, "fp8_dequantize: the CPU's values bit for bit", dequant, same(dequant));
+        }
+        Err(e) => report.error(SECTION, name, format!("{e:#}")),
+    }
+    timings(gpu, report)
+}
