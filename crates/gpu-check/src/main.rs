@@ -1,7 +1,8 @@
 //! `pagoda-gpu-check`: runs every GPU check in one go and writes a results table.
 //!
 //! Sections, each recorded even if another fails: `ops` (every CUDA op against its CPU op on
-//! fresh random inputs), `model` (the default model on CUDA against the CPU, greedy),
+//! fresh random inputs), `fp8` (the matmul over FP8 weights against the CPU, a model loaded in
+//! FP8, and the matmul timed), `model` (the default model on CUDA against the CPU, greedy),
 //! `invariance` (`--batch-invariant`: a sequence's logits decoded alone and verified in one
 //! step beside another sequence, bit for bit), `server`
 //! (the release server on CUDA answering chat requests), `timings` (paged decode attention

@@ -113,12 +113,12 @@ fn correctness(gpu: &Device, report: &mut Report) {
     );
 }
 
-const PROMPT: usize = 24;
-const DECODE_STEPS: usize = 16;
+pub(crate) const PROMPT: usize = 24;
+pub(crate) const DECODE_STEPS: usize = 16;
 
 /// The logits of one step that feeds `tokens[start..]` (positions `start..`) and predicts the
 /// next token.
-fn step(runner: &mut ModelRunner, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+pub(crate) fn step(runner: &mut ModelRunner, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
     let blocks: Vec<u32> = (0..(PROMPT + DECODE_STEPS).div_ceil(BLOCK_SIZE) as u32).collect();
     let seq = ScheduledSeq {
         seq_id: 0,
@@ -139,7 +139,7 @@ fn step(runner: &mut ModelRunner, tokens: &[u32], start: usize) -> Result<Vec<f3
 
 /// The logits that predict each token after the prompt: a prefill of `tokens[..PROMPT]`, then
 /// one decode step per later token (fed `tokens`, whatever the model would have chosen).
-fn logits_along(runner: &mut ModelRunner, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+pub(crate) fn logits_along(runner: &mut ModelRunner, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
     let mut rows = vec![step(runner, &tokens[..PROMPT], 0)?];
     for end in PROMPT + 1..=tokens.len() {
         rows.push(step(runner, &tokens[..end], end - 1)?);
@@ -170,7 +170,7 @@ fn small_runner(
 
 /// The worst relative logit difference over the steps, and the share of steps whose greedy
 /// choice agrees.
-fn compare_steps(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f32, f64) {
+pub(crate) fn compare_steps(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f32, f64) {
     let err = got.iter().zip(want).map(|(g, w)| rel_err(g, w)).fold(0f32, f32::max);
     let agree = got.iter().zip(want).filter(|(g, w)| argmax(g) == argmax(w)).count();
     (err, agree as f64 / want.len().max(1) as f64)

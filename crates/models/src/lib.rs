@@ -20,6 +20,7 @@ pub mod kv_cache;
 pub mod kv_layout;
 pub mod kv_sizing;
 pub mod linear;
+pub mod linear_fp8;
 pub mod llama;
 pub mod loader;
 pub mod lora;
@@ -36,6 +37,7 @@ pub use error::{ModelError, Result};
 pub use kernel_plan::{CpuGemmDtype, CpuKernel, KernelPlan, KernelRequest, ResolvedPlan};
 pub use kv_cache::KvCache;
 pub use kv_layout::KvLayout;
+pub use linear_fp8::WeightQuantization;
 pub use loader::{
     load_model, resolve_kernel_plan, LoadFormat, LoadOptions, LoadedModel, AUTO_DEQUANTIZE_MAX_BYTES,
 };

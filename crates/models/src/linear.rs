@@ -8,13 +8,13 @@
 //! on cuBLAS; a batch-invariant model takes the skinny kernel at every step
 //! ([`LinearWeight::RowInvariant`]). GGUF blocks stay quantized on the device
 //! ([`LinearWeight::DeviceBlocks`]): decode steps multiply them directly, larger steps a copy
-//! dequantized for the call.
+//! dequantized for the call; so do FP8 weights ([`LinearWeight::DeviceFp8`], `linear_fp8`).
 
 use std::sync::Arc;
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
-use pagoda_ops::{DeviceQuantWeight, PanelPrecision, PanelWeight, QuantizedWeight};
+use pagoda_ops::{DeviceFp8Weight, DeviceQuantWeight, PanelPrecision, PanelWeight, QuantizedWeight};
 
 use crate::error::Result;
 use crate::kernel_plan::{CpuKernel, KernelPlan};
@@ -33,6 +33,9 @@ pub enum LinearWeight {
     /// GGUF blocks on a CUDA device, multiplied by our quantized kernel at decode-sized steps
     /// and dequantized per call for larger ones.
     DeviceBlocks(Arc<DeviceQuantWeight>),
+    /// FP8 codes with a scale per row on a CUDA device (`--quantization fp8`), multiplied by our
+    /// FP8 kernel at decode-sized steps and dequantized per call for larger ones.
+    DeviceFp8(Arc<DeviceFp8Weight>),
     /// A dense `[out, in]` matrix of a batch-invariant CUDA model, multiplied by
     /// [`pagoda_ops::row_invariant_matmul`] at every step (the skinny kernel, a grid row per 16
     /// rows), so a row's output does not depend on the rows beside it.
@@ -61,6 +64,7 @@ impl Linear {
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::RowInvariant(w) => pagoda_ops::row_invariant_matmul(x, w)?,
             LinearWeight::DeviceBlocks(w) => w.forward(x)?,
+            LinearWeight::DeviceFp8(w) => w.forward(x)?,
             LinearWeight::Packed { blocks, panels, plan } => {
                 let x = &x.to_dtype(DType::F32)?;
                 match plan.kernel_for(x.dim(0)?) {
@@ -141,14 +145,25 @@ impl Linear {
             | LinearWeight::RowInvariant(_)
             | LinearWeight::Quantized(_)
             | LinearWeight::DeviceBlocks(_)
+            | LinearWeight::DeviceFp8(_)
             | LinearWeight::Panels(_) => None,
         }
+    }
+
+    /// The weight and the bias.
+    pub(crate) fn into_parts(self) -> (LinearWeight, Option<Tensor>) {
+        (self.weight, self.bias)
     }
 
     /// Whether the weight stays in quantized blocks that the matmul reads directly (candle's
     /// quantized matmul, or our CUDA kernel).
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, LinearWeight::Quantized(QMatMul::QTensor(_)) | LinearWeight::DeviceBlocks(_))
+        matches!(
+            self.weight,
+            LinearWeight::Quantized(QMatMul::QTensor(_))
+                | LinearWeight::DeviceBlocks(_)
+                | LinearWeight::DeviceFp8(_)
+        )
     }
 
     /// Rows of the output.
@@ -160,6 +175,7 @@ impl Linear {
             LinearWeight::Packed { blocks, .. } => blocks.rows(),
             LinearWeight::Panels(panels) => panels.rows(),
             LinearWeight::DeviceBlocks(w) => w.rows(),
+            LinearWeight::DeviceFp8(w) => w.rows(),
         })
     }
 
@@ -197,6 +213,7 @@ impl Linear {
                 LinearWeight::Packed { .. }
                 | LinearWeight::Quantized(_)
                 | LinearWeight::DeviceBlocks(_)
+                | LinearWeight::DeviceFp8(_)
                 | LinearWeight::Panels(_) => None,
             })
             .collect();

@@ -10,6 +10,7 @@ use pagoda_ops::QuantFormat;
 use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kernel_plan::{self, CpuFeatures, KernelPlan, KernelRequest, ResolvedPlan};
+use crate::linear_fp8::WeightQuantization;
 use crate::model::Model;
 use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource};
 
@@ -49,6 +50,9 @@ pub struct LoadOptions {
     /// quantized as a GGUF's are, or dequantized with `dequantize: Some(true)`) instead of dense
     /// `dtype` values, every tensor seeded by its name. For timings and device comparisons.
     pub dummy_quantization: Option<QuantFormat>,
+    /// Layer projections that load dense stored this way (`--quantization fp8`:
+    /// [`crate::linear_fp8`]); `None` keeps them as loaded.
+    pub quantization: Option<WeightQuantization>,
 }
 
 impl Default for LoadOptions {
@@ -60,6 +64,7 @@ impl Default for LoadOptions {
             format: LoadFormat::Auto,
             kernel_plan: KernelPlan::default(),
             dummy_quantization: None,
+            quantization: None,
         }
     }
 }
@@ -170,6 +175,11 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         if let Some(why) = refused {
             return Err(ModelError::InvalidOption(format!("--batch-invariant {why}")));
         }
+        if options.quantization == Some(WeightQuantization::Fp8) {
+            return Err(ModelError::InvalidOption(
+                "--batch-invariant has no kernels for --quantization fp8 weights".into(),
+            ));
+        }
     }
     let model = match format {
         LoadFormat::Gguf => {
@@ -177,6 +187,7 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             let dequantize = dequantizes(&weights, options, plan.batch_invariant);
             weights.set_dequantize(dequantize);
             weights.set_kernel_plan(plan);
+            weights.set_quantization(options.quantization);
             let has_output = weights.contains("output.weight");
             let has_bias = weights.contains("blk.0.attn_q.bias");
             let mut config = ModelConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;
@@ -191,6 +202,7 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             let config = ModelConfig::from_hf_json(&path.join("config.json"))?;
             let mut weights = SafetensorsWeights::open(path, &config.architecture, device, dtype)?;
             weights.set_kernel_plan(plan);
+            weights.set_quantization(options.quantization);
             Model::load(&mut weights, config, dtype, device)?
         }
         LoadFormat::Dummy if plan.batch_invariant => {
@@ -200,7 +212,8 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             let config_path = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
             let config = ModelConfig::from_hf_json(&config_path)?;
             let mut weights = DummyWeights::new(&config_path, device, dtype)
-                .quantized(options.dummy_quantization, options.dequantize == Some(true));
+                .quantized(options.dummy_quantization, options.dequantize == Some(true))
+                .stored_as(options.quantization);
             Model::load(&mut weights as &mut dyn WeightSource, config, dtype, device)?
         }
         LoadFormat::Auto => unreachable!("resolved above"),

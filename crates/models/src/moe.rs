@@ -41,7 +41,14 @@ impl MoeMlp {
             .zip(ups)
             .zip(downs)
             .map(|((gate, up), down)| {
-                Ok(Expert { gate_up_proj: StackedLinear::new(vec![gate, up])?, down_proj: down })
+                let (gate_up_proj, down_proj) = (StackedLinear::new(vec![gate, up])?, down);
+                Ok(match source.quantization() {
+                    Some(q) => Expert {
+                        gate_up_proj: q.apply(gate_up_proj)?,
+                        down_proj: q.apply(StackedLinear::Separate(vec![down_proj]))?.into_single(),
+                    },
+                    None => Expert { gate_up_proj, down_proj },
+                })
             })
             .collect::<Result<_>>()?;
         Ok(Self { router, experts, config: moe })

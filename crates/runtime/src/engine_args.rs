@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use pagoda_models::KernelRequest;
 use serde::Deserialize;
 
-use crate::flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, PoolingArg};
+use crate::flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, PoolingArg, QuantizationArg};
 use crate::lora_args::{LoraArgs, LoraSettings};
 use crate::speculative_config::{self, SpeculativeSetting};
 
@@ -152,6 +152,13 @@ pub struct EngineArgs {
     /// Dequantize GGUF weights to --dtype instead of running quantized matmuls.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub dequantize: Option<bool>,
+    /// fp8: quantize every layer's projections (experts too; not the embeddings, the lm head
+    /// or an MoE router) to FP8 e4m3 with a scale per output channel as the model loads, from
+    /// a bf16, f16 or f32 checkpoint (a GGUF's blocks are dequantized first). CUDA
+    /// keeps one byte per weight and multiplies decode steps on FP8 codes; the CPU keeps the
+    /// FP8-rounded values dense (the GPU's numbers, no memory saved). [default: none]
+    #[arg(long, value_enum)]
+    pub quantization: Option<QuantizationArg>,
     /// Serve /v1/embeddings from a generating model too: its final-normed hidden states pooled
     /// (last token, mean, or first token) and L2-normalized. For an embedding model, replaces
     /// the pooling its files declare. [default: off for generating models]
@@ -189,6 +196,7 @@ impl EngineArgs {
             enforce_eager: self.enforce_eager.or(file.enforce_eager),
             speculative_config: self.speculative_config.or(file.speculative_config),
             dequantize: self.dequantize.or(file.dequantize),
+            quantization: self.quantization.or(file.quantization),
             pooling: self.pooling.or(file.pooling),
             device: self.device.or(file.device),
             no_enable_prefix_caching: self.no_enable_prefix_caching,
@@ -209,6 +217,7 @@ impl EngineArgs {
             tokenizer: a.tokenizer,
             load_format: a.load_format.unwrap_or_default(),
             dequantize: a.dequantize,
+            quantization: a.quantization.map(Into::into),
             pooling: a.pooling.map(Into::into),
             device,
             dtype: a.dtype.unwrap_or_default(),
@@ -251,6 +260,8 @@ pub struct EngineSettings {
     pub tokenizer: Option<String>,
     pub load_format: LoadFormatArg,
     pub dequantize: Option<bool>,
+    /// `--quantization`: how layer projections are stored.
+    pub quantization: Option<pagoda_models::WeightQuantization>,
     /// `--pooling`: how embeddings pool, when asked for.
     pub pooling: Option<pagoda_models::PoolingKind>,
     pub device: DeviceArg,
@@ -304,6 +315,9 @@ impl EngineSettings {
                 pagoda_models::kernel_plan::batch_invariant_refusal(cuda, dtype, self.dequantize)
             {
                 return Err(invalid("--batch-invariant", why));
+            }
+            if self.quantization.is_some() {
+                return Err(invalid("--quantization", "has no batch-invariant kernels (--batch-invariant)"));
             }
         }
         Ok(())

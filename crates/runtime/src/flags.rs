@@ -3,7 +3,7 @@
 //! means to the layers below.
 
 use candle_core::DType;
-use pagoda_models::{CpuGemmDtype, LoadFormat, PoolingKind};
+use pagoda_models::{CpuGemmDtype, LoadFormat, PoolingKind, WeightQuantization};
 use serde::Deserialize;
 
 /// `cpu`, `cuda` or `cuda:N`.
@@ -156,6 +156,22 @@ pub enum GemmDtypeArg {
     /// GGUF weights' integer codes times activations rounded to 16 bits per block of 32 (finer
     /// than bfloat16), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
     Int16,
+}
+
+/// `--quantization`: how layer projections are stored (`pagoda_models::linear_fp8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantizationArg {
+    /// FP8 (e4m3) with a scale per output channel, quantized at load.
+    Fp8,
+}
+
+impl From<QuantizationArg> for WeightQuantization {
+    fn from(arg: QuantizationArg) -> Self {
+        match arg {
+            QuantizationArg::Fp8 => WeightQuantization::Fp8,
+        }
+    }
 }
 
 impl From<GemmDtypeArg> for CpuGemmDtype {

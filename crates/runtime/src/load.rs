@@ -161,8 +161,15 @@ impl LoadedRuntime {
             dequantize: options.dequantize,
             format: options.load_format,
             kernel_plan: plan.kernels,
+            quantization: options.quantization,
             ..LoadOptions::default()
         };
+        if options.quantization.is_some() && options.device.is_cpu() {
+            tracing::warn!(
+                "--quantization fp8 on the CPU rounds the projections to their FP8 values and keeps them \
+                 dense: the GPU's numbers, no memory saved"
+            );
+        }
         // The model (parallel over the rayon pool) and the text side (one thread) load at once.
         let tokenizer_path = tokenizer_source(options)?;
         let (loaded, text) = std::thread::scope(|scope| {

@@ -40,6 +40,8 @@ pub struct RuntimeOptions {
     pub load_format: LoadFormat,
     /// See [`pagoda_models::LoadOptions::dequantize`]; `None` decides by model size.
     pub dequantize: Option<bool>,
+    /// See [`pagoda_models::LoadOptions::quantization`].
+    pub quantization: Option<pagoda_models::WeightQuantization>,
     /// `--pooling`: makes a generating model embed too, or changes an embedding model's pooling.
     pub pooling: Option<pagoda_models::PoolingKind>,
     pub device: Device,
@@ -105,6 +107,7 @@ impl EngineSettings {
             tokenizer: self.tokenizer.as_ref().map(PathBuf::from),
             load_format: self.load_format.into(),
             dequantize: self.dequantize,
+            quantization: self.quantization,
             pooling: self.pooling,
             device,
             device_name: self.device.to_string(),

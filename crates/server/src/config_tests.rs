@@ -265,3 +265,17 @@ fn kv_events_config_takes_vllms_json_and_names_bad_fields() {
         assert!(text.contains("--kv-events-config") && text.contains(needle), "{json}: {text}");
     }
 }
+
+#[test]
+fn quantization_comes_from_the_flag_or_the_file() {
+    let quantization = |args: &[&str], file: &str| {
+        ServerConfig::merge(cli(args), ServerConfig::parse_file(file).unwrap())
+            .map(|c| c.engine.quantization.map(|q| format!("{q:?}")))
+    };
+    assert_eq!(quantization(&[], "").unwrap(), None);
+    assert_eq!(quantization(&["--quantization", "fp8"], "").unwrap().as_deref(), Some("Fp8"));
+    assert_eq!(quantization(&[], "quantization = \"fp8\"").unwrap().as_deref(), Some("Fp8"));
+    assert!(ServerConfig::parse_file("quantization = \"int4\"").is_err());
+    let e = quantization(&["--quantization", "fp8", "--batch-invariant"], "").unwrap_err();
+    assert!(e.to_string().contains("--quantization"), "{e}");
+}

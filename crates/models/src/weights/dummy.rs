@@ -15,6 +15,7 @@ use super::WeightSource;
 use crate::error::Result;
 use crate::kernel_plan::KernelPlan;
 use crate::linear::{Linear, LinearWeight};
+use crate::linear_fp8::WeightQuantization;
 
 /// The largest weight magnitude of quantized dummy projections (about the dense ones' 0.02
 /// standard deviation, times three).
@@ -29,6 +30,8 @@ pub struct DummyWeights {
     /// Whether block-format projections are dequantized to dense `dtype` (as `--dequantize`
     /// does to a GGUF's).
     dequantize: bool,
+    /// How dense layer projections are stored (`--quantization`).
+    stored_as: Option<WeightQuantization>,
 }
 
 /// A seed per tensor name (FNV-1a), so tensors differ and runs repeat.
@@ -44,7 +47,14 @@ impl DummyWeights {
             dtype,
             quantization: None,
             dequantize: false,
+            stored_as: None,
         }
+    }
+
+    /// Dense layer projections stored as `quantization` says (`--quantization fp8` on random
+    /// bf16 weights: what the GPU benchmarks time).
+    pub fn stored_as(self, stored_as: Option<WeightQuantization>) -> Self {
+        Self { stored_as, ..self }
     }
 
     /// Every projection in `format`'s blocks (kept as blocks, as a GGUF of that format is, or
@@ -91,6 +101,10 @@ impl WeightSource for DummyWeights {
     fn contains(&self, name: &str) -> bool {
         // Untied lm head, separate Q/K/V, no biases, no rope frequency table.
         !name.ends_with(".bias") && !name.contains("attn_qkv") && name != "rope_freqs.weight"
+    }
+
+    fn quantization(&self) -> Option<WeightQuantization> {
+        self.stored_as
     }
 
     fn dense(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {

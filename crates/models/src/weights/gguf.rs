@@ -16,6 +16,7 @@ use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
 use crate::kernel_plan::KernelPlan;
 use crate::linear::{Linear, LinearWeight};
+use crate::linear_fp8::WeightQuantization;
 
 /// One file of the model.
 struct Part {
@@ -36,6 +37,8 @@ pub struct GgufWeights {
     dequantize: bool,
     /// Which kernels multiply packed and dense weights on the CPU.
     kernel_plan: KernelPlan,
+    /// How dense layer projections are stored (`--quantization`).
+    quantization: Option<WeightQuantization>,
 }
 
 impl GgufWeights {
@@ -74,6 +77,7 @@ impl GgufWeights {
             dtype,
             dequantize,
             kernel_plan: KernelPlan::default(),
+            quantization: None,
         })
     }
 
@@ -89,6 +93,10 @@ impl GgufWeights {
 
     pub fn set_kernel_plan(&mut self, plan: KernelPlan) {
         self.kernel_plan = plan;
+    }
+
+    pub fn set_quantization(&mut self, quantization: Option<WeightQuantization>) {
+        self.quantization = quantization;
     }
 
     /// The blocks of the first layer's MLP up projection (else its gate, else its query), as
@@ -242,6 +250,10 @@ impl WeightSource for GgufWeights {
 
     fn kernel_plan(&self) -> KernelPlan {
         self.kernel_plan
+    }
+
+    fn quantization(&self) -> Option<WeightQuantization> {
+        self.quantization
     }
 
     fn keeps_quantized(&self, name: &str) -> bool {

@@ -18,6 +18,7 @@ pub use safetensors::SafetensorsWeights;
 use crate::error::Result;
 use crate::kernel_plan::KernelPlan;
 use crate::linear::{Linear, StackedLinear};
+use crate::linear_fp8::WeightQuantization;
 
 /// A store of named weights that the model builder reads from.
 pub trait WeightSource {
@@ -43,6 +44,10 @@ pub trait WeightSource {
     fn kernel_plan(&self) -> KernelPlan {
         KernelPlan::default()
     }
+    /// How layer projections are stored when not as the file holds them (`--quantization`).
+    fn quantization(&self) -> Option<WeightQuantization> {
+        None
+    }
     /// A `[out, in]` projection, kept quantized when the source and options allow it.
     fn linear(&mut self, name: &str, out_dim: usize, in_dim: usize, bias: Option<&str>) -> Result<Linear>;
     /// The `num_experts` projections `[rows, cols]` of the stacked expert weight `name`
@@ -64,7 +69,21 @@ pub fn load_linear(
 
 /// Projections of one input, `(name, out_dim, bias)` each, stacked into one matmul when
 /// their weights allow it. Block-quantized parts are stacked as blocks and dequantized once.
+/// Layer projections that load dense are then quantized as the source's
+/// [`WeightSource::quantization`] says (`crate::linear_fp8`).
 pub fn load_stacked(
+    source: &mut dyn WeightSource,
+    parts: &[(&str, usize, Option<&str>)],
+    in_dim: usize,
+) -> Result<StackedLinear> {
+    let stacked = load_stacked_as_held(source, parts, in_dim)?;
+    match source.quantization() {
+        Some(q) if parts.iter().all(|(name, _, _)| q.covers(name)) => q.apply(stacked),
+        _ => Ok(stacked),
+    }
+}
+
+fn load_stacked_as_held(
     source: &mut dyn WeightSource,
     parts: &[(&str, usize, Option<&str>)],
     in_dim: usize,

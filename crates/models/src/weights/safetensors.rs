@@ -9,6 +9,7 @@ use super::{check_shape, WeightSource};
 use crate::error::{ModelError, Result};
 use crate::kernel_plan::KernelPlan;
 use crate::linear::Linear;
+use crate::linear_fp8::WeightQuantization;
 
 pub struct SafetensorsWeights {
     dir: PathBuf,
@@ -19,6 +20,8 @@ pub struct SafetensorsWeights {
     dtype: DType,
     /// How the CPU multiplies the (dense) projections.
     kernel_plan: KernelPlan,
+    /// How dense layer projections are stored (`--quantization`).
+    quantization: Option<WeightQuantization>,
 }
 
 /// Maps our GGUF-style tensor names to Hugging Face names for `architecture`.
@@ -107,11 +110,16 @@ impl SafetensorsWeights {
             device: device.clone(),
             dtype,
             kernel_plan: KernelPlan::default(),
+            quantization: None,
         })
     }
 
     pub fn set_kernel_plan(&mut self, plan: KernelPlan) {
         self.kernel_plan = plan;
+    }
+
+    pub fn set_quantization(&mut self, quantization: Option<WeightQuantization>) {
+        self.quantization = quantization;
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
@@ -145,6 +153,10 @@ impl SafetensorsWeights {
 impl WeightSource for SafetensorsWeights {
     fn kernel_plan(&self) -> KernelPlan {
         self.kernel_plan
+    }
+
+    fn quantization(&self) -> Option<WeightQuantization> {
+        self.quantization
     }
 
     fn path(&self) -> &Path {

@@ -10,6 +10,7 @@ mod cross_encoder;
 mod embeddings;
 mod errors;
 mod failure;
+mod fp8;
 mod fuzz;
 mod gemma3;
 mod harness;
