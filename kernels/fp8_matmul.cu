@@ -1,7 +1,8 @@
 // fp8_matmul: out[m][n] = scale[n] * sum_k x[m][k] * e4m3(code[n][k]) for the few rows of a
 // decode step, W kept as FP8 codes with a scale per row (`pagoda_ops::Fp8Weight`, uploaded by
 // crates/ops/src/matmul/device_fp8.rs: the row-major codes, then the f32 scales); and
-// fp8_dequantize, W written out dense for the larger steps that cuBLAS multiplies.
+// fp8_dequantize, W written out dense for the larger steps that cuBLAS multiplies; and
+// fp8_quantize, a dense weight turned into codes and scales on the device as a model loads.
 //
 // Codes become 16-bit floats by moving bits, exactly: a code's sign goes to the top of its
 // half, its 7 exponent-and-mantissa bits under the 16-bit exponent, so an f16 holds the code's
@@ -196,6 +197,44 @@ __device__ __forceinline__ void fp8_dequantize(const uint8_t *__restrict__ codes
     }
 }
 
+// The e4m3 code nearest v (|v| <= 448, ties to even), no subnormal: exactly
+// `pagoda_ops::Fp8Weight`'s rounding. Below the smallest normal (2^-6) a value goes to zero or
+// to 2^-6, whichever is nearer; otherwise the f32 exponent is rebased from 127 to 7 and the 23
+// mantissa bits rounded to 3, a carry moving up the exponent.
+__device__ __forceinline__ uint32_t fp8_encode(float v) {
+    const uint32_t bits = __float_as_uint(v);
+    const uint32_t sign = (bits >> 24) & 0x80u;
+    const float magnitude = fabsf(v);
+    if (magnitude < 0.015625f) return magnitude > 0.0078125f ? (sign | 0x08u) : sign;
+    const uint32_t m = bits & 0x7FFFFFu;
+    const uint32_t field = ((((bits >> 23) & 0xFFu) - 120u) << 3) + ((m + 0x7FFFFu + ((m >> 20) & 1u)) >> 20);
+    return sign | (field < 0x7Eu ? field : 0x7Eu);
+}
+
+// Row blockIdx.x of a dense `[rows, k]` weight (contiguous) quantized: its scale (largest
+// magnitude / 448, 0 for a row of zeros) and its codes (value / scale, clamped to +-448, then
+// encoded); the same bits as the CPU's quantization.
+template <typename T>
+__device__ __forceinline__ void fp8_quantize(const T *__restrict__ w, int k, uint8_t *__restrict__ codes,
+                                             float *__restrict__ scales) {
+    __shared__ float scratch[32];
+    const T *row = w + (long long)blockIdx.x * k;
+    float amax = 0.f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(Float<T>::to_f32(row[i])));
+    amax = warp_max(amax);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = 0.f;
+    for (int v = 0; v < (int)(blockDim.x + 31) / 32; ++v) amax = fmaxf(amax, scratch[v]);
+    const float scale = amax == 0.f ? 0.f : __fdiv_rn(amax, 448.f);
+    if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+    uint8_t *out = codes + (long long)blockIdx.x * k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        const float v = scale == 0.f ? 0.f : fminf(fmaxf(__fdiv_rn(Float<T>::to_f32(row[i]), scale), -448.f), 448.f);
+        out[i] = (uint8_t)fp8_encode(v);
+    }
+}
+
 }  // namespace pagoda
 
 #define PAGODA_FP8_MATMUL_ENTRY(name, T, tiles)                                                                    \
@@ -222,3 +261,13 @@ PAGODA_FP8_MATMUL(bf16, pagoda::bf16)
 PAGODA_FP8_DEQUANTIZE(f32, float)
 PAGODA_FP8_DEQUANTIZE(f16, pagoda::f16)
 PAGODA_FP8_DEQUANTIZE(bf16, pagoda::bf16)
+
+#define PAGODA_FP8_QUANTIZE(suffix, T)                                                                         \
+    extern "C" __global__ void pagoda_fp8_quantize_##suffix(const T *w, int k, uint8_t *codes, float *scales) { \
+        pagoda::fp8_quantize<T>(w, k, codes, scales);                                                          \
+    }                                                                                                          \
+    PAGODA_ENTRY(pagoda_fp8_quantize_##suffix)
+
+PAGODA_FP8_QUANTIZE(f32, float)
+PAGODA_FP8_QUANTIZE(f16, pagoda::f16)
+PAGODA_FP8_QUANTIZE(bf16, pagoda::bf16)

@@ -3,11 +3,13 @@
 //! - **correct**: the FP8 kernel (1, 3, 8 and up to 32 rows) and the dequantize-then-cuBLAS
 //!   path (40 rows) against the CPU reference (exact code values, f32 sums, the row's scale),
 //!   in f16 and bf16; a row's bits whatever the rows beside it; the dequantization bit for bit;
+//!   the quantization on the device against the CPU's codes and scales;
 //!   and, reported, a model of SmolLM2's shape with seeded random weights loaded with
 //!   `--quantization fp8` (a prefill and teacher-forced decode steps): CUDA bf16 on FP8 codes
 //!   against the CPU's f32 on the same FP8 values, and against CUDA bf16 unquantized;
 //! - **fast**: each projection of Llama-3.1-8B's shape at M = 1 and 8 in GB/s of the bytes the
-//!   device holds (weights cold, as in a step), beside the bf16 skinny kernel on the same shape.
+//!   device holds (weights cold, as in a step), beside the bf16 skinny kernel on the same shape,
+//!   and the time to quantize it at load.
 
 use std::path::Path;
 
@@ -38,9 +40,9 @@ fn host_weight(rows: usize, cols: usize, seed: u64) -> Result<Fp8Weight> {
 }
 
 /// The worst error over the dtype's tolerance, whether rows kept their bits, whether the
-/// dequantization matched.
-fn check(gpu: &Device) -> Result<(f32, bool, bool)> {
-    let (mut worst, mut rows_same, mut dequant_same) = (0f32, true, true);
+/// dequantization and the quantization on the device matched the CPU's.
+fn check(gpu: &Device) -> Result<(f32, bool, bool, bool)> {
+    let (mut worst, mut rows_same, mut dequant_same, mut quantize_same) = (0f32, true, true, true);
     for (seed, (n, k, row_counts)) in
         [(70, 576, &[1, 3, 8, 12, 32, 40][..]), (4096, 4096, &[1, 8, 32][..])].into_iter().enumerate()
     {
@@ -65,9 +67,15 @@ fn check(gpu: &Device) -> Result<(f32, bool, bool)> {
                 }
             }
             dequant_same &= bits(&on_gpu.dequantize(dtype)?)? == bits(&on_cpu.dequantize(dtype)?)?;
+            // Quantized on the device from the dense weight: the CPU's codes and scales.
+            let dense = on_cpu.dequantize(dtype)?;
+            let (from_gpu, from_cpu) =
+                (DeviceFp8Weight::quantize(&dense.to_device(gpu)?)?, DeviceFp8Weight::quantize(&dense)?);
+            quantize_same &=
+                bits(&from_gpu.dequantize(DType::F32)?)? == bits(&from_cpu.dequantize(DType::F32)?)?;
         }
     }
-    Ok((worst, rows_same, dequant_same))
+    Ok((worst, rows_same, dequant_same, quantize_same))
 }
 
 /// Bytes a timing rotates through so that each call reads its weight from DRAM.
@@ -89,6 +97,12 @@ fn timings(gpu: &Device, report: &mut Report) -> Result<()> {
             .map(|_| copies[0].dequantize(DType::BF16))
             .collect::<candle_core::Result<_>>()?;
         let fp8_bytes = copies[0].size_in_bytes() as f64;
+        // Quantizing the bf16 weight on the device, as a model loads (reads 2 bytes, writes 1).
+        let quantize = time_calls(gpu, 2, 5, || {
+            drop(DeviceFp8Weight::quantize(&dense[0])?);
+            Ok(())
+        })?;
+        cells.push(format!("{name} quantize {:.0} us", quantize * 1e6));
         for m in [1, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, cols), gpu)?.to_dtype(DType::BF16)?;
             let mut next = 0;
@@ -165,11 +179,12 @@ fn small_model(gpu: &Device, report: &mut Report) -> Result<()> {
 pub fn run(gpu: &Device, report: &mut Report) -> Result<()> {
     let name = "fp8_matmul against the CPU, f16 and bf16, M = 1..40 (error / tolerance)";
     match check(gpu) {
-        Ok((worst, rows, dequant)) => {
+        Ok((worst, rows, dequant, quantize)) => {
             report.at_most(SECTION, name, worst as f64, 1.0);
             let same = |ok: bool| if ok { "identical" } else { "differ" };
             report.expect(SECTION, "fp8_matmul: a row's bits whatever the rows beside it", rows, same(rows));
             report.expect(SECTION, "fp8_dequantize: the CPU's values bit for bit", dequant, same(dequant));
+            report.expect(SECTION, "fp8_quantize: the CPU's codes and scales", quantize, same(quantize));
         }
         Err(e) => report.error(SECTION, name, format!("{e:#}")),
     }

@@ -6,7 +6,8 @@
 //!   and their errors reach every token).
 //! - Projections stack first (Q/K/V, gate/up), then quantize: each output row keeps its own
 //!   scale, so stacking changes nothing but the launches.
-//! - On CUDA the codes stay on the device ([`LinearWeight::DeviceFp8`]): one byte per weight.
+//! - On CUDA a kernel quantizes each weight where it was loaded and the codes stay there
+//!   ([`LinearWeight::DeviceFp8`]): one byte per weight.
 //! - On the CPU the weights are rounded to their FP8 values and kept dense in the compute dtype:
 //!   no memory saved, the same numbers the GPU multiplies, for checking a model's accuracy.
 //! - A GGUF's blocks are dequantized first, then quantized: two roundings, for comparisons (the
@@ -54,7 +55,7 @@ impl Linear {
         let dense = match weight {
             LinearWeight::Dense(t) => t,
             LinearWeight::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t,
-            LinearWeight::Quantized(QMatMul::QTensor(q)) => q.dequantize(&Device::Cpu)?,
+            LinearWeight::Quantized(QMatMul::QTensor(q)) => q.dequantize(&q.device())?,
             LinearWeight::Packed { blocks, .. } => {
                 Tensor::from_vec(blocks.dequantize(), (blocks.rows(), blocks.cols()), &Device::Cpu)?
             }
@@ -66,13 +67,13 @@ impl Linear {
                 ))
             }
         };
-        let (rows, cols) = dense.dims2()?;
-        let values: Vec<f32> = dense.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        let fp8 = Fp8Weight::quantize(rows, cols, &values).map_err(fp8_error)?;
-        let device = dense.device().clone();
-        let weight = if device.is_cuda() {
-            LinearWeight::DeviceFp8(Arc::new(DeviceFp8Weight::new(&fp8, &device)?))
+        // On CUDA quantized by a kernel where the weight lives, never copied to the host.
+        let weight = if dense.device().is_cuda() {
+            LinearWeight::DeviceFp8(Arc::new(DeviceFp8Weight::quantize(&dense)?))
         } else {
+            let (rows, cols) = dense.dims2()?;
+            let values: Vec<f32> = dense.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            let fp8 = Fp8Weight::quantize(rows, cols, &values).map_err(fp8_error)?;
             let rounded = Tensor::from_vec(fp8.dequantize(), (rows, cols), &Device::Cpu)?;
             LinearWeight::Dense(rounded.to_dtype(dense.dtype())?)
         };

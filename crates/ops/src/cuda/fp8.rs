@@ -119,6 +119,36 @@ pub(crate) fn fp8_dequantize(dtype: DType, w: &Fp8Pointers, out: u64) -> Result<
     }))
 }
 
+/// Threads per block of the quantization, one block per row.
+const QUANTIZE_THREADS: usize = 256;
+
+/// A dense contiguous `[rows, cols]` weight of `dtype` at `w` quantized into codes and scales at
+/// `out`'s addresses.
+pub(crate) fn fp8_quantize(dtype: DType, w: u64, out: &Fp8Pointers) -> Result<Option<KernelLaunch>> {
+    let suffix = dtype_suffix(dtype, "fp8_quantize")?;
+    if out.rows == 0 || out.cols == 0 {
+        return Ok(None);
+    }
+    Ok(Some(KernelLaunch {
+        module: KernelModule::Fp8Matmul,
+        function: format!("pagoda_fp8_quantize_{suffix}"),
+        grid: [
+            u32::try_from(out.rows)
+                .map_err(|_| candle_core::Error::Msg(format!("fp8_quantize: {} rows", out.rows)))?,
+            1,
+            1,
+        ],
+        block: [QUANTIZE_THREADS as u32, 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(w),
+            Arg::I32(to_i32(out.cols, "columns", "fp8_quantize")?),
+            Arg::Ptr(out.codes),
+            Arg::Ptr(out.scales),
+        ],
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +192,12 @@ mod tests {
         assert_eq!(d.args[3], Arg::I64(6));
         assert!(fp8_dequantize(DType::BF16, &pointers(3, 24), 7).is_err());
         assert!(fp8_dequantize(DType::U32, &w, 7).is_err());
+        let q = fp8_quantize(DType::BF16, 9, &pointers(3, 32)).unwrap().unwrap();
+        assert_eq!(
+            (q.function.as_str(), q.grid, q.block),
+            ("pagoda_fp8_quantize_bf16", [3, 1, 1], [256, 1, 1])
+        );
+        assert_eq!(q.args, vec![Arg::Ptr(9), Arg::I32(32), Arg::Ptr(16), Arg::Ptr(32)]);
+        assert!(fp8_quantize(DType::BF16, 9, &pointers(0, 32)).unwrap().is_none());
     }
 }

@@ -63,3 +63,24 @@ pub(crate) fn fp8_dequantize(
     }
     Ok((out, Shape::from((weight.rows, weight.cols))))
 }
+
+/// A dense contiguous `[rows, cols]` weight quantized into a new buffer of `bytes` bytes, laid
+/// out as `pointers` gives from its start.
+pub(crate) fn fp8_quantize(
+    pointers: &dyn Fn(u64) -> Fp8Pointers,
+    bytes: usize,
+    w: &CudaStorage,
+    w_l: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = w.device().clone();
+    let stream = dev.cuda_stream();
+    let (w_ptr, _wg) = device::ptr(w, w_l.start_offset(), &stream)?;
+    let mut out = device::alloc(&dev, DType::U8, bytes)?;
+    {
+        let (out_ptr, _og) = device::ptr_mut(&mut out, 0, &stream)?;
+        if let Some(l) = fp8::fp8_quantize(w.dtype(), w_ptr, &pointers(out_ptr))? {
+            device::launch(&dev, &l)?;
+        }
+    }
+    Ok((out, Shape::from(bytes)))
+}

@@ -87,3 +87,38 @@ fn fp8_dequantize_matches_cpu_bit_for_bit() {
         );
     }
 }
+
+#[test]
+fn fp8_quantize_makes_the_cpus_codes_and_scales_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(33);
+    let (rows, cols) = (7, 96);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        // Many binades (codes near and below the smallest normal, ties), and a row of zeros.
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                if i / cols == 2 {
+                    0.0
+                } else {
+                    rng.random_range(-1.0f32..1.0) * 2f32.powi(-rng.random_range(0..16))
+                }
+            })
+            .collect();
+        let dense = candle_core::Tensor::from_vec(values, (rows, cols), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let want = DeviceFp8Weight::quantize(&dense).unwrap();
+        let want_bytes: Vec<u8> = want.bytes_and_pointers(0).0.to_vec1().unwrap();
+        let mut input = HostBuf::of(&dense);
+        let mut out = HostBuf::poisoned(DType::U32, want_bytes.len() / 4);
+        let pointers = want.bytes_and_pointers(out.addr(0)).1;
+        run(fp8::fp8_quantize(dtype, input.addr(0), &pointers).unwrap());
+        let HostBuf::U32(words) = &out else { unreachable!("a word buffer") };
+        let got: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        // The padding between codes and scales is the kernel's to leave.
+        let codes = rows * cols;
+        assert_eq!(got[..codes], want_bytes[..codes], "{dtype:?} codes");
+        let scales_at = want_bytes.len() - 4 * rows;
+        assert_eq!(got[scales_at..], want_bytes[scales_at..], "{dtype:?} scales");
+    }
+}

@@ -10,6 +10,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
+use super::device_quant::dense_storage;
 use super::fp8_weight::{fp8_e4m3_value, Fp8Weight};
 use crate::check::{self, invalid};
 use crate::cuda::fp8::Fp8Pointers;
@@ -37,6 +38,24 @@ struct Fp8Shape {
 }
 
 impl Fp8Shape {
+    /// A `[rows, cols]` weight's layout: the codes, then the scales at the next 16-byte
+    /// boundary. The width must be a multiple of 16 (the dequantization's step).
+    fn of(rows: usize, cols: usize) -> Result<Self> {
+        if !cols.is_multiple_of(16) {
+            return Err(invalid(OP, format!("an fp8 weight's width must be a multiple of 16, not {cols}")));
+        }
+        Ok(Self { rows, cols, scales_at: (rows * cols).next_multiple_of(16) })
+    }
+
+    /// `w`'s arrays as uploaded.
+    fn bytes_of(&self, w: &Fp8Weight) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.end());
+        bytes.extend_from_slice(w.codes());
+        bytes.resize(self.scales_at, 0);
+        bytes.extend(w.scales().iter().flat_map(|s| s.to_le_bytes()));
+        bytes
+    }
+
     fn end(&self) -> usize {
         self.scales_at + 4 * self.rows
     }
@@ -65,22 +84,20 @@ impl DeviceFp8Weight {
     /// Uploads `w` to `device`. Its width must be a multiple of 16 (the dequantization's
     /// step); the kernel further needs a multiple of [`FP8_KERNEL_K_STEP`].
     pub fn new(w: &Fp8Weight, device: &Device) -> Result<Self> {
-        if !w.cols().is_multiple_of(16) {
-            return Err(invalid(
-                OP,
-                format!("an fp8 weight's width must be a multiple of 16, not {}", w.cols()),
-            ));
-        }
-        let scales_at = w.codes().len().next_multiple_of(16);
-        let shape = Fp8Shape { rows: w.rows(), cols: w.cols(), scales_at };
-        let mut bytes = Vec::with_capacity(shape.end());
-        bytes.extend_from_slice(w.codes());
-        bytes.resize(scales_at, 0);
-        bytes.extend(w.scales().iter().flat_map(|s| s.to_le_bytes()));
-        let data = Tensor::from_vec(bytes, shape.end(), device)?;
+        let shape = Fp8Shape::of(w.rows(), w.cols())?;
+        let data = Tensor::from_vec(shape.bytes_of(w), shape.end(), device)?;
         Ok(Self { shape, data })
     }
 
+    /// A dense `[rows, cols]` weight (f32, f16 or bf16) quantized where it lives: on CUDA by a
+    /// kernel (no copy through the host), on the CPU by [`Fp8Weight::quantize`]; the same codes
+    /// and scales either way. A weight that is not finite gives meaningless codes on CUDA.
+    pub fn quantize(dense: &Tensor) -> Result<Self> {
+        let (rows, cols) = dense.dims2()?;
+        let shape = Fp8Shape::of(rows, cols)?;
+        let data = dense.contiguous()?.apply_op1_no_bwd(&Fp8QuantizeOp { weight: shape })?;
+        Ok(Self { shape, data })
+    }
     pub fn rows(&self) -> usize {
         self.shape.rows
     }
@@ -197,6 +214,39 @@ impl CustomOp2 for Fp8MatmulOp {
     }
 }
 
+struct Fp8QuantizeOp {
+    weight: Fp8Shape,
+}
+
+fn host_values<T: Float>(w: &CpuStorage, w_l: &Layout) -> Result<Vec<f32>> {
+    let rows = check::rows(w_l, 1, "fp8_quantize")?;
+    let all = w.as_slice::<T>()?;
+    let values = all.get(rows.start..rows.end()).ok_or_else(|| invalid("fp8_quantize", "short storage"))?;
+    Ok(values.iter().map(|v| v.to_f32()).collect())
+}
+
+impl CustomOp1 for Fp8QuantizeOp {
+    fn name(&self) -> &'static str {
+        "fp8_quantize"
+    }
+
+    fn cpu_fwd(&self, w: &CpuStorage, w_l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let values = with_float!(w.dtype(), "fp8_quantize", T => host_values::<T>(w, w_l))?;
+        let host = Fp8Weight::quantize(self.weight.rows, self.weight.cols, &values)
+            .map_err(|e| invalid("fp8_quantize", e))?;
+        Ok((CpuStorage::U8(self.weight.bytes_of(&host)), Shape::from(self.weight.end())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        w: &candle_core::CudaStorage,
+        w_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::fp8_ops::fp8_quantize(&|base| self.weight.pointers_at(base), self.weight.end(), w, w_l)
+    }
+}
+
 struct Fp8DequantizeOp {
     weight: Fp8Shape,
     dtype: DType,
@@ -209,13 +259,7 @@ impl CustomOp1 for Fp8DequantizeOp {
 
     fn cpu_fwd(&self, w: &CpuStorage, w_l: &Layout) -> Result<(CpuStorage, Shape)> {
         let values = self.weight.host(w, w_l)?.dequantize();
-        let shape = Shape::from((self.weight.rows, self.weight.cols));
-        let t = Tensor::from_vec(values, shape.clone(), &Device::Cpu)?.to_dtype(self.dtype)?;
-        let (storage, _) = t.storage_and_layout();
-        match &*storage {
-            candle_core::Storage::Cpu(s) => Ok((s.clone(), shape)),
-            _ => Err(invalid("fp8_dequantize", "expected host storage")),
-        }
+        dense_storage(values, self.weight.rows, self.weight.cols, self.dtype, "fp8_dequantize")
     }
 
     #[cfg(feature = "cuda")]
@@ -260,6 +304,12 @@ mod tests {
         let rounded: Vec<f32> = host.dequantize().iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
         assert_eq!(bf, rounded);
         assert!(DeviceFp8Weight::new(&random(&mut rng, 2, 24), &Device::Cpu).is_err());
+        // Quantized from dense values where they live: the bytes of the host's quantization.
+        let values = host.dequantize();
+        let dense = Tensor::from_vec(values.clone(), (9, 80), &Device::Cpu).unwrap();
+        let bytes = |w: &DeviceFp8Weight| w.data.to_vec1::<u8>().unwrap();
+        let want = DeviceFp8Weight::new(&Fp8Weight::quantize(9, 80, &values).unwrap(), &Device::Cpu).unwrap();
+        assert_eq!(bytes(&DeviceFp8Weight::quantize(&dense).unwrap()), bytes(&want));
     }
 
     #[test]

@@ -251,13 +251,7 @@ impl CustomOp1 for DequantizeOp {
 
     fn cpu_fwd(&self, w: &CpuStorage, w_l: &Layout) -> Result<(CpuStorage, Shape)> {
         let values = self.weight.host(w, w_l)?.dequantize();
-        let shape = Shape::from((self.weight.rows, self.weight.cols));
-        let t = Tensor::from_vec(values, shape.clone(), &Device::Cpu)?.to_dtype(self.dtype)?;
-        let (storage, _) = t.storage_and_layout();
-        match &*storage {
-            candle_core::Storage::Cpu(s) => Ok((s.clone(), shape)),
-            _ => Err(invalid("quant_dequantize", "expected host storage")),
-        }
+        dense_storage(values, self.weight.rows, self.weight.cols, self.dtype, "quant_dequantize")
     }
 
     #[cfg(feature = "cuda")]
@@ -267,6 +261,24 @@ impl CustomOp1 for DequantizeOp {
         w_l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         crate::cuda::quant_ops::quant_dequantize(&|base| self.weight.pointers_at(base), self.dtype, w, w_l)
+    }
+}
+
+/// Row-major f32 `values` of a `[rows, cols]` matrix as host storage of `dtype`, each rounded
+/// once: what the CPU references of the dequantizations return.
+pub(crate) fn dense_storage(
+    values: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    op: &'static str,
+) -> Result<(CpuStorage, Shape)> {
+    let shape = Shape::from((rows, cols));
+    let t = Tensor::from_vec(values, shape.clone(), &Device::Cpu)?.to_dtype(dtype)?;
+    let (storage, _) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(s) => Ok((s.clone(), shape)),
+        _ => Err(invalid(op, "expected host storage")),
     }
 }
 
