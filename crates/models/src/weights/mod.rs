@@ -69,8 +69,8 @@ pub fn load_linear(
 
 /// Projections of one input, `(name, out_dim, bias)` each, stacked into one matmul when
 /// their weights allow it. Block-quantized parts are stacked as blocks and dequantized once.
-/// Layer projections that load dense are then quantized as the source's
-/// [`WeightSource::quantization`] says (`crate::linear_fp8`).
+/// Layer projections are then stored as the source's [`WeightSource::quantization`] says
+/// (`crate::linear_fp8`).
 pub fn load_stacked(
     source: &mut dyn WeightSource,
     parts: &[(&str, usize, Option<&str>)],
