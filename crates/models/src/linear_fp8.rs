@@ -42,6 +42,13 @@ impl WeightQuantization {
             WeightQuantization::Fp8 => stacked.into_fp8(),
         }
     }
+
+    /// One projection stored this way.
+    pub(crate) fn apply_one(self, linear: Linear) -> Result<Linear> {
+        match self {
+            WeightQuantization::Fp8 => linear.into_fp8(),
+        }
+    }
 }
 
 fn fp8_error(e: String) -> ModelError {

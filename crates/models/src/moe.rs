@@ -43,10 +43,9 @@ impl MoeMlp {
             .map(|((gate, up), down)| {
                 let (gate_up_proj, down_proj) = (StackedLinear::new(vec![gate, up])?, down);
                 Ok(match source.quantization() {
-                    Some(q) => Expert {
-                        gate_up_proj: q.apply(gate_up_proj)?,
-                        down_proj: q.apply(StackedLinear::Separate(vec![down_proj]))?.into_single(),
-                    },
+                    Some(q) => {
+                        Expert { gate_up_proj: q.apply(gate_up_proj)?, down_proj: q.apply_one(down_proj)? }
+                    }
                     None => Expert { gate_up_proj, down_proj },
                 })
             })
