@@ -124,6 +124,7 @@ impl Attention {
                 window: c.layer_window(i),
                 logit_softcap: c.attn_logit_softcapping,
                 batch_invariant: source.kernel_plan().batch_invariant,
+                kv_scales: pagoda_ops::KvScales::UNIT,
             },
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
@@ -170,14 +171,21 @@ impl Attention {
         let (k_cache, v_cache) = cache.layer(layer);
         let meta = &input.attention[cache.group_of(layer)];
         // A cache stored narrower than the activations (f16 for an f32 model) takes the new
-        // rows rounded: by the CPU op as it copies them, on other devices first. Attention
-        // reads any cache dtype.
+        // rows rounded: by the CPU op as it copies them, on other devices first. An FP8 cache
+        // takes any float rows, encoded by the op. Attention reads any cache dtype.
         let (k, v) = match k_cache.dtype() {
-            dt if dt == k.dtype() || (k.device().is_cpu() && k.dtype() == DType::F32) => (k, v),
+            dt if dt == k.dtype()
+                || dt == DType::F8E4M3
+                || (k.device().is_cpu() && k.dtype() == DType::F32) =>
+            {
+                (k, v)
+            }
             dt => (k.to_dtype(dt)?, v.to_dtype(dt)?),
         };
-        pagoda_ops::reshape_and_cache(&k, &v, k_cache, v_cache, &meta.slot_mapping)?;
-        let attn = pagoda_ops::paged_attention_with(&q, k_cache, v_cache, meta, self.params)?;
+        let kv_scales = cache.scales(layer);
+        pagoda_ops::reshape_and_cache_scaled(&k, &v, k_cache, v_cache, &meta.slot_mapping, kv_scales)?;
+        let params = AttentionParams { kv_scales, ..self.params };
+        let attn = pagoda_ops::paged_attention_with(&q, k_cache, v_cache, meta, params)?;
         let attn = attn.reshape((num_tokens, self.num_heads * self.head_dim))?;
         let out = self.o_proj.forward(&attn)?;
         match input.lora {

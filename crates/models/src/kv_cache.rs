@@ -3,8 +3,13 @@
 //! A page (block id) holds K and V for the layers of one KV group ([`KvLayout`]); layer `i`
 //! reads and writes slot `slot_of(i)` through its group's block table. Without windowed layers
 //! there is one group and one slot per layer.
+//!
+//! An FP8 (e4m3) cache stores codes with a K and a V scale per slot (`pagoda_ops::KvScales`),
+//! set once at start-up by calibration (`crate::kv_calibration`); a float cache's scales are
+//! unit.
 
 use candle_core::{DType, Device, Tensor};
+use pagoda_ops::KvScales;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -12,6 +17,8 @@ use crate::kv_layout::KvLayout;
 
 pub struct KvCache {
     slots: Vec<(Tensor, Tensor)>,
+    /// One per slot.
+    scales: Vec<KvScales>,
     layout: KvLayout,
     block_size: usize,
     num_blocks: usize,
@@ -35,14 +42,45 @@ impl KvCache {
         let slots = (0..layout.group_size())
             .map(|_| Ok((zeros(shape, dtype, device)?, zeros(shape, dtype, device)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { slots, layout, block_size, num_blocks })
+        let scales = vec![KvScales::UNIT; slots.len()];
+        Ok(Self { slots, scales, layout, block_size, num_blocks })
+    }
+
+    /// The same cache with `scales`, one per slot (see [`Self::num_slots`]); only an FP8 cache
+    /// takes scales other than unit ones.
+    pub fn with_scales(mut self, scales: Vec<KvScales>) -> Result<Self> {
+        if scales.len() != self.slots.len() {
+            return Err(ModelError::InvalidOption(format!(
+                "{} KV scales for a cache of {} slots",
+                scales.len(),
+                self.slots.len()
+            )));
+        }
+        if let Some((k, _)) = self.slots.first() {
+            let bad = scales.iter().find(|s| !(s.k.is_finite() && s.k > 0.0 && s.v.is_finite() && s.v > 0.0));
+            let fp8 = k.dtype() == DType::F8E4M3;
+            if let Some(bad) = bad.or_else(|| scales.iter().find(|&&s| !fp8 && s != KvScales::UNIT)) {
+                return Err(ModelError::InvalidOption(format!(
+                    "KV scales {bad:?} for a {:?} cache: scales are positive, and unit unless the cache is FP8",
+                    k.dtype()
+                )));
+            }
+        }
+        self.scales = scales;
+        Ok(self)
     }
 
     /// A cache of `num_blocks` pages that hold nothing, for an encoder: the block manager
     /// still pages its sequences (their admission and the token budget work as for any
     /// model), but its attention reads only the step's own tokens.
     pub fn accounting_only(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
-        Self { slots: Vec::new(), layout: KvLayout::for_config(config), block_size, num_blocks }
+        Self {
+            slots: Vec::new(),
+            scales: Vec::new(),
+            layout: KvLayout::for_config(config),
+            block_size,
+            num_blocks,
+        }
     }
 
     /// How many blocks (pages) fit in `bytes` of cache memory.
@@ -56,6 +94,28 @@ impl KvCache {
     pub fn layer(&self, index: usize) -> (&Tensor, &Tensor) {
         let (k, v) = &self.slots[self.layout.slot_of(index)];
         (k, v)
+    }
+
+    /// The K and V tensors of slot `slot`, which the layers of every KV group at that place
+    /// in their group share (each group through its own pages).
+    pub fn slot(&self, slot: usize) -> (&Tensor, &Tensor) {
+        let (k, v) = &self.slots[slot];
+        (k, v)
+    }
+
+    /// The scales of layer `index`'s K and V (those of its slot).
+    pub fn scales(&self, index: usize) -> KvScales {
+        self.scales[self.layout.slot_of(index)]
+    }
+
+    /// Slots of a page: the layers of the largest KV group.
+    pub fn num_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The element type of the cache tensors (`None` for an encoder's, which holds none).
+    pub fn dtype(&self) -> Option<DType> {
+        self.slots.first().map(|(k, _)| k.dtype())
     }
 
     /// The KV group of layer `index`, whose block table it uses.
@@ -97,9 +157,10 @@ impl KvCache {
 
 impl KvCache {
     /// The shape of one page for prefill/decode transfers; `None` with windowed layers (more
-    /// than one KV group) or no stored KV (an encoder).
+    /// than one KV group), no stored KV (an encoder) or an FP8 cache (whose codes mean nothing
+    /// without the scales this server calibrated, which a peer's may not match).
     pub fn page_layout(&self) -> Option<pagoda_engine::KvPageLayout> {
-        if self.layout.kv_groups().len() != 1 || self.slots.is_empty() {
+        if self.layout.kv_groups().len() != 1 || self.dtype().is_none_or(|dt| dt == DType::F8E4M3) {
             return None;
         }
         let (k, _) = &self.slots[0];
@@ -175,7 +236,9 @@ impl KvCache {
 }
 
 fn transfer_refused() -> ModelError {
-    ModelError::InvalidOption("this model's KV cache (windowed layers, or none) cannot be transferred".into())
+    ModelError::InvalidOption(
+        "this model's KV cache (windowed layers, FP8, or none) cannot be transferred".into(),
+    )
 }
 
 /// A tensor's elements as little-endian bytes (copied to the host).

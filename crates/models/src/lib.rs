@@ -17,6 +17,7 @@ pub mod error;
 pub mod gemma;
 pub mod kernel_plan;
 pub mod kv_cache;
+pub mod kv_calibration;
 pub mod kv_layout;
 pub mod kv_sizing;
 pub mod linear;
@@ -36,6 +37,7 @@ pub use drafter::DraftModel;
 pub use error::{ModelError, Result};
 pub use kernel_plan::{CpuGemmDtype, CpuKernel, KernelPlan, KernelRequest, ResolvedPlan};
 pub use kv_cache::KvCache;
+pub use kv_calibration::calibrate_kv_scales;
 pub use kv_layout::KvLayout;
 pub use linear_fp8::WeightQuantization;
 pub use loader::{

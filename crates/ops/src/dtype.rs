@@ -5,6 +5,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Result, WithDType};
+use float8::F8E4M3;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use crate::simd::MulAdd;
@@ -152,6 +153,41 @@ impl Float for f16 {
     }
 }
 
+/// An FP8 KV cache's codes (`crate::fp8_e4m3`): read through the vectorised bit move, written
+/// by Pagoda's encoder (saturating, never subnormal). A cache's scale is applied by its
+/// readers and writers, not here.
+impl Float for F8E4M3 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        let mut out = [0f32];
+        crate::fp8_e4m3::widen_into(&[self], &mut out);
+        out[0]
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        F8E4M3::from_bits(crate::fp8_e4m3::encode(v))
+    }
+    #[inline(always)]
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
+        crate::fp8_e4m3::widen_into(src, dst);
+    }
+    #[inline(always)]
+    fn as_f32(_src: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(s);
+        }
+    }
+    fn storage_vec_mut(storage: &mut CpuStorage) -> Option<&mut Vec<Self>> {
+        match storage {
+            CpuStorage::F8E4M3(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
 /// True for the dtypes the kernels accept as float storage.
 pub(crate) fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
@@ -160,6 +196,16 @@ pub(crate) fn is_float(dtype: DType) -> bool {
 /// Fails with `UnsupportedDTypeForOp` unless `dtype` is f32, f16 or bf16.
 pub(crate) fn check_float(dtype: DType, op: &'static str) -> Result<()> {
     if is_float(dtype) {
+        Ok(())
+    } else {
+        Err(candle_core::Error::UnsupportedDTypeForOp(dtype, op))
+    }
+}
+
+/// Fails with `UnsupportedDTypeForOp` unless `dtype` is one a KV cache may have: a float
+/// dtype, or f8e4m3 (with per-tensor scales, `crate::KvScales`).
+pub(crate) fn check_cache(dtype: DType, op: &'static str) -> Result<()> {
+    if is_float(dtype) || dtype == DType::F8E4M3 {
         Ok(())
     } else {
         Err(candle_core::Error::UnsupportedDTypeForOp(dtype, op))

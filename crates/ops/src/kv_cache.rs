@@ -9,12 +9,49 @@ use candle_core::{CpuStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
 use crate::check::{self, invalid};
 use crate::dtype::{with_float, Float};
+use float8::F8E4M3;
 
 const OP: &str = "reshape_and_cache";
 
+/// The slot of a token that is written nowhere: a padding row of a batch replayed at a fixed
+/// size (CUDA graphs).
+pub const PADDING_SLOT: u32 = u32::MAX;
+
+/// The per-tensor scales of one layer's FP8 KV cache: a K element is stored as the e4m3 code
+/// nearest `k / scales.k` (saturating at ±448, never subnormal) and read back as
+/// `scales.k * e4m3(code)`; V likewise. A float cache stores values as they are: its scales are
+/// [`KvScales::UNIT`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvScales {
+    pub k: f32,
+    pub v: f32,
+}
+
+impl KvScales {
+    pub const UNIT: Self = Self { k: 1.0, v: 1.0 };
+
+    /// Fails unless both scales are positive and finite, and unit for a float cache.
+    pub(crate) fn check_for(self, cache: DType, op: &'static str) -> Result<()> {
+        if ![self.k, self.v].iter().all(|s| s.is_finite() && *s > 0.0) {
+            return Err(invalid(op, format!("KV scales {self:?} must be positive and finite")));
+        }
+        if cache != DType::F8E4M3 && self != Self::UNIT {
+            return Err(invalid(op, format!("KV scales {self:?} need an f8e4m3 cache, not {cache:?}")));
+        }
+        Ok(())
+    }
+}
+
+impl Default for KvScales {
+    fn default() -> Self {
+        Self::UNIT
+    }
+}
+
 /// Writes `k` and `v` (`[num_tokens, num_kv_heads, head_dim]`) into `k_cache` and `v_cache`
 /// (`[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous) at the slots in
-/// `slot_mapping` (u32 `[num_tokens]`), in place.
+/// `slot_mapping` (u32 `[num_tokens]`), in place. A float cache's values are stored unscaled;
+/// see [`reshape_and_cache_scaled`] for an FP8 cache.
 ///
 /// `k`/`v` must have the caches' dtype (f32, f16 or bf16), or, on the CPU, be f32 for an f16 or
 /// bf16 cache: each value is then rounded to the nearest as it is copied (the bits of
@@ -23,10 +60,6 @@ const OP: &str = "reshape_and_cache";
 /// `num_blocks * block_size` or be [`PADDING_SLOT`] (a padding row, written nowhere); another
 /// out-of-range slot is an error and then nothing is written. If a slot repeats, the later
 /// token's row wins.
-/// The slot of a token that is written nowhere: a padding row of a batch replayed at a fixed
-/// size (CUDA graphs).
-pub const PADDING_SLOT: u32 = u32::MAX;
-
 pub fn reshape_and_cache(
     k: &Tensor,
     v: &Tensor,
@@ -34,15 +67,34 @@ pub fn reshape_and_cache(
     v_cache: &Tensor,
     slot_mapping: &Tensor,
 ) -> Result<()> {
+    reshape_and_cache_scaled(k, v, k_cache, v_cache, slot_mapping, KvScales::UNIT)
+}
+
+/// [`reshape_and_cache`] into a cache of any dtype: also f8e4m3, whose codes are `k / scales.k`
+/// and `v / scales.v` rounded to the nearest (see [`KvScales`]; each scale's reciprocal is
+/// rounded to f32 once, and the division is a multiply by it). `k`/`v` may then be f32, f16 or
+/// bf16.
+pub fn reshape_and_cache_scaled(
+    k: &Tensor,
+    v: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    scales: KvScales,
+) -> Result<()> {
     let [num_blocks, block_size, kv_heads, head_dim] = check::dims::<4>(k_cache)?;
     check::shape_is(v_cache, k_cache.dims(), OP, "v_cache")?;
     let [num_tokens] = check::dims::<1>(slot_mapping)?;
     check::shape_is(k, &[num_tokens, kv_heads, head_dim], OP, "k")?;
     check::shape_is(v, &[num_tokens, kv_heads, head_dim], OP, "v")?;
-    crate::dtype::check_float(k_cache.dtype(), OP)?;
+    crate::dtype::check_cache(k_cache.dtype(), OP)?;
     check::dtype_is(v_cache, k_cache.dtype(), OP)?;
-    let rounded_on_cpu = k_cache.device().is_cpu() && k.dtype() == DType::F32;
-    if !rounded_on_cpu {
+    scales.check_for(k_cache.dtype(), OP)?;
+    let converted =
+        k_cache.dtype() == DType::F8E4M3 || (k_cache.device().is_cpu() && k.dtype() == DType::F32);
+    if converted {
+        crate::dtype::check_float(k.dtype(), OP)?;
+    } else {
         check::dtype_is(k, k_cache.dtype(), OP)?;
     }
     check::dtype_is(v, k.dtype(), OP)?;
@@ -52,17 +104,23 @@ pub fn reshape_and_cache(
     }
     check::contiguous(k_cache, OP)?;
     check::contiguous(v_cache, OP)?;
-    let op = WriteKv { num_slots: num_blocks * block_size, row_len: kv_heads * head_dim };
-    k_cache.inplace_op3(k, slot_mapping, &op)?;
-    v_cache.inplace_op3(v, slot_mapping, &op)
+    let op = |scale: f32| WriteKv {
+        num_slots: num_blocks * block_size,
+        row_len: kv_heads * head_dim,
+        inv_scale: 1.0 / scale,
+    };
+    k_cache.inplace_op3(k, slot_mapping, &op(scales.k))?;
+    v_cache.inplace_op3(v, slot_mapping, &op(scales.v))
 }
 
 /// Copies row `t` of the source into cache slot `slot_mapping[t]`, rounding f32 rows into a
-/// narrower cache.
+/// narrower cache and encoding any float rows into an FP8 one.
 struct WriteKv {
     num_slots: usize,
     /// Elements per slot: `num_kv_heads * head_dim`.
     row_len: usize,
+    /// An FP8 cache's codes are the values times this (1 for a float cache).
+    inv_scale: f32,
 }
 
 impl WriteKv {
@@ -129,6 +187,17 @@ impl InplaceOp3 for WriteKv {
             .as_slice::<u32>()?
             .get(s0..s1)
             .ok_or_else(|| invalid(OP, "slot_mapping view exceeds its storage"))?;
+        if cache.dtype() == DType::F8E4M3 {
+            let inv_scale = self.inv_scale;
+            return with_float!(src.dtype(), OP, S => {
+                let encode = |row: &[S], dst: &mut [F8E4M3]| {
+                    for (d, &x) in dst.iter_mut().zip(row) {
+                        *d = F8E4M3::from_bits(crate::fp8_e4m3::encode(x.to_f32() * inv_scale));
+                    }
+                };
+                self.write::<F8E4M3, S>(encode, cache, cache_l, src, src_l, slots)
+            });
+        }
         match src.dtype() {
             dt if dt == cache.dtype() => with_float!(dt, OP, T => {
                 self.write::<T, T>(|row: &[T], dst: &mut [T]| dst.copy_from_slice(row), cache, cache_l, src, src_l, slots)

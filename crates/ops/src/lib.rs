@@ -33,6 +33,7 @@ mod cuda;
 mod device_memory;
 mod device_sampler;
 mod dtype;
+mod fp8_e4m3;
 mod gated_activation;
 mod kv_cache;
 mod lora;
@@ -49,14 +50,15 @@ mod write_in_place;
 
 pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
+pub use fp8_e4m3::{fp8_e4m3_value, FP8_E4M3_MAX};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
-pub use kv_cache::{reshape_and_cache, PADDING_SLOT};
+pub use kv_cache::{reshape_and_cache, reshape_and_cache_scaled, KvScales, PADDING_SLOT};
 pub use lora::{lora_add, LoraSegment};
 pub use matmul::device_fp8::{DeviceFp8Weight, FP8_KERNEL_K_STEP, FP8_KERNEL_MAX_ROWS, FP8_MATMUL_MAX_ROWS};
 pub use matmul::device_quant::{
     DeviceQuantWeight, QuantLaunch, QUANT_KERNEL_MAX_ROWS, QUANT_MATMUL_MAX_ROWS,
 };
-pub use matmul::fp8_weight::{fp8_e4m3_value, Fp8Weight, FP8_E4M3_MAX};
+pub use matmul::fp8_weight::Fp8Weight;
 pub use matmul::gemm_probe::{time_panel_kernels, PanelTiming};
 pub use matmul::panel_matmul::{panel_matmul, PanelPrecision, PanelWeight, PANEL};
 pub use matmul::quant_matmul::{quant_matmul, quant_matmul_batch_invariant};

@@ -6,12 +6,14 @@
 //! tensors of [`AttentionMetadata`] instead of the host copies) in `cuda::attention`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use float8::F8E4M3;
 
 use crate::check::{self, invalid};
-use crate::dtype::{check_float, f32_to_storage, storage_to_f32, with_float, Float};
+use crate::dtype::{check_cache, check_float, f32_to_storage, storage_to_f32, with_float, Float};
+use crate::kv_cache::KvScales;
 use crate::metadata::AttentionMetadata;
-use crate::paged_attention_cpu::{self as cpu, CacheView, Queries};
+use crate::paged_attention_cpu::{self as cpu, CacheShape, CacheSlices, Queries};
 
 const OP: &str = "paged_attention";
 
@@ -61,12 +63,21 @@ pub struct AttentionParams {
     /// holds. The CPU kernels always do; on CUDA this plans each query token as a decode of its
     /// own on the CUDA-core kernel, its key range split by its length only (`cuda::plan`).
     pub batch_invariant: bool,
+    /// The per-tensor scales of an FP8 cache (read as `scale * e4m3(code)`); unit for a float
+    /// cache.
+    pub kv_scales: KvScales,
 }
 
 impl AttentionParams {
     /// Plain causal attention with `softmax_scale`.
     pub fn scaled(softmax_scale: f32) -> Self {
-        Self { softmax_scale, window: None, logit_softcap: None, batch_invariant: false }
+        Self {
+            softmax_scale,
+            window: None,
+            logit_softcap: None,
+            batch_invariant: false,
+            kv_scales: KvScales::UNIT,
+        }
     }
 }
 
@@ -80,7 +91,7 @@ pub fn paged_attention_with(
     meta: &AttentionMetadata,
     params: AttentionParams,
 ) -> Result<Tensor> {
-    let AttentionParams { softmax_scale, window, logit_softcap, batch_invariant: _ } = params;
+    let AttentionParams { softmax_scale, window, logit_softcap, batch_invariant: _, kv_scales } = params;
     if window == Some(0) {
         return Err(invalid(OP, "a sliding window must hold at least one position"));
     }
@@ -109,8 +120,9 @@ pub fn paged_attention_with(
         return Err(invalid(OP, format!("softmax_scale {softmax_scale} is not finite")));
     }
     check_float(q.dtype(), OP)?;
-    check_float(k_cache.dtype(), OP)?;
+    check_cache(k_cache.dtype(), OP)?;
     check::dtype_is(v_cache, k_cache.dtype(), OP)?;
+    kv_scales.check_for(k_cache.dtype(), OP)?;
     check::same_device(q, k_cache, OP)?;
     check::same_device(q, v_cache, OP)?;
     check::contiguous(k_cache, OP)?;
@@ -165,28 +177,29 @@ impl CustomOp3 for PagedAttention<'_> {
             })?
         };
         let p = self.params;
+        // An FP8 cache's K scale is folded into the queries' scale, its V scale applied to
+        // each output row with the softmax's normalisation.
         let queries = Queries {
             q: &q_f32,
             q_heads,
-            softmax_scale: p.softmax_scale,
+            softmax_scale: p.softmax_scale * p.kv_scales.k,
             window: p.window,
             logit_softcap: p.logit_softcap,
+            v_scale: p.kv_scales.v,
         };
         let (k0, k1) = check::contiguous_range(k_l, OP)?;
         let (v0, v1) = check::contiguous_range(v_l, OP)?;
         if k.dtype() != v.dtype() {
             return Err(candle_core::Error::DTypeMismatchBinaryOp { lhs: k.dtype(), rhs: v.dtype(), op: OP });
         }
-        let out = with_float!(k.dtype(), OP, T => {
-            let view = CacheView {
-                k: k.as_slice::<T>()?.get(k0..k1).ok_or_else(|| invalid(OP, "k_cache view exceeds its storage"))?,
-                v: v.as_slice::<T>()?.get(v0..v1).ok_or_else(|| invalid(OP, "v_cache view exceeds its storage"))?,
-                block_size,
-                kv_heads,
-                head_dim,
-            };
-            Ok(cpu::paged_attention(&queries, &view, self.meta.host()))
-        })?;
+        let shape = CacheShape { block_size, kv_heads, head_dim };
+        let (k, v) =
+            (CacheSlices { storage: k, start: k0, end: k1 }, CacheSlices { storage: v, start: v0, end: v1 });
+        let host = self.meta.host();
+        let out = match k.storage.dtype() {
+            DType::F8E4M3 => cpu::paged_attention_over::<F8E4M3>(&queries, k, v, shape, host)?,
+            dt => with_float!(dt, OP, T => cpu::paged_attention_over::<T>(&queries, k, v, shape, host))?,
+        };
         let storage = f32_to_storage(out, q.dtype(), OP)?;
         Ok((storage, Shape::from((num_tokens, q_heads, head_dim))))
     }

@@ -16,9 +16,12 @@
 //! time (`attention_group`: each K and V row is loaded once for the group). Items run in
 //! parallel with rayon and their output rows are scattered into the result afterwards.
 
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, Result};
 use rayon::prelude::*;
 
 use crate::attention_plan::{plan, Item};
+use crate::check::invalid;
 use crate::dtype::Float;
 use crate::metadata::HostAttentionMetadata;
 use crate::simd::{exp_nonpositive, max_lanes, prefetch_l2, scale, sum_lanes, MulAdd, Separate};
@@ -27,6 +30,7 @@ use crate::simd::{Fused, Wide};
 
 /// Key positions per chunk: scores for a chunk stay in L1 alongside the query tile.
 const KEY_CHUNK: usize = 64;
+const OP: &str = "paged_attention";
 /// Target query rows (tokens x heads of a group) per work item.
 const ROWS_PER_TILE: usize = 32;
 
@@ -39,6 +43,56 @@ pub(crate) struct CacheView<'a, T> {
     pub head_dim: usize,
 }
 
+/// One cache tensor's storage and the element range its contiguous layout covers.
+pub(crate) struct CacheSlices<'a> {
+    pub storage: &'a CpuStorage,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl CacheSlices<'_> {
+    fn slice<T: Float>(&self, what: &str) -> Result<&[T]> {
+        self.storage
+            .as_slice::<T>()?
+            .get(self.start..self.end)
+            .ok_or_else(|| invalid(OP, format!("{what} view exceeds its storage")))
+    }
+}
+
+/// A cache tensor's `[num_blocks, block_size, kv_heads, head_dim]`, less the block count.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CacheShape {
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// [`paged_attention`] over the storages of a K and a V cache of element type `T`.
+pub(crate) fn paged_attention_over<T: Float>(
+    queries: &Queries<'_>,
+    k: CacheSlices<'_>,
+    v: CacheSlices<'_>,
+    shape: CacheShape,
+    meta: &HostAttentionMetadata,
+) -> Result<Vec<f32>> {
+    if k.storage.dtype() != v.storage.dtype() {
+        return Err(candle_core::Error::DTypeMismatchBinaryOp {
+            lhs: k.storage.dtype(),
+            rhs: v.storage.dtype(),
+            op: OP,
+        });
+    }
+    let CacheShape { block_size, kv_heads, head_dim } = shape;
+    let view = CacheView {
+        k: k.slice::<T>("k_cache")?,
+        v: v.slice::<T>("v_cache")?,
+        block_size,
+        kv_heads,
+        head_dim,
+    };
+    Ok(paged_attention(queries, &view, meta))
+}
+
 /// The queries, `[num_tokens, q_heads, head_dim]` contiguous f32, and how to read them.
 pub(crate) struct Queries<'a> {
     pub q: &'a [f32],
@@ -48,6 +102,8 @@ pub(crate) struct Queries<'a> {
     pub window: Option<usize>,
     /// Scores become `cap * tanh(score / cap)` before the softmax.
     pub logit_softcap: Option<f32>,
+    /// Each output row is multiplied by this (an FP8 cache's V scale; 1 for a float cache).
+    pub v_scale: f32,
 }
 
 /// Per-thread buffers, reused across items.
@@ -307,7 +363,7 @@ fn attend_impl<T: Float, M: MulAdd>(
 
     for r in 0..rows {
         // Every row sees at least its own position, so the sum is positive.
-        scale(&mut out[r * hd..(r + 1) * hd], 1.0 / sum[r]);
+        scale(&mut out[r * hd..(r + 1) * hd], queries.v_scale / sum[r]);
     }
 }
 
@@ -393,6 +449,7 @@ mod tests {
             softmax_scale: 0.3,
             window: None,
             logit_softcap: None,
+            v_scale: 1.0,
         };
         let items = plan(&m, kv_heads, 4);
         let mut scratch = Scratch {
@@ -436,7 +493,8 @@ mod tests {
         m.block_tables = vec![11, 3, 7, 0, 0, 0, 0, 5, 2, 9, 1, 0];
         let tokens = q_lens.iter().sum::<u32>() as usize;
         let q: Vec<f32> = (0..tokens * q_heads * hd).map(|i| value(i + 3)).collect();
-        let queries = Queries { q: &q, q_heads, softmax_scale: 0.125, window: None, logit_softcap: None };
+        let queries =
+            Queries { q: &q, q_heads, softmax_scale: 0.125, window: None, logit_softcap: None, v_scale: 1.0 };
         fn run<T: Float>(
             kernel: ItemKernel<T>,
             q: &Queries<'_>,

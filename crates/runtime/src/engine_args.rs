@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use pagoda_models::KernelRequest;
 use serde::Deserialize;
 
-use crate::flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, PoolingArg, QuantizationArg};
+use crate::flags::{
+    ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, KvCacheDtypeArg, LoadFormatArg, PoolingArg, QuantizationArg,
+};
 use crate::lora_args::{LoraArgs, LoraSettings};
 use crate::speculative_config::{self, SpeculativeSetting};
 
@@ -112,9 +114,11 @@ pub struct EngineArgs {
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
     /// KV-cache storage dtype; auto: float16 when computing in float32 (as llama.cpp), else
-    /// the compute dtype. [default: auto]
+    /// the compute dtype. fp8: e4m3 codes with a K and a V scale per layer, calibrated at
+    /// start-up on a built-in text (half of a 16-bit cache's memory; not with a draft model or
+    /// KV transfer). [default: auto]
     #[arg(long, value_enum)]
-    pub kv_cache_dtype: Option<DtypeArg>,
+    pub kv_cache_dtype: Option<KvCacheDtypeArg>,
     /// CPU, GGUF models: what the matmuls multiply weights and activations in, summing in float32.
     /// auto: decode-sized steps (up to 16 tokens) on the weights' codes times activations
     /// rounded to 16 bits per block of 32 on CPUs with AVX512-VNNI, else on the exact blocks;
@@ -266,7 +270,7 @@ pub struct EngineSettings {
     pub pooling: Option<pagoda_models::PoolingKind>,
     pub device: DeviceArg,
     pub dtype: DtypeArg,
-    pub kv_cache_dtype: DtypeArg,
+    pub kv_cache_dtype: KvCacheDtypeArg,
     /// `--cpu-gemm-dtype` and `--batch-invariant`, which the kernel plan resolves.
     pub kernels: KernelRequest,
     /// No CUDA graphs (`--enforce-eager`).

@@ -137,6 +137,44 @@ pub enum DtypeArg {
     Bfloat16,
 }
 
+/// `--kv-cache-dtype`: how the KV cache stores K and V.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtypeArg {
+    /// float16 when computing in float32 (as llama.cpp), else the compute dtype.
+    #[default]
+    Auto,
+    #[value(alias = "f32", alias = "float")]
+    #[serde(alias = "f32", alias = "float")]
+    Float32,
+    #[value(alias = "f16", alias = "half")]
+    #[serde(alias = "f16", alias = "half")]
+    Float16,
+    #[value(alias = "bf16")]
+    #[serde(alias = "bf16")]
+    Bfloat16,
+    /// FP8 (e4m3) with a K and a V scale per layer, calibrated at start-up: half of a 16-bit
+    /// cache's memory.
+    #[value(alias = "fp8_e4m3")]
+    #[serde(alias = "fp8_e4m3")]
+    Fp8,
+}
+
+impl KvCacheDtypeArg {
+    /// The KV cache's dtype for a model computing in `compute`: `auto` stores f32 models' K/V
+    /// as f16 (as llama.cpp does), which halves the cache's memory and the attention's reads.
+    pub fn kv_cache(self, compute: DType) -> DType {
+        match self {
+            Self::Auto if compute == DType::F32 => DType::F16,
+            Self::Auto => compute,
+            Self::Float32 => DType::F32,
+            Self::Float16 => DType::F16,
+            Self::Bfloat16 => DType::BF16,
+            Self::Fp8 => DType::F8E4M3,
+        }
+    }
+}
+
 /// `--cpu-gemm-dtype`: what the CPU's matmuls multiply in (`pagoda_models::kernel_plan`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -208,16 +246,6 @@ impl DtypeArg {
             DtypeArg::Bfloat16 => DType::BF16,
         }
     }
-
-    /// The KV cache's dtype for a model computing in `compute`: `auto` stores f32 models' K/V
-    /// as f16 (as llama.cpp does), which halves the cache's memory and the attention's reads.
-    pub fn kv_cache(self, compute: DType) -> DType {
-        match self {
-            DtypeArg::Auto if compute == DType::F32 => DType::F16,
-            DtypeArg::Auto => compute,
-            other => other.compute(DeviceArg::Cpu),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -229,10 +257,11 @@ mod tests {
         assert_eq!(DtypeArg::Auto.compute(DeviceArg::Cpu), DType::F32);
         assert_eq!(DtypeArg::Auto.compute(DeviceArg::Cuda(1)), DType::BF16);
         assert_eq!(DtypeArg::Float16.compute(DeviceArg::Cpu), DType::F16);
-        assert_eq!(DtypeArg::Auto.kv_cache(DType::F32), DType::F16);
-        assert_eq!(DtypeArg::Auto.kv_cache(DType::BF16), DType::BF16);
-        assert_eq!(DtypeArg::Float32.kv_cache(DType::F32), DType::F32);
-        assert_eq!(DtypeArg::Bfloat16.kv_cache(DType::F32), DType::BF16);
+        assert_eq!(KvCacheDtypeArg::Auto.kv_cache(DType::F32), DType::F16);
+        assert_eq!(KvCacheDtypeArg::Auto.kv_cache(DType::BF16), DType::BF16);
+        assert_eq!(KvCacheDtypeArg::Float32.kv_cache(DType::F32), DType::F32);
+        assert_eq!(KvCacheDtypeArg::Bfloat16.kv_cache(DType::F32), DType::BF16);
+        assert_eq!(KvCacheDtypeArg::Fp8.kv_cache(DType::BF16), DType::F8E4M3);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod engine_args;
 pub mod flags;
+mod fp8_kv;
 pub mod hub;
 pub mod load;
 pub mod lora_args;
@@ -15,7 +16,7 @@ pub mod plan;
 pub mod speculative_config;
 
 pub use engine_args::{ArgsError, EngineArgs, EngineSettings, DEFAULT_MODEL};
-pub use flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg};
+pub use flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, KvCacheDtypeArg, LoadFormatArg};
 pub use load::{LoadedRuntime, Runtime, RuntimeError, StartupTimes};
 pub use lora_args::{LoraArgs, LoraSettings};
 pub use options::{OptionsError, RuntimeOptions};

@@ -229,10 +229,24 @@ impl LoadedRuntime {
         let cache_dtype = options.kv_cache_dtype;
         let layout = KvLayout::for_config(&config);
         // A draft runs the target's kernel plan.
-        let draft = match &options.draft_model {
-            Some(path) => Some(load_draft(path, &load, &config, &tokenizer)?),
-            None => None,
-        };
+        if cache_dtype == DType::F8E4M3 && !options.device.is_cpu() {
+            return Err(ModelError::InvalidOption(
+                "--kv-cache-dtype fp8 has no CUDA attention kernels yet; it runs on the CPU".into(),
+            )
+            .into());
+        }
+        let draft =
+            match &options.draft_model {
+                // The draft's cache would need scales of its own.
+                Some(path) if cache_dtype == DType::F8E4M3 => return Err(RuntimeError::DraftIncompatible {
+                    path: path.clone(),
+                    reason:
+                        "--kv-cache-dtype fp8 is for the target model alone; leave it out with a draft model"
+                            .into(),
+                }),
+                Some(path) => Some(load_draft(path, &load, &config, &tokenizer)?),
+                None => None,
+            };
         let draft_config = draft.as_ref().map(|d| d.config().clone());
         let mut runner = ModelRunner::new(
             loaded.model,
@@ -289,13 +303,26 @@ impl LoadedRuntime {
                 block_size: options.block_size,
             });
         }
-        runner.replace_cache(KvCache::new(
-            &config,
-            num_blocks,
-            options.block_size,
-            cache_dtype,
-            &options.device,
-        )?);
+        // Calibrated before the cache is allocated: its scratch cache and activations then fit
+        // in what the profiled step left.
+        let scales = match cache_dtype {
+            DType::F8E4M3 => {
+                let template = chat_template.as_deref();
+                Some(crate::fp8_kv::calibrated_scales(
+                    &mut runner,
+                    &tokenizer,
+                    template,
+                    options.block_size,
+                    cache_dtype,
+                )?)
+            }
+            _ => None,
+        };
+        let mut cache = KvCache::new(&config, num_blocks, options.block_size, cache_dtype, &options.device)?;
+        if let Some(scales) = scales {
+            cache = cache.with_scales(scales)?;
+        }
+        runner.replace_cache(cache);
         // A batch-invariant step plans attention per token, which a replayed plan cannot.
         let graphs = options.device.is_cuda() && !options.enforce_eager && !options.kernels.batch_invariant;
         if graphs {

@@ -28,6 +28,7 @@ pub fn dtype_name(dtype: DType) -> &'static str {
         DType::F32 => "float32",
         DType::F16 => "float16",
         DType::BF16 => "bfloat16",
+        DType::F8E4M3 => "fp8_e4m3",
         _ => "other",
     }
 }

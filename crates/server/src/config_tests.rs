@@ -86,7 +86,7 @@ fn vllm_flags_parse() {
     assert_eq!(c.engine.kv_cache_memory, Some(512 << 20));
     assert_eq!(c.engine.device, DeviceArg::Cuda(1));
     assert_eq!(c.engine.dtype, DtypeArg::Bfloat16);
-    assert_eq!(c.engine.kv_cache_dtype, DtypeArg::Float32);
+    assert_eq!(c.engine.kv_cache_dtype, pagoda_runtime::KvCacheDtypeArg::Float32);
     assert_eq!(c.engine.kernels.cpu_gemm_dtype, GemmDtypeArg::Float32.into());
     assert_eq!(c.metrics_prefix, MetricsPrefix::Vllm);
     assert!(!c.engine.model_is_default);

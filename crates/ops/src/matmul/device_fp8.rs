@@ -11,11 +11,12 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::device_quant::dense_storage;
-use super::fp8_weight::{fp8_e4m3_value, Fp8Weight};
+use super::fp8_weight::Fp8Weight;
 use crate::check::{self, invalid};
 use crate::cuda::fp8::Fp8Pointers;
 pub use crate::cuda::fp8::{FP8_KERNEL_K_STEP, FP8_KERNEL_MAX_ROWS};
 use crate::dtype::{with_float, Float};
+use crate::fp8_e4m3::fp8_e4m3_value;
 
 const OP: &str = "fp8_matmul";
 

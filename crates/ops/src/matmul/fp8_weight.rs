@@ -9,14 +9,9 @@
 //! row's largest element). The CUDA kernels then turn codes into 16-bit floats with shifts
 //! alone, never meeting a subnormal (kernels/fp8_matmul.cu).
 
-use float8::F8E4M3;
 use rayon::prelude::*;
 
-/// e4m3's largest finite magnitude.
-pub const FP8_E4M3_MAX: f32 = 448.0;
-
-/// e4m3's smallest normal magnitude.
-const MIN_NORMAL: f32 = 1.0 / 64.0;
+use crate::fp8_e4m3::{encode as encode_e4m3, fp8_e4m3_value, is_subnormal_or_nan, FP8_E4M3_MAX};
 
 /// A matrix of e4m3 codes with a scale per row.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,32 +22,6 @@ pub struct Fp8Weight {
     codes: Vec<u8>,
     /// One per row.
     scales: Vec<f32>,
-}
-
-/// The code nearest `v` (`|v| <= 448`, ties to even), subnormals excluded. Bit arithmetic on
-/// the f32 rather than `F8E4M3::from_f32` (which goes through f64 for every format): a model's
-/// billions of weights are quantized at load. The tests check it against the crate.
-fn encode(v: f32) -> u8 {
-    let bits = v.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
-    let magnitude = f32::from_bits(bits & 0x7FFF_FFFF);
-    if magnitude < MIN_NORMAL {
-        // 0x08: exponent 1, mantissa 0, the smallest normal.
-        return if magnitude > MIN_NORMAL / 2.0 { sign | 0x08 } else { sign };
-    }
-    // e4m3's exponent field is the f32 exponent rebased from 127 to 7; the 23 mantissa bits
-    // round to 3, to nearest with ties to even, a carry moving up the exponent.
-    let m = bits & 0x7F_FFFF;
-    let exponent = ((bits >> 23) & 0xFF) - 120;
-    let mantissa = (m + 0x7_FFFF + ((m >> 20) & 1)) >> 20;
-    let field = (exponent << 3) + mantissa;
-    // 0x7E is 448; 0x7F would be NaN.
-    sign | field.min(0x7E) as u8
-}
-
-/// The value of an e4m3 code.
-pub fn fp8_e4m3_value(code: u8) -> f32 {
-    F8E4M3::from_bits(code).to_f32()
 }
 
 impl Fp8Weight {
@@ -78,7 +47,7 @@ impl Fp8Weight {
                 let scale = amax / FP8_E4M3_MAX;
                 for (c, &v) in out.iter_mut().zip(row) {
                     // Clamped: amax / scale may round a hair past 448.
-                    *c = encode((v / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX));
+                    *c = encode_e4m3((v / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX));
                 }
                 scale
             })
@@ -96,7 +65,7 @@ impl Fp8Weight {
                 scales.len()
             ));
         }
-        if let Some(bad) = codes.iter().find(|&&c| (c & 0x78 == 0 && c & 0x07 != 0) || c & 0x7F == 0x7F) {
+        if let Some(bad) = codes.iter().find(|&&c| is_subnormal_or_nan(c)) {
             return Err(format!("code {bad:#04x} is subnormal or NaN"));
         }
         if let Some(bad) = scales.iter().find(|s| !s.is_finite()) {
@@ -151,40 +120,6 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-
-    #[test]
-    fn codes_decode_as_e4m3_and_none_is_subnormal() {
-        use rand::rngs::StdRng;
-        use rand::{Rng, SeedableRng};
-        assert_eq!(fp8_e4m3_value(0x7E), 448.0);
-        assert_eq!(fp8_e4m3_value(0x08), MIN_NORMAL);
-        assert_eq!(fp8_e4m3_value(0xB8), -1.0);
-        assert_eq!(encode(448.0), 0x7E);
-        assert_eq!(encode(-1.0), 0xB8);
-        // Between subnormal steps: to zero or the smallest normal, the sign kept.
-        assert_eq!(encode(MIN_NORMAL * 0.4), 0);
-        assert_eq!(encode(-MIN_NORMAL * 0.6), 0x88);
-        assert_eq!(encode(MIN_NORMAL * 0.9), 0x08);
-        // Against the crate's own rounding, over e4m3's normal range and at the ties.
-        let mut rng = StdRng::seed_from_u64(7);
-        let ties = (0..=255u8).filter_map(|c| {
-            let (a, b) = (fp8_e4m3_value(c), fp8_e4m3_value(c.wrapping_add(1)));
-            (a.is_finite() && b.is_finite() && a >= MIN_NORMAL && b <= 448.0 && b > a)
-                .then_some((a + b) / 2.0)
-        });
-        let randoms = (0..200_000).map(|_| rng.random_range(MIN_NORMAL..448.0f32));
-        for v in ties.chain(randoms).chain([MIN_NORMAL, 448.0, 447.9, 0.0234375]) {
-            for v in [v, -v] {
-                assert_eq!(encode(v), F8E4M3::from_f32(v).to_bits(), "{v}");
-            }
-        }
-        for code in 0..=255u8 {
-            let v = fp8_e4m3_value(code);
-            if v.is_finite() && v != 0.0 && v.abs() >= MIN_NORMAL {
-                assert_eq!(encode(v), code, "{code:#x}");
-            }
-        }
-    }
 
     #[test]
     fn rows_quantize_within_e4m3_precision_of_their_largest_value() {
