@@ -1,7 +1,7 @@
 // Pieces shared by the paged-attention kernels: the work item the host plans, and the
 // asynchronous load of one tile of keys and values through a sequence's block table.
 #pragma once
-#include "common.cuh"
+#include "fp8.cuh"
 
 namespace pagoda {
 
@@ -77,8 +77,27 @@ __device__ __forceinline__ long long partial_row(const WorkItem &it, int kv_head
     return (long long)it.scratch_base + ((long long)it.split * kv_heads + kv_head) * rows + r;
 }
 
+// A lane's chunk of a cache row in shared memory (N elements), widened to f32. Float caches
+// give their values; an FP8 cache's codes widen through f16 as their values times 2^-8, which
+// FACTOR undoes where the kernels apply the cache's scales.
+template <typename C> struct CacheChunk {
+    static constexpr int N = Vec16<C>::N;
+    static constexpr float FACTOR = 1.f;
+    static __device__ __forceinline__ void to_f32(const C *p, float (&out)[N]) {
+        Vec16<C>::to_f32(*reinterpret_cast<const uint4 *>(p), out);
+    }
+};
+
+template <> struct CacheChunk<fp8_e4m3> {
+    static constexpr int N = 8;
+    static constexpr float FACTOR = 256.f;
+    static __device__ __forceinline__ void to_f32(const fp8_e4m3 *p, float (&out)[8]) {
+        Vec16<f16>::to_f32(fp8_widen8<f16>(*reinterpret_cast<const uint2 *>(p)), out);
+    }
+};
+
 // Starts the asynchronous copy of keys tile_start .. tile_start + KT of one kv head into
-// k_dst / v_dst (rows of `dst_stride` elements). Positions >= kv_hi are zero-filled: their
+// k_dst / v_dst (rows of `dst_stride` elements of the cache's type T, 16 bytes at a time). Positions >= kv_hi are zero-filled: their
 // scores are masked, and zeros keep 0 * V finite.
 template <typename T, int D, int KT, int NT>
 __device__ __forceinline__ void load_kv_tile(T *k_dst, T *v_dst, int dst_stride, const T *__restrict__ k_cache,

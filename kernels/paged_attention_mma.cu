@@ -13,6 +13,10 @@
 // rows' running max and sum, turns P into bf16/f16 A fragments in registers and accumulates
 // O += P V (B from V via ldmatrix.trans). Key tiles past a warp's last row position are
 // skipped; only tiles crossing the diagonal are masked.
+//
+// Over an FP8 cache (the `_fp8` entries) the two stages hold the tiles' codes, and each tile
+// is widened into one stage of f16/bf16 tiles (fp8.cuh) before the products; the cache's K
+// scale is folded into scale_log2 by the host and its V scale applied to the output rows.
 #include "attention.cuh"
 
 namespace pagoda {
@@ -24,26 +28,46 @@ constexpr int MMA_KEYS = 64;
 template <int D> struct MmaShape {
     static constexpr int STRIDE = D + 8;  // elements per shared row (16 bytes of padding)
     static constexpr int SMEM_BYTES = 5 * 64 * STRIDE * 2;  // Q + 2 stages of K and V
+    // Q + one stage of K and V widened + 2 stages of their codes.
+    static constexpr int SMEM_BYTES_FP8 = 3 * 64 * STRIDE * 2 + 2 * 2 * 64 * D;
     static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
+};
+
+// What scores and outputs are multiplied by for a cache of C read as T tiles: 1 for a float
+// cache, FP8 codes' widening factor for an FP8 one.
+template <typename T, typename C> struct CacheFactor {
+    static constexpr bool FP8 = false;
+    static constexpr float value = 1.f;
+};
+template <typename T> struct CacheFactor<T, fp8_e4m3> {
+    static constexpr bool FP8 = true;
+    static constexpr float value = Fp8Factor<T>::value;
 };
 
 // LOCAL: the variant with sliding windows and soft caps; the plain one keeps the registers of
 // causal attention (the masks and the tanh cost about 50 more per thread).
-template <typename T, int D, bool LOCAL>
+template <typename T, typename C, int D, bool LOCAL>
 __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__ items, const T *__restrict__ q,
-                                                    long long q_row_stride, const T *__restrict__ k_cache,
-                                                    const T *__restrict__ v_cache, const uint32_t *__restrict__ block_tables,
+                                                    long long q_row_stride, const C *__restrict__ k_cache,
+                                                    const C *__restrict__ v_cache, const uint32_t *__restrict__ block_tables,
                                                     int max_blocks_per_seq, int block_size, int kv_heads, int group,
-                                                    float scale_log2, int window_arg, float softcap_arg,
+                                                    float scale_log2, int window_arg, float softcap_arg, float v_scale,
                                                     T *__restrict__ out) {
     const int window = LOCAL ? window_arg : 0;
     const float softcap_log2 = LOCAL ? softcap_arg : 0.f;
+    constexpr bool FP8 = CacheFactor<T, C>::FP8;
     constexpr int STRIDE = MmaShape<D>::STRIDE;
     constexpr int CH = D / 8;  // 16-byte chunks per row
+    // Rows of a stage in C elements: padded T rows, or an FP8 stage's unpadded codes.
+    constexpr int STAGE_STRIDE = FP8 ? D : STRIDE;
+    const float score_scale = scale_log2 * CacheFactor<T, C>::value;
     PAGODA_DYNAMIC_SMEM(smem);
-    T *q_s = reinterpret_cast<T *>(smem);     // [64][STRIDE]
-    T *k_s = q_s + MMA_ROWS * STRIDE;         // [2][64][STRIDE]
-    T *v_s = k_s + 2 * MMA_KEYS * STRIDE;     // [2][64][STRIDE]
+    T *q_s = reinterpret_cast<T *>(smem);           // [64][STRIDE]
+    T *k_s = q_s + MMA_ROWS * STRIDE;               // [2][64][STRIDE]; FP8: [64][STRIDE]
+    T *v_s = k_s + (FP8 ? 1 : 2) * MMA_KEYS * STRIDE;  // likewise
+    // Where the loads land: the T tiles themselves, or an FP8 cache's codes ([2][64][D] each).
+    C *k_stage = FP8 ? reinterpret_cast<C *>(v_s + MMA_KEYS * STRIDE) : reinterpret_cast<C *>(k_s);
+    C *v_stage = FP8 ? k_stage + 2 * MMA_KEYS * D : reinterpret_cast<C *>(v_s);
 
     const WorkItem it = items[blockIdx.x];
     const int kv_head = blockIdx.y;
@@ -56,8 +80,8 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
     const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + MMA_KEYS - 1) / MMA_KEYS : 0;
 
     if (num_tiles > 0) {
-        load_kv_tile<T, D, MMA_KEYS, MMA_THREADS>(k_s, v_s, STRIDE, k_cache, v_cache, table, block_size, kv_heads, kv_head,
-                                                  kv_lo, kv_hi);
+        load_kv_tile<C, D, MMA_KEYS, MMA_THREADS>(k_stage, v_stage, STAGE_STRIDE, k_cache, v_cache, table, block_size,
+                                                  kv_heads, kv_head, kv_lo, kv_hi);
     }
     cp_async_commit();
 
@@ -101,19 +125,32 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
     for (int t = 0; t < num_tiles; ++t) {
         if (t + 1 < num_tiles) {
             const int next = (t + 1) & 1;
-            load_kv_tile<T, D, MMA_KEYS, MMA_THREADS>(k_s + next * MMA_KEYS * STRIDE, v_s + next * MMA_KEYS * STRIDE, STRIDE,
-                                                      k_cache, v_cache, table, block_size, kv_heads, kv_head,
+            load_kv_tile<C, D, MMA_KEYS, MMA_THREADS>(k_stage + next * MMA_KEYS * STAGE_STRIDE,
+                                                      v_stage + next * MMA_KEYS * STAGE_STRIDE, STAGE_STRIDE, k_cache,
+                                                      v_cache, table, block_size, kv_heads, kv_head,
                                                       kv_lo + (t + 1) * MMA_KEYS, kv_hi);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
+        const T *k_tile = k_s + (FP8 ? 0 : (t & 1) * MMA_KEYS * STRIDE);
+        const T *v_tile = v_s + (FP8 ? 0 : (t & 1) * MMA_KEYS * STRIDE);
+        if constexpr (FP8) {
+            // Widen this tile's codes, 8 a thread at a time; every warp reads both tiles.
+            const C *k_codes = k_stage + (t & 1) * MMA_KEYS * D;
+            const C *v_codes = v_stage + (t & 1) * MMA_KEYS * D;
+            for (int c = tid; c < MMA_KEYS * CH; c += MMA_THREADS) {
+                const int key = c / CH, part = c % CH;
+                const int from = key * D + part * 8, to = key * STRIDE + part * 8;
+                *reinterpret_cast<uint4 *>(k_s + to) = fp8_widen8<T>(*reinterpret_cast<const uint2 *>(k_codes + from));
+                *reinterpret_cast<uint4 *>(v_s + to) = fp8_widen8<T>(*reinterpret_cast<const uint2 *>(v_codes + from));
+            }
+            __syncthreads();
+        }
         const int tile_start = kv_lo + t * MMA_KEYS;
         // Warp-uniform: skip tiles after the warp's last row, and before its first row's window.
         const bool before_window = window > 0 && tile_start + MMA_KEYS - 1 < warp_min_pos + 1 - window;
         if (warp_live && tile_start <= warp_max_pos && !before_window) {
-            const T *k_tile = k_s + (t & 1) * MMA_KEYS * STRIDE;
-            const T *v_tile = v_s + (t & 1) * MMA_KEYS * STRIDE;
 
             // S = Q K^T: 8 n-tiles of 8 keys.
             float s[8][4];
@@ -142,7 +179,7 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
                 for (int i = 0; i < 4; ++i) {
                     const int key = tile_start + n * 8 + 2 * tq + (i & 1);
                     const int row_pos = i < 2 ? pos_r0 : pos_r1;
-                    const float v = soft_cap(s[n][i] * scale_log2, softcap_log2);
+                    const float v = soft_cap(s[n][i] * score_scale, softcap_log2);
                     const bool hidden = (diagonal && key > row_pos) || (window_edge && key + window <= row_pos);
                     s[n][i] = hidden ? -INFINITY : v;
                 }
@@ -212,8 +249,10 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
         sum0 += __shfl_xor_sync(FULL_MASK, sum0, offset);
         sum1 += __shfl_xor_sync(FULL_MASK, sum1, offset);
     }
-    const float inv0 = sum0 > 0.f ? 1.f / sum0 : 0.f;
-    const float inv1 = sum1 > 0.f ? 1.f / sum1 : 0.f;
+    // The V scale (and widening factor) of an FP8 cache; 1 for a float cache.
+    const float out_scale = v_scale * CacheFactor<T, C>::value;
+    const float inv0 = sum0 > 0.f ? out_scale / sum0 : 0.f;
+    const float inv1 = sum1 > 0.f ? out_scale / sum1 : 0.f;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = half == 0 ? r0 : r1;
@@ -232,28 +271,30 @@ __device__ __forceinline__ void paged_attention_mma(const WorkItem *__restrict__
 
 }  // namespace pagoda
 
-#define PAGODA_ATTENTION_MMA_VARIANT(name, T, D, LOCAL)                                                              \
+#define PAGODA_ATTENTION_MMA_VARIANT(name, T, C, D, LOCAL)                                                           \
     extern "C" __global__ void __launch_bounds__(pagoda::MMA_THREADS) name(                                          \
-        const pagoda::WorkItem *items, const T *q, long long q_row_stride, const T *k_cache, const T *v_cache,        \
+        const pagoda::WorkItem *items, const T *q, long long q_row_stride, const C *k_cache, const C *v_cache,        \
         const uint32_t *block_tables, int max_blocks_per_seq, int block_size, int kv_heads, int group,               \
-        float scale_log2, int window, float softcap_log2, T *out) {                                                  \
-        pagoda::paged_attention_mma<T, D, LOCAL>(items, q, q_row_stride, k_cache, v_cache, block_tables,            \
-                                                 max_blocks_per_seq, block_size, kv_heads, group, scale_log2, window, \
-                                                 softcap_log2, out);                                                 \
+        float scale_log2, int window, float softcap_log2, float v_scale, T *out) {                                   \
+        pagoda::paged_attention_mma<T, C, D, LOCAL>(items, q, q_row_stride, k_cache, v_cache, block_tables,         \
+                                                    max_blocks_per_seq, block_size, kv_heads, group, scale_log2,     \
+                                                    window, softcap_log2, v_scale, out);                             \
     }                                                                                                                \
     PAGODA_ENTRY(name)
 
-#define PAGODA_ATTENTION_MMA(suffix, T, D)                                                       \
-    PAGODA_ATTENTION_MMA_VARIANT(pagoda_paged_attention_mma_##suffix, T, D, false)               \
-    PAGODA_ATTENTION_MMA_VARIANT(pagoda_paged_attention_mma_local_##suffix, T, D, true)
+#define PAGODA_ATTENTION_MMA(suffix, T, C, D)                                                       \
+    PAGODA_ATTENTION_MMA_VARIANT(pagoda_paged_attention_mma_##suffix, T, C, D, false)               \
+    PAGODA_ATTENTION_MMA_VARIANT(pagoda_paged_attention_mma_local_##suffix, T, C, D, true)
 
-#define PAGODA_ATTENTION_MMA_DIMS(dt, T)     \
-    PAGODA_ATTENTION_MMA(dt##_d16, T, 16)   \
-    PAGODA_ATTENTION_MMA(dt##_d32, T, 32)   \
-    PAGODA_ATTENTION_MMA(dt##_d64, T, 64)   \
-    PAGODA_ATTENTION_MMA(dt##_d80, T, 80)   \
-    PAGODA_ATTENTION_MMA(dt##_d96, T, 96)   \
-    PAGODA_ATTENTION_MMA(dt##_d128, T, 128)
+#define PAGODA_ATTENTION_MMA_DIMS(dt, T, C)     \
+    PAGODA_ATTENTION_MMA(dt##_d16, T, C, 16)   \
+    PAGODA_ATTENTION_MMA(dt##_d32, T, C, 32)   \
+    PAGODA_ATTENTION_MMA(dt##_d64, T, C, 64)   \
+    PAGODA_ATTENTION_MMA(dt##_d80, T, C, 80)   \
+    PAGODA_ATTENTION_MMA(dt##_d96, T, C, 96)   \
+    PAGODA_ATTENTION_MMA(dt##_d128, T, C, 128)
 
-PAGODA_ATTENTION_MMA_DIMS(f16, pagoda::f16)
-PAGODA_ATTENTION_MMA_DIMS(bf16, pagoda::bf16)
+PAGODA_ATTENTION_MMA_DIMS(f16, pagoda::f16, pagoda::f16)
+PAGODA_ATTENTION_MMA_DIMS(bf16, pagoda::bf16, pagoda::bf16)
+PAGODA_ATTENTION_MMA_DIMS(f16_fp8, pagoda::f16, pagoda::fp8_e4m3)
+PAGODA_ATTENTION_MMA_DIMS(bf16_fp8, pagoda::bf16, pagoda::fp8_e4m3)

@@ -9,8 +9,11 @@
 // fewer registers), and every K/V tile is read from memory once for all the heads that share
 // it (GQA/MQA).
 //
-// Thread layout: threads form groups of DX lanes; lane d of a group owns 16 bytes (VEC
-// elements) of the head dimension, so a group holds one key row and the query rows live in
+// The cache holds T (the queries' type) or FP8 codes (the `_fp8` entries: C = fp8_e4m3, with
+// per-tensor scales: K's folded into scale_log2 by the host, V's applied to each output row).
+//
+// Thread layout: threads form groups of DX lanes; lane d of a group owns VEC elements of the
+// head dimension (16 bytes of a float cache, 8 codes of an FP8 one), so a group holds one key row and the query rows live in
 // registers. Keys stream through shared memory in tiles of KT positions, double-buffered with
 // cp.async; per tile: scores (one key per group at a time, reduced across the group's lanes
 // with shuffles), online softmax (one warp per row, base-2 exponentials), then P.V with each
@@ -22,39 +25,39 @@ namespace pagoda {
 
 constexpr int SIMT_THREADS = 128;
 
-template <typename T, int D, int RT> struct SimtShape {
-    static constexpr int VEC = Vec16<T>::N;              // elements per 16-byte chunk
+template <typename C, int D, int RT> struct SimtShape {
+    static constexpr int VEC = CacheChunk<C>::N;         // elements per lane chunk
     static constexpr int CH = D / VEC;                   // chunks per head row
     static constexpr int DX = CH <= 8 ? 8 : CH <= 16 ? 16 : 32;  // lanes per group
     static constexpr int NG = SIMT_THREADS / DX;         // groups per block
     // Keys per tile: 16 for f32 and for wide heads, so that two stages fit static shared memory.
-    static constexpr int KT = sizeof(T) == 4 || D > 128 ? 16 : 32;
+    static constexpr int KT = sizeof(C) == 4 || D > 128 ? 16 : 32;
     static constexpr int KPG = KT / NG;                  // keys per group per tile
     static constexpr int NW = SIMT_THREADS / 32;
-    static constexpr int STAGE_BYTES = 2 * 2 * KT * D * (int)sizeof(T);  // K and V, two stages
+    static constexpr int STAGE_BYTES = 2 * 2 * KT * D * (int)sizeof(C);  // K and V, two stages
     static constexpr int REDUCE_BYTES = NW * RT * D * 4;
     static constexpr int SMEM_BYTES = STAGE_BYTES > REDUCE_BYTES ? STAGE_BYTES : REDUCE_BYTES;
     static_assert(D % VEC == 0 && CH <= 32, "head_dim must be a multiple of 16 bytes, at most 32 chunks");
     static_assert(KT % NG == 0 && KT <= 64, "each group must get whole keys of a tile");
 };
 
-template <typename T, int D, int RT>
+template <typename T, typename C, int D, int RT>
 __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict__ items, const T *__restrict__ q,
-                                                     long long q_row_stride, const T *__restrict__ k_cache,
-                                                     const T *__restrict__ v_cache, const uint32_t *__restrict__ block_tables,
+                                                     long long q_row_stride, const C *__restrict__ k_cache,
+                                                     const C *__restrict__ v_cache, const uint32_t *__restrict__ block_tables,
                                                      int max_blocks_per_seq, int block_size, int kv_heads, int group,
-                                                     float scale_log2, int window, float softcap_log2,
+                                                     float scale_log2, int window, float softcap_log2, float v_scale,
                                                      T *__restrict__ out, float *__restrict__ part_o,
                                                      float *__restrict__ part_lse,
                                                      const uint32_t *__restrict__ context_lens) {
-    using S = SimtShape<T, D, RT>;
+    using S = SimtShape<C, D, RT>;
     constexpr int VEC = S::VEC, CH = S::CH, DX = S::DX, NG = S::NG, KT = S::KT, KPG = S::KPG, NW = S::NW;
 
     __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
     __shared__ float s_tile[RT][KT];  // scores, then probabilities, of the current tile
     __shared__ float row_max[RT], row_sum[RT], row_scale[RT];
-    T *k_tiles = reinterpret_cast<T *>(smem);  // [2][KT][D]
-    T *v_tiles = k_tiles + 2 * KT * D;         // [2][KT][D]
+    C *k_tiles = reinterpret_cast<C *>(smem);  // [2][KT][D]
+    C *v_tiles = k_tiles + 2 * KT * D;         // [2][KT][D]
     float *o_partial = reinterpret_cast<float *>(smem);  // [NW][RT][D], after the key loop
 
     WorkItem it = items[blockIdx.x];
@@ -66,7 +69,9 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     const int q_heads = kv_heads * group;
     const uint32_t *table = block_tables + (long long)it.seq * max_blocks_per_seq;
 
-    // This thread's chunk of every query row, pre-scaled so scores come out in base-2 units.
+    // This thread's chunk of every query row, pre-scaled so scores come out in base-2 units
+    // (and undo the widening factor of an FP8 cache's keys).
+    const float q_scale = scale_log2 * CacheChunk<C>::FACTOR;
     float qv[RT][VEC];
     int row_pos[RT];
 #pragma unroll
@@ -77,7 +82,7 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
         const int head = kv_head * group + it.head_lo + (live ? r % it.head_cnt : 0);
         const T *src = q + tok * q_row_stride + (long long)head * D + lane_d * VEC;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) qv[r][i] = (live && lane_d < CH) ? Float<T>::to_f32(src[i]) * scale_log2 : 0.f;
+        for (int i = 0; i < VEC; ++i) qv[r][i] = (live && lane_d < CH) ? Float<T>::to_f32(src[i]) * q_scale : 0.f;
     }
     float acc_o[RT][VEC];
 #pragma unroll
@@ -92,7 +97,7 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     const int kv_lo = window_start(it, window), kv_hi = (int)it.kv_hi;
     const int num_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KT - 1) / KT : 0;
     if (num_tiles > 0) {
-        load_kv_tile<T, D, KT, SIMT_THREADS>(k_tiles, v_tiles, D, k_cache, v_cache, table, block_size, kv_heads, kv_head,
+        load_kv_tile<C, D, KT, SIMT_THREADS>(k_tiles, v_tiles, D, k_cache, v_cache, table, block_size, kv_heads, kv_head,
                                              kv_lo, kv_hi);
     }
     cp_async_commit();
@@ -100,14 +105,14 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     for (int t = 0; t < num_tiles; ++t) {
         if (t + 1 < num_tiles) {
             const int next = (t + 1) & 1;
-            load_kv_tile<T, D, KT, SIMT_THREADS>(k_tiles + next * KT * D, v_tiles + next * KT * D, D, k_cache, v_cache,
+            load_kv_tile<C, D, KT, SIMT_THREADS>(k_tiles + next * KT * D, v_tiles + next * KT * D, D, k_cache, v_cache,
                                                  table, block_size, kv_heads, kv_head, kv_lo + (t + 1) * KT, kv_hi);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const T *k_tile = k_tiles + (t & 1) * KT * D;
-        const T *v_tile = v_tiles + (t & 1) * KT * D;
+        const C *k_tile = k_tiles + (t & 1) * KT * D;
+        const C *v_tile = v_tiles + (t & 1) * KT * D;
         const int tile_start = kv_lo + t * KT;
 
         // Scores: group `grp` takes keys grp, grp + NG, ...
@@ -116,7 +121,7 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
             const int key = j * NG + grp;
             float kf[VEC];
             if (lane_d < CH) {
-                Vec16<T>::to_f32(*reinterpret_cast<const uint4 *>(k_tile + key * D + lane_d * VEC), kf);
+                CacheChunk<C>::to_f32(k_tile + key * D + lane_d * VEC, kf);
             } else {
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) kf[i] = 0.f;
@@ -189,7 +194,7 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
             const int key = j * NG + grp;
             float vf[VEC];
             if (lane_d < CH) {
-                Vec16<T>::to_f32(*reinterpret_cast<const uint4 *>(v_tile + key * D + lane_d * VEC), vf);
+                CacheChunk<C>::to_f32(v_tile + key * D + lane_d * VEC, vf);
             } else {
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) vf[i] = 0.f;
@@ -226,13 +231,15 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
     }
     __syncthreads();
 
+    // The V scale (and widening factor) of an FP8 cache; 1 for a float cache, leaving o / sum.
+    const float out_scale = v_scale * CacheChunk<C>::FACTOR;
     for (int idx = tid; idx < nrows * D; idx += SIMT_THREADS) {
         const int r = idx / D, d = idx % D;
         float o = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) o += o_partial[(w * RT + r) * D + d];
         const float sum = row_sum[r];
-        const float value = sum > 0.f ? o / sum : 0.f;
+        const float value = sum > 0.f ? o / sum * out_scale : 0.f;
         if (it.num_splits == 1) {
             const long long tok = it.tok0 + r / it.head_cnt;
             const int head = kv_head * group + it.head_lo + r % it.head_cnt;
@@ -247,33 +254,40 @@ __device__ __forceinline__ void paged_attention_simt(const WorkItem *__restrict_
 
 }  // namespace pagoda
 
-#define PAGODA_ATTENTION_SIMT(suffix, T, D, RT)                                                                      \
+#define PAGODA_ATTENTION_SIMT(suffix, T, C, D, RT)                                                                   \
     extern "C" __global__ void __launch_bounds__(pagoda::SIMT_THREADS) pagoda_paged_attention_simt_##suffix(         \
-        const pagoda::WorkItem *items, const T *q, long long q_row_stride, const T *k_cache, const T *v_cache,        \
+        const pagoda::WorkItem *items, const T *q, long long q_row_stride, const C *k_cache, const C *v_cache,        \
         const uint32_t *block_tables, int max_blocks_per_seq, int block_size, int kv_heads, int group,               \
-        float scale_log2, int window, float softcap_log2, T *out, float *part_o, float *part_lse,                    \
+        float scale_log2, int window, float softcap_log2, float v_scale, T *out, float *part_o, float *part_lse,     \
         const uint32_t *context_lens) {                                                                              \
-        pagoda::paged_attention_simt<T, D, RT>(items, q, q_row_stride, k_cache, v_cache, block_tables,              \
-                                               max_blocks_per_seq, block_size, kv_heads, group, scale_log2, window,  \
-                                               softcap_log2, out, part_o, part_lse, context_lens);                   \
+        pagoda::paged_attention_simt<T, C, D, RT>(items, q, q_row_stride, k_cache, v_cache, block_tables,           \
+                                                  max_blocks_per_seq, block_size, kv_heads, group, scale_log2,       \
+                                                  window, softcap_log2, v_scale, out, part_o, part_lse,              \
+                                                  context_lens);                                                     \
     }                                                                                                                \
     PAGODA_ENTRY(pagoda_paged_attention_simt_##suffix)
 
-#define PAGODA_ATTENTION_SIMT_ROWS(dt, T, D) \
-    PAGODA_ATTENTION_SIMT(dt##_d##D##_r4, T, D, 4) \
-    PAGODA_ATTENTION_SIMT(dt##_d##D##_r8, T, D, 8)
+#define PAGODA_ATTENTION_SIMT_ROWS(dt, T, C, D) \
+    PAGODA_ATTENTION_SIMT(dt##_d##D##_r4, T, C, D, 4) \
+    PAGODA_ATTENTION_SIMT(dt##_d##D##_r8, T, C, D, 8)
 
-#define PAGODA_ATTENTION_SIMT_DIMS(dt, T)   \
-    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 16)  \
-    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 32)  \
-    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 64)  \
-    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 80)  \
-    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 96)  \
-    PAGODA_ATTENTION_SIMT_ROWS(dt, T, 128)
+#define PAGODA_ATTENTION_SIMT_DIMS(dt, T, C)   \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, C, 16)  \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, C, 32)  \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, C, 64)  \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, C, 80)  \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, C, 96)  \
+    PAGODA_ATTENTION_SIMT_ROWS(dt, T, C, 128)
 
-PAGODA_ATTENTION_SIMT_DIMS(f32, float)
-PAGODA_ATTENTION_SIMT_DIMS(f16, pagoda::f16)
-PAGODA_ATTENTION_SIMT_DIMS(bf16, pagoda::bf16)
+PAGODA_ATTENTION_SIMT_DIMS(f32, float, float)
+PAGODA_ATTENTION_SIMT_DIMS(f16, pagoda::f16, pagoda::f16)
+PAGODA_ATTENTION_SIMT_DIMS(bf16, pagoda::bf16, pagoda::bf16)
 // Head dim 256 (Gemma) in half precision only: an f32 row is 64 chunks, past one warp's lanes.
-PAGODA_ATTENTION_SIMT_ROWS(f16, pagoda::f16, 256)
-PAGODA_ATTENTION_SIMT_ROWS(bf16, pagoda::bf16, 256)
+PAGODA_ATTENTION_SIMT_ROWS(f16, pagoda::f16, pagoda::f16, 256)
+PAGODA_ATTENTION_SIMT_ROWS(bf16, pagoda::bf16, pagoda::bf16, 256)
+// Over an FP8 cache: the same head dims for each query type.
+PAGODA_ATTENTION_SIMT_DIMS(f32_fp8, float, pagoda::fp8_e4m3)
+PAGODA_ATTENTION_SIMT_DIMS(f16_fp8, pagoda::f16, pagoda::fp8_e4m3)
+PAGODA_ATTENTION_SIMT_DIMS(bf16_fp8, pagoda::bf16, pagoda::fp8_e4m3)
+PAGODA_ATTENTION_SIMT_ROWS(f16_fp8, pagoda::f16, pagoda::fp8_e4m3, 256)
+PAGODA_ATTENTION_SIMT_ROWS(bf16_fp8, pagoda::bf16, pagoda::fp8_e4m3, 256)

@@ -31,6 +31,10 @@
 struct uint4 {
     unsigned x, y, z, w;
 };
+struct __attribute__((aligned(8))) uint2 {
+    unsigned x, y;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 struct __attribute__((aligned(16))) float4 {
     float x, y, z, w;
 };

@@ -7,7 +7,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use pagoda_gpu_check::compare::{rel_err, tolerance};
 use pagoda_gpu_check::report::Report;
-use pagoda_ops::{AttentionMetadata, AttentionParams, RotaryStyle};
+use pagoda_ops::{AttentionMetadata, AttentionParams, KvScales, RotaryStyle};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -263,7 +263,54 @@ fn attention_cases() -> Vec<AttentionCase> {
     ]
 }
 
-fn attention_case(rng: &mut StdRng, gpu: &Device, c: &AttentionCase, dtype: DType) -> Result<f32> {
+/// K and V caches of every slot filled, the same values on both devices: as stored, or, with
+/// `fp8` scales, written as FP8 codes by each device's `reshape_and_cache_scaled` (then also
+/// whether the two devices' codes are the same bits).
+fn caches(
+    rng: &mut StdRng,
+    gpu: &Device,
+    shape: [usize; 4],
+    dtype: DType,
+    fp8: Option<KvScales>,
+) -> Result<(Pair, Pair, Option<bool>)> {
+    let Some(scales) = fp8 else {
+        return Ok((random(rng, &shape, dtype, gpu)?, random(rng, &shape, dtype, gpu)?, None));
+    };
+    let slots = shape[0] * shape[1];
+    let rows = [slots, shape[2], shape[3]];
+    let (k_src, v_src) = (random(rng, &rows, dtype, gpu)?, random(rng, &rows, dtype, gpu)?);
+    let mut written = Vec::new();
+    for (device, k, v) in [(&Device::Cpu, &k_src.cpu, &v_src.cpu), (gpu, &k_src.gpu, &v_src.gpu)] {
+        let (kc, vc) =
+            (Tensor::zeros(&shape, DType::F8E4M3, device)?, Tensor::zeros(&shape, DType::F8E4M3, device)?);
+        let slot_ids = Tensor::arange(0u32, slots as u32, device)?;
+        pagoda_ops::reshape_and_cache_scaled(k, v, &kc, &vc, &slot_ids, scales)?;
+        written.push((kc, vc));
+    }
+    let (gpu_caches, cpu_caches) = (written.pop().expect("two"), written.pop().expect("two"));
+    let bits = |t: &Tensor| -> Result<Vec<u8>> {
+        Ok(t.to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<float8::F8E4M3>()?
+            .iter()
+            .map(|c| c.to_bits())
+            .collect())
+    };
+    let same = bits(&gpu_caches.0)? == bits(&cpu_caches.0)? && bits(&gpu_caches.1)? == bits(&cpu_caches.1)?;
+    let k = Pair { cpu: cpu_caches.0, gpu: gpu_caches.0 };
+    let v = Pair { cpu: cpu_caches.1, gpu: gpu_caches.1 };
+    Ok((k, v, Some(same)))
+}
+
+/// The case's attention on the GPU against the CPU; over an FP8 cache (`fp8` scales) also
+/// whether both devices wrote the same codes.
+fn attention_case(
+    rng: &mut StdRng,
+    gpu: &Device,
+    c: &AttentionCase,
+    dtype: DType,
+    fp8: Option<KvScales>,
+) -> Result<(f32, Option<bool>)> {
     let blocks: Vec<usize> = c.seqs.iter().map(|&(_, ctx)| ctx.div_ceil(c.block_size)).collect();
     let num_blocks = blocks.iter().sum::<usize>() + 4;
     let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
@@ -286,17 +333,21 @@ fn attention_case(rng: &mut StdRng, gpu: &Device, c: &AttentionCase, dtype: DTyp
     let meta_cpu = AttentionMetadata::new(slots.clone(), cu.clone(), ctxs.clone(), &tables, &Device::Cpu)?;
     let meta_gpu = AttentionMetadata::new(slots, cu, ctxs, &tables, gpu)?;
     let shape = [num_blocks, c.block_size, c.kv_heads, c.head_dim];
-    let (k, v) = (random(rng, &shape, dtype, gpu)?, random(rng, &shape, dtype, gpu)?);
+    let (k, v, same_codes) = caches(rng, gpu, shape, dtype, fp8)?;
     // q as a view of a fused QKV-like row, as the model passes it.
     let full = random(rng, &[tokens, c.q_heads + 2 * c.kv_heads, c.head_dim], dtype, gpu)?;
     let (q_cpu, q_gpu) = (full.cpu.narrow(1, 0, c.q_heads)?, full.gpu.narrow(1, 0, c.q_heads)?);
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     poison(gpu)?;
-    let params =
-        AttentionParams { window: c.window, logit_softcap: c.softcap, ..AttentionParams::scaled(scale) };
+    let params = AttentionParams {
+        window: c.window,
+        logit_softcap: c.softcap,
+        kv_scales: fp8.unwrap_or(KvScales::UNIT),
+        ..AttentionParams::scaled(scale)
+    };
     let got = pagoda_ops::paged_attention_with(&q_gpu, &k.gpu, &v.gpu, &meta_gpu, params)?;
     let want = pagoda_ops::paged_attention_with(&q_cpu, &k.cpu, &v.cpu, &meta_cpu, params)?;
-    Ok(rel_err(&values(&got)?, &values(&want)?))
+    Ok((rel_err(&values(&got)?, &values(&want)?), same_codes))
 }
 
 fn attention(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> {
@@ -304,8 +355,21 @@ fn attention(rng: &mut StdRng, gpu: &Device, report: &mut Report) -> Result<()> 
         // Head dim 256 has kernels in half precision only.
         for dtype in DTYPES.into_iter().filter(|&d| c.head_dim <= 128 || d != DType::F32) {
             let check = format!("paged_attention {dtype:?} {}", c.name);
-            match attention_case(rng, gpu, &c, dtype) {
-                Ok(err) => report.at_most(SECTION, &check, err as f64, tolerance(dtype) as f64),
+            match attention_case(rng, gpu, &c, dtype, None) {
+                Ok((err, _)) => report.at_most(SECTION, &check, err as f64, tolerance(dtype) as f64),
+                Err(e) => report.error(SECTION, &check, format!("{e:#}")),
+            }
+        }
+        // Over an FP8 cache (`--kv-cache-dtype fp8`): the codes each device writes, then
+        // attention over them, with scales that are not powers of two.
+        let scales = KvScales { k: 0.011, v: 0.0037 };
+        for dtype in [DType::BF16, DType::F16] {
+            let check = format!("paged_attention {dtype:?} over an FP8 cache, {}", c.name);
+            match attention_case(rng, gpu, &c, dtype, Some(scales)) {
+                Ok((err, same)) => {
+                    report.expect(SECTION, &format!("{check}: codes"), same == Some(true), "the CPU's bits");
+                    report.at_most(SECTION, &check, err as f64, tolerance(dtype) as f64)
+                }
                 Err(e) => report.error(SECTION, &check, format!("{e:#}")),
             }
         }

@@ -226,6 +226,7 @@ impl InplaceOp3 for WriteKv {
         crate::cuda::kv_cache::reshape_and_cache(
             self.num_slots,
             self.row_len,
+            self.inv_scale,
             cache,
             cache_l,
             src,

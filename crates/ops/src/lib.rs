@@ -6,7 +6,8 @@
 //!
 //! Each op is a candle `CustomOp*` / `InplaceOp*` with a multi-threaded CPU implementation in
 //! Rust (the reference, used by tests and the CPU backend). Math is always f32; tensors may be
-//! stored as f32, f16 or bf16. With the `cuda` feature each op also has a `cuda_fwd` that
+//! stored as f32, f16 or bf16, and KV caches also as FP8 (e4m3) codes with per-tensor
+//! [`KvScales`] (`fp8_e4m3`: the codec FP8 weights share). With the `cuda` feature each op also has a `cuda_fwd` that
 //! launches our kernels from `kernels/*.cu` (see `cuda`), behind the same public functions. The
 //! KV-cache layout, metadata contract and launch shapes are documented in `kernels/README.md`.
 //!

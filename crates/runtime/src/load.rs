@@ -229,12 +229,6 @@ impl LoadedRuntime {
         let cache_dtype = options.kv_cache_dtype;
         let layout = KvLayout::for_config(&config);
         // A draft runs the target's kernel plan.
-        if cache_dtype == DType::F8E4M3 && !options.device.is_cpu() {
-            return Err(ModelError::InvalidOption(
-                "--kv-cache-dtype fp8 has no CUDA attention kernels yet; it runs on the CPU".into(),
-            )
-            .into());
-        }
         let draft =
             match &options.draft_model {
                 // The draft's cache would need scales of its own.

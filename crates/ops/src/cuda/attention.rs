@@ -77,8 +77,9 @@ impl PlanCache {
 }
 
 /// `paged_attention` on CUDA. `q` may be a strided view with contiguous token rows; a q dtype
-/// other than the cache's is converted to it (and the result back), so the kernels only see
-/// one dtype.
+/// other than a float cache's is converted to it (and the result back), so the kernels only see
+/// one dtype. Over an FP8 cache the kernels read the codes and take q in its own dtype, the K
+/// scale folded into the softmax scale and the V scale applied to the output.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn paged_attention(
     meta: &AttentionMetadata,
@@ -97,7 +98,8 @@ pub(crate) fn paged_attention(
     if k.dtype() != v.dtype() {
         return Err(candle_core::Error::DTypeMismatchBinaryOp { lhs: k.dtype(), rhs: v.dtype(), op: OP });
     }
-    if q.dtype() != k.dtype() {
+    let fp8_cache = k.dtype() == DType::F8E4M3;
+    if q.dtype() != k.dtype() && !fp8_cache {
         let q_cast = q.to_dtype(q_l, k.dtype())?;
         let (out, shape) = paged_attention(meta, p, &q_cast, &Layout::contiguous(shape), k, k_l, v, v_l)?;
         let back = out.to_dtype(&Layout::contiguous(&shape), q.dtype())?;
@@ -112,14 +114,15 @@ pub(crate) fn paged_attention(
             format!("head_dim {head_dim} has no CUDA kernel (supported: {CUDA_ATTENTION_HEAD_DIMS:?})"),
         ));
     }
-    let dtype = k.dtype();
+    // The queries' and output's dtype, and a float cache's.
+    let dtype = q.dtype();
     if dtype == DType::F32 && !CUDA_MMA_HEAD_DIMS.contains(&head_dim) {
         return Err(invalid(
             OP,
-            format!("head_dim {head_dim} has a CUDA kernel for f16 and bf16 caches only"),
+            format!("head_dim {head_dim} has a CUDA kernel for f16 and bf16 queries only"),
         ));
     }
-    let esize = dtype.size_in_bytes();
+    let esize = k.dtype().size_in_bytes();
     let (k0, _) = check::contiguous_range(k_l, OP)?;
     let (v0, _) = check::contiguous_range(v_l, OP)?;
     if !(k0 * esize).is_multiple_of(16) || !(v0 * esize).is_multiple_of(16) {
@@ -169,6 +172,7 @@ pub(crate) fn paged_attention(
         let (pl_ptr, _plg) = device::ptr_mut(&mut part_lse, 0, &stream)?;
         let args = AttentionArgs {
             dtype,
+            fp8_cache,
             head_dim,
             q: q_ptr,
             q_row_stride: rows.row_stride,
@@ -179,9 +183,10 @@ pub(crate) fn paged_attention(
             block_size,
             num_kv_heads: kv_heads,
             group: q_heads / kv_heads,
-            softmax_scale: p.softmax_scale,
+            softmax_scale: p.softmax_scale * p.kv_scales.k,
             window: p.window.unwrap_or(0),
             logit_softcap: p.logit_softcap.unwrap_or(0.0),
+            v_scale: p.kv_scales.v,
             out: out_ptr,
             part_o: po_ptr,
             part_lse: pl_ptr,

@@ -92,6 +92,7 @@ pub(crate) fn ptr<'a>(
         CudaStorageSlice::BF16(v) => v.device_ptr(stream),
         CudaStorageSlice::U32(v) => v.device_ptr(stream),
         CudaStorageSlice::U8(v) => v.device_ptr(stream),
+        CudaStorageSlice::F8E4M3(v) => v.device_ptr(stream),
         _ => return Err(candle_core::Error::UnsupportedDTypeForOp(s.dtype(), "pagoda cuda kernel")),
     };
     Ok((base + bytes as u64, guard))
@@ -111,6 +112,7 @@ pub(crate) fn ptr_mut<'a>(
         CudaStorageSlice::BF16(v) => v.device_ptr_mut(stream),
         CudaStorageSlice::U32(v) => v.device_ptr_mut(stream),
         CudaStorageSlice::U8(v) => v.device_ptr_mut(stream),
+        CudaStorageSlice::F8E4M3(v) => v.device_ptr_mut(stream),
         _ => return Err(candle_core::Error::UnsupportedDTypeForOp(dtype, "pagoda cuda kernel")),
     };
     Ok((base + bytes as u64, guard))

@@ -9,12 +9,14 @@ use crate::check::{self, invalid};
 const OP: &str = "reshape_and_cache";
 
 /// Copies row `t` of `src` into slot `slots[t]` of `cache` (`num_slots` slots of `row_len`
-/// elements). Slots are not read back to the host: an out-of-range slot is skipped by the
-/// kernel (the model runner only builds in-range slots; the CPU op reports them).
+/// elements); into an FP8 cache, each value times `inv_scale` encoded. Slots are not read back
+/// to the host: an out-of-range slot is skipped by the kernel (the model runner only builds
+/// in-range slots; the CPU op reports them).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reshape_and_cache(
     num_slots: usize,
     row_len: usize,
+    inv_scale: f32,
     cache: &mut CudaStorage,
     cache_l: &Layout,
     src: &CudaStorage,
@@ -22,7 +24,8 @@ pub(crate) fn reshape_and_cache(
     slots: &CudaStorage,
     slots_l: &Layout,
 ) -> Result<()> {
-    if src.dtype() != cache.dtype() {
+    let fp8 = cache.dtype() == DType::F8E4M3;
+    if src.dtype() != cache.dtype() && !fp8 {
         return Err(candle_core::Error::DTypeMismatchBinaryOp {
             lhs: cache.dtype(),
             rhs: src.dtype(),
@@ -51,15 +54,28 @@ pub(crate) fn reshape_and_cache(
     let (src_ptr, _src_guard) = device::ptr(src, rows.start, &stream)?;
     let (slots_ptr, _slots_guard) = device::ptr(slots, s0, &stream)?;
     let (cache_ptr, _cache_guard) = device::ptr_mut(cache, c0, &stream)?;
-    let l = launch::reshape_and_cache(
-        src_ptr,
-        rows.row_stride * esize,
-        cache_ptr,
-        slots_ptr,
-        rows.rows,
-        row_len * esize,
-        num_slots,
-    )?;
+    let l = match fp8 {
+        true => launch::reshape_and_cache_fp8(
+            src_ptr,
+            src.dtype(),
+            rows.row_stride,
+            cache_ptr,
+            slots_ptr,
+            rows.rows,
+            row_len,
+            num_slots,
+            inv_scale,
+        )?,
+        false => launch::reshape_and_cache(
+            src_ptr,
+            rows.row_stride * esize,
+            cache_ptr,
+            slots_ptr,
+            rows.rows,
+            row_len * esize,
+            num_slots,
+        )?,
+    };
     match l {
         Some(l) => device::launch(&dev, &l),
         None => Ok(()),

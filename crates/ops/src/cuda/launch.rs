@@ -83,9 +83,14 @@ pub(crate) struct KernelLaunch {
 }
 
 /// Dynamic shared memory of the tensor-core attention kernel for `head_dim` (Q plus two
-/// stages of K and V, 64 rows each, rows padded by 8 elements); kernels/paged_attention_mma.cu.
-pub(crate) fn mma_shared_bytes(head_dim: usize) -> u32 {
-    (5 * 64 * (head_dim + 8) * 2) as u32
+/// stages of K and V, 64 rows each, rows padded by 8 elements; over an FP8 cache, Q, one stage
+/// of K and V widened and two stages of their codes); kernels/paged_attention_mma.cu.
+pub(crate) fn mma_shared_bytes(head_dim: usize, fp8_cache: bool) -> u32 {
+    let row = (head_dim + 8) * 2;
+    match fp8_cache {
+        false => (5 * 64 * row) as u32,
+        true => (3 * 64 * row + 4 * 64 * head_dim) as u32,
+    }
 }
 
 /// The kernel name suffix of a storage dtype.
@@ -145,6 +150,43 @@ pub(crate) fn reshape_and_cache(
             Arg::Ptr(slots),
             Arg::I32(to_i32(row_bytes, "row bytes", OP)?),
             Arg::I64(num_slots as i64),
+        ],
+    }))
+}
+
+/// `reshape_and_cache` into an FP8 cache: row `t` of `src` (`src_dtype`, rows
+/// `src_row_stride` elements apart) times `inv_scale`, encoded, to slot `slots[t]` of `cache`
+/// (`row_len` codes a slot). `None` when there are no tokens.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reshape_and_cache_fp8(
+    src: u64,
+    src_dtype: DType,
+    src_row_stride: usize,
+    cache: u64,
+    slots: u64,
+    num_tokens: usize,
+    row_len: usize,
+    num_slots: usize,
+    inv_scale: f32,
+) -> Result<Option<KernelLaunch>> {
+    const OP: &str = "reshape_and_cache";
+    if num_tokens == 0 || row_len == 0 {
+        return Ok(None);
+    }
+    Ok(Some(KernelLaunch {
+        module: KernelModule::ReshapeAndCache,
+        function: format!("pagoda_reshape_and_cache_fp8_{}", dtype_suffix(src_dtype, OP)?),
+        grid: [to_grid(num_tokens, "tokens", OP)?, 1, 1],
+        block: [128, 1, 1],
+        shared_mem_bytes: 0,
+        args: vec![
+            Arg::Ptr(src),
+            Arg::I64(src_row_stride as i64),
+            Arg::Ptr(cache),
+            Arg::Ptr(slots),
+            Arg::I32(to_i32(row_len, "row length", OP)?),
+            Arg::I64(num_slots as i64),
+            Arg::F32(inv_scale),
         ],
     }))
 }
@@ -359,7 +401,11 @@ pub(crate) fn sample(a: &SampleArgs) -> Result<Option<KernelLaunch>> {
 
 /// What every attention kernel of one call shares.
 pub(crate) struct AttentionArgs {
+    /// The queries' and output's dtype; a float cache's too.
     pub dtype: DType,
+    /// The cache holds FP8 codes (the `_fp8` kernels), read with `softmax_scale` (which has the
+    /// K scale folded in) and `v_scale`.
+    pub fp8_cache: bool,
     pub head_dim: usize,
     pub q: u64,
     pub q_row_stride: usize,
@@ -375,6 +421,8 @@ pub(crate) struct AttentionArgs {
     pub window: usize,
     /// Gemma's score cap (natural units); 0 for none.
     pub logit_softcap: f32,
+    /// Each output row's factor: an FP8 cache's V scale, 1 for a float cache.
+    pub v_scale: f32,
     pub out: u64,
     /// f32 `[partial_rows, head_dim]` and `[partial_rows]`; 0 when nothing is split.
     pub part_o: u64,
@@ -412,6 +460,7 @@ fn attention_common(a: &AttentionArgs) -> Result<Vec<Arg>> {
         Arg::F32(a.softmax_scale * std::f32::consts::LOG2_E),
         Arg::I32(to_i32(a.window, "window", OP_ATTN)?),
         Arg::F32(a.logit_softcap * std::f32::consts::LOG2_E),
+        Arg::F32(a.v_scale),
         Arg::Ptr(a.out),
     ])
 }
@@ -436,6 +485,7 @@ pub(crate) fn attention(
         candle_core::Error::Msg(format!("{OP_ATTN}: {} kv heads exceed one launch", a.num_kv_heads))
     })?;
     let dt = dtype_suffix(a.dtype, OP_ATTN)?;
+    let dt = if a.fp8_cache { format!("{dt}_fp8") } else { dt.to_owned() };
     let mut args = vec![Arg::Ptr(items)];
     args.extend(attention_common(a)?);
     let (module, function, shared_mem_bytes) = match kernel {
@@ -470,7 +520,7 @@ pub(crate) fn attention(
             (
                 KernelModule::AttentionMma,
                 format!("pagoda_paged_attention_mma_{local}{dt}_d{}", a.head_dim),
-                mma_shared_bytes(a.head_dim),
+                mma_shared_bytes(a.head_dim, a.fp8_cache),
             )
         }
     };

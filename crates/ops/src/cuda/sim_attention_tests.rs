@@ -1,9 +1,10 @@
 //! The simulator tests of paged attention: one case's plan and kernels (CUDA-core, tensor-core
 //! and combine) against the CPU op, over shapes, dtypes, block sizes, GQA ratios, split keys and
-//! batch-invariant plans. [`attention_case_planned`] is the harness the replay and window tests
-//! use too.
+//! batch-invariant plans, over float and FP8 caches. [`attention_case_planned`] is the harness
+//! the replay and window tests use too.
 
 use candle_core::{DType, Device, Tensor};
+use float8::F8E4M3;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -29,6 +30,9 @@ pub(super) struct Case {
     pub window: Option<usize>,
     /// Soft-capped scores.
     pub softcap: Option<f32>,
+    /// The caches hold FP8 codes (Pagoda's encoder, on the CPU) with these scales; `dtype` is
+    /// the queries' and output's.
+    pub fp8_cache: Option<crate::KvScales>,
 }
 
 /// Runs `c` through the plan and the simulated kernels and through the CPU op; returns the
@@ -77,19 +81,33 @@ pub(super) fn attention_case_planned(
     let (d, extra_heads) = (c.head_dim, 1);
     let cache_shape = [num_blocks + 1, c.block_size, c.kv_heads, d];
     let block_len = c.block_size * c.kv_heads * d;
-    let poisoned = |t: Tensor| {
-        let mut values = f32_values(&t);
-        values[poison * block_len..].fill(f32::NAN);
-        Tensor::from_vec(values, &cache_shape, &Device::Cpu).unwrap().to_dtype(c.dtype).unwrap()
+    // An FP8 cache's poison is its largest code: no NaN code is ever written, and 448 times
+    // the scale wrecks any output that reads it.
+    let poisoned = |t: Tensor, scale: f32| match c.fp8_cache {
+        None => {
+            let mut values = f32_values(&t);
+            values[poison * block_len..].fill(f32::NAN);
+            Tensor::from_vec(values, &cache_shape, &Device::Cpu).unwrap().to_dtype(c.dtype).unwrap()
+        }
+        Some(_) => {
+            let mut codes: Vec<F8E4M3> = f32_values(&t)
+                .iter()
+                .map(|&v| F8E4M3::from_bits(crate::fp8_e4m3::encode(v / scale)))
+                .collect();
+            codes[poison * block_len..].fill(F8E4M3::from_bits(0x7E));
+            Tensor::from_vec(codes, &cache_shape, &Device::Cpu).unwrap()
+        }
     };
-    let k_cache = poisoned(random(rng, &cache_shape, c.dtype));
-    let v_cache = poisoned(random(rng, &cache_shape, c.dtype));
+    let scales = c.fp8_cache.unwrap_or(crate::KvScales::UNIT);
+    let k_cache = poisoned(random(rng, &cache_shape, c.dtype), scales.k);
+    let v_cache = poisoned(random(rng, &cache_shape, c.dtype), scales.v);
     let q_full = random(rng, &[num_tokens, c.q_heads + extra_heads, d], c.dtype);
     let q = q_full.narrow(1, 0, c.q_heads).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
     let attention = crate::AttentionParams {
         window: c.window,
         logit_softcap: c.softcap,
+        kv_scales: scales,
         ..crate::AttentionParams::scaled(scale)
     };
     let want = f32_values(&crate::paged_attention_with(&q, &k_cache, &v_cache, &meta, attention).unwrap());
@@ -115,6 +133,7 @@ pub(super) fn attention_case_planned(
     let mut part_lse = HostBuf::poisoned(DType::F32, plan.partial_rows + 1);
     let args = AttentionArgs {
         dtype: c.dtype,
+        fp8_cache: c.fp8_cache.is_some(),
         head_dim: d,
         q: qb.addr(0),
         q_row_stride: (c.q_heads + extra_heads) * d,
@@ -125,9 +144,10 @@ pub(super) fn attention_case_planned(
         block_size: c.block_size,
         num_kv_heads: c.kv_heads,
         group: c.q_heads / c.kv_heads,
-        softmax_scale: scale,
+        softmax_scale: scale * scales.k,
         window: c.window.unwrap_or(0),
         logit_softcap: c.softcap.unwrap_or(0.0),
+        v_scale: scales.v,
         out: out.addr(0),
         part_o: part_o.addr(0),
         part_lse: part_lse.addr(0),
@@ -166,6 +186,7 @@ fn attention_cuda_core_path_matches_cpu() {
             batch_invariant: false,
             window: None,
             softcap: None,
+            fp8_cache: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(DType::F32), "f32 {q_heads}/{kv_heads} d{head_dim} bs{block_size}: {err}");
@@ -185,6 +206,7 @@ fn attention_cuda_core_path_matches_cpu() {
             batch_invariant: false,
             window: None,
             softcap: None,
+            fp8_cache: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} decode: {err}");
@@ -208,6 +230,7 @@ fn attention_split_kv_matches_cpu() {
             batch_invariant: false,
             window: None,
             softcap: None,
+            fp8_cache: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} split decode: {err}");
@@ -233,6 +256,7 @@ fn attention_split_kv_matches_cpu() {
         batch_invariant: false,
         window: None,
         softcap: None,
+        fp8_cache: None,
     };
     let (err, counts) = attention_case(&c, &mut rng);
     assert!(err <= tolerance(DType::F32), "split prefill: {err}");
@@ -258,6 +282,7 @@ fn attention_tensor_core_path_matches_cpu() {
             batch_invariant: false,
             window: None,
             softcap: None,
+            fp8_cache: None,
         };
         let (err, counts) = attention_case(&c, &mut rng);
         assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads} d{head_dim} bs{block_size}: {err}");
@@ -284,11 +309,47 @@ fn attention_batch_invariant_plans_match_cpu() {
                 batch_invariant: true,
                 window: None,
                 softcap: None,
+                fp8_cache: None,
             };
             let (err, counts) = attention_case(&c, &mut rng);
             assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads}: {err}");
             assert_eq!(counts[1], 0, "no tensor-core items");
             assert!(counts[2] >= 9, "the 700-key decode and the 300-key chunk's tokens are split");
+        }
+    }
+}
+
+#[test]
+fn attention_over_an_fp8_cache_matches_cpu() {
+    let mut rng = StdRng::seed_from_u64(12);
+    // Scales that are not powers of two, K and V apart: a scale applied twice or not at all
+    // shows.
+    let scales = crate::KvScales { k: 0.011, v: 0.0037 };
+    for (dtype, head_dim) in
+        [(DType::F16, 128), (DType::BF16, 64), (DType::F32, 80), (DType::BF16, 256), (DType::F16, 32)]
+    {
+        for (window, softcap) in [(None, None), (Some(24), Some(30.0))] {
+            let c = Case {
+                dtype,
+                q_heads: 8,
+                kv_heads: 2,
+                head_dim,
+                block_size: 16,
+                // Decodes (one long enough to split on 132 SMs), a prefill chunk over a cached
+                // prefix, a fresh prompt.
+                seqs: vec![(1, 700), (1, 9), (40, 90), (17, 17)],
+                num_sms: 132,
+                batch_invariant: false,
+                window,
+                softcap,
+                fp8_cache: Some(scales),
+            };
+            let (err, counts) = attention_case(&c, &mut rng);
+            let what = format!("{dtype:?} d{head_dim} window {window:?}: counts {counts:?}");
+            assert!(err <= tolerance(dtype), "{what}: {err}");
+            let tensor_cores = dtype != DType::F32 && head_dim <= 128;
+            assert_eq!(counts[1] > 0, tensor_cores, "{what}");
+            assert!(counts[2] > 0, "{what}: the long decode is split");
         }
     }
 }

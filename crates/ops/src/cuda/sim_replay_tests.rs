@@ -27,6 +27,7 @@ fn replay_plans_match_cpu_at_every_context_length() {
             batch_invariant: false,
             window: None,
             softcap: None,
+            fp8_cache: None,
         };
         let (err, counts) = attention_case_planned(&c, &mut rng, Some(1024));
         assert!(err <= tolerance(dtype), "{dtype:?} {q_heads}/{kv_heads} d{head_dim}: {err}");

@@ -23,6 +23,8 @@ pub(super) enum HostBuf {
     F16(Vec<f16>),
     BF16(Vec<bf16>),
     U32(Vec<u32>),
+    /// FP8 codes.
+    U8(Vec<u8>),
 }
 
 impl HostBuf {
@@ -34,6 +36,9 @@ impl HostBuf {
             DType::F16 => HostBuf::F16(flat.to_vec1().unwrap()),
             DType::BF16 => HostBuf::BF16(flat.to_vec1().unwrap()),
             DType::U32 => HostBuf::U32(flat.to_vec1().unwrap()),
+            DType::F8E4M3 => {
+                HostBuf::U8(flat.to_vec1::<float8::F8E4M3>().unwrap().iter().map(|c| c.to_bits()).collect())
+            }
             other => panic!("no host buffer for {other:?}"),
         }
     }
@@ -59,6 +64,7 @@ impl HostBuf {
             HostBuf::F16(v) => v[offset..].as_mut_ptr() as u64,
             HostBuf::BF16(v) => v[offset..].as_mut_ptr() as u64,
             HostBuf::U32(v) => v[offset..].as_mut_ptr() as u64,
+            HostBuf::U8(v) => v[offset..].as_mut_ptr() as u64,
         }
     }
 
@@ -68,6 +74,7 @@ impl HostBuf {
             HostBuf::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             HostBuf::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             HostBuf::U32(v) => v.iter().map(|&x| x as f32).collect(),
+            HostBuf::U8(v) => v.iter().map(|&c| crate::fp8_e4m3_value(c)).collect(),
         }
     }
 }
@@ -350,6 +357,68 @@ fn reshape_and_cache_writes_the_same_slots_as_cpu() {
             )
             .unwrap());
             assert_eq!(kb.to_f32(), before);
+        }
+    }
+}
+
+#[test]
+fn reshape_into_an_fp8_cache_writes_the_cpu_codes() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let scales = crate::KvScales { k: 0.007, v: 2.0 };
+    for dtype in DTYPES {
+        let (kv_heads, head_dim, block_size, pad, num_blocks, tokens) = (2, 48, 8, 1, 5, 11);
+        let num_slots = num_blocks * block_size;
+        let mut slots: Vec<u32> = (0..num_slots as u32).collect();
+        slots.shuffle(&mut rng);
+        slots.truncate(tokens);
+        slots[3] = crate::PADDING_SLOT;
+        // Magnitudes from below the smallest normal code to past 448 once scaled.
+        let spread = |t: Tensor| (t * 3.5).unwrap().exp().unwrap().to_dtype(dtype).unwrap();
+        let full = spread(random(&mut rng, &[tokens, kv_heads + pad, head_dim], DType::F32));
+        let k = full.narrow(1, 0, kv_heads).unwrap();
+        let v = spread(random(&mut rng, &[tokens, kv_heads, head_dim], DType::F32));
+        let shape = [num_blocks, block_size, kv_heads, head_dim];
+        let k_cache = Tensor::zeros(&shape, DType::F8E4M3, &Device::Cpu).unwrap();
+        let v_cache = Tensor::zeros(&shape, DType::F8E4M3, &Device::Cpu).unwrap();
+        let slot_t = Tensor::new(slots.as_slice(), &Device::Cpu).unwrap();
+        crate::reshape_and_cache_scaled(&k, &v, &k_cache, &v_cache, &slot_t, scales).unwrap();
+        let (mut kb, mut vb) =
+            (HostBuf::of(&k_cache.zeros_like().unwrap()), HostBuf::of(&v_cache.zeros_like().unwrap()));
+        let (mut kfull, mut vsrc, mut sb) = (HostBuf::of(&full), HostBuf::of(&v), HostBuf::of(&slot_t));
+        let row = kv_heads * head_dim;
+        for (cache, src, stride, scale) in [
+            (&mut kb, &mut kfull, (kv_heads + pad) * head_dim, scales.k),
+            (&mut vb, &mut vsrc, row, scales.v),
+        ] {
+            let l = launch::reshape_and_cache_fp8(
+                src.addr(0),
+                dtype,
+                stride,
+                cache.addr(0),
+                sb.addr(0),
+                tokens,
+                row,
+                num_slots,
+                1.0 / scale,
+            );
+            run(l.unwrap());
+        }
+        let bits = |t: &Tensor| {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<float8::F8E4M3>()
+                .unwrap()
+                .iter()
+                .map(|c| c.to_bits())
+                .collect::<Vec<u8>>()
+        };
+        for (got, want, what) in [(&kb, bits(&k_cache), "k"), (&vb, bits(&v_cache), "v")] {
+            let HostBuf::U8(got) = got else { unreachable!() };
+            assert_eq!(got, &want, "{dtype:?} {what}");
+            assert!(
+                want.iter().any(|&c| c & 0x7F == 0x7E) && want.iter().any(|&c| c != 0),
+                "{dtype:?} {what}: saturated codes"
+            );
         }
     }
 }

@@ -22,6 +22,7 @@ fn case(dtype: DType, head_dim: usize, seqs: Vec<(usize, usize)>, window: usize,
         batch_invariant: false,
         window: Some(window),
         softcap: Some(softcap),
+        fp8_cache: None,
     }
 }
 
@@ -89,6 +90,7 @@ fn head_dim_256_runs_on_cuda_cores_in_half_precision() {
                 kv_heads: 1,
                 window,
                 softcap: None,
+                fp8_cache: None,
                 ..case(dtype, 256, vec![(1, 100), (20, 90), (64, 64), (1, 700)], 0, 0.0)
             };
             let (err, counts) = attention_case(&c, &mut rng);
@@ -109,6 +111,7 @@ fn the_tiny_checkpoints_head_dims_run_on_both_kernels() {
             let c = Case {
                 window: windowed.then_some(48),
                 softcap: windowed.then_some(50.0),
+                fp8_cache: None,
                 ..case(dtype, head_dim, vec![(1, 100), (70, 70), (20, 90)], 0, 0.0)
             };
             let (err, counts) = attention_case(&c, &mut rng);
