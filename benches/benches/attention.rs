@@ -1,7 +1,7 @@
 //! CPU paged attention at SmolLM2-135M's shapes (9 query heads, 3 kv heads, head_dim 64):
 //! decode steps of 32 sequences, a 128-token prefill chunk and a speculative step's 9 verified
-//! positions, over f32 and f16 caches, and a decode step over 30 layers' caches (DRAM-resident,
-//! as when serving).
+//! positions, over f32, f16 and FP8 (e4m3) caches, and a decode step over 30 layers' caches
+//! (DRAM-resident, as when serving) in f16 and FP8.
 
 use candle_core::{DType, Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -54,23 +54,30 @@ fn bench(c: &mut Criterion) {
     for (name, seqs, q_len, context) in
         [("decode_32x256", 32, 1, 256), ("prefill_128", 1, 128, 128), ("verify_1x9_224", 1, 9, 224)]
     {
-        for dtype in [DType::F32, DType::F16] {
+        for dtype in [DType::F32, DType::F16, DType::F8E4M3] {
             let (q, k, v, meta) = setup(seqs, q_len, context, dtype);
             group.bench_with_input(BenchmarkId::new(name, format!("{dtype:?}")), &(), |b, _| {
                 b.iter(|| paged_attention(&q, &k, &v, &meta, scale).unwrap())
             });
         }
     }
-    // A whole decode step's attention: 30 layers' caches (as SmolLM2 has), 189 MB in f16, far
-    // more than the last-level cache, so the K/V reads come from DRAM as they do when serving.
-    let layers: Vec<_> = (0..30).map(|_| setup(32, 1, 256, DType::F16)).collect();
-    group.bench_with_input(BenchmarkId::new("decode_32x256_30_layers", "F16"), &(), |b, _| {
-        b.iter(|| {
-            for (q, k, v, meta) in &layers {
-                paged_attention(q, k, v, meta, scale).unwrap();
-            }
-        })
-    });
+    // A whole decode step's attention: 30 layers' caches (as SmolLM2 has), 189 MB in f16 (94 MB
+    // in FP8), far more than the last-level cache, so the K/V reads come from DRAM as they do
+    // when serving.
+    for dtype in [DType::F16, DType::F8E4M3] {
+        let layers: Vec<_> = (0..30).map(|_| setup(32, 1, 256, dtype)).collect();
+        group.bench_with_input(
+            BenchmarkId::new("decode_32x256_30_layers", format!("{dtype:?}")),
+            &(),
+            |b, _| {
+                b.iter(|| {
+                    for (q, k, v, meta) in &layers {
+                        paged_attention(q, k, v, meta, scale).unwrap();
+                    }
+                })
+            },
+        );
+    }
     group.finish();
 }
 

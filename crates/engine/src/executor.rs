@@ -72,6 +72,29 @@ pub struct PromptLogprobsRequest {
 }
 
 impl ScheduledSeq {
+    /// A chunk of `token_ids` at `start_pos` that asks for nothing else: no sample, no drafts,
+    /// no pooling, the base model, no prompt logprobs.
+    pub fn chunk(
+        seq_id: SeqId,
+        token_ids: Vec<u32>,
+        start_pos: usize,
+        block_table_update: BlockTableUpdate,
+    ) -> Self {
+        Self {
+            seq_id,
+            token_ids,
+            start_pos,
+            block_table_update,
+            sample: None,
+            num_draft_tokens: 0,
+            num_to_draft: 0,
+            pool: false,
+            second_segment: None,
+            lora: None,
+            prompt_logprobs: None,
+        }
+    }
+
     pub fn q_len(&self) -> usize {
         self.token_ids.len()
     }

@@ -64,17 +64,8 @@ pub fn calibrate_kv_scales(
     runner.replace_cache(KvCache::new(&config, groups * pages, block_size, scratch_dtype, &device)?);
     let batch = ScheduledBatch {
         seqs: vec![ScheduledSeq {
-            seq_id: 0,
-            token_ids: tokens.to_vec(),
-            start_pos: 0,
-            block_table_update: BlockTableUpdate::replace(tables),
             sample: Some(SampleRequest { params: Arc::default(), ..SampleRequest::greedy() }),
-            num_draft_tokens: 0,
-            num_to_draft: 0,
-            pool: false,
-            second_segment: None,
-            lora: None,
-            prompt_logprobs: None,
+            ..ScheduledSeq::chunk(0, tokens.to_vec(), 0, BlockTableUpdate::replace(tables))
         }],
         ..ScheduledBatch::default()
     };

@@ -49,22 +49,12 @@ impl ProfileShape {
                         table
                     })
                     .collect();
+                let token_ids = (0..len).map(|t| ((i * 7919 + t) % vocab.max(1)) as u32).collect();
+                let sample =
+                    SampleRequest { params: params.clone(), seed: i as u64, ..SampleRequest::greedy() };
                 ScheduledSeq {
-                    seq_id: i as u64,
-                    token_ids: (0..len).map(|t| ((i * 7919 + t) % vocab.max(1)) as u32).collect(),
-                    start_pos: 0,
-                    block_table_update: BlockTableUpdate::replace(block_tables),
-                    sample: Some(SampleRequest {
-                        params: params.clone(),
-                        seed: i as u64,
-                        ..SampleRequest::greedy()
-                    }),
-                    num_draft_tokens: 0,
-                    num_to_draft: 0,
-                    pool: false,
-                    second_segment: None,
-                    lora: None,
-                    prompt_logprobs: None,
+                    sample: Some(sample),
+                    ..ScheduledSeq::chunk(i as u64, token_ids, 0, BlockTableUpdate::replace(block_tables))
                 }
             })
             .collect();

@@ -37,26 +37,6 @@ fn over_fp8(
     (runner, scales)
 }
 
-/// The logits after the prompt (one chunk) and after each later token of `tokens`.
-fn teacher_forced(runner: &mut ModelRunner, tokens: &[u32], prompt: usize) -> Vec<Vec<f32>> {
-    let mut seq = TestSeq::on(runner, 1, tokens.to_vec());
-    let mut rows = Vec::new();
-    let mut n = prompt;
-    while seq.computed < tokens.len() {
-        let logits = runner.logits(&batch(vec![seq.chunk(n)])).unwrap();
-        rows.push(logits.to_vec2::<f32>().unwrap().remove(0));
-        seq.computed += n;
-        n = 1;
-    }
-    rows
-}
-
-/// Largest logit difference over the step's largest logit magnitude.
-fn drift(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale
-}
-
 /// Greedy agreement, mean and largest drift of `got` against `want` along `cases`.
 fn compare(want: &mut ModelRunner, got: &mut ModelRunner, cases: &[(Vec<u32>, usize)]) -> (f64, f32, f32) {
     let (mut steps, mut agree, mut worst, mut sum) = (0, 0, 0f32, 0f32);

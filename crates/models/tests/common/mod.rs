@@ -231,3 +231,24 @@ pub fn greedy(runner: &mut ModelRunner, prompt: &[u32], steps: usize) -> (Vec<f3
     }
     (first_logits.unwrap(), out)
 }
+
+/// The logits after the prompt (the first `prompt` tokens, one chunk) and after each later
+/// token of `tokens` (one decode step each).
+pub fn teacher_forced(runner: &mut ModelRunner, tokens: &[u32], prompt: usize) -> Vec<Vec<f32>> {
+    let mut seq = TestSeq::on(runner, 1, tokens.to_vec());
+    let mut rows = Vec::new();
+    let mut n = prompt;
+    while seq.computed < tokens.len() {
+        let logits = runner.logits(&batch(vec![seq.chunk(n)])).unwrap();
+        rows.push(logits.to_vec2::<f32>().unwrap().remove(0));
+        seq.computed += n;
+        n = 1;
+    }
+    rows
+}
+
+/// Largest logit difference over the step's largest logit magnitude.
+pub fn drift(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale
+}
