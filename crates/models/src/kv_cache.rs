@@ -56,14 +56,9 @@ impl KvCache {
                 self.slots.len()
             )));
         }
-        if let Some((k, _)) = self.slots.first() {
-            let bad = scales.iter().find(|s| !(s.k.is_finite() && s.k > 0.0 && s.v.is_finite() && s.v > 0.0));
-            let fp8 = k.dtype() == DType::F8E4M3;
-            if let Some(bad) = bad.or_else(|| scales.iter().find(|&&s| !fp8 && s != KvScales::UNIT)) {
-                return Err(ModelError::InvalidOption(format!(
-                    "KV scales {bad:?} for a {:?} cache: scales are positive, and unit unless the cache is FP8",
-                    k.dtype()
-                )));
+        if let Some(dtype) = self.dtype() {
+            for s in &scales {
+                s.check_for(dtype, "the KV cache")?;
             }
         }
         self.scales = scales;
@@ -403,6 +398,28 @@ pub(crate) mod tests {
             assert!(b.write_pages(&[0], &pages).is_err(), "two blocks of pages for one block");
             assert!(a.read_pages(&[4]).is_err());
         }
+    }
+
+    #[test]
+    fn scales_are_per_slot_and_only_an_fp8_cache_takes_other_than_unit_ones() {
+        let scales = vec![KvScales { k: 0.5, v: 0.25 }, KvScales { k: 2.0, v: 1.0 }];
+        let fp8 = KvCache::new(&config(), 4, 2, DType::F8E4M3, &Device::Cpu).unwrap();
+        assert!(fp8.page_layout().is_none(), "an FP8 cache is not transferred");
+        let fp8 = fp8.with_scales(scales.clone()).unwrap();
+        assert_eq!((fp8.scales(0), fp8.scales(1)), (scales[0], scales[1]));
+        let half = || KvCache::new(&config(), 4, 2, DType::F16, &Device::Cpu).unwrap();
+        assert_eq!(half().scales(1), KvScales::UNIT);
+        let err = half().with_scales(scales.clone()).err().expect("refused").to_string();
+        assert!(err.contains("f8e4m3"), "{err}");
+        assert!(half().with_scales(vec![KvScales::UNIT; 2]).is_ok());
+        let err = KvCache::new(&config(), 4, 2, DType::F8E4M3, &Device::Cpu)
+            .unwrap()
+            .with_scales(vec![KvScales { k: 0.0, v: 1.0 }; 2])
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("positive"), "{err}");
+        assert!(half().with_scales(vec![KvScales::UNIT]).is_err(), "one pair a slot");
     }
 
     #[test]

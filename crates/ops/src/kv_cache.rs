@@ -30,8 +30,9 @@ pub struct KvScales {
 impl KvScales {
     pub const UNIT: Self = Self { k: 1.0, v: 1.0 };
 
-    /// Fails unless both scales are positive and finite, and unit for a float cache.
-    pub(crate) fn check_for(self, cache: DType, op: &'static str) -> Result<()> {
+    /// Fails unless both scales are positive and finite, and unit for a cache of `cache` other
+    /// than f8e4m3; the error names `op`.
+    pub fn check_for(self, cache: DType, op: &'static str) -> Result<()> {
         if ![self.k, self.v].iter().all(|s| s.is_finite() && *s > 0.0) {
             return Err(invalid(op, format!("KV scales {self:?} must be positive and finite")));
         }

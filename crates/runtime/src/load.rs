@@ -228,19 +228,17 @@ impl LoadedRuntime {
         }
         let cache_dtype = options.kv_cache_dtype;
         let layout = KvLayout::for_config(&config);
+        // A draft's cache would need scales of its own.
+        if let Some(path) = options.draft_model.as_ref().filter(|_| cache_dtype == DType::F8E4M3) {
+            let reason =
+                "--kv-cache-dtype fp8 is for the target model alone; leave it out with a draft model";
+            return Err(RuntimeError::DraftIncompatible { path: path.clone(), reason: reason.into() });
+        }
         // A draft runs the target's kernel plan.
-        let draft =
-            match &options.draft_model {
-                // The draft's cache would need scales of its own.
-                Some(path) if cache_dtype == DType::F8E4M3 => return Err(RuntimeError::DraftIncompatible {
-                    path: path.clone(),
-                    reason:
-                        "--kv-cache-dtype fp8 is for the target model alone; leave it out with a draft model"
-                            .into(),
-                }),
-                Some(path) => Some(load_draft(path, &load, &config, &tokenizer)?),
-                None => None,
-            };
+        let draft = match &options.draft_model {
+            Some(path) => Some(load_draft(path, &load, &config, &tokenizer)?),
+            None => None,
+        };
         let draft_config = draft.as_ref().map(|d| d.config().clone());
         let mut runner = ModelRunner::new(
             loaded.model,
