@@ -342,6 +342,7 @@ impl ModelExecutor for FakeExecutor {
             block_size: self.block_size,
             num_kv_heads: 1,
             head_dim: 1,
+            scales: Vec::new(),
         })
     }
 

@@ -14,13 +14,16 @@ use std::time::{Duration, Instant};
 /// when their layouts are equal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvPageLayout {
-    /// The element type's name (`bf16`, `f16`, `f32`).
+    /// The element type's name (`bf16`, `f16`, `f32`, `f8e4m3`).
     pub dtype: String,
     pub element_bytes: usize,
     pub num_layers: usize,
     pub block_size: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// An FP8 cache's K and V scales, one pair per layer, as f32 bit patterns (compared
+    /// exactly: the same codes under other scales are other values); empty for a float cache.
+    pub scales: Vec<[u32; 2]>,
 }
 
 impl KvPageLayout {

@@ -35,7 +35,7 @@ pub enum Status {
     Error,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WireLayout {
     pub dtype: String,
     pub element_bytes: usize,
@@ -43,6 +43,10 @@ pub struct WireLayout {
     pub block_size: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// An FP8 cache's (K, V) scales per layer; absent for a float cache. JSON numbers carry an
+    /// f32 exactly (serde writes the shortest form that reads back to the same bits).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scales: Vec<[f32; 2]>,
 }
 
 impl From<&KvPageLayout> for WireLayout {
@@ -54,6 +58,7 @@ impl From<&KvPageLayout> for WireLayout {
             block_size: l.block_size,
             num_kv_heads: l.num_kv_heads,
             head_dim: l.head_dim,
+            scales: l.scales.iter().map(|s| s.map(f32::from_bits)).collect(),
         }
     }
 }
@@ -67,6 +72,7 @@ impl From<WireLayout> for KvPageLayout {
             block_size: l.block_size,
             num_kv_heads: l.num_kv_heads,
             head_dim: l.head_dim,
+            scales: l.scales.iter().map(|s| s.map(f32::to_bits)).collect(),
         }
     }
 }

@@ -200,6 +200,7 @@ fn expected_pages_len(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::WireLayout;
     use crate::TransferSource;
     use std::sync::Mutex;
 
@@ -238,6 +239,7 @@ mod tests {
             block_size: 4,
             num_kv_heads: 1,
             head_dim: 2,
+            scales: Vec::new(),
         }
     }
 
@@ -309,6 +311,15 @@ mod tests {
         let other = FetchSpec { layout: KvPageLayout { num_kv_heads: 2, ..layout() }, ..spec(port, "k") };
         let err = TcpConnector.fetch(&other, within(2000)).await.unwrap_err();
         assert!(matches!(err, TransferError::Refused(ref m) if m.contains("layout")), "{err:?}");
+        // FP8 pages under other scales are other values.
+        let scaled = KvPageLayout { scales: vec![[0.5f32.to_bits(), 1f32.to_bits()]; 2], ..layout() };
+        let other = FetchSpec { layout: scaled.clone(), ..spec(producer(Duration::ZERO).await, "k") };
+        let err = TcpConnector.fetch(&other, within(2000)).await.unwrap_err();
+        assert!(matches!(err, TransferError::Refused(ref m) if m.contains("layout")), "{err:?}");
+        // Scales cross the wire exactly, and a layout without them carries none.
+        let wire = serde_json::to_string(&WireLayout::from(&scaled)).unwrap();
+        assert_eq!(KvPageLayout::from(serde_json::from_str::<WireLayout>(&wire).unwrap()), scaled);
+        assert!(!serde_json::to_string(&WireLayout::from(&layout())).unwrap().contains("scales"));
         // A producer announcing more than the cache holds, or more bytes than its blocks need.
         let small = FetchSpec { max_blocks: 1, ..spec(producer(Duration::ZERO).await, "k") };
         let err = TcpConnector.fetch(&small, within(2000)).await.unwrap_err();

@@ -151,11 +151,11 @@ impl KvCache {
 }
 
 impl KvCache {
-    /// The shape of one page for prefill/decode transfers; `None` with windowed layers (more
-    /// than one KV group), no stored KV (an encoder) or an FP8 cache (whose codes mean nothing
-    /// without the scales this server calibrated, which a peer's may not match).
+    /// The shape of one page for prefill/decode transfers, with an FP8 cache's scales (a peer
+    /// takes its pages only with the same ones); `None` with windowed layers (more than one KV
+    /// group) or no stored KV (an encoder).
     pub fn page_layout(&self) -> Option<pagoda_engine::KvPageLayout> {
-        if self.layout.kv_groups().len() != 1 || self.dtype().is_none_or(|dt| dt == DType::F8E4M3) {
+        if self.layout.kv_groups().len() != 1 || self.slots.is_empty() {
             return None;
         }
         let (k, _) = &self.slots[0];
@@ -167,6 +167,10 @@ impl KvCache {
             block_size,
             num_kv_heads,
             head_dim,
+            scales: match k.dtype() {
+                DType::F8E4M3 => self.scales.iter().map(|s| [s.k.to_bits(), s.v.to_bits()]).collect(),
+                _ => Vec::new(),
+            },
         })
     }
 
@@ -231,9 +235,7 @@ impl KvCache {
 }
 
 fn transfer_refused() -> ModelError {
-    ModelError::InvalidOption(
-        "this model's KV cache (windowed layers, FP8, or none) cannot be transferred".into(),
-    )
+    ModelError::InvalidOption("this model's KV cache (windowed layers, or none) cannot be transferred".into())
 }
 
 /// A tensor's elements as little-endian bytes (copied to the host).
@@ -243,6 +245,7 @@ fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
         DType::BF16 => flat.to_vec1::<half::bf16>()?.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
         DType::F16 => flat.to_vec1::<half::f16>()?.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
         DType::F32 => flat.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F8E4M3 => flat.to_vec1::<float8::F8E4M3>()?.iter().map(|x| x.to_bits()).collect(),
         other => {
             return Err(ModelError::InvalidOption(format!("KV pages of {other:?} cannot be transferred")))
         }
@@ -270,6 +273,11 @@ fn bytes_tensor(
         )?,
         DType::F32 => Tensor::from_vec(
             words(4).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect::<Vec<_>>(),
+            shape,
+            device,
+        )?,
+        DType::F8E4M3 => Tensor::from_vec(
+            bytes.iter().map(|&b| float8::F8E4M3::from_bits(b)).collect::<Vec<_>>(),
             shape,
             device,
         )?,
@@ -364,7 +372,7 @@ pub(crate) mod tests {
 
     #[test]
     fn pages_read_from_one_cache_write_the_same_values_into_another() {
-        for dtype in [DType::F32, DType::BF16] {
+        for dtype in [DType::F32, DType::BF16, DType::F8E4M3] {
             let a = KvCache::new(&config(), 4, 2, dtype, &Device::Cpu).unwrap();
             for (i, (k, v)) in a.slots.iter().enumerate() {
                 for b in 0..4 {
@@ -404,10 +412,17 @@ pub(crate) mod tests {
     fn scales_are_per_slot_and_only_an_fp8_cache_takes_other_than_unit_ones() {
         let scales = vec![KvScales { k: 0.5, v: 0.25 }, KvScales { k: 2.0, v: 1.0 }];
         let fp8 = KvCache::new(&config(), 4, 2, DType::F8E4M3, &Device::Cpu).unwrap();
-        assert!(fp8.page_layout().is_none(), "an FP8 cache is not transferred");
         let fp8 = fp8.with_scales(scales.clone()).unwrap();
         assert_eq!((fp8.scales(0), fp8.scales(1)), (scales[0], scales[1]));
+        // Pages travel with their scales: a peer with others refuses them.
+        let layout = fp8.page_layout().unwrap();
+        assert_eq!(
+            layout.scales,
+            vec![[0.5f32.to_bits(), 0.25f32.to_bits()], [2f32.to_bits(), 1f32.to_bits()]]
+        );
+        assert_eq!(layout.element_bytes, 1);
         let half = || KvCache::new(&config(), 4, 2, DType::F16, &Device::Cpu).unwrap();
+        assert!(half().page_layout().unwrap().scales.is_empty());
         assert_eq!(half().scales(1), KvScales::UNIT);
         let err = half().with_scales(scales.clone()).err().expect("refused").to_string();
         assert!(err.contains("f8e4m3"), "{err}");

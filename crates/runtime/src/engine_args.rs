@@ -115,8 +115,8 @@ pub struct EngineArgs {
     pub dtype: Option<DtypeArg>,
     /// KV-cache storage dtype; auto: float16 when computing in float32 (as llama.cpp), else
     /// the compute dtype. fp8: e4m3 codes with a K and a V scale per layer, calibrated at
-    /// start-up on a built-in text (half of a 16-bit cache's memory; not with a draft model or
-    /// KV transfer). [default: auto]
+    /// start-up on a built-in text (half of a 16-bit cache's memory; not with a draft model).
+    /// [default: auto]
     #[arg(long, value_enum)]
     pub kv_cache_dtype: Option<KvCacheDtypeArg>,
     /// CPU, GGUF models: what the matmuls multiply weights and activations in, summing in float32.

@@ -80,10 +80,7 @@ impl Disaggregation {
         }
         if engine.kv_page_layout().is_none() {
             return Err(StartError::Unsupported(
-                "this server keeps no KV pages that could be transferred: the model stores no KV, or the \
-                 cache is FP8 (--kv-cache-dtype fp8), whose codes mean nothing without this server's own \
-                 calibrated scales"
-                    .into(),
+                "this model keeps no KV pages that could be transferred".into(),
             ));
         }
         if config.role.consumes()

@@ -6,6 +6,7 @@
 //! for token, with the prompt's KV really moved (the decode instance's received blocks and
 //! prefix-cache hits). Then the faults: a prefill instance that cannot be reached, one that
 //! never answers, and a hold that expired all end in a local recompute with the same output.
+//! FP8 caches transfer with their scales.
 
 use std::time::{Duration, Instant};
 
@@ -267,6 +268,72 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
     ensure!(error["error"]["param"] == json!("kv_transfer_params"), "{error}");
     let resp = http.post(decode.url(path)).json(&prefill_body).send().await?;
     ensure!(resp.status() == 400, "a decode instance took a prefill: {}", resp.status());
+    Ok(())
+}
+
+/// FP8 caches (`--kv-cache-dtype fp8`): the pages travel with their calibrated scales, so a
+/// pair of FP8 instances answers as one FP8 instance does, with the prompts' blocks moved; a
+/// decode instance of another cache dtype refuses them (the layouts differ) and recomputes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fp8_pages_travel_with_their_scales() -> Result<()> {
+    let _turn = crate::SERVERS.lock().await;
+    let dir = tempfile::Builder::new().prefix("pagoda-pd-fp8-").tempdir()?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
+    let kv_port = free_port()?;
+    let producer = transfer_config("kv_producer", json!({"hold_timeout_s": 8}), Some(kv_port));
+    let consumer = transfer_config("kv_consumer", json!({"transfer_timeout_s": 60}), None);
+    let fp8 = ["--kv-cache-dtype", "fp8"];
+    let mut single = Replica::spawn("single-fp8", dir.path(), free_port()?, &fp8)?;
+    let mut prefill = Replica::spawn(
+        "prefill-fp8",
+        dir.path(),
+        free_port()?,
+        &["--kv-cache-dtype", "fp8", "--kv-transfer-config", &producer],
+    )?;
+    let mut decode = Replica::spawn(
+        "decode-fp8",
+        dir.path(),
+        free_port()?,
+        &["--kv-cache-dtype", "fp8", "--kv-transfer-config", &consumer],
+    )?;
+    let mut decode_f16 =
+        Replica::spawn("decode-f16", dir.path(), free_port()?, &["--kv-transfer-config", &consumer])?;
+    for r in [&mut single, &mut prefill, &mut decode, &mut decode_f16] {
+        r.wait_ready(&http).await?;
+    }
+    let requests = golden_requests()?;
+    let router = Router::start_pd(RouterKind::Vllm, &prefill.addr, kv_port, &decode.addr, dir.path()).await?;
+    let mut sent = Vec::new();
+    for (path, body) in &requests {
+        let want = answer(&post(&http, &single.url(path), body).await?);
+        let got = answer(&post(&http, &format!("{}{path}", router.url), body).await?);
+        ensure!(got == want, "{path}: the FP8 pair answered {got:?}, one FP8 instance {want:?}");
+        sent.push((*path, body.clone()));
+    }
+    let metrics = replica_metrics(&http, &decode).await?;
+    let received = metric_sum(&metrics, "pagoda:kv_transfer_blocks_total", &["direction=\"received\""]);
+    let whole: f64 = prompt_lengths(&http, &single, &sent).await?.iter().map(|n| (n / 16) as f64).sum();
+    ensure!(received >= whole, "{received} blocks received, the prompts have {whole}");
+    ensure!(metric_sum(&metrics, "pagoda:kv_transfer_failures_total", &[]) == 0.0, "a transfer failed");
+    drop(router);
+
+    // A prefill's FP8 hold fetched by an f16 decode instance: refused, then computed there.
+    let (path, body) = &requests[requests.len() - 1];
+    let mut prefill_body = body.clone();
+    prefill_body["kv_transfer_params"] = json!({"do_remote_decode": true, "do_remote_prefill": false,
+        "remote_host": null, "remote_port": null, "remote_block_ids": null, "remote_engine_id": null});
+    prefill_body["max_tokens"] = json!(1);
+    let prefilled = post(&http, &prefill.url(path), &prefill_body).await?;
+    let mut fetch = body.clone();
+    fetch["kv_transfer_params"] = prefilled["kv_transfer_params"].clone();
+    let got = answer(&post(&http, &decode_f16.url(path), &fetch).await?);
+    ensure!(got.1 > 0, "the f16 decode instance generated nothing");
+    let refused = metric_sum(
+        &replica_metrics(&http, &decode_f16).await?,
+        "pagoda:kv_transfer_failures_total",
+        &["reason=\"refused\""],
+    );
+    ensure!(refused == 1.0, "{refused} refusals counted, expected the layouts' one");
     Ok(())
 }
 

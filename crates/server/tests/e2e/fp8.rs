@@ -4,8 +4,8 @@
 //! `--batch-invariant`, and a quantization it does not know is refused with the ones it does.
 //!
 //! `--kv-cache-dtype fp8`: K and V stored as e4m3 codes with calibrated scales, twice the
-//! blocks of the 16-bit cache in the same memory; answers as above; refused with a draft model
-//! and with KV transfer.
+//! blocks of the 16-bit cache in the same memory; answers as above; refused with a draft model.
+//! (Its pages between a prefill and a decode instance: tests/deploy/disaggregation.rs.)
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -139,14 +139,11 @@ async fn an_fp8_kv_cache_holds_twice_the_blocks_and_keeps_the_first_tokens_distr
 }
 
 #[tokio::test]
-async fn an_fp8_kv_cache_is_refused_beside_a_draft_model_and_kv_transfer() -> Result<()> {
+async fn an_fp8_kv_cache_is_refused_beside_a_draft_model() -> Result<()> {
     let draft =
         json!({"method": "draft_model", "model": model_path(), "num_speculative_tokens": 3}).to_string();
     let e = startup_error(&["--kv-cache-dtype", "fp8", "--speculative-config", &draft]).await?;
     assert!(e.contains("--kv-cache-dtype fp8"), "{e}");
-    let transfer = json!({"kv_role": "kv_consumer"}).to_string();
-    let e = startup_error(&["--kv-cache-dtype", "fp8", "--kv-transfer-config", &transfer]).await?;
-    assert!(e.contains("FP8"), "{e}");
     let e = startup_error(&["--kv-cache-dtype", "int4"]).await.expect_err("clap refuses it").to_string();
     assert!(e.contains("int4") && e.contains("fp8"), "{e}");
     Ok(())
