@@ -93,6 +93,10 @@ async fn prompt_lengths(
     Ok(lengths)
 }
 
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 fn transfer_config(role: &str, extra: Value, port: Option<u16>) -> String {
     let mut config = json!({"kv_role": role, "kv_connector_extra_config": extra});
     if let Some(port) = port {
@@ -282,20 +286,16 @@ async fn fp8_pages_travel_with_their_scales() -> Result<()> {
     let kv_port = free_port()?;
     let producer = transfer_config("kv_producer", json!({"hold_timeout_s": 8}), Some(kv_port));
     let consumer = transfer_config("kv_consumer", json!({"transfer_timeout_s": 60}), None);
-    let fp8 = ["--kv-cache-dtype", "fp8"];
+    // One matmul plan for all (`auto` picks it by a start-up timing, which may differ between
+    // instances).
+    let fp8 = ["--kv-cache-dtype", "fp8", "--cpu-gemm-dtype", "float32"];
+    let with_fp8 = |transfer: &str| -> Vec<String> {
+        fp8.iter().map(|s| s.to_string()).chain(["--kv-transfer-config".into(), transfer.into()]).collect()
+    };
+    let (producer_args, consumer_args) = (with_fp8(&producer), with_fp8(&consumer));
     let mut single = Replica::spawn("single-fp8", dir.path(), free_port()?, &fp8)?;
-    let mut prefill = Replica::spawn(
-        "prefill-fp8",
-        dir.path(),
-        free_port()?,
-        &["--kv-cache-dtype", "fp8", "--kv-transfer-config", &producer],
-    )?;
-    let mut decode = Replica::spawn(
-        "decode-fp8",
-        dir.path(),
-        free_port()?,
-        &["--kv-cache-dtype", "fp8", "--kv-transfer-config", &consumer],
-    )?;
+    let mut prefill = Replica::spawn("prefill-fp8", dir.path(), free_port()?, &as_strs(&producer_args))?;
+    let mut decode = Replica::spawn("decode-fp8", dir.path(), free_port()?, &as_strs(&consumer_args))?;
     let mut decode_f16 =
         Replica::spawn("decode-f16", dir.path(), free_port()?, &["--kv-transfer-config", &consumer])?;
     for r in [&mut single, &mut prefill, &mut decode, &mut decode_f16] {
@@ -305,6 +305,12 @@ async fn fp8_pages_travel_with_their_scales() -> Result<()> {
     let router = Router::start_pd(RouterKind::Vllm, &prefill.addr, kv_port, &decode.addr, dir.path()).await?;
     let mut sent = Vec::new();
     for (path, body) in &requests {
+        // The reference computes as the decode instance does: the prompt's whole blocks come
+        // from its prefix cache (filled by a first, one-token request), the rest in a step of
+        // its own. Three mantissa bits make a one-step prefill's other rounding visible.
+        let mut warm = body.clone();
+        warm["max_tokens"] = json!(1);
+        post(&http, &single.url(path), &warm).await?;
         let want = answer(&post(&http, &single.url(path), body).await?);
         let got = answer(&post(&http, &format!("{}{path}", router.url), body).await?);
         ensure!(got == want, "{path}: the FP8 pair answered {got:?}, one FP8 instance {want:?}");
