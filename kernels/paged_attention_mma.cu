@@ -3,7 +3,7 @@
 // scores), in the FlashAttention-2 style with mma.sync m16n8k16.
 //
 // Launch: grid (num_items, num_kv_heads), block 128 threads (4 warps), dynamic shared memory
-// MmaShape<D>::SMEM_BYTES (opt-in above 48 KiB). Each block handles one WorkItem for one kv
+// MmaShape<D>::SMEM_BYTES, or SMEM_BYTES_FP8 for the `_fp8` entries (opt-in above 48 KiB). Each block handles one WorkItem for one kv
 // head: up to 64 rows = query tokens x q heads of the group (packing the group's heads into
 // rows is how every K/V tile serves all of them), 16 rows per warp.
 //

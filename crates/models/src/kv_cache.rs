@@ -178,11 +178,20 @@ impl KvCache {
     pub fn read_pages(&self, blocks: &[u32]) -> Result<Vec<u8>> {
         let layout = self.page_layout().ok_or_else(transfer_refused)?;
         let page = layout.layer_page_bytes();
-        let ids = self.block_index(blocks)?;
+        self.check_blocks(blocks)?;
         let mut out = vec![0u8; blocks.len() * layout.block_bytes()];
+        if blocks.is_empty() {
+            return Ok(out);
+        }
         for (s, (k, v)) in self.slots.iter().enumerate() {
             for (half, t) in [k, v].into_iter().enumerate() {
-                let bytes = tensor_bytes(&t.index_select(&ids, 0)?)?;
+                // Gathered by copies (as `write_pages` scatters them), which candle has for every
+                // dtype on every device; its CUDA gather kernel lacks f8e4m3 below sm_89.
+                let picked = blocks
+                    .iter()
+                    .map(|&b| t.narrow(0, b as usize, 1))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                let bytes = tensor_bytes(&Tensor::cat(&picked, 0)?)?;
                 for b in 0..blocks.len() {
                     let at = b * layout.block_bytes() + (2 * s + half) * page;
                     out[at..at + page].copy_from_slice(&bytes[b * page..(b + 1) * page]);
@@ -204,7 +213,7 @@ impl KvCache {
                 layout.block_bytes()
             )));
         }
-        self.block_index(blocks)?;
+        self.check_blocks(blocks)?;
         let shape = (blocks.len(), layout.block_size, layout.num_kv_heads, layout.head_dim);
         for (s, (k, v)) in self.slots.iter().enumerate() {
             for (half, t) in [k, v].into_iter().enumerate() {
@@ -222,15 +231,14 @@ impl KvCache {
         Ok(())
     }
 
-    fn block_index(&self, blocks: &[u32]) -> Result<Tensor> {
-        if let Some(&bad) = blocks.iter().find(|&&b| b as usize >= self.num_blocks) {
-            return Err(ModelError::InvalidOption(format!(
+    fn check_blocks(&self, blocks: &[u32]) -> Result<()> {
+        match blocks.iter().find(|&&b| b as usize >= self.num_blocks) {
+            Some(&bad) => Err(ModelError::InvalidOption(format!(
                 "block {bad} is outside the cache of {} blocks",
                 self.num_blocks
-            )));
+            ))),
+            None => Ok(()),
         }
-        let device = self.slots.first().map_or(Device::Cpu, |(k, _)| k.device().clone());
-        Ok(Tensor::from_slice(blocks, blocks.len(), &device)?)
     }
 }
 

@@ -34,7 +34,8 @@ pub fn cuda_attention_covers(head_dim: usize, dtype: candle_core::DType) -> bool
 /// Each query attends causally to the positions `<=` its own, reading K/V for all of them
 /// (cached and new: `reshape_and_cache` has already written the new ones) through the block
 /// table. Caches are `[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous, f32/f16/bf16
-/// (both the same dtype). GQA/MQA: q head `h` uses kv head `h / (num_q_heads / num_kv_heads)`.
+/// or f8e4m3 (both the same dtype; an f8e4m3 cache read with unit scales here, see
+/// [`paged_attention_with`]). GQA/MQA: q head `h` uses kv head `h / (num_q_heads / num_kv_heads)`.
 ///
 /// Math is f32 with `scores = q . k * softmax_scale`. Returns `[num_tokens, num_q_heads, head_dim]`
 /// in `q`'s dtype (f32, f16 or bf16; it need not match the cache's).

@@ -114,7 +114,7 @@ pub struct EngineArgs {
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
     /// KV-cache storage dtype; auto: float16 when computing in float32 (as llama.cpp), else
-    /// the compute dtype. fp8: e4m3 codes with a K and a V scale per layer, calibrated at
+    /// the compute dtype. fp8: e4m3 codes with a K and a V scale per cache slot, calibrated at
     /// start-up on a built-in text (half of a 16-bit cache's memory; not with a draft model).
     /// [default: auto]
     #[arg(long, value_enum)]

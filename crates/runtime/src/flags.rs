@@ -153,7 +153,7 @@ pub enum KvCacheDtypeArg {
     #[value(alias = "bf16")]
     #[serde(alias = "bf16")]
     Bfloat16,
-    /// FP8 (e4m3) with a K and a V scale per layer, calibrated at start-up: half of a 16-bit
+    /// FP8 (e4m3) with a K and a V scale per cache slot, calibrated at start-up: half of a 16-bit
     /// cache's memory.
     #[value(alias = "fp8_e4m3")]
     #[serde(alias = "fp8_e4m3")]
