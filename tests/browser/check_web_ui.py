@@ -164,6 +164,11 @@ def chat_checks(d):
     check('<pre class="code"><span class="code-lang">python</span><code class="language-python">print(\'&lt;b&gt;\')</code></pre>' in html,
           "a fenced code block renders as code, its language named and its text escaped")
     check("<ul><li>one</li><li>two</li></ul>" in html and "<script>" not in html, "lists render; raw HTML is escaped")
+    html = d.execute_script("return Markdown.render(arguments[0])",
+                            "see [the *a* page](https://example.com/*a*/_b_/x~~y~~z) and *b*")
+    check('<a href="https://example.com/*a*/_b_/x~~y~~z" target="_blank" rel="noopener noreferrer">the <em>a</em> page</a>' in html
+          and html.endswith("and <em>b</em></p>"),
+          f"emphasis marks inside a link's href stay as written; its label and the text around still render ({html})")
 
     d.find_element(By.ID, "settings-button").click()
     set_field(d, "temperature", "0")

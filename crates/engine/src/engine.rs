@@ -200,8 +200,8 @@ impl<E: ModelExecutor> EngineLoop<E> {
                 self.scheduler.finish_sample(id, index, reason, &mut self.events);
                 self.dispatch();
             }
-            Command::LoadLora { id, path, max_rank, reply } => {
-                let loaded = self.executor.load_lora(id, &path, max_rank).map_err(|e| e.to_string());
+            Command::InstallLora { id, adapter, reply } => {
+                let loaded = self.executor.install_lora(id, adapter).map_err(|e| e.to_string());
                 let _ = reply.send(loaded);
             }
             Command::UnloadLora { id, reply } => {

@@ -20,6 +20,11 @@ pub type SeqId = u64;
 /// their weights under these ids).
 pub type LoraId = u32;
 
+/// A LoRA adapter read and checked off the engine thread, in the executor's own type, for
+/// [`ModelExecutor::install_lora`]: the engine only moves it, so files are never read between
+/// steps.
+pub type PreparedLora = Box<dyn std::any::Any + Send>;
+
 /// One sequence's share of a step.
 #[derive(Debug, Clone)]
 pub struct ScheduledSeq {
@@ -323,15 +328,10 @@ pub trait ModelExecutor: Send {
         false
     }
 
-    /// Loads the LoRA adapter in directory `path` as `id` (ranks up to `max_rank`); nothing
-    /// is kept when it fails. Executors without adapters refuse.
-    fn load_lora(
-        &mut self,
-        id: LoraId,
-        path: &std::path::Path,
-        max_rank: usize,
-    ) -> Result<(), ExecutorError> {
-        let _ = (id, path, max_rank);
+    /// Installs `adapter`, prepared for this executor, as `id`; nothing is kept when it fails.
+    /// Executors without adapters refuse.
+    fn install_lora(&mut self, id: LoraId, adapter: PreparedLora) -> Result<(), ExecutorError> {
+        let _ = (id, adapter);
         Err(ExecutorError::Execution("this executor serves no LoRA adapters".into()))
     }
 

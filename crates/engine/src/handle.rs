@@ -66,11 +66,10 @@ pub(crate) enum Command {
         index: usize,
         reason: FinishReason,
     },
-    /// Loads a LoRA adapter into the executor between steps.
-    LoadLora {
+    /// Installs a LoRA adapter, read and checked elsewhere, into the executor between steps.
+    InstallLora {
         id: crate::executor::LoraId,
-        path: std::path::PathBuf,
-        max_rank: usize,
+        adapter: crate::executor::PreparedLora,
         reply: tokio::sync::oneshot::Sender<Result<(), String>>,
     },
     /// Drops a LoRA adapter that no request uses.
@@ -206,16 +205,15 @@ impl EngineHandle {
         Ok(streams)
     }
 
-    /// Loads the LoRA adapter in `path` as `id`, between two steps; `Err` says why not (the
-    /// adapter, or a stopped engine).
-    pub async fn load_lora(
+    /// Installs `adapter` (read and checked by the caller, off the engine thread) as `id`,
+    /// between two steps; `Err` says why not (the id is taken, or a stopped engine).
+    pub async fn install_lora(
         &self,
         id: crate::executor::LoraId,
-        path: std::path::PathBuf,
-        max_rank: usize,
+        adapter: crate::executor::PreparedLora,
     ) -> Result<(), String> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.lora_command(Command::LoadLora { id, path, max_rank, reply }, answer).await
+        self.lora_command(Command::InstallLora { id, adapter, reply }, answer).await
     }
 
     /// Drops adapter `id` when no request, running or waiting, uses it.

@@ -10,6 +10,12 @@
 
 use std::time::{Duration, Instant};
 
+/// The largest magnitude a received K or V value may have: f16's largest finite value. Keys
+/// and values of a real prompt stay far below it, while an attention score over a larger one
+/// can overflow to infinity even in f32 and make the logits of every request that hits the
+/// cached block NaN.
+pub const MAX_KV_MAGNITUDE: f32 = 65504.0;
+
 /// The shape of one KV page as an executor stores it. Two instances can exchange pages only
 /// when their layouts are equal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +48,37 @@ impl KvPageLayout {
     /// Bytes of one layer's K (or V) page of one block.
     pub fn layer_page_bytes(&self) -> usize {
         self.block_size * self.num_kv_heads * self.head_dim * self.element_bytes
+    }
+
+    /// Why `pages` (received from another instance) must not enter the prefix cache, if they
+    /// must not: a value that is NaN, infinite or beyond [`MAX_KV_MAGNITUDE`] (for an FP8 cache,
+    /// a NaN code: e4m3 has no infinities and its largest code is 448 times the scale, which
+    /// both instances share), or an element type whose values this check cannot read. Values
+    /// are little-endian, as executors write them.
+    pub fn check_values(&self, pages: &[u8]) -> Result<(), String> {
+        let in_range = |v: f32| v.abs() <= MAX_KV_MAGNITUDE;
+        let first_bad = match (self.dtype.as_str(), self.element_bytes) {
+            ("f32", 4) => {
+                pages.chunks_exact(4).position(|w| !in_range(f32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+            }
+            ("bf16", 2) => pages
+                .chunks_exact(2)
+                .position(|w| !in_range(f32::from_bits(u32::from(u16::from_le_bytes([w[0], w[1]])) << 16))),
+            // Every finite f16 is within the bound; all-ones exponent bits are infinity or NaN.
+            ("f16", 2) => {
+                pages.chunks_exact(2).position(|w| u16::from_le_bytes([w[0], w[1]]) & 0x7c00 == 0x7c00)
+            }
+            ("f8e4m3", 1) => pages.iter().position(|&code| code & 0x7f == 0x7f),
+            (dtype, bytes) => {
+                return Err(format!("values of {bytes}-byte {dtype:?} KV pages cannot be checked"))
+            }
+        };
+        match first_bad {
+            None => Ok(()),
+            Some(at) => Err(format!(
+                "KV value {at} of the received pages is NaN, infinite or beyond ±{MAX_KV_MAGNITUDE}"
+            )),
+        }
     }
 }
 
@@ -168,5 +205,49 @@ impl crate::EngineHandle {
             Ok(result) => result.map_err(KvTransferError::Refused),
             Err(_) => Err(dead().into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dtype: &str, element_bytes: usize) -> KvPageLayout {
+        KvPageLayout {
+            dtype: dtype.into(),
+            element_bytes,
+            num_layers: 1,
+            block_size: 1,
+            num_kv_heads: 1,
+            head_dim: 2,
+            scales: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn received_values_must_be_finite_and_in_range() {
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let f32_layout = layout("f32", 4);
+        assert!(f32_layout.check_values(&f32s(&[0.5, -3.0, 65504.0, -0.0])).is_ok());
+        for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e30] {
+            let err = f32_layout.check_values(&f32s(&[1.0, bad])).unwrap_err();
+            assert!(err.contains("value 1 "), "{bad}: {err}");
+        }
+        let bf16 = layout("bf16", 2);
+        // 1.0, then +inf, NaN and 2^127 in bf16.
+        assert!(bf16.check_values(&0x3f80u16.to_le_bytes()).is_ok());
+        for bad in [0x7f80u16, 0xffc0, 0x7f00] {
+            assert!(bf16.check_values(&bad.to_le_bytes()).is_err(), "{bad:#x}");
+        }
+        let f16 = layout("f16", 2);
+        assert!(f16.check_values(&0x7bffu16.to_le_bytes()).is_ok(), "65504");
+        for bad in [0x7c00u16, 0xfc00, 0x7e00] {
+            assert!(f16.check_values(&bad.to_le_bytes()).is_err(), "{bad:#x}");
+        }
+        let fp8 = layout("f8e4m3", 1);
+        assert!(fp8.check_values(&[0x00, 0x7e, 0xfe, 0x38]).is_ok(), "±448 and 1.0");
+        assert!(fp8.check_values(&[0x38, 0x7f]).is_err());
+        assert!(fp8.check_values(&[0xff]).is_err());
+        assert!(layout("fake", 8).check_values(&[0; 8]).is_err(), "unknown types are not taken on trust");
     }
 }

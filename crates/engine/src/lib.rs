@@ -55,7 +55,7 @@ pub use constraint::{ConstraintError, DraftGrammar, MaskSlot, SeqConstraint, Tok
 pub use engine::Engine;
 pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{
-    ExecutorDraft, ExecutorError, LoraId, ModelExecutor, PooledOutput, PromptLogprobsOutput,
+    ExecutorDraft, ExecutorError, LoraId, ModelExecutor, PooledOutput, PreparedLora, PromptLogprobsOutput,
     PromptLogprobsRequest, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId, StepOutput,
     TokenLogprob, TopLogprobs,
 };

@@ -6,9 +6,10 @@
 //! inputs, the whole default model on CUDA against the CPU, the release server answering a
 //! chat request on CUDA, and times the attention kernels. This library holds the parts that
 //! need no GPU, so they are tested everywhere: the results table, the error metrics, the
-//! timing arithmetic, the server check and the whole-model comparison (run on the CPU against
-//! itself in the tests).
+//! timing arithmetic, the server check, the whole-model comparison (run on the CPU against
+//! itself in the tests) and the KV block copy check (run on the CPU in the tests).
 
+pub mod block_copy_check;
 pub mod compare;
 pub mod model_check;
 pub mod report;

@@ -1,15 +1,15 @@
 //! `pagoda-gpu-check`: runs every GPU check in one go and writes a results table.
 //!
 //! Sections, each recorded even if another fails: `ops` (every CUDA op against its CPU op on
-//! fresh random inputs), `fp8` (the matmul over FP8 weights against the CPU, a model loaded in
-//! FP8, and the matmul timed), `model` (the default model on CUDA against the CPU, greedy),
-//! `invariance` (`--batch-invariant`: a sequence's logits decoded alone and verified in one
-//! step beside another sequence, bit for bit), `server`
-//! (the release server on CUDA answering chat requests), `timings` (paged decode attention
-//! bandwidth against a device-to-device copy, prefill attention TFLOP/s), and on request `steps`
-//! (where a decode step's time goes, on random Llama-3.1-8B weights). Results go to
-//! `OUT/results.md` and `OUT/results.json`, logs beside them. Exit status 0 only when every
-//! check passed.
+//! fresh random inputs, and the KV cache's block copies), `fp8` (the matmul over FP8 weights
+//! against the CPU, a model loaded in FP8, and the matmul timed), `model` (the default model on
+//! CUDA against the CPU, greedy), `invariance` (`--batch-invariant`: a sequence's logits decoded
+//! alone and verified in one step beside another sequence, bit for bit), `server` (the release
+//! server on CUDA answering chat requests, and a request of `n: 64` against one of `n: 1`),
+//! `timings` (paged decode attention bandwidth against a device-to-device copy, prefill attention
+//! TFLOP/s), and on request `steps` (where a decode step's time goes, on random Llama-3.1-8B
+//! weights). Results go to `OUT/results.md` and `OUT/results.json`, logs beside them. Exit
+//! status 0 only when every check passed.
 
 mod bench;
 mod fp8_check;
@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Parser;
-use pagoda_gpu_check::model_check;
 use pagoda_gpu_check::report::Report;
-use pagoda_gpu_check::server::{chat, ServerProcess};
+use pagoda_gpu_check::server::{chat, fork_cost, ServerProcess};
+use pagoda_gpu_check::{block_copy_check, model_check};
 
 #[derive(Parser)]
 #[command(name = "pagoda-gpu-check", about = "Checks Pagoda's CUDA backend on this GPU")]
@@ -124,6 +124,14 @@ fn server_section(args: &Args, report: &mut Report) -> Result<()> {
             Err(e) => report.error(SECTION, &format!("chat: {prompt}"), format!("{e:#}")),
         }
     }
+    // A fork costs its pages, not the KV cache (1 GiB here, the server's default).
+    let check = "completions: n: 64 under twice n: 1 (2 tokens, medians of 3)";
+    match fork_cost(server.addr, "smol") {
+        Ok((one, many)) => {
+            report.expect(SECTION, check, many < 2.0 * one, format!("n: 1 {one:.3} s, n: 64 {many:.3} s"))
+        }
+        Err(e) => report.error(SECTION, check, format!("{e:#}")),
+    }
     Ok(())
 }
 
@@ -137,7 +145,8 @@ fn main() -> Result<()> {
     for section in &args.sections {
         let t = Instant::now();
         let result = match section.as_str() {
-            "ops" => ops_check::run(&device, &mut report),
+            "ops" => ops_check::run(&device, &mut report)
+                .and_then(|()| block_copy_check::run(&device, &mut report)),
             "model" => model_check::run(&args.model, &device, &mut report),
             "tiny" => match &args.tiny_dir {
                 Some(dir) => model_check::run_tiny(dir, &device, &mut report),

@@ -123,6 +123,58 @@ pub fn chat(addr: SocketAddr, model: &str, prompt: &str, max_tokens: u32) -> Res
     })
 }
 
+/// Seconds one `/v1/completions` call of `n` samples of `max_tokens` tokens takes; checks that
+/// it answers 200 with `n` choices.
+pub fn completions_seconds(
+    addr: SocketAddr,
+    model: &str,
+    prompt: &str,
+    n: usize,
+    max_tokens: u32,
+) -> Result<f64> {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+    let body =
+        json!({"model": model, "prompt": prompt, "n": n, "max_tokens": max_tokens, "ignore_eos": true});
+    let started = Instant::now();
+    let reply: Value = match agent.post(&format!("http://{addr}/v1/completions")).send_json(body) {
+        Ok(r) => r.into_json()?,
+        Err(ureq::Error::Status(code, r)) => {
+            bail!("HTTP {code}: {}", r.into_string().unwrap_or_default())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let choices = reply["choices"].as_array().map_or(0, Vec::len);
+    if choices != n {
+        bail!("{choices} choices for n: {n} in {reply}");
+    }
+    Ok(seconds)
+}
+
+/// What a fork costs (issue 63: it once cost a copy of the whole KV cache per sample): the
+/// median seconds of three `/v1/completions` calls of `n: 1` and of `n: 64`, two tokens each,
+/// after one of each to warm up. Every call has a prompt of its own, so none is served from the
+/// prefix cache.
+pub fn fork_cost(addr: SocketAddr, model: &str) -> Result<(f64, f64)> {
+    let mut calls = 0;
+    let mut timed = |n: usize| {
+        calls += 1;
+        let prompt =
+            format!("Note {calls}: {}", "the river runs past the old mill and on to the sea. ".repeat(8));
+        completions_seconds(addr, model, &prompt, n, 2).with_context(|| format!("n: {n}"))
+    };
+    timed(1)?;
+    timed(64)?;
+    let (mut one, mut many) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        one.push(timed(1)?);
+        many.push(timed(64)?);
+    }
+    one.sort_by(f64::total_cmp);
+    many.sort_by(f64::total_cmp);
+    Ok((one[1], many[1]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +187,34 @@ mod tests {
         assert_eq!(ready_addr(line), Some("127.0.0.1:41234".parse().unwrap()));
         assert_eq!(ready_addr("ready on http://[::1]:80"), Some("[::1]:80".parse().unwrap()));
         assert_eq!(ready_addr("INFO loading the model"), None);
+    }
+
+    #[test]
+    fn completions_seconds_counts_the_choices() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            for choices in [2, 1] {
+                let (mut stream, _) = listener.accept().unwrap();
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !String::from_utf8_lossy(&request).contains("\"prompt\"") {
+                    let n = stream.read(&mut buf).unwrap();
+                    request.extend_from_slice(&buf[..n]);
+                }
+                let body = format!(r#"{{"choices":[{}]}}"#, vec![r#"{"text":"x"}"#; choices].join(","));
+                write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+            }
+        });
+        assert!(completions_seconds(addr, "smol", "Hi", 2, 2).unwrap() >= 0.0);
+        let short = completions_seconds(addr, "smol", "Hi", 2, 2).unwrap_err();
+        assert!(format!("{short:#}").contains("1 choices for n: 2"), "{short:#}");
+        server.join().unwrap();
     }
 
     #[test]

@@ -1,4 +1,8 @@
-//! `--kv-events-config`: vLLM's `KVEventsConfig` as JSON, with vLLM's defaults.
+//! `--kv-events-config`: vLLM's `KVEventsConfig` as JSON, with vLLM's defaults, and one field
+//! of ours (`publish_token_ids`). A `*` host binds the server's `--host` address, not every
+//! address as in vLLM: the events carry the prompts' token ids, and the sockets take anyone.
+
+use std::net::{IpAddr, ToSocketAddrs};
 
 use serde::Deserialize;
 
@@ -8,10 +12,12 @@ pub enum ConfigError {
     Json(#[from] serde_json::Error),
     #[error("publisher {0:?} is not one of \"zmq\", \"null\"")]
     Publisher(String),
-    #[error("{field} {endpoint:?} is not a tcp:// endpoint (tcp://HOST:PORT, `*` for every address)")]
+    #[error("{field} {endpoint:?} is not a tcp:// endpoint (tcp://HOST:PORT, `*` for the server's --host)")]
     Endpoint { field: &'static str, endpoint: String },
     #[error("{0} must be at least 1")]
     Zero(&'static str),
+    #[error("{field}: the server's --host {host:?} is not an address to bind")]
+    Host { field: &'static str, host: String },
 }
 
 /// What vLLM's `--kv-events-config` holds.
@@ -21,20 +27,25 @@ pub struct KvEventsConfig {
     pub enable_kv_cache_events: bool,
     /// `zmq`, or `null` (publish nothing); unset: `zmq` when events are enabled.
     pub publisher: Option<String>,
-    /// Where the PUB socket binds (a `*` or `::` host) or connects (any other host).
+    /// Where the PUB socket binds (a `*` host: the server's `--host`; `::`: every address) or
+    /// connects (any other host).
     pub endpoint: String,
-    /// Where the ROUTER socket that replays missed batches binds; unset: no replay.
+    /// Where the ROUTER socket that replays missed batches binds (`*`: the server's `--host`);
+    /// unset: no replay.
     pub replay_endpoint: Option<String>,
     /// Batches kept for replay.
     pub buffer_steps: usize,
-    /// The PUB socket's high-water mark (vLLM's; our PUB drops for a subscriber that falls
-    /// behind by its own queue, whatever this says).
+    /// The PUB socket's high-water mark: messages queued for one subscriber before it misses
+    /// some.
     pub hwm: usize,
     /// Steps' events queued between the engine and the publisher; beyond it they are dropped
     /// (and counted), so a slow publisher never holds the engine.
     pub max_queue_size: usize,
     /// The first frame of every message.
     pub topic: String,
+    /// Ours, not vLLM's: `false` publishes each `BlockStored` with an empty `token_ids` (the
+    /// block hashes still chain), so a subscriber cannot read the prompts.
+    pub publish_token_ids: bool,
 }
 
 impl Default for KvEventsConfig {
@@ -48,20 +59,41 @@ impl Default for KvEventsConfig {
             hwm: 100_000,
             max_queue_size: 100_000,
             topic: String::new(),
+            publish_token_ids: true,
         }
     }
 }
 
-/// A tcp endpoint: bind on every address, bind on one, or connect to a subscriber that bound.
+/// A tcp endpoint: bind on an address, or connect to a subscriber that bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
     Bind(String),
     Connect(String),
 }
 
+/// `host` as a libzmq tcp bind address takes it: an IP (IPv6 in brackets), names resolved
+/// here (libzmq does not look names up to bind).
+fn bind_address(host: &str) -> Option<String> {
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let ip = match bare.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => (bare, 0).to_socket_addrs().ok()?.next()?.ip(),
+    };
+    Some(match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    })
+}
+
 impl Endpoint {
-    /// vLLM's rule: a `*` or `::` host binds, any other connects.
-    fn parse(field: &'static str, endpoint: &str, always_bind: bool) -> Result<Self, ConfigError> {
+    /// vLLM's rule, but for `*`: a `*` host binds on `bind_host` (the server's `--host`), a
+    /// `::` host on every address, any other host connects (or binds, with `always_bind`).
+    fn parse(
+        field: &'static str,
+        endpoint: &str,
+        always_bind: bool,
+        bind_host: &str,
+    ) -> Result<Self, ConfigError> {
         let bad = || ConfigError::Endpoint { field, endpoint: endpoint.to_owned() };
         let rest = endpoint.strip_prefix("tcp://").ok_or_else(bad)?;
         let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
@@ -70,7 +102,11 @@ impl Endpoint {
             return Err(bad());
         }
         Ok(match host {
-            "*" => Endpoint::Bind(format!("tcp://0.0.0.0:{port}")),
+            "*" => {
+                let host = bind_address(bind_host)
+                    .ok_or_else(|| ConfigError::Host { field, host: bind_host.to_owned() })?;
+                Endpoint::Bind(format!("tcp://{host}:{port}"))
+            }
             "::" | "[::]" => Endpoint::Bind(format!("tcp://[::]:{port}")),
             _ if always_bind => Endpoint::Bind(endpoint.to_owned()),
             _ => Endpoint::Connect(endpoint.to_owned()),
@@ -95,23 +131,25 @@ impl KvEventsConfig {
             None | Some("zmq" | "null") => {}
             Some(other) => return Err(ConfigError::Publisher(other.to_owned())),
         }
-        self.publish_endpoint()?;
-        self.replay()?;
+        // The host is only known when the server starts; any address checks the form here.
+        self.publish_endpoint("127.0.0.1")?;
+        self.replay("127.0.0.1")?;
         if self.max_queue_size == 0 {
             return Err(ConfigError::Zero("max_queue_size"));
         }
         Ok(())
     }
 
-    pub fn publish_endpoint(&self) -> Result<Endpoint, ConfigError> {
-        Endpoint::parse("endpoint", &self.endpoint, false)
+    /// The PUB socket's address; `bind_host` (the server's `--host`) stands for `*`.
+    pub fn publish_endpoint(&self, bind_host: &str) -> Result<Endpoint, ConfigError> {
+        Endpoint::parse("endpoint", &self.endpoint, false, bind_host)
     }
 
-    /// The replay socket's address (it always binds).
-    pub fn replay(&self) -> Result<Option<String>, ConfigError> {
+    /// The replay socket's address (it always binds); `bind_host` stands for `*`.
+    pub fn replay(&self, bind_host: &str) -> Result<Option<String>, ConfigError> {
         match &self.replay_endpoint {
             None => Ok(None),
-            Some(e) => match Endpoint::parse("replay_endpoint", e, true)? {
+            Some(e) => match Endpoint::parse("replay_endpoint", e, true, bind_host)? {
                 Endpoint::Bind(addr) | Endpoint::Connect(addr) => Ok(Some(addr)),
             },
         }
@@ -125,20 +163,48 @@ mod tests {
     #[test]
     fn vllms_json_and_defaults() {
         let c = KvEventsConfig::parse(r#"{"enable_kv_cache_events": true, "topic": "kv@a@m"}"#).unwrap();
-        assert!(c.enabled());
+        assert!(c.enabled() && c.publish_token_ids);
         assert_eq!((c.buffer_steps, c.max_queue_size, c.topic.as_str()), (10_000, 100_000, "kv@a@m"));
-        assert_eq!(c.publish_endpoint().unwrap(), Endpoint::Bind("tcp://0.0.0.0:5557".into()));
         let c = KvEventsConfig::parse(
             r#"{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://indexer:5557",
-                "replay_endpoint": "tcp://*:5558", "buffer_steps": 5, "hwm": 10}"#,
+                "replay_endpoint": "tcp://*:5558", "buffer_steps": 5, "hwm": 10,
+                "publish_token_ids": false}"#,
         )
         .unwrap();
-        assert_eq!(c.publish_endpoint().unwrap(), Endpoint::Connect("tcp://indexer:5557".into()));
-        assert_eq!(c.replay().unwrap().as_deref(), Some("tcp://0.0.0.0:5558"));
+        assert!(!c.publish_token_ids);
+        assert_eq!(c.publish_endpoint("127.0.0.1").unwrap(), Endpoint::Connect("tcp://indexer:5557".into()));
+        assert_eq!(c.replay("10.1.2.3").unwrap().as_deref(), Some("tcp://10.1.2.3:5558"));
         assert!(!KvEventsConfig::parse(r#"{"enable_kv_cache_events": true, "publisher": "null"}"#)
             .unwrap()
             .enabled());
         assert!(!KvEventsConfig::parse("{}").unwrap().enabled());
+    }
+
+    #[test]
+    fn a_star_binds_the_servers_host_and_a_named_host_is_kept() {
+        let default = KvEventsConfig::default();
+        for (host, want) in [
+            ("127.0.0.1", "tcp://127.0.0.1:5557"),
+            ("0.0.0.0", "tcp://0.0.0.0:5557"),
+            ("::1", "tcp://[::1]:5557"),
+            ("[::]", "tcp://[::]:5557"),
+        ] {
+            assert_eq!(default.publish_endpoint(host).unwrap(), Endpoint::Bind(want.into()), "{host}");
+        }
+        let named = KvEventsConfig {
+            endpoint: "tcp://[::]:6000".into(),
+            replay_endpoint: Some("tcp://0.0.0.0:6001".into()),
+            ..Default::default()
+        };
+        assert_eq!(named.publish_endpoint("127.0.0.1").unwrap(), Endpoint::Bind("tcp://[::]:6000".into()));
+        assert_eq!(named.replay("127.0.0.1").unwrap().as_deref(), Some("tcp://0.0.0.0:6001"));
+        // A name is resolved here: libzmq binds addresses only.
+        let localhost = default.publish_endpoint("localhost").unwrap();
+        assert!(
+            [Endpoint::Bind("tcp://127.0.0.1:5557".into()), Endpoint::Bind("tcp://[::1]:5557".into())]
+                .contains(&localhost),
+            "{localhost:?}"
+        );
     }
 
     #[test]
@@ -149,6 +215,7 @@ mod tests {
             (r#"{"replay_endpoint": "tcp://*:x"}"#, "replay_endpoint"),
             (r#"{"max_queue_size": 0}"#, "max_queue_size"),
             (r#"{"enable_kv_cache_event": true}"#, "enable_kv_cache_event"),
+            (r#"{"publish_token_ids": "no"}"#, "expected a boolean"),
         ] {
             let err = KvEventsConfig::parse(json).unwrap_err().to_string();
             assert!(err.contains(needle), "{json}: {err}");

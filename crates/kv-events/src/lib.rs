@@ -7,8 +7,8 @@
 //! - [`hashes`]: the engine's [`pagoda_engine::CacheEvent`]s named by those hashes, chained
 //!   parent to child as the blocks were cached.
 //! - [`wire`]: vLLM's `KVEventBatch` in msgpack.
-//! - [`publisher`]: the ZMQ PUB socket and the replay ROUTER socket, fed without ever making
-//!   the engine wait.
+//! - [`publisher`]: libzmq's PUB socket and replay ROUTER socket (inbound frames capped), fed
+//!   without ever making the engine wait.
 //! - [`config`]: vLLM's `--kv-events-config` JSON.
 
 pub mod block_hash;

@@ -2,6 +2,7 @@
 //! Pagoda's TCP transport. Anything else is refused by name, so a vLLM setting is never
 //! silently ignored.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -22,7 +23,13 @@ pub enum ConfigError {
     NotPositive(&'static str),
     #[error("kv_ip {0:?} listens on every address, so decode instances need to be told one: set kv_connector_extra_config.advertise_host")]
     NoAdvertiseHost(String),
+    #[error("allowed_producers entry {0:?} is not \"host:port\" (or \"*\" for any producer)")]
+    Producer(String),
 }
+
+/// Any producer, for `allowed_producers`: the decode instance's API must then be reachable by
+/// the router only, since a request names the host its pages come from.
+pub const ANY_PRODUCER: &str = "*";
 
 /// What this instance does in a disaggregated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -82,6 +89,7 @@ struct Extra {
     advertise_host: Option<String>,
     transfer_timeout_s: Option<f64>,
     hold_timeout_s: Option<f64>,
+    idle_timeout_s: Option<f64>,
     allowed_producers: Option<Vec<String>>,
 }
 
@@ -103,9 +111,13 @@ pub struct KvTransferConfig {
     /// How long a prefill instance holds a prompt's blocks for a decode instance that has not
     /// read them.
     pub hold_timeout: Duration,
+    /// How long a connection to a producer's listener may stay silent before it sends its
+    /// fetch; one that does not is closed, so silent connections never hold an answer slot.
+    pub idle_timeout: Duration,
     pub failure_policy: FailurePolicy,
-    /// The only `host:port` transfer listeners a decode instance fetches from; `None`: any the
-    /// request names (then the decode instance's API must be reachable by the router only).
+    /// The only `host:port` transfer listeners a decode instance fetches from ([`ANY_PRODUCER`]:
+    /// any the request names); `None`: loopback listeners only (a producer on the same host).
+    /// Fetched pages enter the shared prefix cache, so every other request trusts them.
     pub allowed_producers: Option<Vec<String>>,
 }
 
@@ -129,6 +141,9 @@ impl KvTransferConfig {
         if is_wildcard(&listen_host) && extra.advertise_host.is_none() && raw.kv_role.produces() {
             return Err(ConfigError::NoAdvertiseHost(listen_host));
         }
+        if let Some(bad) = extra.allowed_producers.iter().flatten().find(|p| !is_producer_entry(p)) {
+            return Err(ConfigError::Producer(bad.clone()));
+        }
         Ok(Self {
             role: raw.kv_role,
             engine_id: raw.engine_id,
@@ -137,6 +152,7 @@ impl KvTransferConfig {
             advertise_host: extra.advertise_host,
             transfer_timeout: seconds(extra.transfer_timeout_s, 30.0, "transfer_timeout_s")?,
             hold_timeout: seconds(extra.hold_timeout_s, 120.0, "hold_timeout_s")?,
+            idle_timeout: seconds(extra.idle_timeout_s, 3.0, "idle_timeout_s")?,
             failure_policy,
             allowed_producers: extra.allowed_producers,
         })
@@ -146,6 +162,31 @@ impl KvTransferConfig {
     pub fn advertised_host(&self) -> String {
         self.advertise_host.clone().unwrap_or_else(|| self.listen_host.clone())
     }
+
+    /// Whether this instance fetches from the listener at `host:port` (`addr`, as
+    /// [`crate::TransferSource::addr`] writes it): one of `allowed_producers`, or with none
+    /// configured, a loopback address.
+    pub fn allows_producer(&self, host: &str, addr: &str) -> bool {
+        match &self.allowed_producers {
+            Some(list) => list.iter().any(|p| p == ANY_PRODUCER || p == addr),
+            None => is_loopback(host),
+        }
+    }
+}
+
+/// A loopback IP literal or `localhost`; a name that merely resolves to one is not (it could
+/// resolve elsewhere later).
+fn is_loopback(host: &str) -> bool {
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    bare.eq_ignore_ascii_case("localhost") || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `*`, or `host:port` with a port number.
+fn is_producer_entry(entry: &str) -> bool {
+    entry == ANY_PRODUCER
+        || entry
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
 fn is_wildcard(host: &str) -> bool {
@@ -162,7 +203,32 @@ mod tests {
         assert_eq!((c.role, c.listen_host.as_str(), c.listen_port), (KvRole::KvProducer, "127.0.0.1", 14579));
         assert_eq!(c.failure_policy, FailurePolicy::Recompute);
         assert_eq!(c.transfer_timeout, Duration::from_secs(30));
+        assert_eq!(c.idle_timeout, Duration::from_secs(3));
         assert!(c.role.produces() && !c.role.consumes());
+    }
+
+    #[test]
+    fn producers_are_loopback_unless_listed() {
+        let c = KvTransferConfig::parse(r#"{"kv_role": "kv_consumer"}"#).unwrap();
+        for host in ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost", "LOCALHOST"] {
+            assert!(c.allows_producer(host, "x"), "{host}");
+        }
+        for host in ["0.0.0.0", "10.0.0.7", "::", "example.com", "localhost.evil.com", "::ffff:10.0.0.1"] {
+            assert!(!c.allows_producer(host, "x"), "{host}");
+        }
+        let listed = KvTransferConfig::parse(
+            r#"{"kv_role": "kv_consumer", "kv_connector_extra_config": {"allowed_producers": ["10.0.0.7:7000"]}}"#,
+        )
+        .unwrap();
+        assert!(listed.allows_producer("10.0.0.7", "10.0.0.7:7000"));
+        assert!(!listed.allows_producer("10.0.0.7", "10.0.0.7:7001"));
+        // A list replaces the loopback default.
+        assert!(!listed.allows_producer("127.0.0.1", "127.0.0.1:7000"));
+        let any = KvTransferConfig::parse(
+            r#"{"kv_role": "kv_consumer", "kv_connector_extra_config": {"allowed_producers": ["*"]}}"#,
+        )
+        .unwrap();
+        assert!(any.allows_producer("10.9.9.9", "10.9.9.9:1"));
     }
 
     #[test]
@@ -170,7 +236,7 @@ mod tests {
         let c = KvTransferConfig::parse(
             r#"{"kv_connector": "PagodaTcpConnector", "kv_role": "kv_both", "engine_id": "p0",
                 "kv_ip": "0.0.0.0", "kv_port": 7000, "kv_load_failure_policy": "fail",
-                "kv_connector_extra_config": {"transfer_timeout_s": 2.5, "hold_timeout_s": 9,
+                "kv_connector_extra_config": {"transfer_timeout_s": 2.5, "hold_timeout_s": 9, "idle_timeout_s": 0.5,
                   "advertise_host": "10.0.0.7", "allowed_producers": ["10.0.0.7:7000"]}}"#,
         )
         .unwrap();
@@ -181,6 +247,7 @@ mod tests {
             (c.transfer_timeout, c.hold_timeout),
             (Duration::from_millis(2500), Duration::from_secs(9))
         );
+        assert_eq!(c.idle_timeout, Duration::from_millis(500));
         assert_eq!(c.failure_policy, FailurePolicy::Fail);
     }
 
@@ -201,5 +268,13 @@ mod tests {
         let forever = r#"{"kv_role": "kv_both", "kv_connector_extra_config": {"hold_timeout_s": 1e300}}"#;
         assert!(err(forever).contains("hold_timeout_s"));
         assert!(err(r#"{"kv_role": "kv_producer", "kv_ip": "0.0.0.0"}"#).contains("advertise_host"));
+        let idle = r#"{"kv_role": "kv_producer", "kv_connector_extra_config": {"idle_timeout_s": -1}}"#;
+        assert!(err(idle).contains("idle_timeout_s"));
+        for entry in ["10.0.0.7", "10.0.0.7:0", ":7000", "10.0.0.7:http"] {
+            let list = format!(
+                r#"{{"kv_role": "kv_consumer", "kv_connector_extra_config": {{"allowed_producers": ["{entry}"]}}}}"#
+            );
+            assert!(err(&list).contains(entry), "{entry}");
+        }
     }
 }

@@ -194,18 +194,26 @@ fn sglang_directive(
     }
 }
 
-/// `source` when the config lets this instance fetch from it.
+/// `source` when the config lets this instance fetch from it. A producer it does not trust is
+/// a 400 before any connection: its pages would enter the prefix cache every request shares,
+/// and trying it would tell the client whether the host answers.
 fn allowed(
     config: &KvTransferConfig,
     source: TransferSource,
     field: &str,
 ) -> Result<TransferSource, DirectiveError> {
-    match &config.allowed_producers {
-        Some(list) if !list.contains(&source.addr()) => {
-            Err(refuse(field, format!("{} is not one of this instance's allowed_producers", source.addr())))
-        }
-        _ => Ok(source),
+    let addr = source.addr();
+    if config.allows_producer(&source.host, &addr) {
+        return Ok(source);
     }
+    let why = match config.allowed_producers {
+        Some(_) => format!("{addr} is not one of this instance's allowed_producers"),
+        None => format!(
+            "{addr} is not a loopback address, and this instance fetches KV from other hosts only when \
+             kv_connector_extra_config.allowed_producers lists them"
+        ),
+    };
+    Err(refuse(field, why))
 }
 
 fn role_refusal(field: &str, role: KvRole, wanted: &str) -> DirectiveError {
@@ -256,11 +264,11 @@ mod tests {
 
     #[test]
     fn the_sglang_flow_keys_both_sides_by_room() {
-        let b = Bootstrap { host: Some("10.0.0.2".into()), port: Some(8998), room: Some(42) };
+        let b = Bootstrap { host: Some("127.0.0.2".into()), port: Some(8998), room: Some(42) };
         let held = directive(Some(&config("kv_producer")), None, &b, "1").unwrap();
         assert_eq!(held, Some(Directive::Hold { key: "room-42".into(), params: false, prefill_only: true }));
         let fetched = directive(Some(&config("kv_consumer")), None, &b, "2").unwrap();
-        let source = TransferSource { host: "10.0.0.2".into(), port: 8998, key: "room-42".into() };
+        let source = TransferSource { host: "127.0.0.2".into(), port: 8998, key: "room-42".into() };
         assert_eq!(fetched, Some(Directive::Fetch(source)));
         let null_port = Bootstrap { port: None, ..b };
         let Some(Directive::Fetch(s)) =
@@ -332,5 +340,11 @@ mod tests {
             directive(Some(&fenced), Some(&vllm), &Bootstrap::default(), "1").unwrap_err().field,
             "kv_transfer_params.remote_host"
         );
+        // Without a list, only producers on this host.
+        let refused = directive(Some(&consumer), Some(&vllm), &Bootstrap::default(), "1").unwrap_err();
+        assert_eq!(refused.field, "kv_transfer_params.remote_host");
+        assert!(refused.message.contains("allowed_producers"), "{refused}");
+        let elsewhere = Bootstrap { host: Some("10.0.0.66".into()), port: Some(8998), room: Some(1) };
+        assert_eq!(directive(Some(&consumer), None, &elsewhere, "1").unwrap_err().field, "bootstrap_host");
     }
 }

@@ -64,8 +64,9 @@ impl TransferError {
 }
 
 /// What a decode instance asks for, and what it can take: pages of its own model and layout,
-/// at most `max_blocks` of them. A transport checks the answer against these before it
-/// allocates anything for the pages.
+/// at most `max_blocks` of them (the request's prompt's whole blocks: no producer can rightly
+/// send more). A transport checks the answer against these before it allocates anything for
+/// the pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchSpec {
     pub source: TransferSource,

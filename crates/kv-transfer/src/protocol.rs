@@ -115,6 +115,16 @@ pub async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, value: 
 
 /// Reads one JSON frame; malformed input is an `InvalidData` error.
 pub async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(r: &mut R) -> std::io::Result<T> {
+    read_frame_within(r, MAX_HEADER_BYTES).await
+}
+
+/// Reads one JSON frame of at most `limit` bytes (and never more than [`MAX_HEADER_BYTES`]),
+/// refusing a longer one before allocating for it.
+pub async fn read_frame_within<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+    limit: usize,
+) -> std::io::Result<T> {
+    let limit = limit.min(MAX_HEADER_BYTES);
     let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
     let mut head = [0u8; 8];
     r.read_exact(&mut head).await?;
@@ -122,8 +132,8 @@ pub async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(r: &
         return Err(bad("not a KV transfer frame".into()));
     }
     let len = u32::from_be_bytes([head[4], head[5], head[6], head[7]]) as usize;
-    if len > MAX_HEADER_BYTES {
-        return Err(bad(format!("a {len}-byte frame header is over the {MAX_HEADER_BYTES}-byte limit")));
+    if len > limit {
+        return Err(bad(format!("a {len}-byte frame header is over the {limit}-byte limit")));
     }
     let mut json = vec![0u8; len];
     r.read_exact(&mut json).await?;
@@ -147,5 +157,7 @@ mod tests {
         let mut huge = Vec::from(&MAGIC[..]);
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(read_frame::<_, FetchRequest>(&mut huge.as_slice()).await.is_err());
+        let err = read_frame_within::<_, FetchRequest>(&mut buf.as_slice(), 8).await.unwrap_err();
+        assert!(err.to_string().contains("8-byte limit"), "{err}");
     }
 }

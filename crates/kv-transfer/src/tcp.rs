@@ -1,35 +1,49 @@
 //! The TCP transport: a producer's listener that answers fetches from its [`KvSource`], and
 //! [`TcpConnector`], the consumer's client. One fetch per connection.
 //!
-//! Neither side trusts the other's numbers: the listener bounds how many connections wait and
-//! how long a write may take; the client checks an answer's layout, block count and byte count
-//! against what it asked for before it allocates room for the pages.
+//! Neither side trusts the other's numbers: the listener bounds how many connections wait, how
+//! long one may stay silent before its fetch and how long a write may take; the client checks
+//! an answer's header size, layout, block count and byte count against what its request can
+//! use before it allocates room for the pages.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::protocol::{read_frame, write_frame, FetchRequest, FetchResponse, Status, VERSION};
+use crate::protocol::{read_frame_within, write_frame, FetchRequest, FetchResponse, Status, VERSION};
 use crate::{BoxFuture, FetchSpec, HeldExport, KvConnector, KvPageLayout, KvPrefix, KvSource, TransferError};
 
 /// How often a fetch for a key not held yet looks again (the prefill may still be running).
 const POLL: Duration = Duration::from_millis(20);
-/// How long a connection may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long sending one answer may take before the reader is taken to be gone.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Fetches answered at once; more wait for a slot (each waiting one polls the engine).
 const MAX_CONNECTIONS: usize = 64;
+/// Connections that have not sent their fetch yet; one more is closed at once. They hold no
+/// answer slot, so however many sit silent, a real fetch is answered.
+const MAX_SILENT_CONNECTIONS: usize = 256;
+/// Largest fetch request read: a key and a model name.
+const MAX_REQUEST_BYTES: usize = 64 << 10;
+/// An answer's JSON besides its token ids (the layout, an FP8 cache's scales).
+const RESPONSE_HEADER_BASE_BYTES: usize = 64 << 10;
+/// The most bytes one token id takes in the answer's JSON (`4294967295,`).
+const TOKEN_ID_JSON_BYTES: usize = 11;
 /// What the consumer leaves the producer to answer in, before its own deadline.
 const ANSWER_MARGIN: Duration = Duration::from_millis(500);
 
 /// Serves fetches on `listener` until the task is dropped, waiting at most `max_wait` for a key
-/// that is not held yet.
-pub async fn serve(listener: TcpListener, source: Arc<dyn KvSource>, max_wait: Duration) {
+/// that is not held yet and at most `idle_timeout` for a connection's fetch.
+pub async fn serve(
+    listener: TcpListener,
+    source: Arc<dyn KvSource>,
+    max_wait: Duration,
+    idle_timeout: Duration,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let silent = Arc::new(Semaphore::new(MAX_SILENT_CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -39,22 +53,39 @@ pub async fn serve(listener: TcpListener, source: Arc<dyn KvSource>, max_wait: D
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-        let source = Arc::clone(&source);
+        let Ok(unheard) = Arc::clone(&silent).try_acquire_owned() else {
+            tracing::debug!(%peer, "KV transfer: too many connections have not sent a fetch; closing this one");
+            continue;
+        };
+        let (source, slots) = (Arc::clone(&source), Arc::clone(&slots));
         tokio::spawn(async move {
-            if let Err(err) = answer(stream, source.as_ref(), max_wait).await {
+            if let Err(err) = answer(stream, source.as_ref(), &slots, unheard, max_wait, idle_timeout).await {
                 tracing::warn!(%peer, %err, "KV transfer: fetch failed");
             }
-            drop(slot);
         });
     }
 }
 
-async fn answer(mut stream: TcpStream, source: &dyn KvSource, max_wait: Duration) -> std::io::Result<()> {
+/// Reads one fetch (within `idle_timeout`, holding `unheard` meanwhile), then answers it in one
+/// of the `slots`.
+async fn answer(
+    mut stream: TcpStream,
+    source: &dyn KvSource,
+    slots: &Semaphore,
+    unheard: OwnedSemaphorePermit,
+    max_wait: Duration,
+    idle_timeout: Duration,
+) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    let request: FetchRequest = tokio::time::timeout(REQUEST_TIMEOUT, read_frame(&mut stream))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no request"))??;
+    let request: FetchRequest =
+        tokio::time::timeout(idle_timeout, read_frame_within(&mut stream, MAX_REQUEST_BYTES))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "no fetch within idle_timeout_s")
+            })??;
+    drop(unheard);
+    let deadline = Instant::now() + Duration::from_millis(request.wait_ms).min(max_wait);
+    let Ok(_slot) = slots.acquire().await else { return Ok(()) };
     let refusal = if request.version != VERSION {
         Some(format!("protocol version {} is not {VERSION}", request.version))
     } else if request.model != source.model() {
@@ -65,7 +96,6 @@ async fn answer(mut stream: TcpStream, source: &dyn KvSource, max_wait: Duration
     if let Some(msg) = refusal {
         return send(&mut stream, &FetchResponse::failed(Status::Error, msg), &[]).await;
     }
-    let deadline = Instant::now() + Duration::from_millis(request.wait_ms).min(max_wait);
     let prefix = loop {
         match source.take(&request.key).await {
             Ok(HeldExport::Ready(prefix)) => break prefix,
@@ -140,10 +170,11 @@ async fn fetch(spec: &FetchSpec, deadline: Instant) -> Result<KvPrefix, Transfer
         wait_ms: wait.as_millis() as u64,
     };
     write_frame(&mut stream, &request).await?;
-    let response: FetchResponse = read_frame(&mut stream).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::InvalidData => TransferError::Protocol(e.to_string()),
-        _ => TransferError::Io(e),
-    })?;
+    let response: FetchResponse =
+        read_frame_within(&mut stream, response_header_limit(spec)).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => TransferError::Protocol(e.to_string()),
+            _ => TransferError::Io(e),
+        })?;
     match response.status {
         Status::Ok => {}
         Status::NotFound => {
@@ -168,6 +199,15 @@ async fn fetch(spec: &FetchSpec, deadline: Instant) -> Result<KvPrefix, Transfer
     let mut pages = vec![0u8; pages_len];
     stream.read_exact(&mut pages).await?;
     Ok(KvPrefix { layout, token_ids: response.token_ids, pages })
+}
+
+/// The largest answer header a fetch for `spec` can need: its token ids, at most
+/// `spec.max_blocks` blocks of them, and the layout.
+fn response_header_limit(spec: &FetchSpec) -> usize {
+    spec.max_blocks
+        .saturating_mul(spec.layout.block_size)
+        .saturating_mul(TOKEN_ID_JSON_BYTES)
+        .saturating_add(RESPONSE_HEADER_BASE_BYTES)
 }
 
 /// The bytes an answer of `num_tokens` in `layout` must carry, when it is one this instance
@@ -200,7 +240,7 @@ fn expected_pages_len(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::WireLayout;
+    use crate::protocol::{read_frame, WireLayout};
     use crate::TransferSource;
     use std::sync::Mutex;
 
@@ -258,7 +298,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let source =
             Arc::new(OneKey { prefix: Mutex::new(Some(prefix())), ready_at: Instant::now() + ready_in });
-        tokio::spawn(serve(listener, source, Duration::from_secs(5)));
+        tokio::spawn(serve(listener, source, Duration::from_secs(5), Duration::from_millis(300)));
         port
     }
 
@@ -342,6 +382,43 @@ mod tests {
         });
         let err = TcpConnector.fetch(&spec(liar_port, "k"), within(2000)).await.unwrap_err();
         assert_eq!(err.kind(), "protocol", "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn silent_connections_hold_no_answer_slot() {
+        let port = producer(Duration::ZERO).await;
+        let mut silent = Vec::new();
+        for _ in 0..MAX_CONNECTIONS + 8 {
+            silent.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        let got = TcpConnector.fetch(&spec(port, "k"), within(5000)).await.unwrap();
+        assert_eq!(got, prefix());
+        assert!(started.elapsed() < Duration::from_millis(250), "waited {:?}", started.elapsed());
+        // And they are closed after the idle timeout.
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(2), silent[0].read(&mut byte)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_header_longer_than_the_request_can_use_is_refused() {
+        let liar = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = liar.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut stream, _) = liar.accept().await.unwrap();
+            let _: FetchRequest = read_frame(&mut stream).await.unwrap();
+            // A header announcing 1 MiB of JSON, of which nothing follows.
+            stream.write_all(crate::protocol::MAGIC).await.unwrap();
+            stream.write_all(&(1u32 << 20).to_be_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        let small = FetchSpec { max_blocks: 2, ..spec(port, "k") };
+        let started = Instant::now();
+        let err = TcpConnector.fetch(&small, within(3000)).await.unwrap_err();
+        assert_eq!(err.kind(), "protocol", "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[tokio::test]

@@ -20,6 +20,12 @@ pub enum ModelError {
     MissingTensor { path: PathBuf, tensor: String },
     #[error("{path}: tensor `{tensor}` has shape {actual:?}, expected {expected:?}")]
     TensorShape { path: PathBuf, tensor: String, expected: Vec<usize>, actual: Vec<usize> },
+    #[error("{path}: {source}")]
+    Adapter {
+        path: PathBuf,
+        #[source]
+        source: Box<crate::lora_open::AdapterError>,
+    },
     #[error("{path}: invalid model config: {message}")]
     Config { path: PathBuf, message: String },
     #[error("invalid option: {0}")]

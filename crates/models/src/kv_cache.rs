@@ -11,6 +11,7 @@
 use candle_core::{DType, Device, Tensor};
 use pagoda_ops::KvScales;
 
+use crate::block_copy::BlockCopyPlan;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_layout::KvLayout;
@@ -130,21 +131,25 @@ impl KvCache {
         self.num_blocks
     }
 
-    /// Copies whole pages `src -> dst`, every slot (copy-on-write of a shared partial block).
+    /// Copies whole pages `src -> dst`, every slot (copy-on-write of a shared partial block),
+    /// touching those pages alone (see `block_copy`). All or nothing: a pair outside the
+    /// cache copies nothing.
     pub fn copy_blocks(&self, pairs: &[(u32, u32)]) -> Result<()> {
-        for &(src, dst) in pairs {
-            let (src, dst) = (src as usize, dst as usize);
-            if src >= self.num_blocks || dst >= self.num_blocks {
-                return Err(ModelError::InvalidOption(format!(
-                    "block copy {src} -> {dst} outside the cache of {} blocks",
-                    self.num_blocks
-                )));
-            }
-            for (k, v) in &self.slots {
-                // `copy` because a contiguous narrow is a view of the very storage being written.
-                k.slice_set(&k.narrow(0, src, 1)?.copy()?, 0, dst)?;
-                v.slice_set(&v.narrow(0, src, 1)?.copy()?, 0, dst)?;
-            }
+        if let Some(&(src, dst)) =
+            pairs.iter().find(|&&(s, d)| s as usize >= self.num_blocks || d as usize >= self.num_blocks)
+        {
+            return Err(ModelError::InvalidOption(format!(
+                "block copy {src} -> {dst} outside the cache of {} blocks",
+                self.num_blocks
+            )));
+        }
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let plan = BlockCopyPlan::new(pairs);
+        for (k, v) in &self.slots {
+            plan.apply(k)?;
+            plan.apply(v)?;
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub mod bert;
+mod block_copy;
 pub mod classifier;
 pub mod config;
 mod config_gguf;
@@ -15,6 +16,7 @@ pub mod drafter;
 pub mod embedding;
 pub mod error;
 pub mod gemma;
+pub mod gguf_check;
 pub mod kernel_plan;
 pub mod kv_cache;
 pub mod kv_calibration;
@@ -26,6 +28,7 @@ pub mod llama;
 pub mod loader;
 pub mod lora;
 mod lora_files;
+pub mod lora_open;
 pub mod model;
 mod moe;
 pub mod pooling;

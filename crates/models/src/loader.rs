@@ -190,7 +190,15 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             weights.set_quantization(options.quantization);
             let has_output = weights.contains("output.weight");
             let has_bias = weights.contains("blk.0.attn_q.bias");
-            let mut config = ModelConfig::from_gguf(path, weights.metadata(), has_output, has_bias)?;
+            let metadata = weights.metadata();
+            let arch = metadata.get("general.architecture").and_then(|v| v.to_string().ok());
+            crate::gguf_check::check_hyperparameters(
+                metadata,
+                arch.map_or("", String::as_str),
+                weights.tensor_names(),
+            )
+            .map_err(|e| ModelError::Gguf { path: path.to_path_buf(), message: e.to_string() })?;
+            let mut config = ModelConfig::from_gguf(path, metadata, has_output, has_bias)?;
             if weights.contains("rope_freqs.weight") {
                 let factors = weights.dense("rope_freqs.weight", &[config.head_dim / 2])?;
                 config.rope_freq_factors = Some(factors.to_dtype(DType::F32)?.to_vec1()?);

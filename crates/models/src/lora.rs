@@ -16,6 +16,7 @@ use pagoda_ops::RotaryStyle;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::lora_files::{read_adapter, FileModule, QkRows};
+use crate::lora_open::{AdapterError, Confinement};
 
 /// The projections an adapter may adapt, by PEFT's module names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -84,8 +85,24 @@ impl LoraAdapter {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let file = read_adapter(path, max_rank, config.num_layers)?;
-        let wrong = |message: String| ModelError::Config { path: path.to_path_buf(), message };
+        let adapter = Self::read(path, config, max_rank, dtype, &Confinement::default())
+            .map_err(|source| ModelError::Adapter { path: path.to_path_buf(), source: Box::new(source) })?;
+        adapter.to_device(device)
+    }
+
+    /// [`Self::load`] on the CPU, reading only regular files inside `confine`, with errors that
+    /// name no path: what a server loads while serving, off its engine thread.
+    pub fn read(
+        path: &Path,
+        config: &ModelConfig,
+        max_rank: usize,
+        dtype: DType,
+        confine: &Confinement,
+    ) -> std::result::Result<Self, AdapterError> {
+        let limit = max_adapter_bytes(config, max_rank);
+        let file = read_adapter(path, max_rank, config.num_layers, confine, limit)?;
+        let device = &Device::Cpu;
+        let wrong = AdapterError::Mismatch;
         if let Some(arch) = file.architecture.as_deref().filter(|&a| a != config.architecture) {
             return Err(wrong(format!(
                 "the adapter is for `{arch}`, the model is `{}`",
@@ -153,8 +170,78 @@ impl LoraAdapter {
         Ok(Self { layers })
     }
 
+    /// The adapter with its weights on `device`.
+    pub fn to_device(self, device: &Device) -> Result<Self> {
+        if device.is_cpu() {
+            return Ok(self);
+        }
+        let move_pair = |p: LoraPair| -> Result<LoraPair> {
+            Ok(LoraPair { a: p.a.to_device(device)?, b: p.b.to_device(device)? })
+        };
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|modules| {
+                let moved: Vec<Option<LoraPair>> =
+                    modules.into_iter().map(|p| p.map(move_pair).transpose()).collect::<Result<_>>()?;
+                Ok(moved.try_into().unwrap_or_else(|_| unreachable!("seven modules in, seven out")))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { layers })
+    }
+
     fn pair(&self, layer: usize, module: LoraModule) -> Option<&LoraPair> {
         self.layers.get(layer).and_then(|l| l[module as usize].as_ref())
+    }
+}
+
+/// The most bytes an adapter file of a model shaped `config` can need for ranks up to
+/// `max_rank`: every layer's seven projections adapted, at 8 bytes a value (f64, the widest
+/// dtype), plus room for headers and metadata. Files beyond it are refused before they are read.
+pub fn max_adapter_bytes(config: &ModelConfig, max_rank: usize) -> u64 {
+    let per_rank: u64 = [
+        LoraModule::Q,
+        LoraModule::K,
+        LoraModule::V,
+        LoraModule::O,
+        LoraModule::Gate,
+        LoraModule::Up,
+        LoraModule::Down,
+    ]
+    .iter()
+    .map(|m| {
+        let (input, output) = m.dims(config);
+        input as u64 + output as u64
+    })
+    .sum();
+    per_rank
+        .saturating_mul(max_rank as u64)
+        .saturating_mul(config.num_layers as u64)
+        .saturating_mul(8)
+        .saturating_add(16 << 20)
+}
+
+/// Reads adapters for one model (its shape and dtype) while it serves, off its engine thread;
+/// the engine then only installs what this prepared ([`pagoda_engine::EngineHandle::install_lora`]).
+#[derive(Debug, Clone)]
+pub struct AdapterReader {
+    config: ModelConfig,
+    dtype: DType,
+}
+
+impl AdapterReader {
+    pub fn new(config: ModelConfig, dtype: DType) -> Self {
+        Self { config, dtype }
+    }
+
+    /// The adapter at `path` ([`LoraAdapter::read`]), ready for the engine to install.
+    pub fn read(
+        &self,
+        path: &Path,
+        max_rank: usize,
+        confine: &Confinement,
+    ) -> std::result::Result<pagoda_engine::PreparedLora, AdapterError> {
+        Ok(Box::new(LoraAdapter::read(path, &self.config, max_rank, self.dtype, confine)?))
     }
 }
 
@@ -206,14 +293,14 @@ impl LoraBatch {
 /// `b`'s rows (`[heads * head_dim, r]`) from one rotary order to the other (`to`): llama.cpp's
 /// converter pairs dimension `i` with `i + head_dim / 2` of each head (Hugging Face's halves)
 /// into adjacent rows.
-fn reorder_rotary_rows(b: &Tensor, heads: usize, to: QkRows) -> Result<Tensor> {
+fn reorder_rotary_rows(b: &Tensor, heads: usize, to: QkRows) -> candle_core::Result<Tensor> {
     let (rows, r) = b.dims2()?;
     let half = rows / heads / 2;
     let reordered = match to {
         QkRows::Interleaved => b.reshape((heads, 2, half, r))?.transpose(1, 2)?,
         QkRows::Halves => b.reshape((heads, half, 2, r))?.transpose(1, 2)?,
     };
-    Ok(reordered.contiguous()?.reshape((rows, r))?)
+    reordered.contiguous()?.reshape((rows, r))
 }
 
 fn same(a: &Option<Arc<LoraAdapter>>, b: &Option<Arc<LoraAdapter>>) -> bool {

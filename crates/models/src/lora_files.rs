@@ -5,16 +5,16 @@
 //! projection's `A` (`[r, in]`), `B` (`[out, r]`) and scale, and the row order of Q and K.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::BufReader;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 
-use crate::error::{ModelError, Result};
 use crate::lora::LoraModule;
+use crate::lora_open::{self, AdapterError, Confinement};
+
+type Result<T> = std::result::Result<T, AdapterError>;
 
 /// How an adapter orders the rows of its Q and K projections: as Hugging Face models do
 /// (PEFT), or permuted for interleaved rotary pairs as llama.cpp's converter writes llama-type
@@ -85,38 +85,41 @@ pub(crate) struct AdapterFile {
     pub architecture: Option<String>,
 }
 
-/// Reads `path`: a `.gguf` file, else a PEFT directory. `max_rank` bounds every pair's rank;
-/// `num_layers` the layers named.
-pub(crate) fn read_adapter(path: &Path, max_rank: usize, num_layers: usize) -> Result<AdapterFile> {
-    let file = if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        read_gguf(path)?
+/// Reads `path`: a `.gguf` file, else a PEFT directory, every file of it inside `confine` and
+/// the weights at most `limit` bytes. `max_rank` bounds every pair's rank; `num_layers` the
+/// layers named.
+pub(crate) fn read_adapter(
+    path: &Path,
+    max_rank: usize,
+    num_layers: usize,
+    confine: &Confinement,
+    limit: u64,
+) -> Result<AdapterFile> {
+    let file = if !path.is_dir() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        read_gguf(path, confine, limit)?
     } else {
-        read_peft(path)?
+        read_peft(path, confine, limit)?
     };
     for p in &file.pairs {
         let rank = p.a.dim(0)?;
         if rank > max_rank {
-            return Err(ModelError::Config {
-                path: path.to_path_buf(),
-                message: format!("rank {rank} is above the server's --max-lora-rank {max_rank}"),
-            });
+            return Err(AdapterError::Mismatch(format!(
+                "rank {rank} is above the server's --max-lora-rank {max_rank}"
+            )));
         }
         if p.layer >= num_layers {
-            return Err(ModelError::Config {
-                path: path.to_path_buf(),
-                message: format!("layer {} is past the model's {num_layers} layers", p.layer),
-            });
+            return Err(AdapterError::Mismatch(format!(
+                "layer {} is past the model's {num_layers} layers",
+                p.layer
+            )));
         }
     }
     Ok(file)
 }
 
-fn read_peft(dir: &Path) -> Result<AdapterFile> {
-    let config_path = dir.join("adapter_config.json");
-    let bad = |message: String| ModelError::Config { path: config_path.clone(), message };
-    let text = std::fs::read_to_string(&config_path)
-        .map_err(|source| ModelError::Io { path: config_path.clone(), source })?;
-    let c: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+fn read_peft(dir: &Path, confine: &Confinement, limit: u64) -> Result<AdapterFile> {
+    let bad = |message: String| AdapterError::invalid("adapter_config.json", message);
+    let c = lora_open::read_config(&dir.join("adapter_config.json"), confine)?;
     if c["peft_type"].as_str() != Some("LORA") {
         return Err(bad(format!("peft_type {} is not LORA", c["peft_type"])));
     }
@@ -157,10 +160,11 @@ fn read_peft(dir: &Path) -> Result<AdapterFile> {
     } else {
         alpha / rank as f64
     };
-    let weights_path = dir.join("adapter_model.safetensors");
-    let mut tensors = candle_core::safetensors::load(&weights_path, &Device::Cpu)
-        .map_err(|e| ModelError::Config { path: weights_path.clone(), message: e.to_string() })?;
-    let wrong = |message: String| ModelError::Config { path: weights_path.clone(), message };
+    let bytes = lora_open::read_safetensors(&dir.join("adapter_model.safetensors"), confine, limit)?;
+    let wrong = |message: String| AdapterError::invalid("adapter_model.safetensors", message);
+    let mut tensors =
+        candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(|e| wrong(e.to_string()))?;
+    drop(bytes);
     // Layers by the tensors present: a layer the file names is checked against the model later.
     let key = |i: usize, module: FileModule, ab: &str| {
         let (name, parent) = module.peft_name();
@@ -210,11 +214,9 @@ fn gguf_name(module: LoraModule) -> &'static str {
     }
 }
 
-fn read_gguf(path: &Path) -> Result<AdapterFile> {
-    let err = |message: String| ModelError::Gguf { path: path.to_path_buf(), message };
-    let mut reader = BufReader::new(
-        File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?,
-    );
+fn read_gguf(path: &Path, confine: &Confinement, limit: u64) -> Result<AdapterFile> {
+    let err = |message: String| AdapterError::invalid("the GGUF adapter", message);
+    let mut reader = lora_open::open_gguf(path, confine, limit)?;
     let content = gguf_file::Content::read(&mut reader).map_err(|e| err(e.to_string()))?;
     let text = |key: &str| content.metadata.get(key).and_then(|v| v.to_string().ok()).cloned();
     if text("general.type").as_deref() != Some("adapter") || text("adapter.type").as_deref() != Some("lora") {

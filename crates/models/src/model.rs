@@ -165,6 +165,21 @@ impl Model {
         Ok(())
     }
 
+    /// Installs `adapter`, read for this model by [`LoraAdapter::read`], under `id`, its
+    /// weights moved to `device` (an id in use is an error: nothing is replaced).
+    pub fn install_lora(
+        &mut self,
+        id: pagoda_engine::LoraId,
+        adapter: LoraAdapter,
+        device: &Device,
+    ) -> Result<()> {
+        if self.loras.contains_key(&id) {
+            return Err(ModelError::InvalidOption(format!("LoRA id {id} is already loaded")));
+        }
+        self.loras.insert(id, std::sync::Arc::new(adapter.to_device(device)?));
+        Ok(())
+    }
+
     /// Drops adapter `id`; false when it was not loaded.
     pub fn remove_lora(&mut self, id: pagoda_engine::LoraId) -> bool {
         self.loras.remove(&id).is_some()

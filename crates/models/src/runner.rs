@@ -333,13 +333,17 @@ impl ModelExecutor for ModelRunner {
         pool.install(|| self.execute_in_pool(batch))
     }
 
-    fn load_lora(
+    fn install_lora(
         &mut self,
         id: LoraId,
-        path: &std::path::Path,
-        max_rank: usize,
+        adapter: pagoda_engine::PreparedLora,
     ) -> std::result::Result<(), ExecutorError> {
-        self.add_lora(id, path, max_rank).map_err(|e| ExecutorError::Execution(e.to_string()))
+        let adapter = adapter
+            .downcast::<crate::lora::LoraAdapter>()
+            .map_err(|_| ExecutorError::Execution("the adapter was not prepared for this model".into()))?;
+        self.model
+            .install_lora(id, *adapter, &self.device)
+            .map_err(|e| ExecutorError::Execution(e.to_string()))
     }
 
     fn unload_lora(&mut self, id: LoraId) -> bool {

@@ -20,6 +20,8 @@ pub use flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, KvCacheDtypeArg, Lo
 pub use load::{LoadedRuntime, Runtime, RuntimeError, StartupTimes};
 pub use lora_args::{LoraArgs, LoraSettings};
 pub use options::{OptionsError, RuntimeOptions};
+pub use pagoda_models::lora::AdapterReader;
+pub use pagoda_models::lora_open::{AdapterError, Confinement};
 /// An embedding model's pooling, as [`Runtime::pooling`] gives it.
 pub use pagoda_models::pooling::normalize;
 pub use pagoda_models::{Pooling, PoolingKind};

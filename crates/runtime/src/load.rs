@@ -12,6 +12,7 @@ use candle_core::DType;
 use pagoda_engine::stats::EngineObserver;
 use pagoda_engine::{Engine, EngineConfig, EngineError, EngineHandle, LoraId, Shutdown};
 use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingError, ProfileShape};
+use pagoda_models::lora::AdapterReader;
 use pagoda_models::{
     load_model, DraftModel, KvCache, KvLayout, LoadFormat, LoadOptions, Model, ModelConfig, ModelError,
     ModelRunner, Pooling,
@@ -87,6 +88,8 @@ pub struct LoadedRuntime {
     pub pooling: Option<Pooling>,
     /// The LoRA adapters loaded at start-up: (name, the engine's id, directory).
     pub loras: Vec<(String, LoraId, PathBuf)>,
+    /// Reads adapters loaded while serving; `None` without `--enable-lora`.
+    pub lora_reader: Option<Arc<AdapterReader>>,
 }
 
 /// A running engine and what requests are prepared with.
@@ -101,6 +104,8 @@ pub struct Runtime {
     pub pooling: Option<Pooling>,
     /// The LoRA adapters loaded at start-up: (name, the engine's id, directory).
     pub loras: Vec<(String, LoraId, PathBuf)>,
+    /// Reads adapters loaded while serving; `None` without `--enable-lora`.
+    pub lora_reader: Option<Arc<AdapterReader>>,
 }
 
 fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
@@ -246,6 +251,10 @@ impl LoadedRuntime {
             options.device.clone(),
         )?;
         let loras = load_loras(&mut runner, options)?;
+        let lora_reader = options
+            .lora
+            .as_ref()
+            .map(|_| Arc::new(AdapterReader::new(config.clone(), runner.model().dtype())));
         let mut gpu_kv_budget = None;
         let num_blocks = match options.num_blocks {
             Some(n) => n,
@@ -376,6 +385,7 @@ impl LoadedRuntime {
             times,
             pooling: self_pooling,
             loras,
+            lora_reader,
         })
     }
 
@@ -440,6 +450,7 @@ impl LoadedRuntime {
             kernel_timing,
             times,
             loras: Vec::new(),
+            lora_reader: None,
             pooling: Some(pooling),
         })
     }
@@ -462,6 +473,7 @@ impl LoadedRuntime {
             model_config: self.model_config,
             pooling: self.pooling,
             loras: self.loras,
+            lora_reader: self.lora_reader,
         })
     }
 }

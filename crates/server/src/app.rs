@@ -1,8 +1,9 @@
-//! The router: routes, the API-key guard on the API routes, and the cross-cutting layers
-//! (request ids, access log and HTTP metrics, CORS, the body limit). Unknown routes and methods
-//! answer in the OpenAI error shape too.
+//! The router: routes, the API-key guard on the API routes (and on `/server_info`, which names
+//! the model's path and the process, and `/health_generate`, which generates), and the
+//! cross-cutting layers (request ids, access log and HTTP metrics, CORS when configured, the
+//! body limit). Unknown routes and methods answer in the OpenAI error shape too.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use axum::extract::DefaultBodyLimit;
 use axum::extract::Request;
@@ -27,12 +28,18 @@ use crate::layers::{self, MakeId, X_REQUEST_ID};
 use crate::state::SharedState;
 
 /// HTTP-level settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct HttpOptions {
     /// Required as `Authorization: Bearer` on the API routes when set.
     pub api_key: Option<String>,
-    /// CORS origins; `*` allows any.
+    /// CORS origins; `*` allows any; none: no CORS.
     pub allowed_origins: Vec<String>,
+    /// CORS methods; `*` allows any; none: the default list.
+    pub allowed_methods: Vec<String>,
+    /// CORS request headers; `*` allows any; none: any.
+    pub allowed_headers: Vec<String>,
+    /// Serve `/health_generate` without the key.
+    pub health_generate_without_key: bool,
     /// Largest accepted request body; larger ones get 413.
     pub max_request_body_bytes: usize,
     /// Serve the playground and the dashboard ([`crate::web_ui`]).
@@ -87,18 +94,29 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
     let mut anthropic = Router::new()
         .route(messages_route, post(messages::messages))
         .route(count_tokens_route, post(messages::count_tokens));
+    // /server_info names the model's path and the process; /health_generate runs the engine.
+    let probe = Extension(Arc::new(worker::HealthProbe::default()));
+    let health_generate = get(worker::health_generate).layer(probe);
+    let mut keyed_worker = Router::new()
+        .route("/server_info", get(worker::server_info))
+        .route("/get_server_info", get(worker::server_info));
+    let mut open = Router::new();
+    if options.health_generate_without_key {
+        open = open.route("/health_generate", health_generate);
+    } else {
+        keyed_worker = keyed_worker.route("/health_generate", health_generate);
+    }
     if let Some(key) = &options.api_key {
         api = api.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));
         anthropic = anthropic.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));
+        keyed_worker = keyed_worker.route_layer(from_fn_with_state(ApiKey::new(key), require_api_key));
     }
+    let api = api.merge(keyed_worker);
     // Outside the key check, so that its 401 is in Anthropic's shape too.
     let api = api.merge(anthropic.route_layer(from_fn(anthropic_errors)));
-    let open = Router::new()
+    let open = open
         .route("/health", get(info::health))
         .route("/ready", get(worker::ready))
-        .route("/health_generate", get(worker::health_generate))
-        .route("/server_info", get(worker::server_info))
-        .route("/get_server_info", get(worker::server_info))
         .route("/model_info", get(worker::model_info))
         .route("/get_model_info", get(worker::model_info))
         .route("/get_load", get(worker::get_load))
@@ -109,6 +127,7 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/openapi.json", get(openapi_json));
     let open = if options.web_ui { open.merge(crate::web_ui::routes()) } else { open };
     let metrics = state.metrics.clone();
+    let cors = layers::cors(&options.allowed_origins, &options.allowed_methods, &options.allowed_headers);
     api.merge(open)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -118,7 +137,7 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
                 .layer(from_fn(layers::sanitize_request_id))
                 .layer(SetRequestIdLayer::new(X_REQUEST_ID.clone(), MakeId))
                 .layer(PropagateRequestIdLayer::new(X_REQUEST_ID.clone()))
-                .layer(layers::cors(&options.allowed_origins))
+                .option_layer(cors)
                 .layer(from_fn_with_state(metrics, layers::observe))
                 .layer(Extension(BodyLimit(options.max_request_body_bytes)))
                 .layer(DefaultBodyLimit::max(options.max_request_body_bytes)),

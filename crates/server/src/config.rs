@@ -69,13 +69,27 @@ pub struct ServeArgs {
     /// lower first). [default: fcfs]
     #[arg(long, value_enum)]
     pub scheduling_policy: Option<SchedulingPolicy>,
-    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize and
-    /// /detokenize.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize,
+    /// /detokenize, /server_info and /health_generate.
     #[arg(long, env = "PAGODA_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// CORS origins allowed to call the API; `*` for any. [default: *]
+    /// Serve /health_generate without the API key, for a router that probes workers without
+    /// one (it answers from a probe shared by all callers, at most one generation a second).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub health_generate_without_key: Option<bool>,
+    /// CORS origins allowed to call the API from a browser page of another origin, as vLLM's
+    /// flag: a JSON list (`'["https://example.com"]'`, `'["*"]'` for any) or the origins as
+    /// separate values. [default: none, no CORS headers; the web UI is same-origin]
     #[arg(long, value_name = "ORIGIN", num_args = 1..)]
     pub allowed_origins: Option<Vec<String>>,
+    /// Methods CORS allows (with --allowed-origins), a JSON list or separate values; `*` for
+    /// any. [default: GET, POST, DELETE, OPTIONS]
+    #[arg(long, value_name = "METHOD", num_args = 1..)]
+    pub allowed_methods: Option<Vec<String>>,
+    /// Request headers CORS allows (with --allowed-origins), a JSON list or separate values;
+    /// `*` for any. [default: *]
+    #[arg(long, value_name = "HEADER", num_args = 1..)]
+    pub allowed_headers: Option<Vec<String>>,
     /// Namespace of the Prometheus metrics: `pagoda:...`, or `vllm:...` for vLLM dashboards.
     #[arg(long, value_enum)]
     pub metrics_prefix: Option<MetricsPrefix>,
@@ -99,6 +113,15 @@ pub struct ServeArgs {
     /// least recently used goes first. 0 stores none (`store` then defaults to false). [default: 1024]
     #[arg(long, value_name = "N")]
     pub max_stored_responses: Option<usize>,
+    /// Memory all stored responses may take together (their JSON's bytes); the least recently
+    /// used go first. 0 stores none. [default: 256MiB]
+    #[arg(long, value_name = "BYTES")]
+    pub stored_responses_memory: Option<ByteSize>,
+    /// Largest stored response. A request with `store: true` whose own fields (input,
+    /// instructions, user, metadata, tools...) are larger gets 400 naming the largest;
+    /// `store: false` is not limited. [default: 4MiB]
+    #[arg(long, value_name = "BYTES")]
+    pub max_stored_response_bytes: Option<ByteSize>,
     /// Largest request body accepted; larger ones get 413. [default: 8MiB]
     #[arg(long, value_name = "BYTES")]
     pub max_request_body_bytes: Option<ByteSize>,
@@ -145,7 +168,12 @@ pub struct ServerConfig {
     pub port: u16,
     pub scheduling_policy: SchedulingPolicy,
     pub api_key: Option<String>,
+    /// /health_generate is served without the key.
+    pub health_generate_without_key: bool,
+    /// CORS origins; empty: no CORS.
     pub allowed_origins: Vec<String>,
+    pub allowed_methods: Vec<String>,
+    pub allowed_headers: Vec<String>,
     pub metrics_prefix: MetricsPrefix,
     pub get_load_format: GetLoadFormat,
     /// KV events, when enabled.
@@ -155,6 +183,8 @@ pub struct ServerConfig {
     pub max_logprobs: usize,
     pub max_request_body_bytes: usize,
     pub max_stored_responses: usize,
+    pub stored_responses_memory: usize,
+    pub max_stored_response_bytes: usize,
     pub shutdown_timeout: Duration,
     pub http_header_read_timeout: Duration,
     pub http_keep_alive_timeout: Duration,
@@ -219,10 +249,24 @@ impl ServerConfig {
             port: cli.port.or(file.port).unwrap_or(8000),
             scheduling_policy: cli.scheduling_policy.or(file.scheduling_policy).unwrap_or_default(),
             api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
-            allowed_origins: cli
-                .allowed_origins
-                .or(file.allowed_origins)
-                .unwrap_or_else(|| vec!["*".to_owned()]),
+            health_generate_without_key: cli
+                .health_generate_without_key
+                .or(file.health_generate_without_key)
+                .unwrap_or(false),
+            allowed_origins: cors_list(
+                "--allowed-origins",
+                cli.allowed_origins.or(file.allowed_origins).unwrap_or_default(),
+            )?,
+            allowed_methods: cors_list(
+                "--allowed-methods",
+                cli.allowed_methods
+                    .or(file.allowed_methods)
+                    .unwrap_or_else(|| ["GET", "POST", "DELETE", "OPTIONS"].map(str::to_owned).to_vec()),
+            )?,
+            allowed_headers: cors_list(
+                "--allowed-headers",
+                cli.allowed_headers.or(file.allowed_headers).unwrap_or_else(|| vec!["*".to_owned()]),
+            )?,
             metrics_prefix: cli.metrics_prefix.or(file.metrics_prefix).unwrap_or_default(),
             get_load_format: cli.get_load_format.or(file.get_load_format).unwrap_or_default(),
             kv_events: match cli.kv_events_config.or(file.kv_events_config) {
@@ -247,6 +291,14 @@ impl ServerConfig {
                 .map(|b| b.0 as usize)
                 .unwrap_or(8 << 20),
             max_stored_responses: cli.max_stored_responses.or(file.max_stored_responses).unwrap_or(1024),
+            stored_responses_memory: cli
+                .stored_responses_memory
+                .or(file.stored_responses_memory)
+                .map_or(crate::responses::store::DEFAULT_STORE_BYTES, |b| b.0 as usize),
+            max_stored_response_bytes: cli
+                .max_stored_response_bytes
+                .or(file.max_stored_response_bytes)
+                .map_or(crate::responses::store::DEFAULT_ENTRY_BYTES, |b| b.0 as usize),
             shutdown_timeout: Duration::from_secs_f64(
                 cli.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(30.0).max(0.0),
             ),
@@ -288,6 +340,23 @@ impl ServerConfig {
                 "origins must be valid header values such as https://example.com",
             ));
         }
+        if self
+            .allowed_methods
+            .iter()
+            .any(|m| m != "*" && axum::http::Method::from_bytes(m.as_bytes()).is_err())
+        {
+            return Err(invalid("--allowed-methods", "methods must be HTTP methods such as GET"));
+        }
+        if self
+            .allowed_headers
+            .iter()
+            .any(|h| h != "*" && axum::http::HeaderName::from_bytes(h.as_bytes()).is_err())
+        {
+            return Err(invalid("--allowed-headers", "headers must be header names such as content-type"));
+        }
+        if self.max_stored_response_bytes == 0 {
+            return Err(invalid("--max-stored-response-bytes", "must be at least 1"));
+        }
         Ok(())
     }
 
@@ -299,6 +368,21 @@ impl ServerConfig {
             format!("{}:{}", self.host, self.port)
         }
     }
+}
+
+/// A CORS list flag's values: each a JSON list (vLLM's form, `'["*"]'`) or one value.
+fn cors_list(flag: &'static str, values: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    let mut list = Vec::new();
+    for value in values {
+        if value.trim_start().starts_with('[') {
+            let items: Vec<String> = serde_json::from_str(&value)
+                .map_err(|e| invalid(flag, format!("expected a JSON list of strings: {e}")))?;
+            list.extend(items);
+        } else {
+            list.push(value);
+        }
+    }
+    Ok(list)
 }
 
 /// Why a config file's text was refused.

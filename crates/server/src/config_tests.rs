@@ -279,3 +279,33 @@ fn quantization_comes_from_the_flag_or_the_file() {
     let e = quantization(&["--quantization", "fp8", "--batch-invariant"], "").unwrap_err();
     assert!(e.to_string().contains("--quantization"), "{e}");
 }
+
+#[test]
+fn cors_is_opt_in_and_takes_vllms_json_lists() {
+    let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+    assert!(c.allowed_origins.is_empty(), "{:?}", c.allowed_origins);
+    assert!(!c.health_generate_without_key);
+    assert_eq!((c.stored_responses_memory, c.max_stored_response_bytes), (256 << 20, 4 << 20));
+    let c = ServerConfig::merge(
+        cli(&["--allowed-origins", r#"["*"]"#, "--allowed-methods", r#"["GET","POST"]"#]),
+        ServeArgs::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        (c.allowed_origins, c.allowed_methods),
+        (vec!["*".to_owned()], vec!["GET".into(), "POST".into()])
+    );
+    let c = ServerConfig::merge(
+        cli(&["--allowed-origins", "https://a.example", "https://b.example"]),
+        ServeArgs::default(),
+    )
+    .unwrap();
+    assert_eq!(c.allowed_origins, ["https://a.example", "https://b.example"]);
+    for args in [
+        &["--allowed-origins", "[\"x\""][..],
+        &["--allowed-methods", "G T"],
+        &["--max-stored-response-bytes", "0"],
+    ] {
+        assert!(ServerConfig::merge(cli(args), ServeArgs::default()).is_err(), "{args:?}");
+    }
+}

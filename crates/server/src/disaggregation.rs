@@ -5,6 +5,9 @@
 //!
 //! A fetch that fails or times out costs only time: the decode instance computes the prompt
 //! itself (vLLM's `kv_load_failure_policy: "recompute"`), unless the config says `"fail"`.
+//! Received pages enter the prefix cache every request shares, so a decode instance fetches
+//! only from the producers its config trusts (`allowed_producers`, loopback by default), and
+//! takes no more blocks than the request's prompt has, nor a value that is not finite.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -99,7 +102,8 @@ impl Disaggregation {
                 .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
             let source =
                 Arc::new(EngineSource { engine: engine.clone(), metrics, model: model_name(model_path) });
-            tokio::spawn(serve(listener, source, config.transfer_timeout.max(config.hold_timeout)));
+            let max_wait = config.transfer_timeout.max(config.hold_timeout);
+            tokio::spawn(serve(listener, source, max_wait, config.idle_timeout));
             tracing::info!(%addr, role = config.role.name(), "KV transfer listener started");
         }
         let engine_id = config.engine_id.clone().unwrap_or_else(|| instance_id.to_owned());
@@ -240,7 +244,7 @@ pub async fn fetch_prompt_kv(
 }
 
 /// Fetches and imports; returns the leading prompt tokens now cached. The error is a metric
-/// label and a message.
+/// label (one of a fixed few, never a host) and a message.
 async fn fetch_and_import(
     engine: &EngineHandle,
     metrics: &Metrics,
@@ -251,13 +255,26 @@ async fn fetch_and_import(
 ) -> Result<usize, (&'static str, String)> {
     let deadline = Instant::now() + pd.config.transfer_timeout;
     let layout = engine.kv_page_layout().ok_or(("refused", "this cache cannot be transferred".to_owned()))?;
+    let bs = layout.block_size.max(1);
+    // The prompt's whole blocks are all a producer can rightly send: the transport refuses a
+    // larger answer before it allocates for it.
     let spec = FetchSpec {
         source: source.clone(),
         model: pd.model.clone(),
         layout: layout.clone(),
-        max_blocks: engine.config().num_blocks,
+        max_blocks: prompt.len() / bs,
     };
     let mut prefix = pd.connector.fetch(&spec, deadline).await.map_err(|e| (e.kind(), e.to_string()))?;
+    // Checked again whatever the transport: what enters the cache is this cache's layout,
+    // whole blocks covered by their pages, no more than the prompt has.
+    if prefix.layout != *layout {
+        return Err(("refused", "the pages' layout is not this cache's".into()));
+    }
+    prefix.check().map_err(|e| ("invalid", e))?;
+    if prefix.num_blocks() > spec.max_blocks {
+        let msg = format!("{} blocks for a prompt of {} whole blocks", prefix.num_blocks(), spec.max_blocks);
+        return Err(("invalid", msg));
+    }
     metrics.record_kv_transfer_received(prefix.num_blocks());
     if prefix.num_blocks() == 0 {
         // A prompt shorter than one block: nothing whole to move, and nothing failed.
@@ -265,12 +282,20 @@ async fn fetch_and_import(
     }
     // Only blocks of this very prompt are imported: a prefill that tokenized differently
     // (another template or model) contributes the blocks the two agree on.
-    let bs = prefix.layout.block_size.max(1);
     let agree = prefix.token_ids.iter().zip(prompt).take_while(|(a, b)| a == b).count();
     prefix.truncate_blocks(agree / bs);
     if prefix.num_blocks() == 0 {
         return Err(("mismatch", "the prefill instance's prompt differs from this one's".into()));
     }
+    // A value that is not finite would turn the logits of every later request hitting these
+    // blocks into NaN. Read off the async workers: a long prompt's pages are many megabytes.
+    let (prefix, checked) = tokio::task::spawn_blocking(move || {
+        let checked = prefix.layout.check_values(&prefix.pages);
+        (prefix, checked)
+    })
+    .await
+    .map_err(|e| ("invalid", format!("checking the pages failed: {e}")))?;
+    checked.map_err(|e| ("invalid", e))?;
     engine.import_prefix(prefix, lora).await.map_err(|e| ("import", e.to_string()))
 }
 

@@ -137,7 +137,8 @@ pub async fn tokenize_pairs(
         .await?
 }
 
-/// Token ids of each input: text cut to `max_len` tokens (special tokens included), token ids
+/// Token ids of each input: text cut to `max_len` tokens (special tokens included; only a prefix
+/// of a long text is tokenized, see `Tokenizer::encode_truncated_bounded`), token ids
 /// checked against the vocabulary and taken as they are. Errors name `param`.
 pub async fn tokenize(
     state: &AppState,
@@ -157,7 +158,7 @@ pub async fn tokenize(
                 .into_iter()
                 .map(|input| match input {
                     PromptInput::Text(text) => tokenizer
-                        .encode_truncated(&text, max_len)
+                        .encode_truncated_bounded(&text, max_len)
                         .map(|(ids, _)| ids)
                         .map_err(|e| ApiError::invalid(param, e.to_string())),
                     PromptInput::Tokens(ids) if ids.is_empty() => {

@@ -10,7 +10,7 @@ use axum::http::header::CONNECTION;
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestId, RequestId};
 use tracing::Instrument;
 
@@ -99,16 +99,39 @@ pub async fn reject_unread(req: Request, error: ApiError) -> Response {
     response
 }
 
-/// CORS for `--allowed-origins` (`*` allows any origin).
-pub fn cors(allowed_origins: &[String]) -> CorsLayer {
+/// CORS for `--allowed-origins`, `--allowed-methods` and `--allowed-headers` (`*` allows
+/// any; no methods: GET, POST, DELETE, OPTIONS; no headers: any); `None` without origins, so that a browser page of another origin gets no CORS headers
+/// and cannot read the answers (the web UI is served from the same origin and needs none).
+pub fn cors(
+    allowed_origins: &[String],
+    allowed_methods: &[String],
+    allowed_headers: &[String],
+) -> Option<CorsLayer> {
+    if allowed_origins.is_empty() {
+        return None;
+    }
     let origin = if allowed_origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
     } else {
         AllowOrigin::list(allowed_origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
     };
-    CorsLayer::new()
-        .allow_origin(origin)
-        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
-        .allow_headers(Any)
-        .expose_headers([X_REQUEST_ID.clone()])
+    let methods = if allowed_methods.iter().any(|m| m == "*") {
+        AllowMethods::any()
+    } else if allowed_methods.is_empty() {
+        AllowMethods::list([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
+    } else {
+        AllowMethods::list(allowed_methods.iter().filter_map(|m| Method::from_bytes(m.as_bytes()).ok()))
+    };
+    let headers = if allowed_headers.is_empty() || allowed_headers.iter().any(|h| h == "*") {
+        AllowHeaders::any()
+    } else {
+        AllowHeaders::list(allowed_headers.iter().filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(origin)
+            .allow_methods(methods)
+            .allow_headers(headers)
+            .expose_headers([X_REQUEST_ID.clone()]),
+    )
 }

@@ -2,12 +2,18 @@
 //! `/v1/models` lists each with the base model as its `parent`, and with run-time updates on,
 //! `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` change the set while serving. A name
 //! appears only once its adapter is loaded, and goes only once the engine has dropped it.
+//!
+//! A run-time load reads and checks the adapter's files on a blocking thread, confined to
+//! `--lora-dirs` (symlinks resolved) and to regular files of bounded size; the engine thread only
+//! installs the adapter once it is ready, so a slow or hostile file never stalls generation. A
+//! load whose client goes away leaves nothing behind: its read is dropped, or its install undone.
+//! Error messages name files by their role, never by path.
 
-use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
 use pagoda_engine::{EngineHandle, LoraId};
-use pagoda_runtime::LoraSettings;
+use pagoda_runtime::{AdapterError, AdapterReader, Confinement, LoraSettings};
 
 use crate::error::ApiError;
 
@@ -22,20 +28,44 @@ pub struct ServedAdapter {
 }
 
 /// The adapters served, in the order they were loaded.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ServedAdapters {
     adapters: RwLock<Vec<ServedAdapter>>,
     settings: Option<LoraSettings>,
-    /// Serializes loads and unloads, so that a name is checked and taken by one at a time.
+    /// Reads run-time loads; `None` when LoRA is off.
+    reader: Option<Arc<AdapterReader>>,
+    /// Serializes loads and unloads, so that a name is checked and taken by one at a time; holds
+    /// the next id, which no load ever reuses.
     updating: tokio::sync::Mutex<LoraId>,
+    /// One adapter read at a time: a read runs to its end even when its client has gone, and the
+    /// next load waits for it, so abandoned loads cannot pile up reads.
+    reading: Arc<tokio::sync::Semaphore>,
+}
+
+/// LoRA off.
+impl Default for ServedAdapters {
+    fn default() -> Self {
+        Self::new(Vec::new(), None, None)
+    }
 }
 
 impl ServedAdapters {
-    /// The start-up adapters (`loaded`, with their ids) under `settings` (`None`: LoRA off).
-    pub fn new(loaded: Vec<(String, LoraId, PathBuf)>, settings: Option<LoraSettings>) -> Self {
+    /// The start-up adapters (`loaded`, with their ids) under `settings` (`None`: LoRA off), and
+    /// what reads run-time loads.
+    pub fn new(
+        loaded: Vec<(String, LoraId, PathBuf)>,
+        settings: Option<LoraSettings>,
+        reader: Option<Arc<AdapterReader>>,
+    ) -> Self {
         let next_id = loaded.iter().map(|(_, id, _)| *id).max().unwrap_or(0) + 1;
         let adapters = loaded.into_iter().map(|(name, id, path)| ServedAdapter { name, id, path }).collect();
-        Self { adapters: RwLock::new(adapters), settings, updating: tokio::sync::Mutex::new(next_id) }
+        Self {
+            adapters: RwLock::new(adapters),
+            settings,
+            reader,
+            updating: tokio::sync::Mutex::new(next_id),
+            reading: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<ServedAdapter> {
@@ -78,7 +108,7 @@ impl ServedAdapters {
     }
 
     /// Loads the adapter in `path` under `name`; `model_names` are the base model's names,
-    /// which no adapter may take.
+    /// which no adapter may take. Dropping the future (the client left) leaves no adapter.
     pub async fn load(
         &self,
         engine: &EngineHandle,
@@ -100,13 +130,28 @@ impl ServedAdapters {
                 format!("{} adapters are loaded, the most --max-cpu-loras allows", settings.max_cpu_loras),
             ));
         }
-        let dir = allowed(Path::new(path), &settings.allowed_dirs)?;
-        let id = *next_id;
-        engine
-            .load_lora(id, dir.clone(), settings.max_lora_rank)
+        let reader = self.reader.clone().ok_or_else(|| ApiError::invalid("lora_path", "LoRA is off"))?;
+        let permit = Arc::clone(&self.reading).acquire_owned().await;
+        let (roots, max_rank, path) =
+            (settings.allowed_dirs.clone(), settings.max_lora_rank, PathBuf::from(path));
+        let read = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let confine = Confinement::new(&roots);
+            let dir = confine.resolve(&path, "lora_path")?;
+            let adapter = reader.read(&dir, max_rank, &confine)?;
+            Ok::<_, AdapterError>((dir, adapter))
+        });
+        let (dir, adapter) = read
             .await
-            .map_err(|message| ApiError::invalid("lora_path", message))?;
+            .map_err(|_| ApiError::invalid("lora_path", "the adapter could not be read"))?
+            .map_err(|e| ApiError::invalid("lora_path", e.to_string()))?;
+        let id = *next_id;
+        // Taken before the engine sees it: an install cut short never leaves an id to reuse.
         *next_id += 1;
+        let mut undo = UninstallOnDrop { engine: Some(engine.clone()), id };
+        let installed = engine.install_lora(id, adapter).await;
+        undo.engine = None;
+        installed.map_err(|message| ApiError::invalid("lora_path", message))?;
         self.write().push(ServedAdapter { name: name.to_owned(), id, path: dir });
         Ok(())
     }
@@ -136,17 +181,21 @@ impl ServedAdapters {
     }
 }
 
-/// `path`, made absolute, when it is a directory under one of `dirs` (or anywhere when `dirs`
-/// is empty).
-fn allowed(path: &Path, dirs: &[PathBuf]) -> Result<PathBuf, ApiError> {
-    let dir = std::fs::canonicalize(path)
-        .map_err(|e| ApiError::invalid("lora_path", format!("{}: {e}", path.display())))?;
-    let inside = |root: &PathBuf| std::fs::canonicalize(root).is_ok_and(|root| dir.starts_with(root));
-    if !dirs.is_empty() && !dirs.iter().any(inside) {
-        return Err(ApiError::invalid(
-            "lora_path",
-            format!("{} is outside the directories --lora-dirs allows", path.display()),
-        ));
+/// Unloads adapter `id` when dropped armed: a load whose future is dropped while the engine
+/// installs the adapter takes it out again (the engine runs commands in order).
+struct UninstallOnDrop {
+    engine: Option<EngineHandle>,
+    id: LoraId,
+}
+
+impl Drop for UninstallOnDrop {
+    fn drop(&mut self) {
+        let (Some(engine), Ok(runtime)) = (self.engine.take(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let id = self.id;
+        runtime.spawn(async move {
+            let _ = engine.unload_lora(id).await;
+        });
     }
-    Ok(dir)
 }

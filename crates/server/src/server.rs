@@ -78,10 +78,12 @@ impl EngineObserver for StepObserver {
     }
 }
 
-/// Starts the KV-event publisher `config` asks for. Adapters are named through `state` once
-/// it exists (their names and paths go into their blocks' hashes).
-async fn start_kv_events(
+/// Starts the KV-event publisher `config` asks for; a `*` endpoint binds `host` (`--host`).
+/// Adapters are named through `state` once it exists (their names and paths go into their
+/// blocks' hashes).
+fn start_kv_events(
     config: &KvEventsConfig,
+    host: &str,
     engine: &pagoda_engine::EngineConfig,
     state: Arc<OnceLock<Weak<AppState>>>,
 ) -> Result<KvEventPublisher, ServeError> {
@@ -91,7 +93,7 @@ async fn start_kv_events(
         let adapter = state.loras.list().into_iter().find(|a| a.id == id)?;
         Some((adapter.name, adapter.path.display().to_string()))
     });
-    let publisher = KvEventPublisher::start(config, engine.block_size, windows, adapters).await?;
+    let publisher = KvEventPublisher::start(config, host, engine.block_size, windows, adapters)?;
     let ends = publisher.endpoints();
     tracing::info!(publish = %ends.publish, replay = ?ends.replay, topic = %config.topic, "publishing KV events");
     Ok(publisher)
@@ -178,7 +180,12 @@ impl Server {
         let kv_events = match &config.kv_events {
             Some(kv) => {
                 runtime.engine_config.kv_cache_events = true;
-                Some(Arc::new(start_kv_events(kv, &runtime.engine_config, Arc::clone(&state_cell)).await?))
+                Some(Arc::new(start_kv_events(
+                    kv,
+                    &config.host,
+                    &runtime.engine_config,
+                    Arc::clone(&state_cell),
+                )?))
             }
             None => None,
         };
@@ -243,8 +250,13 @@ impl Server {
                     .map(|(publisher, config)| crate::state::KvEventSource { publisher, config }),
             },
             embedding,
-            loras: crate::lora::ServedAdapters::new(running.loras.clone(), config.engine.lora.clone()),
-            responses: ResponseStore::new(config.max_stored_responses),
+            loras: crate::lora::ServedAdapters::new(
+                running.loras.clone(),
+                config.engine.lora.clone(),
+                running.lora_reader.clone(),
+            ),
+            responses: ResponseStore::new(config.max_stored_responses)
+                .with_byte_limits(config.stored_responses_memory, config.max_stored_response_bytes),
             grammars,
             tool_format,
             reasoning,
@@ -277,6 +289,9 @@ impl Server {
         let http = HttpOptions {
             api_key: config.api_key.clone(),
             allowed_origins: config.allowed_origins.clone(),
+            allowed_methods: config.allowed_methods.clone(),
+            allowed_headers: config.allowed_headers.clone(),
+            health_generate_without_key: config.health_generate_without_key,
             max_request_body_bytes: config.max_request_body_bytes,
             web_ui: config.web_ui,
         };

@@ -8,8 +8,9 @@
 //!   `json_object`, `structural_tag`;
 //! - the older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 //!
-//! At most one of them may ask for a grammar; anything malformed or unsupported is a 400 naming
-//! the parameter and the reason.
+//! At most one of them may ask for a grammar; anything malformed or unsupported, nested or
+//! chained deeper than `pagoda_structured::limits` allows, or matching no output at all is a 400
+//! naming the parameter and the reason.
 
 use pagoda_structured::{CompiledGrammar, GrammarError, GrammarSpec, StructuralTag, TagStructure};
 use serde_json::Value;
@@ -262,7 +263,11 @@ pub async fn compile(state: &AppState, requested: RequestedGrammar) -> Result<Co
             state.metrics.record_grammar_compile(kind, grammar.compile_time, grammar.cache_hit);
             Ok(grammar)
         }
-        Err(GrammarError::Invalid(why)) => Err(ApiError::invalid(param.clone(), format!("`{param}`: {why}"))),
+        // The compiler's own failure is the server's, not the request's.
+        Err(GrammarError::Compiler(why)) => {
+            Err(ApiError::Internal(format!("grammar compilation stopped: {why}")))
+        }
+        // Malformed, too deep (`pagoda_structured::limits`), or no vocabulary for it.
         Err(other) => Err(ApiError::invalid(param.clone(), format!("`{param}`: {other}"))),
     }
 }

@@ -9,6 +9,14 @@ const Markdown = (() => {
   const escapeHtml = (s) =>
     s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
 
+  // Bold, italics and strike-through of escaped text with no tags in it.
+  function emphasis(s) {
+    s = s.replace(/\*\*([^*]+)\*\*/g, "<strong>$1</strong>").replace(/__([^_]+)__/g, "<strong>$1</strong>");
+    s = s.replace(/(^|[^*])\*([^*\s][^*]*)\*/g, "$1<em>$2</em>");
+    s = s.replace(/(^|[^\w_])_([^_\s][^_]*)_(?=[^\w]|$)/g, "$1<em>$2</em>");
+    return s.replace(/~~([^~]+)~~/g, "<del>$1</del>");
+  }
+
   // Inline spans of one line of escaped-later text. Code spans are cut out first so that their
   // contents are never read as emphasis.
   function inline(text) {
@@ -19,16 +27,18 @@ const Markdown = (() => {
           const ticks = part.match(/^`+/)[0].length;
           return `<code>${escapeHtml(part.slice(ticks, part.length - ticks))}</code>`;
         }
-        let s = escapeHtml(part);
+        // A link's tag stands aside as a placeholder while emphasis is read, so that `*`, `_`
+        // and `~` in its href never become tags inside the attribute; its label is read alone.
+        const links = [];
+        let s = escapeHtml(part.replace(/\u0000/g, ""));
         s = s.replace(/\[([^\]]+)\]\(([^)\s]+)\)/g, (m, label, href) => {
           const safe = /^(https?:|mailto:)/i.test(href) ? href : null;
-          return safe ? `<a href="${safe}" target="_blank" rel="noopener noreferrer">${label}</a>` : label;
+          if (!safe) return label;
+          links.push(`<a href="${safe}" target="_blank" rel="noopener noreferrer">${emphasis(label)}</a>`);
+          return `\u0000${links.length - 1}\u0000`;
         });
-        s = s.replace(/\*\*([^*]+)\*\*/g, "<strong>$1</strong>").replace(/__([^_]+)__/g, "<strong>$1</strong>");
-        s = s.replace(/(^|[^*])\*([^*\s][^*]*)\*/g, "$1<em>$2</em>");
-        s = s.replace(/(^|[^\w_])_([^_\s][^_]*)_(?=[^\w]|$)/g, "$1<em>$2</em>");
-        s = s.replace(/~~([^~]+)~~/g, "<del>$1</del>");
-        return s;
+        s = emphasis(s);
+        return s.replace(/\u0000(\d+)\u0000/g, (m, n) => links[Number(n)]);
       })
       .join("");
   }

@@ -53,8 +53,9 @@ impl GrammarConstraint {
         self.tok_env.tok_trie()
     }
 
+    /// llguidance's errors carry its parser state after the reason; the reason alone goes on.
     fn error(&self, what: &str, err: impl std::fmt::Display) -> ConstraintError {
-        ConstraintError(format!("{what}: {err}"))
+        ConstraintError(format!("{what}: {}", crate::compiler::clean(&err.to_string())))
     }
 }
 

@@ -142,6 +142,19 @@ impl GrammarSpec {
         }
     }
 
+    /// What to tell a client whose grammar compiles but allows no output at all.
+    pub(crate) fn matches_nothing(&self) -> &'static str {
+        match self {
+            GrammarSpec::JsonSchema(_) | GrammarSpec::JsonObject => {
+                "the JSON schema matches no value at all, as with a `$ref` that refers only to itself (or a cycle of `$ref`s with nothing else to match)"
+            }
+            GrammarSpec::Lark(_) | GrammarSpec::StructuralTag(_) => {
+                "the grammar matches no text at all, as with a rule that refers only to itself (or rules that refer only to each other)"
+            }
+            GrammarSpec::Regex(_) | GrammarSpec::Choice(_) => "the pattern matches no text",
+        }
+    }
+
     pub(crate) fn to_llguidance(&self) -> Result<TopLevelGrammar, GrammarError> {
         Ok(match self {
             GrammarSpec::JsonSchema(schema) => {

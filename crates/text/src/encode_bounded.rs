@@ -5,6 +5,10 @@
 //! tokenizer state per token) before any length check could refuse it. [`Tokenizer::encode_bounded`]
 //! first counts tokens piece by piece, stopping as soon as the count is certainly over the limit,
 //! and only tokenizes the whole text (for exact ids) when it is not.
+//!
+//! Where a long text is cut rather than refused (an embedding input cut to the model's limit),
+//! [`Tokenizer::encode_truncated_bounded`] tokenizes a prefix a little longer than what is kept,
+//! not the whole text.
 
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -51,7 +55,8 @@ impl Tokenizer {
                 }
                 // Every cut may have added a few tokens; past the limit even without them, the
                 // whole text cannot fit.
-                if counted > limit + cuts * SLACK_PER_CUT {
+                // Saturating: a limit of `usize::MAX` (a count with no limit) must not wrap.
+                if counted > limit.saturating_add(cuts * SLACK_PER_CUT) {
                     return Err(BoundedEncodeError::TooManyTokens {
                         limit,
                         at_least: counted.saturating_sub(cuts * SLACK_PER_CUT),
@@ -71,6 +76,44 @@ impl Tokenizer {
             });
         }
         Ok(ids)
+    }
+}
+
+/// Tokens a prefix must have past the `max_len` kept, so that the cut's effect on the last
+/// tokens (a word cut in two, merges across the cut) never reaches the kept ones.
+const PREFIX_SLACK_TOKENS: usize = 16;
+
+/// Bytes per token of the first prefix tried: above what ordinary text takes (about 4), so that
+/// one try is the rule; a denser text grows the prefix.
+const PREFIX_BYTES_PER_TOKEN: usize = 8;
+
+impl Tokenizer {
+    /// [`encode_truncated`](Tokenizer::encode_truncated) of `text` (at most `max_len` ids,
+    /// special tokens included; whether anything was cut), tokenizing only a prefix: one cut at
+    /// whitespace where there is some, with at least [`PREFIX_SLACK_TOKENS`] tokens more than
+    /// are kept (the prefix grows fourfold until it has them or is the whole text). The
+    /// pre-tokenizer splits at whitespace, so the kept ids are those of the whole text; the work
+    /// and memory are O(`max_len`) for ordinary text, whatever its size.
+    pub fn encode_truncated_bounded(
+        &self,
+        text: &str,
+        max_len: usize,
+    ) -> Result<(Vec<u32>, bool), TokenizerError> {
+        let wanted = max_len.saturating_add(PREFIX_SLACK_TOKENS);
+        let mut prefix_bytes = wanted.saturating_mul(PREFIX_BYTES_PER_TOKEN);
+        loop {
+            let end = cut_point(text, prefix_bytes);
+            if end >= text.len() {
+                return self.encode_truncated(text, max_len);
+            }
+            let prefix = &text[..end];
+            if self.encode(prefix, false)?.len() >= wanted {
+                // The whole text has at least as many tokens as the prefix, less the slack: it
+                // is cut too.
+                return self.encode_truncated(prefix, max_len).map(|(ids, _)| (ids, true));
+            }
+            prefix_bytes = prefix_bytes.saturating_mul(4);
+        }
     }
 }
 

@@ -226,6 +226,66 @@ fn samples_share_prompt_blocks_and_draw_independently() {
     assert_eq!(h.sched.block_manager().num_free_blocks(), 64);
 }
 
+/// Every block copy of `batch`, just scheduled, is the copy-on-write of a scheduled sequence's
+/// partial block, the one its first new token lands in: never a full block, and never two for
+/// one sequence. Returns the distinct sources.
+fn assert_copies_are_partial_blocks(h: &Harness, batch: &ScheduledBatch) -> Vec<u32> {
+    let bs = h.sched.block_manager().block_size();
+    let mut copied_for = std::collections::HashSet::new();
+    for &(src, dst) in &batch.block_copies {
+        let s = batch.seqs.iter().find(|s| {
+            h.sched.block_tables(s.seq_id).is_some_and(|t| t[0].get(s.start_pos / bs) == Some(&dst))
+        });
+        let s = s.unwrap_or_else(|| panic!("copy {src} -> {dst} is no scheduled sequence's block"));
+        assert_ne!(s.start_pos % bs, 0, "copy {src} -> {dst}: a block the sequence starts afresh");
+        assert!(copied_for.insert(s.seq_id), "two copies for sequence {}", s.seq_id);
+    }
+    let mut sources: Vec<u32> = batch.block_copies.iter().map(|&(src, _)| src).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    sources
+}
+
+impl Harness {
+    /// One step, its block copies checked against the tables as scheduled; returns the batch
+    /// and the copies' distinct sources.
+    fn step_checking_copies(&mut self) -> (ScheduledBatch, Vec<u32>) {
+        let batch = self.sched.schedule();
+        let sources = assert_copies_are_partial_blocks(self, &batch);
+        if !batch.is_empty() {
+            let out = self.exec.execute(&batch).unwrap();
+            self.sched.update(out, &mut self.events).unwrap();
+        }
+        self.drain();
+        self.sched.audit().unwrap();
+        (batch, sources)
+    }
+}
+
+#[test]
+fn a_fork_copies_only_its_shared_partial_block_whatever_the_pool() {
+    // 64 samples of a 10-token prompt (blocks of 4) in a pool of 4096 blocks.
+    let mut h = Harness::small(4, 4096);
+    h.add(Request::new(1, prompt(10, 3), params(1.0, 9)).with_max_tokens(2).with_n(64));
+    let prefill = h.step();
+    assert!(prefill.block_copies.is_empty());
+    let shared = h.sched.block_tables(prefill.seqs[0].seq_id).unwrap()[0].clone();
+    assert_eq!(shared.len(), 3);
+    let (batch, sources) = h.step_checking_copies();
+    assert_eq!(batch.seqs.len(), 64);
+    // The two full blocks are shared by reference; the partial third is copied for every
+    // sample but the one left holding it, and nothing else is copied or allocated.
+    assert_eq!(batch.block_copies.len(), 63);
+    assert_eq!(sources, [shared[2]]);
+    assert_eq!(h.sched.block_manager().num_used_blocks(), 3 + 63);
+    for s in &batch.seqs {
+        assert_eq!(h.sched.block_tables(s.seq_id).unwrap()[0][..2], shared[..2]);
+    }
+    h.run();
+    assert_eq!(h.usage(1).completion_tokens, 128);
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 4096);
+}
+
 #[test]
 fn preemption_by_recompute_keeps_outputs() {
     // 12 blocks of 4 tokens; three sequences growing to 40 tokens cannot all fit.

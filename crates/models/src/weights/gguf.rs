@@ -112,6 +112,11 @@ impl GgufWeights {
         None
     }
 
+    /// The names of the tensors in all parts.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &String> {
+        self.part_of.keys()
+    }
+
     pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
         &self.parts[0].content.metadata
     }
@@ -181,6 +186,8 @@ fn open_part(path: &Path) -> Result<Part> {
     let gguf_err = |message: String| ModelError::Gguf { path: path.to_path_buf(), message };
     let file = File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
     let mut reader = BufReader::new(file);
+    // Ours first: candle's reader trusts the alignment and the tensor dimensions.
+    crate::gguf_check::check_gguf(&mut reader).map_err(|e| gguf_err(e.to_string()))?;
     let content = gguf_file::Content::read(&mut reader).map_err(|e| gguf_err(e.to_string()))?;
     let file_len = reader
         .seek(SeekFrom::End(0))

@@ -24,7 +24,7 @@ use crate::layers::Arrival;
 use crate::openai::{unix_now, ErrorResponse};
 use crate::responses::reply::{output_items, OutputEvents};
 use crate::responses::request::{chat_turn, input_items};
-use crate::responses::store::StoredResponse;
+use crate::responses::store::{json_len, StoredResponse};
 use crate::responses::wire::{
     DeletedResponse, InputItemList, InputTokensDetails, OutputTokensDetails, ResponseObject, ResponseUsage,
     ResponsesRequest,
@@ -87,6 +87,40 @@ fn skeleton(req: &ResponsesRequest, model: String, store: bool) -> Result<Respon
     })
 }
 
+/// Refuses, before any generation, a response to be stored whose own fields are already over
+/// `--max-stored-response-bytes`, naming its largest field: storing it would be refused, and a
+/// client that asked for `store` must not get an answer it cannot retrieve.
+fn check_storable(
+    state: &SharedState,
+    response: &ResponseObject,
+    input_items: &[Value],
+) -> Result<(), ApiError> {
+    let limit = state.responses.entry_bytes();
+    let bytes = json_len(response) + json_len(input_items);
+    if bytes <= limit {
+        return Ok(());
+    }
+    let fields = [
+        ("input", json_len(input_items)),
+        ("instructions", json_len(&response.instructions)),
+        ("user", json_len(&response.user)),
+        ("metadata", json_len(&response.metadata)),
+        ("tools", json_len(&response.tools)),
+        ("text", json_len(&response.text)),
+        ("tool_choice", json_len(&response.tool_choice)),
+        ("reasoning", json_len(&response.reasoning)),
+    ];
+    let (field, field_bytes) = fields.into_iter().max_by_key(|&(_, b)| b).unwrap_or(("input", bytes));
+    Err(ApiError::invalid(
+        field,
+        format!(
+            "the response would be stored (`store` is true) and would take {bytes} bytes, {field_bytes} of \
+             them in `{field}`; this server stores responses of at most {limit} bytes \
+             (--max-stored-response-bytes). Send less, or set `store` to false."
+        ),
+    ))
+}
+
 /// With `truncation: auto`, drops the oldest messages (a call with its results) until the
 /// prompt leaves room for the output; the last message always stays.
 async fn fit(state: &SharedState, turn: &mut ChatTurn, max_output: Option<u32>) -> Result<(), ApiError> {
@@ -141,7 +175,10 @@ pub async fn create(
     let (model, lora) = state.resolve_model(req.model.as_deref())?;
     let store = req.store.unwrap_or(state.responses.enabled());
     if store && !state.responses.enabled() {
-        return Err(ApiError::invalid("store", "this server stores no responses (--max-stored-responses 0)"));
+        return Err(ApiError::invalid(
+            "store",
+            "this server stores no responses (--max-stored-responses 0 or --stored-responses-memory 0)",
+        ));
     }
     let mut items = match &req.previous_response_id {
         Some(id) => state.responses.history(id)?,
@@ -154,6 +191,9 @@ pub async fn create(
     }
     items.extend(new_items.iter().cloned());
     let response = skeleton(&req, model, store)?;
+    if store {
+        check_storable(&state, &response, &new_items)?;
+    }
     let (mut turn, namespaces) = chat_turn(&state, &req, &items, first_new)?;
     turn.lora = lora;
     if req.truncation.as_deref() == Some("auto") {
@@ -225,9 +265,10 @@ impl Finishing {
             total_tokens: usage.prompt_tokens + usage.completion_tokens,
         });
         if self.store {
-            self.state
-                .responses
-                .insert(StoredResponse { response: response.clone(), input_items: self.input_items.clone() });
+            let entry = StoredResponse { response: response.clone(), input_items: self.input_items.clone() };
+            if !self.state.responses.insert(entry) {
+                tracing::warn!(id = %response.id, "response not stored: its output makes it larger than --max-stored-response-bytes");
+            }
         }
     }
 }

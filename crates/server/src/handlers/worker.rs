@@ -3,11 +3,11 @@
 //! process and its engine are alive; `/ready` says it takes new requests now.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 
 use crate::config::GetLoadFormat;
 use crate::error::ApiError;
@@ -21,8 +21,46 @@ use crate::state::SharedState;
 /// How long `/health_generate`'s one-token generation may take, queueing included.
 const HEALTH_GENERATE_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The server's identity and capacity.
-#[utoipa::path(get, path = "/server_info", tag = "router", responses((status = 200, body = ServerInfo)))]
+/// How long one probe's answer serves later `/health_generate` callers: a flood of probes costs
+/// at most one generation per interval, never a place in the admission queue each.
+const HEALTH_GENERATE_REUSE: Duration = Duration::from_secs(1);
+
+/// The last `/health_generate` probe: when it ended and how it went. Callers take turns on the
+/// lock, so those that arrive while a probe runs wait for it and share its answer.
+#[derive(Debug, Default)]
+pub struct HealthProbe {
+    last: tokio::sync::Mutex<Option<(Instant, Result<(), ApiError>)>>,
+}
+
+impl HealthProbe {
+    /// The answer of a probe that ended within [`HEALTH_GENERATE_REUSE`], else of a new one.
+    async fn check(&self, state: &SharedState) -> Result<(), ApiError> {
+        let mut last = self.last.lock().await;
+        if let Some((ended, result)) =
+            last.as_ref().filter(|(ended, _)| ended.elapsed() < HEALTH_GENERATE_REUSE)
+        {
+            tracing::trace!(age = ?ended.elapsed(), "health probe reused");
+            return result.clone();
+        }
+        let result = tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, generate_one(state))
+            .await
+            .map_err(|_| {
+                ApiError::EngineUnavailable(format!(
+                    "no token generated within {} s",
+                    HEALTH_GENERATE_TIMEOUT.as_secs()
+                ))
+            })
+            .and_then(|r| r);
+        *last = Some((Instant::now(), result.clone()));
+        result
+    }
+}
+
+/// The server's identity and capacity (behind the API key when one is set: it names the
+/// model's path and the process).
+#[utoipa::path(get, path = "/server_info", tag = "router",
+    responses((status = 200, body = ServerInfo), (status = 401, body = ErrorResponse)),
+    security((), ("api_key" = [])))]
 pub async fn server_info(State(state): State<SharedState>) -> Json<ServerInfo> {
     let ec = state.engine.config();
     let name = state.model.served_names[0].clone();
@@ -135,19 +173,20 @@ pub async fn flush_cache(State(state): State<SharedState>) -> Result<Json<FlushR
     Ok(Json(FlushResponse { message: "Cache flushed.".to_owned(), flushed_blocks }))
 }
 
-/// 200 once one greedy token has been generated end to end (the engine runs, not only lives);
-/// 503 otherwise. Embedding models answer with their engine's health.
+/// 200 once one greedy token has been generated end to end (the engine runs, not only lives),
+/// by a probe shared with the callers of the last second; 503 otherwise. Embedding models
+/// answer with their engine's health. Behind the API key unless `--health-generate-without-key`.
 #[utoipa::path(get, path = "/health_generate", tag = "router",
-    responses((status = 200, body = StatusResponse), (status = 503, body = ErrorResponse)))]
-pub async fn health_generate(State(state): State<SharedState>) -> Result<Json<StatusResponse>, ApiError> {
+    responses((status = 200, body = StatusResponse), (status = 401, body = ErrorResponse),
+              (status = 503, body = ErrorResponse)),
+    security((), ("api_key" = [])))]
+pub async fn health_generate(
+    State(state): State<SharedState>,
+    Extension(probe): Extension<Arc<HealthProbe>>,
+) -> Result<Json<StatusResponse>, ApiError> {
     state.engine.health()?;
     if state.embedding.is_none() {
-        tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, generate_one(&state)).await.map_err(|_| {
-            ApiError::EngineUnavailable(format!(
-                "no token generated within {} s",
-                HEALTH_GENERATE_TIMEOUT.as_secs()
-            ))
-        })??;
+        probe.check(&state).await?;
     }
     Ok(Json(StatusResponse { status: "ok".to_owned() }))
 }

@@ -1,13 +1,16 @@
 //! Stored responses, for `GET` / `DELETE /v1/responses/{id}`, `input_items` and
-//! `previous_response_id`. A bounded in-memory map (`--max-stored-responses` entries) that
-//! evicts the least recently used; each entry holds its own input items and its response, and
-//! names its predecessor, so a conversation's history is the chain of its entries and an entry
-//! costs what its own turn costs, not the whole conversation.
+//! `previous_response_id`. A bounded in-memory map that evicts the least recently used: at most
+//! `--max-stored-responses` entries and `--stored-responses-memory` bytes in all (an entry's
+//! bytes are its JSON's length, which is what its strings and values hold), so a few huge
+//! entries cannot hold gigabytes while the count is small. Each entry holds its own input items
+//! and its response, and names its predecessor, so a conversation's history is the chain of its
+//! entries and an entry costs what its own turn costs, not the whole conversation.
 
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
 
 use lru::LruCache;
+use serde::Serialize;
 use serde_json::Value;
 
 use super::wire::ResponseObject;
@@ -21,19 +24,82 @@ pub struct StoredResponse {
     pub input_items: Vec<Value>,
 }
 
+impl StoredResponse {
+    /// What the entry holds, in bytes: the length of its JSON.
+    pub fn bytes(&self) -> usize {
+        json_len(&self.response) + json_len(&self.input_items)
+    }
+}
+
+/// The length of `value`'s JSON, counted without building it.
+pub fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Serializing a `Value` or a derived struct into a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// Default of `--stored-responses-memory`.
+pub const DEFAULT_STORE_BYTES: usize = 256 << 20;
+/// Default of `--max-stored-response-bytes`.
+pub const DEFAULT_ENTRY_BYTES: usize = 4 << 20;
+
+/// The entries and their bytes in all.
+#[derive(Debug)]
+struct Entries {
+    map: LruCache<String, (StoredResponse, usize)>,
+    bytes: usize,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct ResponseStore {
-    entries: Option<Mutex<LruCache<String, StoredResponse>>>,
+    entries: Option<Mutex<Entries>>,
+    /// Most bytes all entries may hold together.
+    budget_bytes: usize,
+    /// Most bytes one entry may hold.
+    entry_bytes: usize,
 }
 
 impl ResponseStore {
-    /// A store of at most `capacity` responses; 0 stores nothing (`store: true` is then refused).
+    /// A store of at most `capacity` responses (and the default byte limits); 0 stores nothing
+    /// (`store: true` is then refused).
     pub fn new(capacity: usize) -> Self {
-        Self { entries: NonZeroUsize::new(capacity).map(|c| Mutex::new(LruCache::new(c))) }
+        Self {
+            entries: NonZeroUsize::new(capacity)
+                .map(|c| Mutex::new(Entries { map: LruCache::new(c), bytes: 0 })),
+            budget_bytes: DEFAULT_STORE_BYTES,
+            entry_bytes: DEFAULT_ENTRY_BYTES,
+        }
     }
 
-    fn lock(&self) -> Option<std::sync::MutexGuard<'_, LruCache<String, StoredResponse>>> {
+    /// The store holding at most `budget_bytes` in all and `entry_bytes` per entry (at most
+    /// the budget); a budget of 0 stores nothing.
+    pub fn with_byte_limits(mut self, budget_bytes: usize, entry_bytes: usize) -> Self {
+        if budget_bytes == 0 {
+            self.entries = None;
+        }
+        self.budget_bytes = budget_bytes;
+        self.entry_bytes = entry_bytes.min(budget_bytes);
+        self
+    }
+
+    /// Most bytes one stored response may hold.
+    pub fn entry_bytes(&self) -> usize {
+        self.entry_bytes
+    }
+
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Entries>> {
         // A poisoned lock only means another request panicked mid-update of a map entry,
         // which leaves the map itself consistent.
         self.entries.as_ref().map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
@@ -43,23 +109,49 @@ impl ResponseStore {
         self.entries.is_some()
     }
 
-    pub fn insert(&self, entry: StoredResponse) {
-        if let Some(mut map) = self.lock() {
-            map.put(entry.response.id.clone(), entry);
+    /// Stores `entry`, evicting the least recently used until the count and the bytes fit.
+    /// Returns false, storing nothing, for an entry over the per-entry limit (the request's
+    /// own fields were checked before generation, so only a long output gets here).
+    pub fn insert(&self, entry: StoredResponse) -> bool {
+        let Some(mut entries) = self.lock() else { return false };
+        let bytes = entry.bytes();
+        if bytes > self.entry_bytes {
+            return false;
         }
+        let id = entry.response.id.clone();
+        if let Some((_, old)) = entries.map.pop(&id) {
+            entries.bytes -= old;
+        }
+        while entries.bytes + bytes > self.budget_bytes {
+            let Some((_, (_, evicted))) = entries.map.pop_lru() else { break };
+            entries.bytes -= evicted;
+        }
+        if let Some((_, (_, evicted))) = entries.map.push(id, (entry, bytes)) {
+            entries.bytes -= evicted;
+        }
+        entries.bytes += bytes;
+        true
     }
 
     /// The entry of `id` (marked as recently used).
     pub fn get(&self, id: &str) -> Option<StoredResponse> {
-        self.lock()?.get(id).cloned()
+        self.lock()?.map.get(id).map(|(entry, _)| entry.clone())
     }
 
     pub fn remove(&self, id: &str) -> Option<StoredResponse> {
-        self.lock()?.pop(id)
+        let mut entries = self.lock()?;
+        let (entry, bytes) = entries.map.pop(id)?;
+        entries.bytes -= bytes;
+        Some(entry)
     }
 
     pub fn len(&self) -> usize {
-        self.lock().map_or(0, |m| m.len())
+        self.lock().map_or(0, |e| e.map.len())
+    }
+
+    /// Bytes the entries hold in all.
+    pub fn bytes(&self) -> usize {
+        self.lock().map_or(0, |e| e.bytes)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -128,5 +220,24 @@ mod tests {
         let off = ResponseStore::new(0);
         off.insert(entry("x", None));
         assert!(!off.enabled() && off.get("x").is_none());
+    }
+
+    #[test]
+    fn bytes_are_bounded_in_all_and_per_entry() {
+        let size = entry("a", None).bytes();
+        let store = ResponseStore::new(100).with_byte_limits(2 * size + size / 2, size);
+        for id in ["a", "b", "c"] {
+            assert!(store.insert(entry(id, None)));
+        }
+        // Two fit in the budget: the oldest went, and the count says so.
+        assert_eq!((store.len(), store.bytes()), (2, 2 * size));
+        assert!(store.get("a").is_none() && store.get("c").is_some());
+        let mut big = entry("d", None);
+        big.input_items.push(serde_json::json!("x".repeat(size)));
+        assert!(!store.insert(big));
+        assert!(store.get("d").is_none());
+        assert!(store.remove("c").is_some());
+        assert_eq!(store.bytes(), size);
+        assert!(!ResponseStore::new(8).with_byte_limits(0, 0).enabled());
     }
 }

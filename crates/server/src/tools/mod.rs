@@ -91,6 +91,9 @@ fn tool_spec(i: usize, tool: &Value) -> Result<ToolSpec, InvalidParam> {
         }
         Some(_) => return Err(invalid(p(".function.parameters"), "must be a JSON schema object")),
     };
+    // Checked here too so the error names this tool's schema, not the grammar built from all.
+    pagoda_structured::limits::check_schema(&parameters)
+        .map_err(|e| invalid(p(".function.parameters"), e))?;
     if let Some(strict) = f.get("strict") {
         if !strict.is_boolean() && !strict.is_null() {
             return Err(invalid(p(".function.strict"), "must be a boolean"));

@@ -87,6 +87,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         allowed_origins: vec!["*".into()],
         max_request_body_bytes: 1 << 20,
         web_ui: true,
+        ..Default::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

@@ -196,3 +196,59 @@ async fn fields_are_honoured_or_refused_by_name() -> Result<()> {
     assert_eq!(status, 200, "{json}");
     Ok(())
 }
+
+/// Issue 63 (item 6): forking a request into `n` samples cost time in proportion to the KV
+/// cache (each copy-on-write of the shared partial block cloned whole cache tensors): with the
+/// default 1 GiB cache `n: 64` took about a minute, and every other request waited meanwhile.
+/// A fork must cost what its blocks cost: `n: 64` under twice `n: 1` at equal `max_tokens`.
+/// Each call has a prompt of its own (no prefix-cache hits) of about 500 tokens, computed once
+/// for all its samples, so that what is compared is not the samples' own tokens (64 rows a
+/// step against one, which on two CPU cores cost about as much as a prompt of 130 tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_cost_their_blocks_not_the_kv_cache() -> Result<()> {
+    // The default KV cache (1 GiB): the cost this guards against grew with it.
+    let (mut child, addr, _log) = spawn_ready(pagoda_serve(&[]))?;
+    let result = async {
+        let url = format!("http://{addr}/v1/completions");
+        // Bounds the failing case: one call of `n: 64` used to take about a minute.
+        let c = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        let mut calls = 0;
+        let mut timed = |n: usize| {
+            calls += 1;
+            let prompt = format!(
+                "Note {calls}: {}",
+                "the river runs past the old mill and on to the sea. ".repeat(40)
+            );
+            let body =
+                json!({"prompt": prompt, "n": n, "max_tokens": 2, "ignore_eos": true, "temperature": 1.0});
+            let c = c.clone();
+            let url = url.clone();
+            async move {
+                let started = Instant::now();
+                let (status, json) = post_json(&c, &url, &body).await.with_context(|| format!("n: {n}"))?;
+                let elapsed = started.elapsed();
+                assert_eq!(status, 200, "{json}");
+                assert_eq!(json["choices"].as_array().map(Vec::len), Some(n), "{json}");
+                anyhow::Ok(elapsed)
+            }
+        };
+        // Warm both (the first fork too).
+        timed(1).await?;
+        timed(64).await?;
+        let (mut one, mut many) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            one.push(timed(1).await?);
+            many.push(timed(64).await?);
+        }
+        one.sort();
+        many.sort();
+        let (one, many) = (one[1], many[1]);
+        println!("median of 3: n: 1 in {one:?}, n: 64 in {many:?}");
+        assert!(many < 2 * one, "n: 64 took {many:?}, n: 1 {one:?}");
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::harness::{metric, metrics_text, TestServer};
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -35,8 +35,8 @@ async fn a_vllm_consumer_reads_every_event_and_replays_them() -> Result<()> {
     let c = reqwest::Client::new();
     let sources: Value = c.get(server.url("/kv_event_sources")).send().await?.json().await?;
     let source = &sources["0"];
-    assert_eq!(source["endpoint"], format!("tcp://0.0.0.0:{publish}"), "{sources}");
-    assert_eq!(source["replay_endpoint"], format!("tcp://0.0.0.0:{replay}"));
+    assert_eq!(source["endpoint"], format!("tcp://127.0.0.1:{publish}"), "{sources}");
+    assert_eq!(source["replay_endpoint"], format!("tcp://127.0.0.1:{replay}"));
     assert_eq!((source["encoding"].as_str(), source["schema_version"].as_u64()), (Some("msgpack"), Some(1)));
     let block_size = c.get(server.url("/server_info")).send().await?.json::<Value>().await?["kv_block_size"]
         .as_u64()

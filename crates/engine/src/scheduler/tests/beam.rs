@@ -146,6 +146,25 @@ fn beams_fork_from_one_prefill_and_share_its_blocks() {
 }
 
 #[test]
+fn beam_forks_copy_only_partial_blocks() {
+    // Eight beams over a prompt of 9 tokens (blocks of 4) in a pool of 4096 blocks: at every
+    // step a beam chosen again copies its partial block and nothing more.
+    let mut h = Harness::small(4, 4096);
+    h.add(beam_request(1, prompt(9, 4), 8, 2, 12, 1.0));
+    let mut copies = 0;
+    while h.sched.has_unfinished() {
+        let (batch, _) = h.step_checking_copies();
+        assert!(batch.block_copies.len() <= batch.seqs.len(), "{:?}", batch.block_copies);
+        copies += batch.block_copies.len();
+        // The prompt's full blocks and each beam's own: never the pool.
+        assert!(h.sched.block_manager().num_used_blocks() <= 2 + 8 * 4, "{copies} copies so far");
+    }
+    assert!(copies >= 7, "{copies} copies");
+    assert_eq!(results(&h, 1, 2).len(), 2);
+    assert_eq!(h.sched.block_manager().num_free_blocks(), 4096);
+}
+
+#[test]
 fn preempted_beams_give_the_same_beams() {
     let beam = |id, salt| beam_request(id, prompt(9, salt), 3, 3, 15, 1.0).with_priority(1);
     let want: Vec<_> = (0..3).map(|i| reference(&prompt(9, i), 3, 3, 15, 1.0)).collect();

@@ -101,6 +101,27 @@ pub struct Case {
     pub choices: Option<usize>,
 }
 
+impl Case {
+    /// A JSON POST of `body` to `endpoint` with the suite's key and request id, expecting
+    /// `expect`; the rest is filled in by the caller.
+    pub fn post(seed: u64, index: usize, endpoint: Endpoint, body: Vec<u8>, expect: Expect) -> Self {
+        Case {
+            index,
+            endpoint,
+            method: "POST",
+            path: endpoint.path().to_owned(),
+            content_type: Some("application/json".into()),
+            auth: Some(format!("Bearer {API_KEY}")),
+            headers: vec![("x-request-id", format!("fuzz-{seed}-{index}"))],
+            body,
+            expect,
+            what: Vec::new(),
+            stream: None,
+            choices: None,
+        }
+    }
+}
+
 const TEXTS: &[&str] = &[
     "Hi",
     "Hello!",
@@ -482,22 +503,15 @@ const ENDPOINTS: &[(Endpoint, u64)] = &[
 
 /// Builds case `index` of the suite under `seed`.
 pub fn generate(seed: u64, index: usize) -> Case {
+    if let Some(case) = super::huge_n::generate(seed, index) {
+        return case;
+    }
+    if let Some(case) = super::deep_grammar::generate(seed, index) {
+        return case;
+    }
     let mut rng = Rng::for_case(seed, index);
     let endpoint = rng.weighted(ENDPOINTS);
-    let mut case = Case {
-        index,
-        endpoint,
-        method: "POST",
-        path: endpoint.path().to_owned(),
-        content_type: Some("application/json".into()),
-        auth: Some(format!("Bearer {API_KEY}")),
-        headers: vec![("x-request-id", format!("fuzz-{seed}-{index}"))],
-        body: Vec::new(),
-        expect: Expect::Ok,
-        what: Vec::new(),
-        stream: None,
-        choices: None,
-    };
+    let mut case = Case::post(seed, index, endpoint, Vec::new(), Expect::Ok);
     if endpoint == Endpoint::StoredResponses {
         agent_gen::stored_response_call(&mut rng, &mut case);
         return case;
