@@ -26,11 +26,11 @@ generate: model ## One chat answer from the command line: make generate PROMPT="
 
 test: model model-gemma3 model-minilm deploy-tools router-tools sdk-tools browser-tools fmt lint unit kernels deploy-check script-check ## Everything CI checks.
 
-soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md).
+soak: model ## 30 minutes of mixed load with disconnects and overload against a release build (scripts/README-soak.md); SOAK_FLAGS=--attacks mixes in hostile requests.
 	$(CARGO) build --release --locked -p pagoda-server
 	python3 scripts/soak.py --binary $(CARGO_TARGET_DIR)/release/pagoda --model $(MODEL) \
 		--server-args "--max-model-len 1024 --kv-cache-memory 128MiB --max-waiting-requests 64" \
-		--duration $(or $(SOAK_SECONDS),1800) --concurrency 16 --seed 1234 --out soak.json
+		--duration $(or $(SOAK_SECONDS),1800) --concurrency 16 --seed 1234 --out soak.json $(SOAK_FLAGS)
 
 fmt:
 	$(CARGO) fmt --all --check

@@ -39,6 +39,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import socket
 import struct
@@ -49,6 +50,8 @@ import threading
 import time
 import traceback
 import urllib.parse
+
+import soak_attacks
 
 # --------------------------------------------------------------------------------------------
 # Outcomes and statistics
@@ -272,8 +275,9 @@ STOPS = [["."], ["\n"], [" the"], [",", "!"], ["and"], [" is"]]
 class Mix:
     """Chooses request specs at random (per worker RNG)."""
 
-    def __init__(self, args, model, max_model_len):
+    def __init__(self, args, model, max_model_len, attacks=None):
         self.args = args
+        self.attacks = attacks
         self.model = model
         self.max_model_len = max_model_len
         # Long prompts use at most ~40% of the context (about 4 chars per token, stay under).
@@ -293,6 +297,8 @@ class Mix:
             ("not_found", 3),
             ("info", 3),
         ]
+        if attacks is not None:
+            self.kinds += soak_attacks.ATTACK_KINDS
         if args.only:
             wanted = set(args.only.split(","))
             unknown = wanted - {k for k, _ in self.kinds}
@@ -349,6 +355,11 @@ class Mix:
             r -= w
             if r <= 0:
                 break
+        return self.make(rng, kind)
+
+    def make(self, rng, kind):
+        if kind.startswith("attack_"):
+            return self.attacks.make(rng, kind)
         return getattr(self, "make_" + kind)(rng, kind)
 
     OVERLOAD = (429, 503)
@@ -586,6 +597,8 @@ class Client:
 
     def _run(self, spec, ka):
         deadline = time.monotonic() + spec.timeout
+        if spec.mode == "raw":
+            raise Outcome(*spec.run_raw())
         conn, reused = self._connect(spec, ka)
         keep = False
         resp = None
@@ -634,6 +647,9 @@ class Client:
                         raise
 
             status = resp.status
+            if spec.mode == "attack":
+                data = self._read_all(conn, resp, deadline)
+                raise Outcome(*spec.verify(status, data))
             if spec.mode == "info":
                 data = self._read_all(conn, resp, deadline)
                 if status != 200:
@@ -1034,6 +1050,9 @@ def main():
     ap.add_argument("--only", help="comma-separated request kinds to send (default: the whole mix: "
                     "chat_stream,chat,completion,completion_stream,n_multi,stop_logprobs,long_prompt,"
                     "disconnect,slow_reader,slow_sender,invalid,not_found,info)")
+    ap.add_argument("--attacks", action="store_true",
+                    help="mix hostile requests into the load (scripts/soak_attacks.py); needs --binary: "
+                    "the server is started with the flags they need (KV events, run-time LoRA, pooling)")
     ap.add_argument("--out", help="write a JSON summary here")
     args = ap.parse_args()
 
@@ -1043,6 +1062,8 @@ def main():
         ap.error("--binary needs --model")
     if args.min_tokens > args.max_tokens:
         ap.error("--min-tokens > --max-tokens")
+    if args.attacks and not args.binary:
+        ap.error("--attacks needs --binary (the server must start with the attacks' flags)")
 
     stop_event = threading.Event()
     hard_stop = threading.Event()
@@ -1061,6 +1082,7 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
 
     proc = None
+    attack_setup = None
     log_path = None
     log_file = None
     failures = []
@@ -1077,6 +1099,9 @@ def main():
         log_file = open(log_path, "wb")
         cmd = [args.binary, "serve", "--model", args.model, "--host", host, "--port", str(port)]
         cmd += shlex.split(args.server_args)
+        if args.attacks:
+            attack_setup = soak_attacks.Setup(host, free_port)
+            cmd += attack_setup.server_flags()
         print(f"[soak] starting: {shlex.join(cmd)}  (log: {log_path})", flush=True)
         # Own session: a Ctrl-C in the terminal must reach only this script, not the server.
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -1127,7 +1152,8 @@ def main():
 
     stats = Stats()
     warm_stats = Stats(max_samples=10)
-    mix = Mix(args, model, max_model_len)
+    attacks = soak_attacks.Attacks(model, attack_setup, Spec) if args.attacks else None
+    mix = Mix(args, model, max_model_len, attacks)
     client = Client(host, port, stats, stop_event)
     t0 = time.monotonic()
 
@@ -1139,7 +1165,7 @@ def main():
     wrng = random.Random(args.seed - 1)
     for kind, _ in mix.kinds:
         for _ in range(2):
-            spec = getattr(mix, "make_" + kind)(wrng, kind)
+            spec = mix.make(wrng, kind)
             res = warm_client.run(spec, ka=None, count=True)
             if res.outcome == LOST:
                 warnings.append(f"warm-up {kind} lost: {res.key}: {res.detail[:200]}")
@@ -1424,6 +1450,8 @@ def main():
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)
         print(f"[soak] summary written to {args.out}")
+    if attack_setup is not None:
+        shutil.rmtree(attack_setup.lora_dir, ignore_errors=True)
     return 1 if failures else 0
 
 
