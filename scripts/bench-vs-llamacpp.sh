@@ -6,7 +6,7 @@
 #
 #   scripts/bench-vs-llamacpp.sh [--rounds 3] [--streams "1 8 32"] [--out FILE.md]
 #                                [--max-load L] [--model PATH] [--prompts-per-stream 4]
-#                                [--pagoda-args "ARGS"] [--llama-args "ARGS"]
+#                                [--pagoda-args "ARGS"] [--llama-args "ARGS"] [--isa avx2]
 #
 # - Builds what it needs: Pagoda's release server and pagoda-bench (cargo), llama-server from
 #   the llama-cpp-python sdist (scripts/build-llama-server.sh), the model (scripts/fetch-model.sh).
@@ -20,6 +20,9 @@
 #   run are in the table.
 # - llama-server runs with -t <cores> -np C -c C*320; where it crashes at start (VMs that refuse
 #   AMX), it is restarted with --no-repack and the table says so.
+# - --isa avx2 runs both as an AVX2-only CPU (AMD Zen 2/3, most cloud VMs) would: Pagoda under
+#   PAGODA_CPU_ISA=avx2, llama-server built for AVX2 (PAGODA_LLAMACPP_ISA=avx2). The memory
+#   system stays this machine's.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,6 +35,7 @@ model="$repo/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 per_stream=4
 pagoda_args=""
 llama_args=""
+isa=""
 port_pagoda=8461
 port_llama=8462
 
@@ -48,11 +52,18 @@ while [ $# -gt 0 ]; do
     --prompts-per-stream) per_stream="$2"; shift ;;
     --pagoda-args) pagoda_args="$2"; shift ;;
     --llama-args) llama_args="$2"; shift ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    --isa) isa="$2"; shift ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
 done
+
+case "$isa" in
+"") ;;
+avx2) export PAGODA_CPU_ISA=avx2 PAGODA_LLAMACPP_ISA=avx2 ;;
+*) die "--isa takes avx2, not $isa" ;;
+esac
 
 load1() { cut -d' ' -f1 /proc/loadavg; }
 load="$(load1)"
@@ -65,6 +76,8 @@ fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagoda-target}"
 [ -f "$model" ] || "$repo/scripts/fetch-model.sh" >&2
 log "building Pagoda (release)"
+# The package set scripts/check_one_build.py (make script-check) keeps on make serve's compiled
+# dependencies: after either, this builds only the load generator's own crates.
 (cd "$repo" && cargo build --release --locked -q -p pagoda-server -p pagoda-bench) >&2
 pagoda="$CARGO_TARGET_DIR/release/pagoda"
 bench="$CARGO_TARGET_DIR/release/pagoda-bench"
@@ -141,13 +154,14 @@ done
     echo "cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
     echo "cores=$cores"
     echo "flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|avx512_vnni|avx512vnni|amx_tile|amx_bf16|amx_int8)$' | sort -u | tr '\n' ' ')"
+    echo "isa=${isa:-native}"
     echo "load_start=$load_start"
     echo "load_end=$(load1)"
     echo "pagoda=$(cd "$repo" && git describe --always --dirty 2>/dev/null || echo unknown)"
     echo "llama=$("$llama" --version 2>&1 | grep -m1 -i version || echo unknown)"
     # What `--cpu-gemm-dtype auto` measured and chose for large steps (the same on every start,
     # up to the timing's noise): the kernel the Pagoda rows ran.
-    echo "pagoda_large_steps=$(grep -h -m1 'CPU kernel for steps over 16 tokens' "$work"/pagoda-*.log 2>/dev/null | head -1 | sed 's/.*pins one) *//')"
+    echo "pagoda_large_steps=$(grep -h -m1 'kernel plan:' "$work"/pagoda-*.log 2>/dev/null | head -1 | sed 's/.*kernel plan: *//')"
     echo "llama_extra=${llama_extra[*]}"
     echo "bench=$bench serve --base-url http://127.0.0.1:PORT ${bench_args[*]} --seed 1 --num-prompts max(8, C*$per_stream) --max-concurrency C  (after a warm-up of max(4, C) prompts with --seed 2)"
 } >"$work/machine"

@@ -85,11 +85,12 @@ def render(directory):
         f"{100 * max(steals) if steals else 0:.1f} % at most"
     )
     lines.append(f"- Pagoda {machine.get('pagoda', '?')}; llama.cpp {machine.get('llama', '?')}")
-    if machine.get("pagoda_large_steps"):
+    if machine.get("isa", "native") != "native":
         lines.append(
-            "- Pagoda's CPU kernel for steps over 16 tokens, as its start-up timing chose it: "
-            f"{machine['pagoda_large_steps']}"
+            f"- Instructions capped at {machine['isa']} for both servers (PAGODA_CPU_ISA, llama.cpp built for it)"
         )
+    if machine.get("pagoda_large_steps"):
+        lines.append(f"- Pagoda's kernel plan, as its start-up logged it: {machine['pagoda_large_steps']}")
     if machine.get("llama_extra"):
         lines.append(f"- llama-server crashed at start without `{machine['llama_extra']}` and ran with it")
     rounds = max(r["round"] for r in runs)
@@ -170,7 +171,7 @@ def self_test():
         put("llama", 1, 1, 60.0, 20.0)
         with open(os.path.join(d, "machine"), "w") as f:
             f.write("cpu_model=Test CPU\ncores=2\nflags=avx512f avx512_bf16 \nload_start=0.1\nllama_extra=--no-repack\n"
-                    'pagoda_large_steps=rows=64 bf16_ms="0.553" int16_ms="0.705" chosen=Bf16\n')
+                    "isa=avx2\npagoda_large_steps=cpu, float32 compute; int16 panels (avx2 instructions)\n")
         with open(os.path.join(d, "commands"), "w") as f:
             f.write("pagoda: /x/pagoda serve --model m\npagoda: /x/pagoda serve --model m\n")
         text = render(d)
@@ -184,7 +185,8 @@ def self_test():
     assert "**1.50×**" in row1 and "| 1.50 |" in row1, row1
     assert text.count("pagoda serve --model m") == 1, "commands are listed once"
     assert "without `--no-repack`" in text and "Test CPU" in text and "2.0 %" in text
-    assert 'as its start-up timing chose it: rows=64 bf16_ms="0.553" int16_ms="0.705" chosen=Bf16' in text
+    assert "as its start-up logged it: cpu, float32 compute; int16 panels (avx2 instructions)" in text
+    assert "capped at avx2 for both servers" in text
     print("bench_vs_llamacpp_table: self-test passed")
 
 

@@ -12,7 +12,10 @@
 # works. Idempotent: a stamp file records what was built; a second run builds nothing.
 # Needs: python3 (with venv when no cmake is installed), a C/C++ compiler, make, tar, and access
 # to PyPI. The build takes a while on 2 cores (set PAGODA_LLAMACPP_JOBS to change -j2).
-# Note: the binary is built for this CPU (GGML_NATIVE=ON) and may not run on another.
+# Note: the binary is built for this CPU (GGML_NATIVE=ON) and may not run on another. With
+# PAGODA_LLAMACPP_ISA=avx2 it is built for AVX2 CPUs instead (AVX2, FMA, F16C; no AVX-512, no
+# AVX-VNNI), into llama-server-avx2 beside it: on an AVX-512 box it then runs the kernels an AMD
+# Zen 2/3 would, as Pagoda's do under PAGODA_CPU_ISA=avx2 (scripts/bench-vs-llamacpp.sh --isa avx2).
 # At run time, on VMs that refuse AMX, pass --no-repack (this version has it: -nr/--no-repack).
 set -euo pipefail
 
@@ -29,14 +32,20 @@ DIR="${PAGODA_LLAMACPP_DIR:-$HOME/.cache/pagoda-llamacpp}"
 SDIST_NAME="llama_cpp_python-$LCP_VERSION.tar.gz"
 SRC_DIR="$DIR/src/llama_cpp_python-$LCP_VERSION"
 LLAMA_DIR="$SRC_DIR/vendor/llama.cpp"
-BUILD_DIR="$DIR/build/llama_cpp_python-$LCP_VERSION"
-BIN="$DIR/bin/llama-server"
-STAMP="$DIR/.llama-server.stamp"
+ISA="${PAGODA_LLAMACPP_ISA:-native}"
+case "$ISA" in
+    native) SUFFIX="" ;;
+    avx2) SUFFIX="-avx2" ;;
+    *) echo "build-llama-server: error: PAGODA_LLAMACPP_ISA must be native or avx2, not $ISA" >&2; exit 1 ;;
+esac
+BUILD_DIR="$DIR/build/llama_cpp_python-$LCP_VERSION$SUFFIX"
+BIN="$DIR/bin/llama-server$SUFFIX"
+STAMP="$DIR/.llama-server$SUFFIX.stamp"
 
 CMAKE_FLAGS=(
     -DCMAKE_BUILD_TYPE=Release
     -DBUILD_SHARED_LIBS=OFF          # one self-contained binary, no rpath into the build tree
-    -DGGML_NATIVE=ON
+    -DGGML_NATIVE="$([ "$ISA" = native ] && echo ON || echo OFF)"
     -DGGML_CUDA=OFF
     -DLLAMA_CURL=OFF                 # deprecated (ignored, with a warning) in this version
     -DLLAMA_OPENSSL=OFF              # no HTTPS: the server is local, models are local files
@@ -50,6 +59,10 @@ CMAKE_FLAGS=(
     -DLLAMA_BUILD_NUMBER=0
     "-DLLAMA_BUILD_COMMIT=$LLAMA_CPP_COMMIT"
 )
+if [ "$ISA" = avx2 ]; then
+    CMAKE_FLAGS+=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+        -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF)
+fi
 # What the stamp records: a change to any of it rebuilds.
 STAMP_TEXT="llama-cpp-python==$LCP_VERSION sha256=$LCP_SHA256 llama.cpp@$LLAMA_CPP_COMMIT flags: ${CMAKE_FLAGS[*]}"
 

@@ -158,7 +158,7 @@ fn auto_times_the_prefill_sized_kernels_and_runs_the_one_it_chose() {
     let options = LoadOptions { dequantize: Some(true), ..LoadOptions::default() };
     let request = KernelRequest::default();
     let resolved = resolve_kernel_plan(&model_path(), &options, request).unwrap();
-    assert_eq!(resolved.timing.is_some(), cpu.bf16 || cpu.vnni, "timed where there is a choice");
+    assert_eq!(resolved.timing.is_some(), cpu.bf16 || cpu.int8, "timed where there is a choice");
     let Some(timing) = resolved.timing.clone() else { return };
     eprintln!("prefill-sized kernels: {timing:?}; plan: {}", resolved.plan);
     assert_eq!(timing.rows, PROBE_ROWS);

@@ -177,13 +177,14 @@ fn attend<T: Float>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        use crate::simd::{level, Level};
+        if level() == Level::Avx512 {
             // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (AVX-512F implies AVX2).
             unsafe { attend_avx512(queries, cache, meta, item, scratch, out) };
             return;
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above), which is all
+        if level() == Level::Avx2 {
+            // SAFETY: the CPU supports AVX2 and FMA (what `level` checks), which is all
             // `attend_avx2` requires beyond the baseline target.
             unsafe { attend_avx2(queries, cache, meta, item, scratch, out) };
             return;

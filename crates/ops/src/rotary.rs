@@ -108,7 +108,7 @@ impl Rotary<'_> {
         let row_len = heads * head_dim;
         let style = self.style;
         #[cfg(target_arch = "x86_64")]
-        let wide = head_dim.is_multiple_of(32) && std::arch::is_x86_feature_detected!("avx512f");
+        let wide = head_dim.is_multiple_of(32) && crate::simd::level() == crate::simd::Level::Avx512;
         let out =
             par_rows(num_tokens, row_len, (1 << 14) / row_len.max(1) + 1, T::from_f32(0.0), |t, dst| {
                 let p = positions[t] as usize;

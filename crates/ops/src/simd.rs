@@ -317,7 +317,8 @@ fn prefetch_lines<const HINT: i32, T>(data: &[T]) {
     }
 }
 
-/// The widest x86 vector level the kernels use on this CPU (checked once).
+/// The widest x86 vector level the kernels use on this CPU (checked once), at most what
+/// [`ISA_ENV`] allows.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Level {
@@ -328,18 +329,75 @@ pub(crate) enum Level {
     None,
 }
 
+/// The environment variable that caps the instructions the CPU kernels use: `avx512` (the
+/// default: everything the CPU has), `avx-vnni` (AVX2 and AVX-VNNI), `avx2` (AVX2 and FMA) or
+/// `portable` (plain Rust). It makes one machine run the kernels another would (the AVX2 ones on
+/// an AVX-512 box, as most cloud AMD EPYCs have them), for tests and benchmarks.
+pub const ISA_ENV: &str = "PAGODA_CPU_ISA";
+
+/// The cap [`ISA_ENV`] sets, ordered from the least to the most allowed.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum IsaCap {
+    Portable,
+    Avx2,
+    AvxVnni,
+    Avx512,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn isa_cap() -> IsaCap {
+    static CAP: std::sync::OnceLock<IsaCap> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var(ISA_ENV).as_deref() {
+        Err(_) | Ok("" | "avx512") => IsaCap::Avx512,
+        Ok("avx-vnni") => IsaCap::AvxVnni,
+        Ok("avx2") => IsaCap::Avx2,
+        Ok("portable") => IsaCap::Portable,
+        Ok(other) => {
+            eprintln!("warning: {ISA_ENV}={other:?} is not avx512, avx-vnni, avx2 or portable; ignored");
+            IsaCap::Avx512
+        }
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn level() -> Level {
     static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
     *LEVEL.get_or_init(|| {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+        let cap = isa_cap();
+        if cap >= IsaCap::Avx512 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
             Level::Avx512
-        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        } else if cap >= IsaCap::Avx2 && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             Level::Avx2
         } else {
             Level::None
         }
     })
+}
+
+/// Whether the 256-bit kernels may use AVX-VNNI (`vpdpbusd`, `vpdpwssd` on ymm registers).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx_vnni() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        isa_cap() >= IsaCap::AvxVnni && level() != Level::None && is_x86_feature_detected!("avxvnni")
+    })
+}
+
+/// The instructions the CPU kernels use, for the logs: `avx512`, `avx-vnni`, `avx2` or
+/// `portable`.
+pub fn cpu_isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match level() {
+            Level::Avx512 => "avx512",
+            Level::Avx2 if avx_vnni() => "avx-vnni",
+            Level::Avx2 => "avx2",
+            Level::None => "portable",
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    "portable"
 }
 
 #[cfg(test)]

@@ -121,7 +121,8 @@ pub struct EngineArgs {
     pub kv_cache_dtype: Option<KvCacheDtypeArg>,
     /// CPU, GGUF models: what the matmuls multiply weights and activations in, summing in float32.
     /// auto: decode-sized steps (up to 16 tokens) on the weights' codes times activations
-    /// rounded to 16 bits per block of 32 on CPUs with AVX512-VNNI, else on the exact blocks;
+    /// rounded to 16 bits per block of 32 on CPUs with AVX2 or AVX512-VNNI, else on the exact
+    /// blocks;
     /// prefill-sized steps on bfloat16 (AVX512-BF16) or else float32 panels, unless another
     /// kernel the CPU runs natively (float32, int16) beats that by 1.15x in a start-up timing on
     /// the model's own weight. float32 and bfloat16 keep the exact blocks for decode-sized steps;
@@ -132,7 +133,7 @@ pub struct EngineArgs {
     /// Every step runs the same kernels whatever its size, so a request's tokens and logprobs
     /// are bit-identical however it is batched: alone or beside others, cached or not, chunked,
     /// preempted or speculated (docs/numerics.md). CPU (float32): with auto, the int16 kernel on
-    /// CPUs with AVX512-VNNI, else the exact f32 block kernel, or the --cpu-gemm-dtype named.
+    /// CPUs with AVX2 or AVX512-VNNI, else the exact f32 block kernel, or the --cpu-gemm-dtype named.
     /// CUDA (bfloat16/float16): our skinny matmul at every step, attention per token.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub batch_invariant: Option<bool>,

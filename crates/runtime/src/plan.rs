@@ -43,7 +43,7 @@ impl std::fmt::Display for RuntimePlan {
             dtype_name(self.kv_cache_dtype)
         )?;
         match (self.device == "cpu", self.kernels.batch_invariant) {
-            (true, _) => write!(f, "{}", self.kernels)?,
+            (true, _) => write!(f, "{} ({} instructions)", self.kernels, pagoda_ops::cpu_isa())?,
             (false, true) => f.write_str("batch-invariant, the row-invariant matmul at every step size")?,
             (false, false) => f.write_str("dense matmuls on the skinny kernel up to 8 rows, cuBLAS above")?,
         }
@@ -88,8 +88,12 @@ mod tests {
         };
         assert_eq!(
             plan.to_string(),
-            "kernel plan: cpu, float32 compute, float16 KV cache; decode-sized steps (up to 16 tokens) on \
-             int16 panels (16-bit activations), prefill-sized steps on bfloat16 panels; step budget 512 tokens"
+            format!(
+                "kernel plan: cpu, float32 compute, float16 KV cache; decode-sized steps (up to 16 tokens) on \
+             int16 panels (16-bit activations), prefill-sized steps on bfloat16 panels ({} instructions); step budget \
+             512 tokens",
+                pagoda_ops::cpu_isa()
+            )
         );
         let cuda =
             RuntimePlan { device: "cuda:0".into(), dtype: DType::BF16, kv_cache_dtype: DType::BF16, ..plan };

@@ -50,6 +50,8 @@ pub(crate) struct Int16Activations {
     pub high: Vec<i8>,
     /// `[rows][cols]`: `low`.
     pub low: Vec<i8>,
+    /// `[rows][cols]`: `q` whole, for the kernels that multiply 16-bit values.
+    pub codes: Vec<i16>,
     /// `[rows][blocks]`: the scale `d` of each block.
     pub scales: Vec<f32>,
     /// `[rows][blocks][subs]`: `sum(q over the sub-block)`; an int32 sum starts from `-offset`
@@ -107,6 +109,7 @@ pub(crate) fn quantize_activations16(x_rows: &[&[f32]], cols: usize, subs: usize
         subs,
         high: vec![0i8; m * cols],
         low: vec![0i8; m * cols],
+        codes: vec![0i16; m * cols],
         scales: vec![0f32; m * blocks],
         code_sums: vec![0i32; m * blocks * subs],
         sums: vec![0f32; m * blocks],
@@ -114,23 +117,24 @@ pub(crate) fn quantize_activations16(x_rows: &[&[f32]], cols: usize, subs: usize
     if blocks == 0 {
         return acts;
     }
-    let Int16Activations { high, low, scales, code_sums, sums, .. } = &mut acts;
+    let Int16Activations { high, low, codes, scales, code_sums, sums, .. } = &mut acts;
     if m * cols >= PARALLEL_ROUNDING_MIN {
         high.par_chunks_mut(cols)
             .zip(low.par_chunks_mut(cols))
+            .zip(codes.par_chunks_mut(cols))
             .zip(scales.par_chunks_mut(blocks))
             .zip(code_sums.par_chunks_mut(blocks * subs))
             .zip(sums.par_chunks_mut(blocks))
             .zip(x_rows.par_iter())
-            .for_each(|(((((high, low), scales), code_sums), sums), x)| {
-                round_row(x, high, low, scales, code_sums, sums, subs)
+            .for_each(|((((((high, low), codes), scales), code_sums), sums), x)| {
+                round_row(x, [high, low], codes, scales, code_sums, sums, subs)
             });
     } else {
         for (r, x) in x_rows.iter().enumerate() {
             round_row(
                 x,
-                &mut high[r * cols..(r + 1) * cols],
-                &mut low[r * cols..(r + 1) * cols],
+                [&mut high[r * cols..(r + 1) * cols], &mut low[r * cols..(r + 1) * cols]],
+                &mut codes[r * cols..(r + 1) * cols],
                 &mut scales[r * blocks..(r + 1) * blocks],
                 &mut code_sums[r * blocks * subs..(r + 1) * blocks * subs],
                 &mut sums[r * blocks..(r + 1) * blocks],
@@ -144,8 +148,8 @@ pub(crate) fn quantize_activations16(x_rows: &[&[f32]], cols: usize, subs: usize
 /// One row of [`quantize_activations16`].
 fn round_row(
     x: &[f32],
-    high: &mut [i8],
-    low: &mut [i8],
+    [high, low]: [&mut [i8]; 2],
+    codes: &mut [i16],
     scales: &mut [f32],
     code_sums: &mut [i32],
     sums: &mut [f32],
@@ -154,8 +158,13 @@ fn round_row(
     let quantize_block = quantize_block16();
     for (b, scale) in scales.iter_mut().enumerate() {
         let span = b * QUANT_BLOCK..(b + 1) * QUANT_BLOCK;
-        let (d, [first, second]) = quantize_block(&x[span.clone()], &mut high[span.clone()], &mut low[span]);
+        let (d, [first, second]) =
+            quantize_block(&x[span.clone()], &mut high[span.clone()], &mut low[span.clone()]);
         *scale = d;
+        let bytes = high[span.clone()].iter().zip(&low[span.clone()]);
+        for (q, (&h, &l)) in codes[span].iter_mut().zip(bytes) {
+            *q = 256 * i16::from(h) + i16::from(l);
+        }
         if subs == 1 {
             code_sums[b] = first + second;
         } else {
@@ -169,7 +178,9 @@ fn round_row(
 /// The fastest block rounding this CPU runs (every build gives the portable one's bytes).
 fn quantize_block16() -> QuantizeBlock16 {
     #[cfg(target_arch = "x86_64")]
-    if let Some(quantize) = crate::matmul::int16_matmul_x86::quantize_block() {
+    if let Some(quantize) = crate::matmul::int16_matmul_x86::quantize_block()
+        .or_else(crate::matmul::int16_matmul_avx2::quantize_block)
+    {
         return quantize;
     }
     quantize_block16_portable
@@ -197,11 +208,15 @@ pub(crate) fn split(q: i32) -> (i8, i8) {
     (((q - low) >> 8) as i8, low as i8)
 }
 
-/// The fastest 16-bit-activation kernel this CPU runs.
+/// The fastest 16-bit-activation kernel this CPU runs: AVX512-VNNI, else AVX-VNNI, else AVX2.
+/// All give the same bits (exact int32 sums, the same f32 updates in the same order).
 pub(crate) fn kernel() -> Int16TileKernel {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::matmul::int16_matmul_x86::kernel() {
-        return k;
+    {
+        use crate::matmul::{int16_matmul_avx2 as avx2, int16_matmul_x86 as x86};
+        if let Some(k) = x86::kernel().or_else(avx2::avx_vnni_kernel).or_else(avx2::avx2_kernel) {
+            return k;
+        }
     }
     portable_kernel
 }

@@ -37,13 +37,29 @@ fn rounded(x: &[f32]) -> Vec<f64> {
         .collect()
 }
 
+/// Every kernel this CPU runs, whatever the others: the 256-bit ones run on an AVX-512 box too.
 fn kernels() -> Vec<(&'static str, Int16TileKernel)> {
     let mut ks = vec![("portable", portable_kernel as Int16TileKernel)];
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::matmul::int16_matmul_x86::kernel() {
-        ks.push(("vnni", k));
+    {
+        use crate::matmul::{int16_matmul_avx2 as avx2, int16_matmul_x86 as x86};
+        let native =
+            [("vnni", x86::kernel()), ("avx-vnni", avx2::avx_vnni_kernel()), ("avx2", avx2::avx2_kernel())];
+        ks.extend(native.into_iter().filter_map(|(name, k)| Some((name, k?))));
     }
     ks
+}
+
+/// Every block rounding this CPU runs.
+fn roundings() -> Vec<(&'static str, QuantizeBlock16)> {
+    let mut rs = vec![("portable", quantize_block16_portable as QuantizeBlock16)];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::matmul::{int16_matmul_avx2 as avx2, int16_matmul_x86 as x86};
+        let native = [("avx512", x86::quantize_block()), ("avx2", avx2::quantize_block())];
+        rs.extend(native.into_iter().filter_map(|(name, r)| Some((name, r?))));
+    }
+    rs
 }
 
 #[test]
@@ -157,8 +173,10 @@ fn every_rounding_build_gives_the_same_bytes_and_many_rows_round_as_one() {
     for x in &blocks {
         let (mut want_h, mut want_l, mut got_h, mut got_l) = ([0i8; 32], [0i8; 32], [0i8; 32], [0i8; 32]);
         let want = quantize_block16_portable(x, &mut want_h, &mut want_l);
-        let got = quantize_block16()(x, &mut got_h, &mut got_l);
-        assert_eq!((got, got_h, got_l), (want, want_h, want_l), "{x:?}");
+        for (name, rounding) in roundings() {
+            let got = rounding(x, &mut got_h, &mut got_l);
+            assert_eq!((got, got_h, got_l), (want, want_h, want_l), "{name}: {x:?}");
+        }
     }
     // 40 x 2048 values: past the size below which rounding stays on the calling thread.
     let rows = random_rows(&mut rng, 40, 2048);
@@ -169,6 +187,9 @@ fn every_rounding_build_gives_the_same_bytes_and_many_rows_round_as_one() {
         assert_eq!(&all.high[r * 2048..(r + 1) * 2048], one.high.as_slice(), "row {r}");
         assert_eq!(&all.low[r * 2048..(r + 1) * 2048], one.low.as_slice(), "row {r}");
         assert_eq!(&all.code_sums[r * 64..(r + 1) * 64], one.code_sums.as_slice());
+        assert_eq!(&all.codes[r * 2048..(r + 1) * 2048], one.codes.as_slice(), "row {r}");
+        let whole = |k: usize| 256 * i32::from(one.high[k]) + i32::from(one.low[k]);
+        assert!((0..2048).all(|k| i32::from(one.codes[k]) == whole(k)), "row {r}: q = 256 high + low");
     }
 }
 

@@ -311,11 +311,13 @@ fn round_row(
 /// 0..16 and 16..32.
 pub(crate) type QuantizeBlock = fn(&[f32], &mut [i8]) -> (f32, [i32; 2]);
 
-/// The fastest block rounding this CPU runs. The x86 build gives the portable one's bytes (the
+/// The fastest block rounding this CPU runs. The x86 builds give the portable one's bytes (the
 /// same f32 operations, rounding to nearest even).
 fn quantize_block() -> QuantizeBlock {
     #[cfg(target_arch = "x86_64")]
-    if let Some(quantize) = crate::matmul::int8_matmul_x86::quantize_block() {
+    if let Some(quantize) = crate::matmul::int8_matmul_x86::quantize_block()
+        .or_else(crate::matmul::int8_matmul_avx2::quantize_block)
+    {
         return quantize;
     }
     quantize_block_portable
@@ -334,13 +336,21 @@ pub(crate) fn quantize_block_portable(x: &[f32], codes: &mut [i8]) -> (f32, [i32
     (d, sums)
 }
 
-/// The fastest int8 kernel this CPU runs.
+/// The fastest int8 kernel this CPU runs: AVX512-VNNI, else AVX-VNNI, else AVX2. All give the
+/// same bits (exact int32 sums, the same f32 updates in the same order).
 pub(crate) fn kernel() -> Int8TileKernel {
+    native_kernel().unwrap_or(portable_kernel)
+}
+
+/// The int8 kernel of this CPU's vector instructions, if it has any the kernels use.
+pub(crate) fn native_kernel() -> Option<Int8TileKernel> {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::matmul::int8_matmul_x86::kernel() {
-        return k;
+    {
+        use crate::matmul::{int8_matmul_avx2 as avx2, int8_matmul_x86 as x86};
+        x86::kernel().or_else(avx2::avx_vnni_kernel).or_else(avx2::avx2_kernel)
     }
-    portable_kernel
+    #[cfg(not(target_arch = "x86_64"))]
+    None
 }
 
 /// Plain Rust, in the x86 kernel's order: an int32 sum per sub-block, then one f32 update.

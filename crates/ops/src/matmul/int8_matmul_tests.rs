@@ -44,13 +44,65 @@ pub(crate) fn reference(w: &QuantizedWeight, x: &[Vec<f64>]) -> Vec<(f64, f64)> 
     out
 }
 
+/// Every kernel this CPU runs, whatever the others: the 256-bit ones run on an AVX-512 box too.
 fn kernels() -> Vec<(&'static str, Int8TileKernel)> {
     let mut ks = vec![("portable", portable_kernel as Int8TileKernel)];
-    #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::matmul::int8_matmul_x86::kernel() {
-        ks.push(("vnni", k));
-    }
+    ks.extend(native_kernels());
     ks
+}
+
+/// The vector kernels this CPU runs: they give the same bits as each other.
+fn native_kernels() -> Vec<(&'static str, Int8TileKernel)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::matmul::{int8_matmul_avx2 as avx2, int8_matmul_x86 as x86};
+        let native =
+            [("vnni", x86::kernel()), ("avx-vnni", avx2::avx_vnni_kernel()), ("avx2", avx2::avx2_kernel())];
+        native.into_iter().filter_map(|(name, k)| Some((name, k?))).collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Vec::new()
+}
+
+#[test]
+fn the_vector_kernels_give_the_same_bits_for_every_format_and_extreme_codes() {
+    let mut rng = StdRng::seed_from_u64(15);
+    for format in QuantFormat::ALL {
+        let k = if format.gguf_block_elems() == QUANT_BLOCK { 96 } else { 512 };
+        let w = random_weight(&mut rng, format, 45, k);
+        let mut panels = Int8Weight::from_quantized(&w);
+        // The extreme stored codes (0 and 255 for bytes): the AVX2 kernel's signed products
+        // must not saturate.
+        if !panels.nibbles {
+            for (i, c) in panels.codes.iter_mut().enumerate().step_by(7) {
+                *c = if i % 2 == 0 { 0 } else { 255 };
+            }
+        }
+        for m in [1usize, 2, 3, 6, 7] {
+            let mut x = random_rows(&mut rng, m, k);
+            // Activations at +-127 after rounding.
+            x[0].iter_mut().step_by(3).for_each(|v| *v = if *v < 0.0 { -2.0 } else { 2.0 });
+            let rows: Vec<&[f32]> = x.iter().map(Vec::as_slice).collect();
+            let mut first: Option<(&str, Vec<u32>)> = None;
+            for (name, kern) in native_kernels() {
+                let got: Vec<u32> = panels.matmul_with(&rows, kern).iter().map(|v| v.to_bits()).collect();
+                match &first {
+                    None => first = Some((name, got)),
+                    Some((first_name, f)) => {
+                        assert!(*f == got, "{format:?} m={m}: {name} differs from {first_name}")
+                    }
+                }
+            }
+            // And the portable kernel within f32 rounding of them.
+            if let Some((_, f)) = &first {
+                let portable = panels.matmul_with(&rows, portable_kernel);
+                for (&p, &b) in portable.iter().zip(f) {
+                    let v = f32::from_bits(b);
+                    assert!((p - v).abs() <= 1e-4 * (1.0 + v.abs()), "{format:?} m={m}: {p} vs {v}");
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -183,8 +235,13 @@ fn every_activation_rounding_build_gives_the_same_bytes() {
     for x in &blocks {
         let mut want = [0i8; 32];
         let want_ds = quantize_block_portable(x, &mut want);
-        let mut got = [0i8; 32];
-        let got_ds = quantize_block()(x, &mut got);
-        assert_eq!((got, got_ds), (want, want_ds), "{x:?}");
+        let mut roundings = vec![("default", quantize_block())];
+        #[cfg(target_arch = "x86_64")]
+        roundings.extend(crate::matmul::int8_matmul_avx2::quantize_block().map(|r| ("avx2", r)));
+        for (name, rounding) in roundings {
+            let mut got = [0i8; 32];
+            let got_ds = rounding(x, &mut got);
+            assert_eq!((got, got_ds), (want, want_ds), "{name}: {x:?}");
+        }
     }
 }

@@ -14,8 +14,12 @@ pub(crate) mod fp8_weight;
 pub(crate) mod gemm_probe;
 pub(crate) mod int16_matmul;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod int16_matmul_avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod int16_matmul_x86;
 pub(crate) mod int8_matmul;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod int8_matmul_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod int8_matmul_x86;
 pub(crate) mod panel_matmul;

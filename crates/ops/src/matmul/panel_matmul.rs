@@ -71,14 +71,10 @@ impl PanelPrecision {
         false
     }
 
-    /// Whether this CPU multiplies int8 natively (AVX512-VNNI); elsewhere `Int8` runs a
-    /// portable loop, slower than the float panels.
+    /// Whether this CPU multiplies int8 with vector instructions (AVX512-VNNI, AVX-VNNI or
+    /// AVX2); elsewhere `Int8` and `Int16` run portable loops, slower than the float panels.
     pub fn cpu_has_native_int8() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if crate::matmul::int8_matmul_x86::kernel().is_some() {
-            return true;
-        }
-        false
+        crate::matmul::int8_matmul::native_kernel().is_some()
     }
 
     /// Whether this precision multiplies a block-quantized weight's own codes (int8 panels).

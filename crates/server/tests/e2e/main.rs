@@ -6,6 +6,7 @@ mod api;
 mod batch_invariant;
 mod beam_search;
 mod connections;
+mod cpu_isa;
 mod cross_encoder;
 mod embeddings;
 mod errors;
