@@ -78,7 +78,7 @@ sdk-tools: ## The official OpenAI and Anthropic Python SDKs, pydantic and jsonsc
 browser-tools: ## Headless Chromium and chromedriver (Debian packages) and Selenium (PyPI, pinned) for the web UI's browser test.
 	@./scripts/install-browser-tools.sh
 
-script-check: ## The benchmark scripts: shell syntax, and the peer-comparison table renderer's self-test.
+script-check: ## The benchmark scripts: shell syntax, the peer-comparison table renderer's self-test, and one build (server and bench share compiled dependencies).
 	bash -n scripts/bench-vs-llamacpp.sh
 	bash -n scripts/bench-speculative.sh
 	bash -n scripts/bench-embeddings.sh
@@ -93,6 +93,8 @@ script-check: ## The benchmark scripts: shell syntax, and the peer-comparison ta
 	bash -n scripts/agent-clients.sh
 	python3 -c "import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]" scripts/agents_sdk_check.py scripts/agent_fake_server.py
 	python3 scripts/bench_vs_llamacpp_table.py --self-test
+	python3 scripts/check_one_build.py --self-test
+	CARGO="$(CARGO)" python3 scripts/check_one_build.py
 
 bench-vs-llamacpp: model ## Pagoda next to llama.cpp's server, 1/8/32 streams x 3 rounds, into bench-vs-llamacpp.md (refuses a busy machine).
 	./scripts/bench-vs-llamacpp.sh

@@ -12,6 +12,8 @@ pagoda_binaries() {
         bench="$PAGODA_BENCH_BIN"
     else
         export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagoda-target}"
+        # The package set scripts/check_one_build.py (make script-check) keeps on make serve's compiled
+        # dependencies: after either, this builds only the load generator's own crates.
         (cd "$1" && cargo build --release --locked -q -p pagoda-server -p pagoda-bench) >&2
         pagoda="$CARGO_TARGET_DIR/release/pagoda"
         bench="$CARGO_TARGET_DIR/release/pagoda-bench"
