@@ -153,11 +153,11 @@ impl Attention {
             self.qkv_proj.forward_heads(x, &heads, self.head_dim)?.try_into().expect("three projections");
         let (q, k, v) = match input.lora {
             None => (q, k, v),
-            Some(lora) => (
-                lora.apply(layer, LoraModule::Q, x, q)?,
-                lora.apply(layer, LoraModule::K, x, k)?,
-                lora.apply(layer, LoraModule::V, x, v)?,
-            ),
+            Some(lora) => {
+                let [q, k, v] =
+                    lora.apply_parts(layer, [LoraModule::Q, LoraModule::K, LoraModule::V], x, [q, k, v])?;
+                (q, k, v)
+            }
         };
         let (q, k) = match &self.qk_norm {
             None => (q, k),

@@ -5,12 +5,16 @@
 //! not read or written (see [`crate::KvCache::accounting_only`]). Its output is pooled hidden
 //! states, never logits; a cross-encoder's is the score its classifier head gives a text pair
 //! ([`crate::classifier`]), the pair's second text marked by token type 1.
+//!
+//! With f32 weights on the CPU the layers run as [`crate::bert_cpu`]'s own pass (panel matmuls
+//! and fused kernels, the same values); elsewhere (CUDA, half precision) as candle ops.
 
 use std::path::Path;
 
-use candle_core::{Tensor, D};
+use candle_core::{DType, Tensor, D};
 use serde::Deserialize;
 
+use crate::bert_cpu::{CpuEmbeddings, CpuEncoder, CpuLayer, CpuNorm, Dense, LayerTensors};
 use crate::classifier::SequenceClassifier;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -61,6 +65,10 @@ impl LayerNorm {
         })
     }
 
+    fn cpu(&self) -> Result<CpuNorm> {
+        CpuNorm::new(&self.weight, &self.bias, self.eps)
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mean = x.mean_keepdim(D::Minus1)?;
         let centered = x.broadcast_sub(&mean)?;
@@ -82,6 +90,13 @@ struct BertLayer {
     output_norm: LayerNorm,
 }
 
+/// The layers, as candle ops (CUDA, half precision) or packed for the CPU's own pass
+/// ([`crate::bert_cpu`], f32 weights on the CPU).
+enum Layers {
+    Candle(Vec<BertLayer>),
+    Cpu { encoder: CpuEncoder, embeddings_norm: CpuNorm },
+}
+
 pub struct Bert {
     config: ModelConfig,
     pooling: Pooling,
@@ -89,7 +104,7 @@ pub struct Bert {
     position_embeddings: Tensor,
     token_type_embeddings: Tensor,
     embeddings_norm: LayerNorm,
-    layers: Vec<BertLayer>,
+    layers: Layers,
     /// A cross-encoder's head; `None` for an embedding model.
     classifier: Option<SequenceClassifier>,
 }
@@ -118,27 +133,97 @@ impl Bert {
         let token_type_embeddings =
             dense("embeddings.token_type_embeddings.weight", &[extras.type_vocab_size, h])?;
         let embeddings_norm = LayerNorm::load(source, &format!("{prefix}embeddings.LayerNorm"), h, eps)?;
-        let mut layers = Vec::with_capacity(config.num_layers);
+        let cpu = word_embeddings.device().is_cpu() && word_embeddings.dtype() == DType::F32;
+        let mut tensors = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let name = |part: &str| format!("{prefix}encoder.layer.{i}.{part}");
-            let mut linear = |part: &str, out_dim: usize, in_dim: usize| {
-                let (weight, bias) = (name(&format!("{part}.weight")), name(&format!("{part}.bias")));
-                let weight = source.dense(&weight, &[out_dim, in_dim])?;
-                let bias = source.dense(&bias, &[out_dim])?;
-                Linear::dense(weight, Some(bias), source.kernel_plan())
+            let mut dense = |part: &str, out_dim: usize, in_dim: usize| -> Result<Dense> {
+                let weight = source.dense(&name(&format!("{part}.weight")), &[out_dim, in_dim])?;
+                let bias = source.dense(&name(&format!("{part}.bias")), &[out_dim])?;
+                Ok(Dense { weight, bias })
             };
             let inter = config.intermediate_size;
-            layers.push(BertLayer {
-                query: linear("attention.self.query", h, h)?,
-                key: linear("attention.self.key", h, h)?,
-                value: linear("attention.self.value", h, h)?,
-                attention_output: linear("attention.output.dense", h, h)?,
-                intermediate: linear("intermediate.dense", inter, h)?,
-                output: linear("output.dense", h, inter)?,
-                attention_norm: LayerNorm::load(source, &name("attention.output.LayerNorm"), h, eps)?,
-                output_norm: LayerNorm::load(source, &name("output.LayerNorm"), h, eps)?,
-            });
+            let (query, key, value) = (
+                dense("attention.self.query", h, h)?,
+                dense("attention.self.key", h, h)?,
+                dense("attention.self.value", h, h)?,
+            );
+            let attention_output = dense("attention.output.dense", h, h)?;
+            let intermediate = dense("intermediate.dense", inter, h)?;
+            let output = dense("output.dense", h, inter)?;
+            let attention_norm = LayerNorm::load(source, &name("attention.output.LayerNorm"), h, eps)?;
+            let output_norm = LayerNorm::load(source, &name("output.LayerNorm"), h, eps)?;
+            tensors.push((
+                query,
+                key,
+                value,
+                attention_output,
+                attention_norm,
+                intermediate,
+                output,
+                output_norm,
+            ));
         }
+        let layers = if cpu {
+            let layers = tensors
+                .iter()
+                .map(
+                    |(
+                        query,
+                        key,
+                        value,
+                        attention_output,
+                        attention_norm,
+                        intermediate,
+                        output,
+                        output_norm,
+                    )| {
+                        CpuLayer::pack(&LayerTensors {
+                            query,
+                            key,
+                            value,
+                            attention_output,
+                            attention_norm: attention_norm.cpu()?,
+                            intermediate,
+                            output,
+                            output_norm: output_norm.cpu()?,
+                        })
+                    },
+                )
+                .collect::<Result<Vec<_>>>()?;
+            let encoder = CpuEncoder { layers, heads: config.num_heads, head_dim: config.head_dim };
+            Layers::Cpu { encoder, embeddings_norm: embeddings_norm.cpu()? }
+        } else {
+            let plan = source.kernel_plan();
+            let linear = |d: Dense| Linear::dense(d.weight, Some(d.bias), plan);
+            let layers = tensors
+                .into_iter()
+                .map(
+                    |(
+                        query,
+                        key,
+                        value,
+                        attention_output,
+                        attention_norm,
+                        intermediate,
+                        output,
+                        output_norm,
+                    )| {
+                        Ok(BertLayer {
+                            query: linear(query)?,
+                            key: linear(key)?,
+                            value: linear(value)?,
+                            attention_output: linear(attention_output)?,
+                            attention_norm,
+                            intermediate: linear(intermediate)?,
+                            output: linear(output)?,
+                            output_norm,
+                        })
+                    },
+                )
+                .collect::<Result<Vec<_>>>()?;
+            Layers::Candle(layers)
+        };
         let pooling = Pooling::of_dir(&dir, PoolingKind::Cls)?;
         let classifier = SequenceClassifier::load(source, &dir, h)?;
         Ok(Self {
@@ -198,16 +283,30 @@ impl Bert {
             )));
         }
         let type_vocab = self.token_type_embeddings.dim(0)?;
-        if token_types.to_vec1::<u32>()?.iter().any(|&t| t as usize >= type_vocab) {
+        let types = token_types.to_vec1::<u32>()?;
+        if types.iter().any(|&t| t as usize >= type_vocab) {
             return Err(ModelError::InvalidOption(format!(
                 "this model has {type_vocab} token type(s), so it takes no text pairs"
             )));
         }
+        let layers = match &self.layers {
+            Layers::Candle(layers) => layers,
+            Layers::Cpu { encoder, embeddings_norm } => {
+                let embeddings = CpuEmbeddings {
+                    words: &self.word_embeddings,
+                    positions: &self.position_embeddings,
+                    token_types: &self.token_type_embeddings,
+                    norm: embeddings_norm,
+                };
+                let positions = positions.to_vec1::<u32>()?;
+                return encoder.encode(&embeddings, &ids, &types, &positions, bounds);
+            }
+        };
         let words = self.word_embeddings.index_select(input_ids, 0)?;
         let places = self.position_embeddings.index_select(positions, 0)?;
         let types = self.token_type_embeddings.index_select(token_types, 0)?;
         let mut x = self.embeddings_norm.forward(&((words + places)? + types)?)?;
-        for layer in &self.layers {
+        for layer in layers {
             x = self.layer_forward(layer, &x, bounds)?;
         }
         Ok(x)

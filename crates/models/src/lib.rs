@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub mod bert;
+mod bert_cpu;
 mod block_copy;
 pub mod classifier;
 pub mod config;

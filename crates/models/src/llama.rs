@@ -58,8 +58,8 @@ impl Mlp {
                 let Some(lora) = lora else {
                     return down_proj.forward(&pagoda_ops::silu_and_mul(&gate, &up)?);
                 };
-                let gate = lora.apply(layer, LoraModule::Gate, x, gate)?;
-                let up = lora.apply(layer, LoraModule::Up, x, up)?;
+                let [gate, up] =
+                    lora.apply_parts(layer, [LoraModule::Gate, LoraModule::Up], x, [gate, up])?;
                 let inner = pagoda_ops::silu_and_mul(&gate, &up)?;
                 lora.apply(layer, LoraModule::Down, &inner, down_proj.forward(&inner)?)
             }

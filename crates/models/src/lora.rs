@@ -270,8 +270,38 @@ impl LoraBatch {
     /// `base` (the projection of `x`, `[rows, out]` or `[rows, heads, head_dim]`) plus each
     /// row's adapter delta for `module` of layer `layer`, all segments in one op.
     pub fn apply(&self, layer: usize, module: LoraModule, x: &Tensor, base: Tensor) -> Result<Tensor> {
-        let segments: Vec<pagoda_ops::LoraSegment> = self
-            .segments
+        let segments = self.segments(layer, module);
+        if segments.is_empty() {
+            return Ok(base);
+        }
+        Ok(pagoda_ops::lora_add(&base, x, &segments)?)
+    }
+
+    /// [`Self::apply`] of several modules that share the input `x` (Q/K/V, gate/up), each with
+    /// its base, in one op: on the CPU one pass of parallel work for all of them.
+    pub fn apply_parts<const N: usize>(
+        &self,
+        layer: usize,
+        modules: [LoraModule; N],
+        x: &Tensor,
+        bases: [Tensor; N],
+    ) -> Result<[Tensor; N]> {
+        let segments = modules.map(|module| self.segments(layer, module));
+        if segments.iter().all(Vec::is_empty) {
+            return Ok(bases);
+        }
+        let parts: Vec<pagoda_ops::LoraPart> = bases
+            .into_iter()
+            .zip(segments)
+            .map(|(base, segments)| pagoda_ops::LoraPart { base, segments })
+            .collect();
+        let sums = pagoda_ops::lora_add_parts(x, &parts)?;
+        Ok(sums.try_into().unwrap_or_else(|_| unreachable!("N parts in, N out")))
+    }
+
+    /// The segments of rows whose adapter adapts `module` of layer `layer`.
+    fn segments(&self, layer: usize, module: LoraModule) -> Vec<pagoda_ops::LoraSegment> {
+        self.segments
             .iter()
             .filter_map(|(start, rows, adapter)| {
                 let pair = adapter.as_ref()?.pair(layer, module)?;
@@ -282,11 +312,7 @@ impl LoraBatch {
                     b: pair.b.clone(),
                 })
             })
-            .collect();
-        if segments.is_empty() {
-            return Ok(base);
-        }
-        Ok(pagoda_ops::lora_add(&base, x, &segments)?)
+            .collect()
     }
 }
 

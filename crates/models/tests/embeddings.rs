@@ -1,6 +1,6 @@
 //! Embeddings through the engine (prefill-only pooling sequences) against float64 numpy
 //! references: all-MiniLM-L6-v2 against scripts/golden_embeddings.py (token ids equal,
-//! embeddings at cosine >= 0.9999, each input alone and all of them batched together), and
+//! embeddings at cosine >= 0.99999, each input alone and all of them batched together), and
 //! SmolLM2 with last and mean pooling against scripts/golden.py's pooling cases.
 
 mod common;
@@ -102,7 +102,7 @@ fn minilm_embeddings_match_the_reference_alone_and_batched() {
         }
     }
     eprintln!("lowest cosine {:.7} ({:?})", worst.0, worst.1);
-    assert!(worst.0 >= 0.9999, "lowest cosine {} for {:?}", worst.0, worst.1);
+    assert!(worst.0 >= 0.99999, "lowest cosine {} for {:?}", worst.0, worst.1);
     handle.shutdown().trigger();
 }
 

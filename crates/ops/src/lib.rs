@@ -17,6 +17,10 @@
 //! a copy dequantized for the call. `DeviceFp8Weight` does the same for FP8 (e4m3) weights with
 //! a scale per row ([`Fp8Weight`], quantized from dense rows).
 //!
+//! `gelu_erf` (the exact GELU over a vectorised `erf`), `add_layer_norm` and `encoder_attention`
+//! are the CPU steps of a BERT encoder besides its matmuls, on plain f32 buffers rather than
+//! candle tensors (`encoder_cpu`): fused passes, each one rayon region.
+//!
 //! `time_panel_kernels` times panel kernels on one weight, so that the kernel plan
 //! (`pagoda_models::kernel_plan`) chooses the fastest by measurement (`gemm_probe`).
 //!
@@ -34,10 +38,14 @@ mod cuda;
 mod device_memory;
 mod device_sampler;
 mod dtype;
+mod encoder_cpu;
 mod fp8_e4m3;
 mod gated_activation;
+mod gelu;
 mod kv_cache;
 mod lora;
+mod lora_cpu;
+mod lora_kernels;
 mod matmul;
 mod metadata;
 mod paged_attention;
@@ -51,10 +59,12 @@ mod write_in_place;
 
 pub use device_memory::{device_memory, peak_memory, reset_peak_memory, DeviceMemory};
 pub use device_sampler::{sample_on_device, DeviceSampleInput, DeviceSampleOutput, DEVICE_SAMPLE_ROW_BYTES};
+pub use encoder_cpu::{add_layer_norm, encoder_attention, EncoderAttentionShape};
 pub use fp8_e4m3::{fp8_e4m3_value, FP8_E4M3_MAX};
 pub use gated_activation::{gelu_tanh_and_mul, silu_and_mul};
+pub use gelu::{add_bias_gelu_erf, erf, gelu_erf};
 pub use kv_cache::{reshape_and_cache, reshape_and_cache_scaled, KvScales, PADDING_SLOT};
-pub use lora::{lora_add, LoraSegment};
+pub use lora::{lora_add, lora_add_parts, LoraPart, LoraSegment};
 pub use matmul::device_fp8::{DeviceFp8Weight, FP8_KERNEL_K_STEP, FP8_KERNEL_MAX_ROWS, FP8_MATMUL_MAX_ROWS};
 pub use matmul::device_quant::{
     DeviceQuantWeight, QuantLaunch, QUANT_KERNEL_MAX_ROWS, QUANT_MATMUL_MAX_ROWS,

@@ -3,28 +3,22 @@
 //! gather: shrink to the rank, then expand), rows of no segment pass through. `A` is `[r, in]`
 //! (PEFT's layout) and `B` is given transposed, `[r, out]`, already scaled by `alpha / r`: the
 //! expansion then reads contiguous rows of outputs (vector adds on the CPU, coalesced loads on a
-//! GPU).
+//! GPU). [`lora_add_parts`] takes several projections of the same input (Q/K/V, gate/up) in
+//! one call: on the CPU one parallel loop for all of them ([`crate::lora_cpu`]).
 //!
-//! Each output row is computed from its own input row alone, in a fixed order (on the CPU f32
-//! dot products of the same lengths whatever the batch; on CUDA kernels/lora.cu, one block per
+//! Each output row is computed from its own input row alone, in a fixed order (on the CPU the
+//! same sums whatever the batch, block or vector width; on CUDA kernels/lora.cu, one block per
 //! row), so a row's bits do not depend on which other rows or adapters share the step: what
 //! `--batch-invariant` needs. On Metal the segments run as candle matmuls.
 
-use std::borrow::Cow;
-
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Storage, Tensor};
-use rayon::prelude::*;
+use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Storage, Tensor, WithDType};
 
 use crate::check::{self, invalid};
-use crate::dtype::{check_float, storage_to_f32, with_float, Float};
-use crate::simd::{dot, Separate};
+use crate::dtype::{check_float, with_float};
+use crate::lora_cpu::{add_parts, CpuPart};
 
 const OP: &str = "lora_add";
-/// Rows a block of the CPU op computes together.
-const BLOCK_ROWS: usize = 4;
-/// Output columns of one task of the CPU op's expansion when blocks are few.
-const EXPAND_COLUMNS: usize = 256;
 
 /// Rows `start..start + rows` use the adapter whose matrices are `a` (`[r, in]`) and `b`
 /// (`B^T`, `[r, out]`, scaled).
@@ -40,6 +34,78 @@ pub struct LoraSegment {
 /// elements; the result has its shape and dtype. Segments must be ascending and disjoint, their
 /// matrices of `x`'s dtype and device with `in` and `out` matching.
 pub fn lora_add(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<Tensor> {
+    let (rows, out) = check_part(base, x, segments)?;
+    if is_no_delta(segments, x, out) {
+        return Ok(base.clone());
+    }
+    let flat = base.reshape((rows, out))?;
+    let sum = match x.device() {
+        Device::Cpu | Device::Cuda(_) => {
+            flat.apply_op2_no_bwd(&x.contiguous()?, &LoraAdd { segments: segments.to_vec() })?
+        }
+        Device::Metal(_) => composite(&flat, x, segments)?,
+    };
+    sum.reshape(base.shape())
+}
+
+/// One projection of [`lora_add_parts`]: its base output and the segments adding deltas to it
+/// (as [`lora_add`] takes them).
+#[derive(Debug, Clone)]
+pub struct LoraPart {
+    pub base: Tensor,
+    pub segments: Vec<LoraSegment>,
+}
+
+/// [`lora_add`] of each part, all with input `x`: the projections that share an input (Q/K/V,
+/// gate/up) in one call. On the CPU every part's shrink and expansion run in one parallel
+/// loop, rows of one adapter together; elsewhere it is one [`lora_add`] per part. Results are
+/// in the parts' order, each of its base's shape (contiguous when a delta was added).
+pub fn lora_add_parts(x: &Tensor, parts: &[LoraPart]) -> Result<Vec<Tensor>> {
+    let mut widths = Vec::with_capacity(parts.len());
+    for part in parts {
+        widths.push(check_part(&part.base, x, &part.segments)?.1);
+    }
+    if !x.device().is_cpu() {
+        return parts.iter().map(|p| lora_add(&p.base, x, &p.segments)).collect();
+    }
+    let busy: Vec<usize> =
+        (0..parts.len()).filter(|&i| !is_no_delta(&parts[i].segments, x, widths[i])).collect();
+    let mut results: Vec<Tensor> = parts.iter().map(|p| p.base.clone()).collect();
+    if busy.is_empty() {
+        return Ok(results);
+    }
+    let x = row_view(x, x.dim(0)?)?;
+    let rows = x.dim(0)?;
+    let bases: Vec<Tensor> = busy
+        .iter()
+        .map(|&i| row_view(&parts[i].base.reshape((rows, widths[i]))?, rows))
+        .collect::<Result<_>>()?;
+    let (x_storage, x_layout) = x.storage_and_layout();
+    let Storage::Cpu(x_cpu) = &*x_storage else { return Err(invalid(OP, "x is not on the CPU")) };
+    let guards: Vec<_> = bases.iter().map(|b| b.storage_and_layout()).collect();
+    let sums = with_float!(x.dtype(), OP, T => {
+        let cpu_parts = busy
+            .iter()
+            .zip(&guards)
+            .map(|(&i, (storage, layout))| {
+                let Storage::Cpu(cpu) = &**storage else { return Err(invalid(OP, "base is not on the CPU")) };
+                Ok(CpuPart { base: cpu.as_slice::<T>()?, rows: check::rows(layout, 1, OP)?, segments: &parts[i].segments })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        add_parts::<T>(x_cpu.as_slice::<T>()?, check::rows(x_layout, 1, OP)?, &cpu_parts)?
+            .into_iter()
+            .zip(&busy)
+            .map(|(sum, &i)| Tensor::from_vec(sum, parts[i].base.shape(), &Device::Cpu))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    for (sum, &i) in sums.into_iter().zip(&busy) {
+        results[i] = sum;
+    }
+    Ok(results)
+}
+
+/// Checks a part (see [`lora_add`]); returns `x`'s rows and the output width.
+fn check_part(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<(usize, usize)> {
     let [rows, input] = check::dims::<2>(x)?;
     let out = base.elem_count().checked_div(rows).unwrap_or(0);
     if out * rows != base.elem_count() {
@@ -67,18 +133,20 @@ pub fn lora_add(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<T
             check::same_device(m, x, OP)?;
         }
     }
-    // No rows to adapt, or a delta of nothing (no inputs) or into nothing (no outputs).
-    if segments.iter().all(|s| s.rows == 0) || input == 0 || out == 0 {
-        return Ok(base.clone());
+    Ok((rows, out))
+}
+
+/// No rows to adapt, or a delta of nothing (no inputs) or into nothing (no outputs).
+fn is_no_delta(segments: &[LoraSegment], x: &Tensor, out: usize) -> bool {
+    segments.iter().all(|s| s.rows == 0) || x.dim(1).unwrap_or(0) == 0 || out == 0
+}
+
+/// `t` (`[rows, ...]`) itself when the CPU kernel can read it as rows, else a contiguous copy.
+fn row_view(t: &Tensor, rows: usize) -> Result<Tensor> {
+    match check::rows(t.layout(), t.rank().saturating_sub(1), OP) {
+        Ok(view) if view.rows == rows => Ok(t.clone()),
+        _ => t.contiguous(),
     }
-    let flat = base.reshape((rows, out))?;
-    let sum = match x.device() {
-        Device::Cpu | Device::Cuda(_) => {
-            flat.apply_op2_no_bwd(&x.contiguous()?, &LoraAdd { segments: segments.to_vec() })?
-        }
-        Device::Metal(_) => composite(&flat, x, segments)?,
-    };
-    sum.reshape(base.shape())
 }
 
 /// Candle matmuls per segment, concatenated with the untouched rows between them.
@@ -103,150 +171,6 @@ struct LoraAdd {
     segments: Vec<LoraSegment>,
 }
 
-/// A segment's matrices as f32 on the host: `a` row-major `[r, in]`, `b` `[r, out]`.
-struct HostSegment<'a> {
-    start: usize,
-    rows: usize,
-    rank: usize,
-    a: Cow<'a, [f32]>,
-    b: Cow<'a, [f32]>,
-}
-
-/// The elements of contiguous CPU storage `s` (laid out by `l`) as f32: borrowed when f32.
-fn host_f32<'a>(s: &'a Storage, l: &Layout) -> Result<Cow<'a, [f32]>> {
-    let Storage::Cpu(cpu) = s else {
-        return Err(invalid(OP, "adapter matrices must be on the CPU with x"));
-    };
-    let (start, end) = check::contiguous_range(l, OP)?;
-    if let CpuStorage::F32(v) = cpu {
-        return v
-            .get(start..end)
-            .map(Cow::Borrowed)
-            .ok_or_else(|| invalid(OP, "matrix view past its storage"));
-    }
-    Ok(Cow::Owned(storage_to_f32(cpu, start, end - start, OP)?))
-}
-
-impl LoraAdd {
-    fn run<T: Float>(
-        &self,
-        base: &CpuStorage,
-        b_l: &Layout,
-        x: &CpuStorage,
-        x_l: &Layout,
-    ) -> Result<CpuStorage> {
-        let (bs, xs) = (base.as_slice::<T>()?, x.as_slice::<T>()?);
-        let (b_rows, x_rows) = (check::rows(b_l, 1, OP)?, check::rows(x_l, 1, OP)?);
-        if b_rows.end() > bs.len() || x_rows.end() > xs.len() || b_rows.rows != x_rows.rows {
-            return Err(invalid(OP, "base / x views do not match their storage"));
-        }
-        let guards: Vec<_> =
-            self.segments.iter().map(|s| (s.a.storage_and_layout(), s.b.storage_and_layout())).collect();
-        let segments = self
-            .segments
-            .iter()
-            .zip(&guards)
-            .map(|(s, ((a, a_l), (b, b_l)))| {
-                Ok(HostSegment {
-                    start: s.start,
-                    rows: s.rows,
-                    rank: s.a.dim(0)?,
-                    a: host_f32(a, a_l)?,
-                    b: host_f32(b, b_l)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let (rows, input, out) = (b_rows.rows, x_rows.row_len, b_rows.row_len);
-        // Blocks of up to BLOCK_ROWS rows of one segment (or of none), in row order: a block
-        // reads each row of A and B once for all its rows.
-        let mut blocks: Vec<(usize, usize, Option<usize>)> = Vec::new();
-        let mut push = |from: usize, to: usize, segment: Option<usize>| {
-            for first in (from..to).step_by(BLOCK_ROWS) {
-                blocks.push((first, BLOCK_ROWS.min(to - first), segment));
-            }
-        };
-        let mut next = 0;
-        for (i, s) in segments.iter().enumerate() {
-            push(next, s.start, None);
-            push(s.start, s.start + s.rows, Some(i));
-            next = s.start + s.rows;
-        }
-        push(next, rows, None);
-        // Shrink: each block's `t = A x` (`[n, r]`), blocks in parallel.
-        let shrunk: Vec<Vec<f32>> = blocks
-            .par_iter()
-            .map(|&(first, n, segment)| {
-                let Some(s) = segment.map(|i| &segments[i]) else { return Vec::new() };
-                let mut xf = vec![0f32; n * input];
-                for (j, x_row) in xf.chunks_exact_mut(input).enumerate() {
-                    T::to_f32_slice(&xs[x_rows.range(first + j)], x_row);
-                }
-                let mut t = vec![0f32; n * s.rank];
-                for (k, a_k) in s.a.chunks_exact(input).enumerate() {
-                    for (j, x_row) in xf.chunks_exact(input).enumerate() {
-                        t[j * s.rank + k] = dot::<Separate>(x_row, a_k);
-                    }
-                }
-                t
-            })
-            .collect();
-        // Expand: tasks of one block's rows over a range of output columns, so that even one
-        // row keeps every thread of the pool busy (a thread left idle falls asleep, and the
-        // next op's matmul waits for it to wake).
-        let mut out_rows = vec![T::from_f32(0.0); rows * out];
-        // With blocks enough for every thread, a task takes whole rows (each row of B read once
-        // per block); with few, ranges of columns.
-        let columns =
-            if blocks.len() >= 2 * rayon::current_num_threads() { out.max(1) } else { EXPAND_COLUMNS };
-        let mut tasks: Vec<(usize, usize, Vec<&mut [T]>)> = Vec::new();
-        let mut rest = out_rows.as_mut_slice();
-        for (b, &(_, n, _)) in blocks.iter().enumerate() {
-            let (part, tail) = rest.split_at_mut(n * out);
-            rest = tail;
-            let first_task = tasks.len();
-            for (j, row) in part.chunks_exact_mut(out).enumerate() {
-                for (c, cols) in row.chunks_mut(columns).enumerate() {
-                    if j == 0 {
-                        tasks.push((b, c * columns, Vec::with_capacity(n)));
-                    }
-                    tasks[first_task + c].2.push(cols);
-                }
-            }
-        }
-        tasks.into_par_iter().for_each(|(b, c0, mut dst)| {
-            let (first, _, segment) = blocks[b];
-            let width = dst[0].len();
-            let Some(s) = segment.map(|i| &segments[i]) else {
-                for (j, d) in dst.iter_mut().enumerate() {
-                    d.copy_from_slice(&bs[b_rows.range(first + j)][c0..c0 + width]);
-                }
-                return;
-            };
-            let t = &shrunk[b];
-            // delta = sum over k of t[k] * B^T[k], k ascending: plain adds, which the compiler
-            // vectorizes and never fuses, so a row's bits depend on neither the CPU nor its
-            // block or column range.
-            let mut acc = vec![0f32; dst.len() * width];
-            for (k, b_k) in s.b.chunks_exact(out).enumerate() {
-                let b_k = &b_k[c0..c0 + width];
-                for (j, acc_row) in acc.chunks_exact_mut(width).enumerate() {
-                    let tk = t[j * s.rank + k];
-                    for (a, &w) in acc_row.iter_mut().zip(b_k) {
-                        *a += tk * w;
-                    }
-                }
-            }
-            for (j, (d, acc_row)) in dst.iter_mut().zip(acc.chunks_exact(width)).enumerate() {
-                let base_row = &bs[b_rows.range(first + j)][c0..c0 + width];
-                for ((o, b), a) in d.iter_mut().zip(base_row).zip(acc_row) {
-                    *o = T::from_f32(b.to_f32() + a);
-                }
-            }
-        });
-        Ok(T::to_cpu_storage_owned(out_rows))
-    }
-}
-
 impl CustomOp2 for LoraAdd {
     fn name(&self) -> &'static str {
         OP
@@ -259,7 +183,11 @@ impl CustomOp2 for LoraAdd {
         x: &CpuStorage,
         x_l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let storage = with_float!(base.dtype(), OP, T => self.run::<T>(base, b_l, x, x_l))?;
+        let storage = with_float!(base.dtype(), OP, T => {
+            let part = CpuPart { base: base.as_slice::<T>()?, rows: check::rows(b_l, 1, OP)?, segments: &self.segments };
+            let sum = add_parts::<T>(x.as_slice::<T>()?, check::rows(x_l, 1, OP)?, &[part])?;
+            Ok(T::to_cpu_storage_owned(sum.into_iter().next().unwrap_or_default()))
+        })?;
         Ok((storage, b_l.shape().clone()))
     }
 
@@ -360,6 +288,148 @@ mod tests {
         .to_scalar::<f32>()
         .unwrap();
         assert!(diff < 0.05, "{diff}");
+    }
+
+    /// `base + B^T (A x)` of each row of `segments` in f64, from the tensors' values.
+    fn reference(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Vec<Vec<f64>> {
+        let rows = x.dim(0).unwrap();
+        let as64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap();
+        let (x, mut want) = (as64(x), as64(&base.reshape((rows, ())).unwrap()));
+        for s in segments {
+            let (a, b) = (as64(&s.a), as64(&s.b));
+            for (row, want) in want.iter_mut().enumerate().skip(s.start).take(s.rows) {
+                let t: Vec<f64> = a.iter().map(|a| a.iter().zip(&x[row]).map(|(a, x)| a * x).sum()).collect();
+                for (c, w) in want.iter_mut().enumerate() {
+                    *w += t.iter().zip(&b).map(|(t, b)| t * b[c]).sum::<f64>();
+                }
+            }
+        }
+        want
+    }
+
+    /// Three projections of one input (odd widths, one of them head-shaped) over rows that take
+    /// turns at three adapters of ranks 8, 16 and 5 (the same adapter in separate segments) and
+    /// at none: each part matches the f64 sum, equals `lora_add` of that part alone, and a row's
+    /// bits do not change when it runs alone, in a pool of one thread or of four.
+    #[test]
+    fn parts_match_float64_and_a_row_keeps_its_bits() {
+        let (rows, input) = (11, 67);
+        let outs = [150, 21, 3 * 30];
+        let x = random(50, &[rows, input]);
+        let adapters: Vec<Vec<(Tensor, Tensor)>> = [8, 16, 5]
+            .iter()
+            .enumerate()
+            .map(|(i, &rank)| {
+                outs.iter()
+                    .enumerate()
+                    .map(|(p, &out)| {
+                        let s = segment(100 * i as u64 + 10 * p as u64, 0, 0, rank, input, out);
+                        (s.a, s.b)
+                    })
+                    .collect()
+            })
+            .collect();
+        // (start, rows, adapter): row 2 and rows 9..11 have none.
+        let layout = [(0, 2, 0), (3, 3, 1), (6, 1, 0), (7, 2, 2)];
+        let parts: Vec<LoraPart> = outs
+            .iter()
+            .enumerate()
+            .map(|(p, &out)| {
+                let base = random(60 + p as u64, &[rows, out]);
+                let base = if p == 2 { base.reshape((rows, 3, 30)).unwrap() } else { base };
+                let segments = layout
+                    .iter()
+                    .map(|&(start, n, i)| {
+                        let (a, b) = &adapters[i][p];
+                        LoraSegment { start, rows: n, a: a.clone(), b: b.clone() }
+                    })
+                    .collect();
+                LoraPart { base, segments }
+            })
+            .collect();
+        let flat = |t: &Tensor| t.flatten_from(1).unwrap().to_vec2::<f32>().unwrap();
+        let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+        let all = pool(4).install(|| lora_add_parts(&x, &parts)).unwrap();
+        for (p, (part, got)) in parts.iter().zip(&all).enumerate() {
+            assert_eq!(got.dims(), part.base.dims());
+            let want = reference(&part.base, &x, &part.segments);
+            for (r, (got, want)) in flat(got).iter().zip(&want).enumerate() {
+                for (g, w) in got.iter().zip(want) {
+                    assert!((*g as f64 - w).abs() < 1e-5, "part {p} row {r}: {g} against {w}");
+                }
+            }
+            for untouched in [2, 9, 10] {
+                assert_eq!(flat(got)[untouched], flat(&part.base)[untouched]);
+            }
+            let alone = lora_add(&part.base, &x, &part.segments).unwrap();
+            assert_eq!(flat(&alone), flat(got), "part {p} through lora_add");
+        }
+        // Each row alone, its segment cut to it: one block (split into column pieces in a pool of
+        // several threads), instead of a block of up to four rows of its adapter.
+        for threads in [1, 4] {
+            for row in 0..rows {
+                let one: Vec<LoraPart> = parts
+                    .iter()
+                    .map(|p| LoraPart {
+                        base: p.base.narrow(0, row, 1).unwrap(),
+                        segments: p
+                            .segments
+                            .iter()
+                            .filter(|s| (s.start..s.start + s.rows).contains(&row))
+                            .map(|s| LoraSegment { start: 0, rows: 1, ..s.clone() })
+                            .collect(),
+                    })
+                    .collect();
+                let x_row = x.narrow(0, row, 1).unwrap();
+                let got = pool(threads).install(|| lora_add_parts(&x_row, &one)).unwrap();
+                for (p, (got, whole)) in got.iter().zip(&all).enumerate() {
+                    assert_eq!(flat(got)[0], flat(whole)[row], "part {p} row {row}, {threads} threads");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn half_precision_parts_and_errors() {
+        let (rows, input) = (6, 24);
+        let x = random(70, &[rows, input]).to_dtype(DType::BF16).unwrap();
+        let half = |s: LoraSegment| LoraSegment {
+            a: s.a.to_dtype(DType::BF16).unwrap(),
+            b: s.b.to_dtype(DType::BF16).unwrap(),
+            ..s
+        };
+        let parts: Vec<LoraPart> = [40, 17]
+            .iter()
+            .enumerate()
+            .map(|(p, &out)| LoraPart {
+                base: random(71 + p as u64, &[rows, out]).to_dtype(DType::BF16).unwrap(),
+                segments: vec![half(segment(80 + p as u64, 1, 4, 16, input, out))],
+            })
+            .collect();
+        let got = lora_add_parts(&x, &parts).unwrap();
+        for (part, got) in parts.iter().zip(&got) {
+            let want = reference(&part.base, &x, &part.segments);
+            for (g, w) in got
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap()
+                .iter()
+                .flatten()
+                .zip(want.iter().flatten())
+            {
+                assert!((*g as f64 - w).abs() < 0.02 * (1.0 + w.abs()), "{g} against {w}");
+            }
+        }
+        let mut wrong = parts.clone();
+        wrong[1].segments[0].start = 4;
+        assert!(lora_add_parts(&x, &wrong).is_err(), "a segment past the rows");
+        let no_rows = [LoraPart { base: parts[0].base.clone(), segments: Vec::new() }];
+        let same = lora_add_parts(&x, &no_rows).unwrap();
+        assert_eq!(
+            same[0].to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+            parts[0].base.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap()
+        );
     }
 
     #[test]

@@ -433,7 +433,7 @@ pub(crate) fn portable_kernel(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [
 }
 
 /// The tile loop for up to `ROWS` activation rows at a time, written so LLVM vectorises it for
-/// whatever target features its caller enables (see `panel_matmul_x86`'s AVX2 kernel).
+/// whatever target features its caller enables.
 #[inline(always)]
 pub(crate) fn tile_rows<M: MulAdd, const ROWS: usize>(
     x_rows: &[&[f32]],

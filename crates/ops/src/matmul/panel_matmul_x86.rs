@@ -1,12 +1,12 @@
 //! x86-64 kernels of [`crate::matmul::panel_matmul`]: AVX-512 (two 16-lane accumulators per activation
-//! row), AVX2+FMA (the portable loop compiled for 256-bit vectors) and, for bfloat16 panels,
+//! row), AVX2+FMA (three rows of four 8-lane accumulators) and, for bfloat16 panels,
 //! AVX512-BF16 (the AVX-512 tile with `vdpbf16ps`), chosen once at run time from what the CPU
 //! reports, so a generic x86-64 build still uses them.
 
 use std::arch::x86_64::*;
 
-use crate::matmul::panel_matmul::{tile_rows, Bf16TileKernel, TileKernel, PANEL, TILE_ROWS};
-use crate::simd::{level, Fused, Level};
+use crate::matmul::panel_matmul::{Bf16TileKernel, TileKernel, PANEL, TILE_ROWS};
+use crate::simd::{level, Level};
 
 /// The best kernel on this CPU, if it has AVX2 and FMA at least.
 pub(crate) fn kernel() -> Option<TileKernel> {
@@ -115,15 +115,64 @@ unsafe fn store_tile<const R: usize>(
 fn tile_avx2(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], width: usize) {
     check_args(x_rows, panel, out_rows, width);
     assert!(level() != Level::None);
-    // SAFETY: the CPU has AVX2 and FMA (checked above).
-    unsafe { tile_avx2_inner(x_rows, panel, out_rows, width) }
+    for (xs, outs) in x_rows.chunks(AVX2_ROWS).zip(out_rows.chunks_mut(AVX2_ROWS)) {
+        // SAFETY: the CPU has AVX2 and FMA (checked above) and `check_args` holds for each
+        // chunk of rows.
+        unsafe {
+            match xs.len() {
+                1 => tile_avx2_rows::<1>(xs, panel, outs, width),
+                2 => tile_avx2_rows::<2>(xs, panel, outs, width),
+                _ => tile_avx2_rows::<3>(xs, panel, outs, width),
+            }
+        }
+    }
 }
 
-/// The portable loop with 256-bit vectors and fused multiply-adds enabled. Six rows at a time
-/// keep the 6 x 4 accumulators in AVX2's 16 registers.
+/// Rows per pass of the AVX2 kernel: 3 x 4 accumulators, the panel's 4 vectors of an input and
+/// a broadcast fit AVX2's 16 registers (more rows spill the accumulators to the stack, which
+/// had halved the kernel's rate).
+const AVX2_ROWS: usize = 3;
+
+/// `R` rows x 32 columns: per input, the panel's 4 vectors times each row's value broadcast,
+/// fused into the row's accumulators, inputs in order (a row's bits do not depend on the rows
+/// beside it).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2_inner(x_rows: &[&[f32]], panel: &[f32], out_rows: &mut [&mut [f32]], width: usize) {
-    tile_rows::<Fused, 6>(x_rows, panel, out_rows, width);
+unsafe fn tile_avx2_rows<const R: usize>(
+    x_rows: &[&[f32]],
+    panel: &[f32],
+    out_rows: &mut [&mut [f32]],
+    width: usize,
+) {
+    let k = panel.len() / PANEL;
+    let xs: [*const f32; R] = std::array::from_fn(|r| x_rows[r].as_ptr());
+    let w = panel.as_ptr();
+    // SAFETY: the caller's `check_args`: the panel holds `k * PANEL` values and every row at
+    // least `k`.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for kk in 0..k {
+            let wk = w.add(kk * PANEL);
+            let wv = [
+                _mm256_loadu_ps(wk),
+                _mm256_loadu_ps(wk.add(8)),
+                _mm256_loadu_ps(wk.add(16)),
+                _mm256_loadu_ps(wk.add(24)),
+            ];
+            for (acc_row, x) in acc.iter_mut().zip(xs) {
+                let xb = _mm256_set1_ps(*x.add(kk));
+                for (a, &wj) in acc_row.iter_mut().zip(&wv) {
+                    *a = _mm256_fmadd_ps(xb, wj, *a);
+                }
+            }
+        }
+        for (out, acc_row) in out_rows.iter_mut().zip(&acc) {
+            let mut row = [0f32; PANEL];
+            for (j, &a) in acc_row.iter().enumerate() {
+                _mm256_storeu_ps(row.as_mut_ptr().add(8 * j), a);
+            }
+            out[..width].copy_from_slice(&row[..width]);
+        }
+    }
 }
 
 /// The AVX512-BF16 kernel, if this CPU has it.
