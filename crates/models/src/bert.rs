@@ -134,7 +134,11 @@ impl Bert {
             dense("embeddings.token_type_embeddings.weight", &[extras.type_vocab_size, h])?;
         let embeddings_norm = LayerNorm::load(source, &format!("{prefix}embeddings.LayerNorm"), h, eps)?;
         let cpu = word_embeddings.device().is_cpu() && word_embeddings.dtype() == DType::F32;
-        let mut tensors = Vec::with_capacity(config.num_layers);
+        // Each layer is packed for the CPU's own pass (or wrapped as candle ops) as it loads, so
+        // only one layer's loaded tensors are held beside the packed ones.
+        let (mut cpu_layers, mut candle_layers) = (Vec::new(), Vec::new());
+        let plan = source.kernel_plan();
+        let linear = |d: Dense| Linear::dense(d.weight, Some(d.bias), plan);
         for i in 0..config.num_layers {
             let name = |part: &str| format!("{prefix}encoder.layer.{i}.{part}");
             let mut dense = |part: &str, out_dim: usize, in_dim: usize| -> Result<Dense> {
@@ -153,76 +157,36 @@ impl Bert {
             let output = dense("output.dense", h, inter)?;
             let attention_norm = LayerNorm::load(source, &name("attention.output.LayerNorm"), h, eps)?;
             let output_norm = LayerNorm::load(source, &name("output.LayerNorm"), h, eps)?;
-            tensors.push((
-                query,
-                key,
-                value,
-                attention_output,
-                attention_norm,
-                intermediate,
-                output,
-                output_norm,
-            ));
+            if cpu {
+                cpu_layers.push(CpuLayer::pack(&LayerTensors {
+                    query: &query,
+                    key: &key,
+                    value: &value,
+                    attention_output: &attention_output,
+                    attention_norm: attention_norm.cpu()?,
+                    intermediate: &intermediate,
+                    output: &output,
+                    output_norm: output_norm.cpu()?,
+                })?);
+            } else {
+                candle_layers.push(BertLayer {
+                    query: linear(query)?,
+                    key: linear(key)?,
+                    value: linear(value)?,
+                    attention_output: linear(attention_output)?,
+                    attention_norm,
+                    intermediate: linear(intermediate)?,
+                    output: linear(output)?,
+                    output_norm,
+                });
+            }
         }
         let layers = if cpu {
-            let layers = tensors
-                .iter()
-                .map(
-                    |(
-                        query,
-                        key,
-                        value,
-                        attention_output,
-                        attention_norm,
-                        intermediate,
-                        output,
-                        output_norm,
-                    )| {
-                        CpuLayer::pack(&LayerTensors {
-                            query,
-                            key,
-                            value,
-                            attention_output,
-                            attention_norm: attention_norm.cpu()?,
-                            intermediate,
-                            output,
-                            output_norm: output_norm.cpu()?,
-                        })
-                    },
-                )
-                .collect::<Result<Vec<_>>>()?;
-            let encoder = CpuEncoder { layers, heads: config.num_heads, head_dim: config.head_dim };
+            let encoder =
+                CpuEncoder { layers: cpu_layers, heads: config.num_heads, head_dim: config.head_dim };
             Layers::Cpu { encoder, embeddings_norm: embeddings_norm.cpu()? }
         } else {
-            let plan = source.kernel_plan();
-            let linear = |d: Dense| Linear::dense(d.weight, Some(d.bias), plan);
-            let layers = tensors
-                .into_iter()
-                .map(
-                    |(
-                        query,
-                        key,
-                        value,
-                        attention_output,
-                        attention_norm,
-                        intermediate,
-                        output,
-                        output_norm,
-                    )| {
-                        Ok(BertLayer {
-                            query: linear(query)?,
-                            key: linear(key)?,
-                            value: linear(value)?,
-                            attention_output: linear(attention_output)?,
-                            attention_norm,
-                            intermediate: linear(intermediate)?,
-                            output: linear(output)?,
-                            output_norm,
-                        })
-                    },
-                )
-                .collect::<Result<Vec<_>>>()?;
-            Layers::Candle(layers)
+            Layers::Candle(candle_layers)
         };
         let pooling = Pooling::of_dir(&dir, PoolingKind::Cls)?;
         let classifier = SequenceClassifier::load(source, &dir, h)?;

@@ -17,8 +17,10 @@ use std::arch::x86_64::*;
 use crate::matmul::int16_matmul::{
     Int16Activations, Int16TileKernel, QuantizeBlock16, INT16_MAX_CODE, INT16_TILE_ROWS,
 };
-use crate::matmul::int8_matmul::{block_code_bytes, Int8Panel};
-use crate::matmul::int8_matmul_avx2::{block_amax, quad_codes8, store8, sum_lanes};
+use crate::matmul::int8_matmul::Int8Panel;
+use crate::matmul::int8_matmul_avx2::{
+    block_amax, check_tile_bounds, quad_codes8, store8, sum_lanes, ActivationShape,
+};
 use crate::matmul::panel_matmul::PANEL;
 use crate::matmul::quant_weight::QUANT_BLOCK;
 use crate::simd::{avx_vnni, level, Level};
@@ -145,16 +147,15 @@ fn check_bounds(
     out_rows: &[&mut [f32]],
     width: usize,
 ) {
-    let (blocks, subs) = (panel.blocks, panel.subs);
-    assert!((1..=INT16_TILE_ROWS).contains(&rows.len()) && out_rows.len() == rows.len());
-    assert!((1..=PANEL).contains(&width) && out_rows.iter().all(|r| r.len() >= width));
-    assert!(subs == 1 || subs == 2);
-    assert!(acts.cols == blocks * QUANT_BLOCK && acts.codes.len() >= rows.end * acts.cols);
-    assert!(acts.subs == subs && acts.code_sums.len() >= rows.end * blocks * subs);
-    assert!(acts.scales.len() >= rows.end * blocks && acts.sums.len() >= rows.end * blocks);
-    assert!(panel.codes.len() == blocks * block_code_bytes(panel.nibbles) && (subs == 1 || !panel.nibbles));
-    assert!(panel.scales.len() == blocks * subs * PANEL);
-    assert!(panel.mins.is_empty() || panel.mins.len() == blocks * PANEL);
+    let shape = ActivationShape {
+        cols: acts.cols,
+        subs: acts.subs,
+        codes: acts.codes.len(),
+        code_sums: acts.code_sums.len(),
+        scales: acts.scales.len(),
+        sums: acts.sums.len(),
+    };
+    check_tile_bounds(&shape, rows, INT16_TILE_ROWS, panel, out_rows, width);
 }
 
 #[target_feature(enable = "avx2,fma")]

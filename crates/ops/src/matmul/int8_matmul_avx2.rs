@@ -227,13 +227,45 @@ fn check_bounds(
     out_rows: &[&mut [f32]],
     width: usize,
 ) {
+    let shape = ActivationShape {
+        cols: acts.cols,
+        subs: acts.subs,
+        codes: acts.codes.len(),
+        code_sums: acts.code_sums.len(),
+        scales: acts.scales.len(),
+        sums: acts.sums.len(),
+    };
+    check_tile_bounds(&shape, rows, INT8_TILE_ROWS, panel, out_rows, width);
+}
+
+/// The lengths of a tile kernel's rounded activations (8- or 16-bit).
+pub(crate) struct ActivationShape {
+    pub cols: usize,
+    pub subs: usize,
+    /// Codes, one per activation.
+    pub codes: usize,
+    pub code_sums: usize,
+    pub scales: usize,
+    pub sums: usize,
+}
+
+/// The bounds a 256-bit tile kernel's unchecked loads and stores rely on: `rows` of activations
+/// of `shape` (at most `tile_rows`) against `panel`, into `width` columns of `out_rows`.
+pub(crate) fn check_tile_bounds(
+    shape: &ActivationShape,
+    rows: &std::ops::Range<usize>,
+    tile_rows: usize,
+    panel: &Int8Panel<'_>,
+    out_rows: &[&mut [f32]],
+    width: usize,
+) {
     let (blocks, subs) = (panel.blocks, panel.subs);
-    assert!((1..=INT8_TILE_ROWS).contains(&rows.len()) && out_rows.len() == rows.len());
+    assert!((1..=tile_rows).contains(&rows.len()) && out_rows.len() == rows.len());
     assert!((1..=PANEL).contains(&width) && out_rows.iter().all(|r| r.len() >= width));
     assert!(subs == 1 || subs == 2);
-    assert!(acts.cols == blocks * QUANT_BLOCK && acts.codes.len() >= rows.end * acts.cols);
-    assert!(acts.subs == subs && acts.code_sums.len() >= rows.end * blocks * subs);
-    assert!(acts.scales.len() >= rows.end * blocks && acts.sums.len() >= rows.end * blocks);
+    assert!(shape.cols == blocks * QUANT_BLOCK && shape.codes >= rows.end * shape.cols);
+    assert!(shape.subs == subs && shape.code_sums >= rows.end * blocks * subs);
+    assert!(shape.scales >= rows.end * blocks && shape.sums >= rows.end * blocks);
     assert!(panel.codes.len() == blocks * block_code_bytes(panel.nibbles) && (subs == 1 || !panel.nibbles));
     assert!(panel.scales.len() == blocks * subs * PANEL);
     assert!(panel.mins.is_empty() || panel.mins.len() == blocks * PANEL);
