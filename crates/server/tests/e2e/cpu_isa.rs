@@ -5,20 +5,18 @@
 //!
 //! A child process, since the cap is read once per process.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 
-use crate::harness::{client, model_path, post_json};
+use crate::harness::{client, post_json};
+use crate::shutdown::{pagoda_serve, spawn_ready};
 
+/// A `pagoda serve` child under `PAGODA_CPU_ISA=isa`, killed when dropped (a failed assertion
+/// included).
 struct Server {
-    child: Child,
+    child: std::process::Child,
     url: String,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Option<std::thread::JoinHandle<Vec<String>>>,
 }
 
 impl Drop for Server {
@@ -30,42 +28,18 @@ impl Drop for Server {
 
 impl Server {
     fn start(isa: &str) -> Result<Server> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
-            .args(["serve", "--model"])
-            .arg(model_path())
-            .args(["--served-model-name", "smol", "--port", "0", "--max-model-len", "1024"])
-            .args(["--kv-cache-memory", "96MiB"])
-            .env("PAGODA_CPU_ISA", isa)
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the pagoda binary")?;
-        let stderr = child.stderr.take().context("no stderr")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let lines = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("ready on http://").nth(1) {
-                    let addr: String =
-                        rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
-                    let _ = ready_tx.send(addr);
-                }
-                lines.lock().unwrap().push(line);
-            }
-        });
-        let mut server = Server { child, url: String::new(), log };
-        match ready_rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(addr) => server.url = format!("http://{addr}"),
-            Err(_) => bail!("the server did not start; log:\n{}", server.log.lock().unwrap().join("\n")),
-        }
-        Ok(server)
+        let mut command = pagoda_serve(&["--served-model-name", "smol", "--max-model-len", "1024"]);
+        command.args(["--kv-cache-memory", "96MiB"]).env("PAGODA_CPU_ISA", isa);
+        let (child, addr, log) = spawn_ready(command)?;
+        Ok(Server { child, url: format!("http://{addr}"), log: Some(log) })
     }
 
-    fn plan_line(&self) -> String {
-        let log = self.log.lock().unwrap();
+    /// The `kernel plan:` line of the start-up log (the whole log if it has none). Stops the
+    /// server, whose log is complete only then.
+    fn plan_line(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = self.log.take().expect("read once").join().expect("the log reader");
         log.iter().find(|l| l.contains("kernel plan:")).cloned().unwrap_or_else(|| log.join("\n"))
     }
 }
@@ -81,10 +55,7 @@ fn golden_cases() -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_avx2_only_cpu_runs_int16_panels_and_keeps_the_golden_greedy_tokens() -> Result<()> {
-    let server = Server::start("avx2")?;
-    let plan = server.plan_line();
-    assert!(plan.contains("decode-sized steps (up to 16 tokens) on int16 panels"), "{plan}");
-    assert!(plan.contains("(avx2 instructions)"), "{plan}");
+    let mut server = Server::start("avx2")?;
     let c = client();
     let cases = golden_cases();
     let requests = cases.iter().map(|case| {
@@ -104,19 +75,22 @@ async fn an_avx2_only_cpu_runs_int16_panels_and_keeps_the_golden_greedy_tokens()
         assert!(!text.is_empty() && greedy_text.starts_with(text), "{name}: {text:?} vs {greedy_text:?}");
         assert_eq!(out["usage"]["completion_tokens"], 16, "{name}");
     }
+    let plan = server.plan_line();
+    assert!(plan.contains("decode-sized steps (up to 16 tokens) on int16 panels"), "{plan}");
+    assert!(plan.contains("(avx2 instructions)"), "{plan}");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_portable_only_cpu_keeps_the_exact_blocks_and_says_so() -> Result<()> {
-    let server = Server::start("portable")?;
-    let plan = server.plan_line();
-    assert!(plan.contains("decode-sized steps (up to 16 tokens) on exact f32 blocks"), "{plan}");
-    assert!(plan.contains("(portable instructions)"), "{plan}");
+    let mut server = Server::start("portable")?;
     let body =
         json!({"model": "smol", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
     let (status, out) = post_json(&client(), &format!("{}/v1/completions", server.url), &body).await?;
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["usage"]["completion_tokens"], 4, "{out}");
+    let plan = server.plan_line();
+    assert!(plan.contains("decode-sized steps (up to 16 tokens) on exact f32 blocks"), "{plan}");
+    assert!(plan.contains("(portable instructions)"), "{plan}");
     Ok(())
 }

@@ -11,11 +11,13 @@ use serde_json::{json, Value};
 
 use crate::harness::{model_path, SseReader, TestServer};
 
-/// Reads the server's log until the "ready on http://..." line and returns the address.
+/// Reads the server's log until the "ready on http://..." line and returns the address and the
+/// whole log (start-up lines included), complete once the server exits.
 pub(crate) fn wait_ready(
     stderr: impl std::io::Read + Send + 'static,
 ) -> Result<(String, std::thread::JoinHandle<Vec<String>>)> {
     let mut lines = BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         let Some(line) = lines.next() else { bail!("the server exited before it was ready") };
@@ -23,10 +25,15 @@ pub(crate) fn wait_ready(
         if let Some(rest) = line.split("ready on http://").nth(1) {
             let addr: String =
                 rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+            seen.push(line);
             // Keep draining the log so the server never blocks on a full pipe.
-            let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect());
+            let rest = std::thread::spawn(move || {
+                seen.extend(lines.map_while(Result::ok));
+                seen
+            });
             return Ok((addr, rest));
         }
+        seen.push(line);
     }
     bail!("the server was not ready in time")
 }
