@@ -1,13 +1,9 @@
 //! The 256-bit kernels of [`crate::matmul::int16_matmul`], for CPUs without AVX512-VNNI: AVX2,
 //! and AVX-VNNI where the CPU has it.
 //!
-//! Nibble codes (Q4_0, Q4_1, Q4_K: most of a 4-bit model) run the AVX-512 kernel's two byte
-//! passes: each code byte (0..=15) meets the row's `high` and `low` bytes, and a block's sum is
-//! `256 * high + low`. AVX2's `vpmaddubsw` sums product pairs into 16-bit lanes, which can add
-//! a whole block there (a pair is at most `2 * 15 * 128`, eight pairs stay under 2^15), so a
-//! code byte costs a multiply and an add per byte plane and is never widened; AVX-VNNI's
-//! `vpdpbusd` adds into int32 lanes directly. A pass covers 8 columns for up to
-//! [`NIBBLE_PASS_ROWS`] rows.
+//! Nibble codes (Q4_0, Q4_1, Q4_K: most of a 4-bit model) run [`crate::matmul::nibble_avx2`]'s
+//! pass on the activations' two byte planes (`q = 256 * high + low`), as the AVX-512 kernel's
+//! two byte passes do, up to [`NIBBLE_PASS_ROWS`] rows at a time.
 //!
 //! Byte codes (up to 255: Q8_0, Q5, Q6_K) would saturate `vpmaddubsw`'s pairs, so they are
 //! widened to 16 bits and multiplied with the whole 16-bit activations (`q`, kept beside their
@@ -28,6 +24,7 @@ use crate::matmul::int8_matmul::Int8Panel;
 use crate::matmul::int8_matmul_avx2::{
     block_amax, check_tile_bounds, quad_codes8, store8, sum_lanes, ActivationShape,
 };
+use crate::matmul::nibble_avx2::{nibble_passes, NibbleAvx2, NibbleAvxVnni, NibbleDot, NibbleRows};
 use crate::matmul::panel_matmul::PANEL;
 use crate::matmul::quant_weight::QUANT_BLOCK;
 use crate::simd::{avx_vnni, level, Level};
@@ -36,7 +33,7 @@ use crate::simd::{avx_vnni, level, Level};
 /// widened codes and the broadcasts.
 const PASS_ROWS: usize = 2;
 
-/// Rows per nibble pass: per row two sums and an accumulator of 8 columns.
+/// Rows per nibble pass: per row two plane sums and an accumulator of 8 columns.
 const NIBBLE_PASS_ROWS: usize = 3;
 
 /// Columns per pass: two vectors of 8.
@@ -97,6 +94,9 @@ unsafe fn quantize_block_avx2(x: &[f32], high: &mut [i8], low: &mut [i8]) -> (f3
 
 /// How a pass multiplies 16 widened codes by a row's 4 values of `q` (broadcast twice).
 trait WordDot {
+    /// The nibble pass's multiply on the same instructions.
+    type Nibble: NibbleDot;
+
     /// `acc` plus, per pair of adjacent 16-bit lanes, the sum of their two products.
     ///
     /// # Safety
@@ -108,6 +108,8 @@ struct Avx2;
 struct AvxVnni;
 
 impl WordDot for Avx2 {
+    type Nibble = NibbleAvx2;
+
     #[inline(always)]
     unsafe fn dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
         // SAFETY: the caller's contract (AVX2).
@@ -116,62 +118,12 @@ impl WordDot for Avx2 {
 }
 
 impl WordDot for AvxVnni {
+    type Nibble = NibbleAvxVnni;
+
     #[inline(always)]
     unsafe fn dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
         // SAFETY: the caller's contract (AVX-VNNI).
         unsafe { _mm256_dpwssd_avx_epi32(acc, w, x) }
-    }
-}
-
-/// How a nibble pass multiplies 32 code bytes (0..=15) by a row's 4 activation bytes
-/// (`high` or `low`, broadcast), and how a block's two sums become int32 column sums.
-trait ByteDot {
-    /// `acc` plus, per column, the products of its 4 codes and the 4 bytes of `x`.
-    ///
-    /// # Safety
-    /// The CPU has the instructions of the implementation.
-    unsafe fn dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i;
-
-    /// `256 * high + low` per column, in int32 lanes in column order.
-    ///
-    /// # Safety
-    /// As [`ByteDot::dot`].
-    unsafe fn combine(high: __m256i, low: __m256i) -> __m256i;
-}
-
-impl ByteDot for Avx2 {
-    /// `vpmaddubsw` sums pairs into 16-bit lanes (two per column), added there: a pair is at
-    /// most `2 * 15 * 128`, so a block's eight stay below 2^15 and never saturate.
-    #[inline(always)]
-    unsafe fn dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
-        // SAFETY: the caller's contract (AVX2).
-        unsafe { _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)) }
-    }
-
-    #[inline(always)]
-    unsafe fn combine(high: __m256i, low: __m256i) -> __m256i {
-        // SAFETY: the caller's contract (AVX2).
-        unsafe {
-            _mm256_add_epi32(
-                _mm256_madd_epi16(high, _mm256_set1_epi16(256)),
-                _mm256_madd_epi16(low, _mm256_set1_epi16(1)),
-            )
-        }
-    }
-}
-
-impl ByteDot for AvxVnni {
-    /// `vpdpbusd` adds the four products into the column's int32 lane.
-    #[inline(always)]
-    unsafe fn dot(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
-        // SAFETY: the caller's contract (AVX-VNNI).
-        unsafe { _mm256_dpbusd_avx_epi32(acc, w, x) }
-    }
-
-    #[inline(always)]
-    unsafe fn combine(high: __m256i, low: __m256i) -> __m256i {
-        // SAFETY: the caller's contract (AVX2).
-        unsafe { _mm256_add_epi32(_mm256_slli_epi32::<8>(high), low) }
     }
 }
 
@@ -248,7 +200,7 @@ unsafe fn tile_features_avx_vnni(
 /// 8 columns that `width` reaches. Byte codes: passes of up to [`PASS_ROWS`] rows over each
 /// 16-column half.
 #[inline(always)]
-unsafe fn tile_passes<D: WordDot + ByteDot>(
+unsafe fn tile_passes<D: WordDot>(
     acts: &Int16Activations,
     rows: std::ops::Range<usize>,
     panel: &Int8Panel<'_>,
@@ -256,27 +208,18 @@ unsafe fn tile_passes<D: WordDot + ByteDot>(
     width: usize,
 ) {
     if panel.nibbles {
-        let n = out_rows.len();
-        let passes = n.div_ceil(NIBBLE_PASS_ROWS);
-        for v in 0..width.div_ceil(8) {
-            let mut start = 0;
-            for p in 0..passes {
-                // Rows left over this pass and the later ones, split as evenly as they go.
-                let take = (n - start).div_ceil(passes - p);
-                let outs = &mut out_rows[start..start + take];
-                let row0 = rows.start + start;
-                // SAFETY: the caller's contract; `outs` holds `take` rows.
-                unsafe {
-                    match take {
-                        1 => nibble_pass::<D, 1>(acts, row0, panel, v, outs, width),
-                        2 => nibble_pass::<D, 2>(acts, row0, panel, v, outs, width),
-                        _ => nibble_pass::<D, 3>(acts, row0, panel, v, outs, width),
-                    }
-                }
-                start += take;
-            }
-        }
-        return;
+        let nibble_rows = NibbleRows {
+            cols: acts.cols,
+            planes: [&acts.high, &acts.low],
+            shifts: [8, 0],
+            code_sums: &acts.code_sums,
+            scales: &acts.scales,
+            sums: &acts.sums,
+        };
+        // SAFETY: the caller's contract; nibble panels have one scale per block (checked).
+        return unsafe {
+            nibble_passes::<D::Nibble, 2, NIBBLE_PASS_ROWS>(&nibble_rows, rows.start, panel, out_rows, width)
+        };
     }
     for half in 0..width.div_ceil(HALF) {
         for (g, outs) in out_rows.chunks_mut(PASS_ROWS).enumerate() {
@@ -297,72 +240,6 @@ unsafe fn tile_passes<D: WordDot + ByteDot>(
             } else {
                 pass!(1)
             }
-        }
-    }
-}
-
-/// `R` rows x the 8 columns of vector `v` for nibble codes (one scale per block): each code
-/// byte meets the rows' `high` and `low` bytes, and the two block sums combine as
-/// `256 * high + low` once per block.
-#[inline(always)]
-unsafe fn nibble_pass<B: ByteDot, const R: usize>(
-    acts: &Int16Activations,
-    row0: usize,
-    panel: &Int8Panel<'_>,
-    v: usize,
-    out_rows: &mut [&mut [f32]],
-    width: usize,
-) {
-    let blocks = panel.blocks;
-    let hi: [*const i8; R] = std::array::from_fn(|i| acts.high[(row0 + i) * acts.cols..].as_ptr());
-    let lo: [*const i8; R] = std::array::from_fn(|i| acts.low[(row0 + i) * acts.cols..].as_ptr());
-    let (codes, scales, mins) = (panel.codes.as_ptr(), panel.scales.as_ptr(), panel.mins.as_ptr());
-    let has_mins = !panel.mins.is_empty();
-    let col0 = v * 8;
-    // SAFETY: the caller's contract bounds every offset.
-    unsafe {
-        let mask = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..blocks {
-            let mut ah = [_mm256_setzero_si256(); R];
-            let mut al = [_mm256_setzero_si256(); R];
-            // `high` and `low` at elements 0..16 meet the low nibbles, at 16..32 the high ones.
-            for g in 0..4 {
-                let w = _mm256_loadu_si256(codes.add((b * 4 + g) * PANEL * 4 + v * 32).cast());
-                let w0 = _mm256_and_si256(w, mask);
-                let w1 = _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask);
-                for i in 0..R {
-                    let at = b * QUANT_BLOCK + g * 4;
-                    let h0 = _mm256_set1_epi32((hi[i].add(at) as *const i32).read_unaligned());
-                    let h1 = _mm256_set1_epi32((hi[i].add(at + 16) as *const i32).read_unaligned());
-                    let l0 = _mm256_set1_epi32((lo[i].add(at) as *const i32).read_unaligned());
-                    let l1 = _mm256_set1_epi32((lo[i].add(at + 16) as *const i32).read_unaligned());
-                    ah[i] = B::dot(B::dot(ah[i], w0, h0), w1, h1);
-                    al[i] = B::dot(B::dot(al[i], w0, l0), w1, l1);
-                }
-            }
-            let sc = _mm256_loadu_ps(scales.add(b * PANEL + col0));
-            for i in 0..R {
-                let r = row0 + i;
-                let sum = B::combine(ah[i], al[i]);
-                let c = _mm256_set1_epi32(-panel.offset * acts.code_sums[r * blocks + b]);
-                let d = _mm256_set1_ps(acts.scales[r * blocks + b]);
-                acc[i] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_add_epi32(sum, c)),
-                    _mm256_mul_ps(sc, d),
-                    acc[i],
-                );
-            }
-            if has_mins {
-                let m = _mm256_loadu_ps(mins.add(b * PANEL + col0));
-                for (i, acc_row) in acc.iter_mut().enumerate() {
-                    let row_sum = _mm256_set1_ps(acts.sums[(row0 + i) * blocks + b]);
-                    *acc_row = _mm256_fmadd_ps(m, row_sum, *acc_row);
-                }
-            }
-        }
-        for (out, a) in out_rows.iter_mut().zip(&acc) {
-            store8(*a, out, col0, width);
         }
     }
 }
@@ -405,7 +282,7 @@ unsafe fn pass<D: WordDot, const R: usize, const SUBS: usize>(
                 let mut part = [[_mm256_setzero_si256(); 4]; R];
                 for quad in s * quads_per_sub..(s + 1) * quads_per_sub {
                     for v in 0..2 {
-                        let w = quad_codes8::<false>(codes, b, quad, 2 * half + v);
+                        let w = quad_codes8(codes, b, quad, 2 * half + v);
                         let w_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
                         let w_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(w));
                         for (i, row_part) in part.iter_mut().enumerate() {

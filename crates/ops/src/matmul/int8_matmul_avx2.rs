@@ -1,18 +1,19 @@
 //! The 256-bit kernels of [`crate::matmul::int8_matmul`], for CPUs without AVX512-VNNI (AMD Zen
-//! 2/3, Intel client parts, most cloud VMs): AVX2, and AVX-VNNI where the CPU has it. Each pass
-//! covers 16 of a panel's 32 columns (two vectors of 8) for up to [`PASS_ROWS`] rows, so the
-//! sums, the f32 accumulators and a quad's codes fit AVX2's 16 registers; the two halves read
-//! disjoint cache lines of the panel, so a one-row step still fetches every weight once.
+//! 2/3, Intel client parts, most cloud VMs): AVX2, and AVX-VNNI where the CPU has it.
 //!
-//! Per quad (4 inputs) and 8 columns, 32 bytes of codes meet 4 activation bytes broadcast:
+//! Nibble codes (at most 15) run [`crate::matmul::nibble_avx2`]'s pass, up to
+//! [`NIBBLE_PASS_ROWS`] rows of 8 columns at a time.
+//!
+//! Byte codes: each pass covers 16 of a panel's 32 columns (two vectors of 8) for up to
+//! [`PASS_ROWS`] rows, so the sums, the f32 accumulators and a quad's codes fit AVX2's 16
+//! registers. Per quad (4 inputs) and 8 columns, 32 bytes of codes meet 4 activation bytes
+//! broadcast:
 //! - AVX-VNNI: `vpdpbusd` on the stored (offset, unsigned) codes, from the row's correction, as
 //!   the AVX-512 kernel does;
-//! - AVX2 with nibble codes (at most 15): `vpmaddubsw` multiplies unsigned codes by signed
-//!   activations into pairs of 16-bit sums (at most 15 * 127 * 2, no saturation), `vpmaddwd`
-//!   with ones adds the pairs into each column's int32 sum, from the row's correction;
-//! - AVX2 with byte codes (up to 255 stored): the codes turned signed (`c = stored - 128`, whose
-//!   correction is then zero) and `vpmaddubsw` on `|c|` times the activations carrying `c`'s
-//!   sign (at most 128 * 127 * 2, no saturation, since activations stay within -127..=127).
+//! - AVX2: the codes turned signed (`c = stored - 128`, whose correction is then zero) and
+//!   `vpmaddubsw` on `|c|` times the activations carrying `c`'s sign (at most 128 * 127 * 2, no
+//!   saturation, since activations stay within -127..=127), `vpmaddwd` with ones adding the
+//!   pairs into each column's int32 sum.
 //!
 //! Every int32 sum is exact, so it equals the AVX-512 kernel's; the f32 updates (one fused
 //! multiply-add per sub-block, one per block's minimums) run in the same order, so the outputs
@@ -23,6 +24,7 @@ use std::arch::x86_64::*;
 use crate::matmul::int8_matmul::{
     block_code_bytes, Int8Activations, Int8Panel, Int8TileKernel, QuantizeBlock, INT8_TILE_ROWS,
 };
+use crate::matmul::nibble_avx2::{nibble_passes, NibbleAvx2, NibbleAvxVnni, NibbleDot, NibbleRows};
 use crate::matmul::panel_matmul::PANEL;
 use crate::matmul::quant_weight::QUANT_BLOCK;
 use crate::simd::{avx_vnni, level, Level};
@@ -30,6 +32,9 @@ use crate::simd::{avx_vnni, level, Level};
 /// Rows per pass: two rows' sums and accumulators (8 vectors) plus a quad's codes in both forms
 /// and the broadcasts stay within 16 registers.
 pub(crate) const PASS_ROWS: usize = 2;
+
+/// Rows per nibble pass: per row one sum and an accumulator of 8 columns.
+const NIBBLE_PASS_ROWS: usize = 5;
 
 /// Columns per pass: two vectors of 8.
 const HALF: usize = PANEL / 2;
@@ -119,6 +124,9 @@ unsafe fn quantize_block_avx2(x: &[f32], codes: &mut [i8]) -> (f32, [i32; 2]) {
 
 /// How a pass multiplies a quad's codes by a row's 4 activation bytes.
 trait ByteDot {
+    /// The nibble pass's multiply on the same instructions.
+    type Nibble: NibbleDot;
+
     /// Whether byte codes are used signed (their correction is then zero).
     const SIGNED_BYTES: bool;
 
@@ -135,6 +143,7 @@ struct Avx2;
 struct AvxVnni;
 
 impl ByteDot for Avx2 {
+    type Nibble = NibbleAvx2;
     const SIGNED_BYTES: bool = true;
 
     #[inline(always)]
@@ -148,6 +157,7 @@ impl ByteDot for Avx2 {
 }
 
 impl ByteDot for AvxVnni {
+    type Nibble = NibbleAvxVnni;
     const SIGNED_BYTES: bool = false;
 
     #[inline(always)]
@@ -157,27 +167,14 @@ impl ByteDot for AvxVnni {
     }
 }
 
-/// The codes of quad `quad` of block `b` for 8-column vector `v` (0..4) of the panel, as stored.
+/// The byte codes of quad `quad` of block `b` for 8-column vector `v` (0..4) of the panel.
 ///
 /// # Safety
 /// The CPU has AVX2; block `b` lies inside `codes`.
 #[inline(always)]
-pub(crate) unsafe fn quad_codes8<const NIB: bool>(
-    codes: *const u8,
-    b: usize,
-    quad: usize,
-    v: usize,
-) -> __m256i {
+pub(crate) unsafe fn quad_codes8(codes: *const u8, b: usize, quad: usize, v: usize) -> __m256i {
     // SAFETY: the caller's contract.
-    unsafe {
-        if NIB {
-            let w = _mm256_loadu_si256(codes.add((b * 4 + quad % 4) * PANEL * 4 + v * 32).cast());
-            let w = if quad < 4 { w } else { _mm256_srli_epi16::<4>(w) };
-            _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
-        } else {
-            _mm256_loadu_si256(codes.add((b * (QUANT_BLOCK / 4) + quad) * PANEL * 4 + v * 32).cast())
-        }
-    }
+    unsafe { _mm256_loadu_si256(codes.add((b * (QUANT_BLOCK / 4) + quad) * PANEL * 4 + v * 32).cast()) }
 }
 
 /// Stores `acc` (8 columns starting at `col`) into the first `width` columns of `out`.
@@ -295,7 +292,9 @@ unsafe fn tile_features_avx_vnni(
     unsafe { tile_passes::<AvxVnni>(acts, rows, panel, out_rows, width) }
 }
 
-/// Passes of up to [`PASS_ROWS`] rows over each 16-column half that `width` reaches.
+/// Nibble codes: [`crate::matmul::nibble_avx2`]'s passes of up to [`NIBBLE_PASS_ROWS`] rows.
+/// Byte codes: passes of up to [`PASS_ROWS`] rows over each 16-column half that `width`
+/// reaches.
 #[inline(always)]
 unsafe fn tile_passes<D: ByteDot>(
     acts: &Int8Activations,
@@ -304,6 +303,20 @@ unsafe fn tile_passes<D: ByteDot>(
     out_rows: &mut [&mut [f32]],
     width: usize,
 ) {
+    if panel.nibbles {
+        let nibble_rows = NibbleRows {
+            cols: acts.cols,
+            planes: [&acts.codes],
+            shifts: [0],
+            code_sums: &acts.code_sums,
+            scales: &acts.scales,
+            sums: &acts.sums,
+        };
+        // SAFETY: the caller's contract; nibble panels have one scale per block (checked).
+        return unsafe {
+            nibble_passes::<D::Nibble, 1, NIBBLE_PASS_ROWS>(&nibble_rows, rows.start, panel, out_rows, width)
+        };
+    }
     for half in 0..width.div_ceil(HALF) {
         for (g, outs) in out_rows.chunks_mut(PASS_ROWS).enumerate() {
             let row0 = rows.start + g * PASS_ROWS;
@@ -311,10 +324,9 @@ unsafe fn tile_passes<D: ByteDot>(
                 ($r:literal) => {
                     // SAFETY: the caller's contract; `outs` holds `$r` rows.
                     unsafe {
-                        match (panel.subs, panel.nibbles) {
-                            (1, true) => pass::<D, $r, 1, true>(acts, row0, panel, half, outs, width),
-                            (1, false) => pass::<D, $r, 1, false>(acts, row0, panel, half, outs, width),
-                            _ => pass::<D, $r, 2, false>(acts, row0, panel, half, outs, width),
+                        match panel.subs {
+                            1 => pass::<D, $r, 1>(acts, row0, panel, half, outs, width),
+                            _ => pass::<D, $r, 2>(acts, row0, panel, half, outs, width),
                         }
                     }
                 };
@@ -328,9 +340,9 @@ unsafe fn tile_passes<D: ByteDot>(
     }
 }
 
-/// `R` rows x the 16 columns of `half`, `SUBS` scales per block, nibble codes when `NIB`.
+/// `R` rows x the 16 columns of `half`, byte codes, `SUBS` scales per block.
 #[inline(always)]
-unsafe fn pass<D: ByteDot, const R: usize, const SUBS: usize, const NIB: bool>(
+unsafe fn pass<D: ByteDot, const R: usize, const SUBS: usize>(
     acts: &Int8Activations,
     row0: usize,
     panel: &Int8Panel<'_>,
@@ -340,7 +352,7 @@ unsafe fn pass<D: ByteDot, const R: usize, const SUBS: usize, const NIB: bool>(
 ) {
     let blocks = panel.blocks;
     let quads_per_sub = QUANT_BLOCK / 4 / SUBS;
-    let signed = D::SIGNED_BYTES && !NIB;
+    let signed = D::SIGNED_BYTES;
     // Signed byte codes need no correction; the others start from `-offset * sum(q)`.
     let offset = if signed { 0 } else { panel.offset };
     let a: [*const i8; R] = std::array::from_fn(|i| acts.codes[(row0 + i) * acts.cols..].as_ptr());
@@ -360,8 +372,7 @@ unsafe fn pass<D: ByteDot, const R: usize, const SUBS: usize, const NIB: bool>(
                     *row = [c, c];
                 }
                 for quad in s * quads_per_sub..(s + 1) * quads_per_sub {
-                    let mut w =
-                        [quad_codes8::<NIB>(codes, b, quad, v0), quad_codes8::<NIB>(codes, b, quad, v1)];
+                    let mut w = [quad_codes8(codes, b, quad, v0), quad_codes8(codes, b, quad, v1)];
                     let mut signs = w;
                     if signed {
                         let flip = _mm256_set1_epi8(-128);

@@ -22,6 +22,8 @@ pub(crate) mod int8_matmul;
 pub(crate) mod int8_matmul_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod int8_matmul_x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod nibble_avx2;
 pub(crate) mod panel_matmul;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod panel_matmul_x86;
