@@ -15,7 +15,8 @@
 # with the reason; the script exits 1 if any step failed.
 #
 #   scripts/agent-clients.sh [--base-url URL] [--model NAME] [--api-key KEY] [--only LIST]
-#                            [--timeout SECS] [--full-prompts] [--install-only] [--self-test]
+#                            [--timeout SECS] [--full-prompts] [--as-shipped] [--install-only]
+#                            [--self-test]
 #
 #   --base-url URL   server root (default http://127.0.0.1:8000); /v1 is added where a client needs it
 #   --model NAME     model name to send (default: the first id of GET /v1/models)
@@ -27,7 +28,11 @@
 #   --context-window N  the model's context window, told to Codex (default 8192)
 #   --full-prompts   run Claude Code with its default tools and Codex with its own instructions and
 #                    tools (about 10k tokens each: needs a 32k-context model); by default both are
-#                    trimmed to fit an 8k context (see docs/agent-clients-notes.md)
+#                    trimmed to fit an 8k context (see docs/agent-clients.md)
+#   --as-shipped     run Claude Code and Codex as they ship: nothing set but the server, the key and
+#                    the model (no trimming, no --bare, no output cap, Codex's default tools with
+#                    web_search; Codex's and Claude Code's prompts need a 32k-context model). Prints
+#                    each client's wall time. The SDK check is ours and runs as ever.
 #   --install-only   install (or check) the pinned clients and stop
 #   --self-test      run against scripts/agent_fake_server.py on a free port instead of a server
 #   --capture FILE   with --self-test: append every request the fake server saw to FILE (JSONL)
@@ -55,6 +60,7 @@ TIMEOUT=300
 MAX_OUTPUT=1024
 CONTEXT_WINDOW=8192
 FULL_PROMPTS=0
+AS_SHIPPED=0
 INSTALL_ONLY=0
 SELF_TEST=0
 CAPTURE=
@@ -72,6 +78,7 @@ while [ $# -gt 0 ]; do
         --max-output) MAX_OUTPUT=${2:?}; shift 2 ;;
         --context-window) CONTEXT_WINDOW=${2:?}; shift 2 ;;
         --full-prompts) FULL_PROMPTS=1; shift ;;
+        --as-shipped) AS_SHIPPED=1; FULL_PROMPTS=1; shift ;;
         --install-only) INSTALL_ONLY=1; shift ;;
         --self-test) SELF_TEST=1; shift ;;
         --capture) CAPTURE=${2:?}; shift 2 ;;
@@ -204,22 +211,26 @@ tail_of() { tail -c 600 "$1" | tr '\n' ' '; }
 run_claude() {
     local home=$WORK/claude-home out=$WORK/claude.json err=$WORK/claude.err rc=0
     mkdir -p "$home"
-    local tools=()
+    local tools=() settings=(--bare --append-system-prompt "Answer in one short sentence.")
+    local limits=(CLAUDE_CODE_MAX_OUTPUT_TOKENS="$MAX_OUTPUT" CLAUDE_CODE_MAX_RETRIES=1)
     [ $FULL_PROMPTS = 1 ] || tools=(--tools "")
+    # As shipped: its own system prompt, tools, max_tokens and retries.
+    [ $AS_SHIPPED = 0 ] || { settings=(); limits=(); }
     # --bare: no hooks, plugins, CLAUDE.md or background prefetches; the key is only
     # ANTHROPIC_API_KEY. The DISABLE_* variables stop telemetry, error reports and update checks
     # (and the HEAD /api/hello probe). CLAUDE_CODE_MAX_OUTPUT_TOKENS replaces max_tokens 32000.
+    local started=$SECONDS
     (cd "$WORK" && env HOME="$home" CLAUDE_CONFIG_DIR="$home/.claude" \
         ANTHROPIC_BASE_URL="$BASE_URL" ANTHROPIC_API_KEY="${API_KEY:-sk-pagoda-local}" \
         ANTHROPIC_MODEL="$MODEL" ANTHROPIC_SMALL_FAST_MODEL="$MODEL" \
         ANTHROPIC_DEFAULT_HAIKU_MODEL="$MODEL" ANTHROPIC_DEFAULT_SONNET_MODEL="$MODEL" \
         ANTHROPIC_DEFAULT_OPUS_MODEL="$MODEL" \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 \
-        DISABLE_AUTOUPDATER=1 CLAUDE_CODE_MAX_OUTPUT_TOKENS="$MAX_OUTPUT" CLAUDE_CODE_MAX_RETRIES=1 \
-        timeout "$TIMEOUT" "$CLAUDE" -p "What is the capital of France?" --bare --model "$MODEL" \
-        --append-system-prompt "Answer in one short sentence." \
-        "${tools[@]}" --output-format json --no-session-persistence \
+        DISABLE_AUTOUPDATER=1 "${limits[@]}" \
+        timeout "$TIMEOUT" "$CLAUDE" -p "What is the capital of France?" --model "$MODEL" \
+        "${settings[@]}" "${tools[@]}" --output-format json --no-session-persistence \
         >"$out" 2>"$err" </dev/null) || rc=$?
+    [ $AS_SHIPPED = 0 ] || echo "agent-clients: claude took $((SECONDS - started)) s"
     if [ $rc = 124 ]; then fail claude "timed out after ${TIMEOUT}s: $(tail_of "$err")"; return; fi
     local verdict
     verdict=$("$PYTHON" - "$out" "$rc" <<'EOF'
@@ -251,63 +262,81 @@ run_codex() {
     mkdir -p "$home" "$work"
     local key_line=
     [ -z "$API_KEY" ] || key_line='env_key = "PAGODA_API_KEY"'
-    {
-        echo "# Written by scripts/agent-clients.sh on each run."
-        echo "model = \"$MODEL\""
-        echo 'model_provider = "pagoda"'
-        echo "model_context_window = $CONTEXT_WINDOW"
-        echo 'approval_policy = "never"'
-        echo 'sandbox_mode = "read-only"'
-        echo 'check_for_update_on_startup = false'
-        echo 'model_reasoning_summary = "none"'
-        if [ $FULL_PROMPTS = 0 ]; then
-            # Codex's own instructions and tools come to ~10k tokens; an 8k model needs these.
-            echo "model_instructions_file = \"$home/instructions.md\""
-            echo 'web_search = "disabled"'
-            echo 'include_permissions_instructions = false'
-            echo 'include_apps_instructions = false'
-            echo 'include_environment_context = false'
-            echo 'include_collaboration_mode_instructions = false'
-        fi
-        echo
-        echo '[model_providers.pagoda]'
-        echo 'name = "Pagoda"'
-        echo "base_url = \"$BASE_URL/v1\""
-        echo 'wire_api = "responses"'
-        echo 'request_max_retries = 1'
-        echo 'stream_max_retries = 1'
-        echo "$key_line"
-        echo
-        echo '[analytics]'
-        echo 'enabled = false'
-        if [ $FULL_PROMPTS = 0 ]; then
+    if [ $AS_SHIPPED = 1 ]; then
+        # Codex as it ships: the model and where to reach it, nothing else.
+        {
+            echo "# Written by scripts/agent-clients.sh --as-shipped on each run."
+            echo "model = \"$MODEL\""
+            echo 'model_provider = "pagoda"'
             echo
-            echo '[features]'
-            # view_image and request_user_input are the last two tools: without them a small
-            # model is not tempted to call a tool it cannot use well.
-            for f in goals apps plugins image_generation skill_search tool_suggest \
-                hooks shell_tool view_image; do
-                echo "$f = false"
-            done
+            echo '[model_providers.pagoda]'
+            echo 'name = "Pagoda"'
+            echo "base_url = \"$BASE_URL/v1\""
+            echo 'wire_api = "responses"'
+            echo "$key_line"
+        } >"$home/config.toml"
+    else
+        {
+            echo "# Written by scripts/agent-clients.sh on each run."
+            echo "model = \"$MODEL\""
+            echo 'model_provider = "pagoda"'
+            echo "model_context_window = $CONTEXT_WINDOW"
+            echo 'approval_policy = "never"'
+            echo 'sandbox_mode = "read-only"'
+            echo 'check_for_update_on_startup = false'
+            echo 'model_reasoning_summary = "none"'
+            if [ $FULL_PROMPTS = 0 ]; then
+                # Codex's own instructions and tools come to ~10k tokens; an 8k model needs these.
+                # web_search stays: the server leaves it out of the prompt (--hosted-tools).
+                echo "model_instructions_file = \"$home/instructions.md\""
+                echo 'include_permissions_instructions = false'
+                echo 'include_apps_instructions = false'
+                echo 'include_environment_context = false'
+                echo 'include_collaboration_mode_instructions = false'
+            fi
             echo
-            echo '[tools.experimental_request_user_input]'
+            echo '[model_providers.pagoda]'
+            echo 'name = "Pagoda"'
+            echo "base_url = \"$BASE_URL/v1\""
+            echo 'wire_api = "responses"'
+            echo 'request_max_retries = 1'
+            echo 'stream_max_retries = 1'
+            echo "$key_line"
+            echo
+            echo '[analytics]'
             echo 'enabled = false'
-            echo
-            echo '[agents]'
-            echo 'enabled = false'
-            echo
-            echo '[skills]'
-            echo 'include_instructions = false'
-            echo
-            echo '[skills.bundled]'
-            echo 'enabled = false'
-        fi
-    } >"$home/config.toml"
+            if [ $FULL_PROMPTS = 0 ]; then
+                echo
+                echo '[features]'
+                # view_image and request_user_input are the last two tools: without them a small
+                # model is not tempted to call a tool it cannot use well.
+                for f in goals apps plugins image_generation skill_search tool_suggest \
+                    hooks shell_tool view_image; do
+                    echo "$f = false"
+                done
+                echo
+                echo '[tools.experimental_request_user_input]'
+                echo 'enabled = false'
+                echo
+                echo '[agents]'
+                echo 'enabled = false'
+                echo
+                echo '[skills]'
+                echo 'include_instructions = false'
+                echo
+                echo '[skills.bundled]'
+                echo 'enabled = false'
+            fi
+        } >"$home/config.toml"
+    fi
     echo "You are a helpful assistant. Answer briefly." >"$home/instructions.md"
+    local prompt="What is the capital of France?" started=$SECONDS
+    [ $AS_SHIPPED = 0 ] || prompt="Say hello in one word."
     (cd "$work" && env CODEX_HOME="$home" PAGODA_API_KEY="$API_KEY" \
         timeout "$TIMEOUT" "$CODEX" exec --skip-git-repo-check --ephemeral --strict-config \
-        --color never -o "$WORK/codex-last.txt" "What is the capital of France?" \
+        --color never -o "$WORK/codex-last.txt" "$prompt" \
         >"$WORK/codex.out" 2>&1 </dev/null) || rc=$?
+    [ $AS_SHIPPED = 0 ] || echo "agent-clients: codex took $((SECONDS - started)) s"
     local answer=
     [ -f "$WORK/codex-last.txt" ] && answer=$(tr '\n' ' ' <"$WORK/codex-last.txt" | head -c 200)
     if [ $rc = 124 ]; then

@@ -1224,13 +1224,26 @@ def responses_previous_response_id(ctx: Context) -> str:
     )
 
 
-def responses_error_builtin_tool(ctx: Context) -> str:
-    return expect_openai_error(
+def responses_builtin_tool_ignored(ctx: Context) -> str:
+    """A hosted tool is left out (the server runs none; --hosted-tools ignore, the default): the
+    response comes with the x-pagoda-ignored-tools header naming it; forcing it is a 400."""
+    raw = ctx.openai.responses.with_raw_response.create(
+        model=ctx.model, input="Search the web for cats.", tools=[{"type": "web_search"}], max_output_tokens=16,
+        temperature=0,
+    )
+    header = raw.headers.get("x-pagoda-ignored-tools")
+    expect(header == "web_search", f"x-pagoda-ignored-tools is {header!r}, not 'web_search'")
+    body = raw.http_response.json()
+    conform(ctx, "responses", openai.types.responses.Response, body, "responses.create")
+    expect(raw.parse().status in ("completed", "incomplete"), f"status {raw.parse().status!r}")
+    forced = expect_openai_error(
         lambda: ctx.openai.responses.create(
-            model=ctx.model, input="Search the web for cats.", tools=[{"type": "web_search"}], max_output_tokens=16
+            model=ctx.model, input="Search the web for cats.", tools=[{"type": "web_search"}],
+            tool_choice={"type": "web_search"}, max_output_tokens=16,
         ),
         (openai.BadRequestError,), "web_search",
     )
+    return f"header {header!r}; forced: {forced}"
 
 
 def responses_error_unknown_field(ctx: Context) -> str:
@@ -1485,7 +1498,7 @@ RESPONSES_CHECKS: list[Callable[[Context], str]] = [
     responses_delete,
     responses_store_false,
     responses_previous_response_id,
-    responses_error_builtin_tool,
+    responses_builtin_tool_ignored,
     responses_error_unknown_field,
     responses_error_orphan_output,
     responses_error_auth,

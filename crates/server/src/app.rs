@@ -82,6 +82,7 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{response_id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/responses/{response_id}/input_items", get(responses::input_item_list))
+        .route("/v1/responses/{response_id}/cancel", post(responses::cancel))
         .route("/v1/models", get(info::list_models))
         .route("/v1/models/{*model}", get(info::retrieve_model))
         .route("/v1/load_lora_adapter", post(lora::load))
@@ -114,6 +115,8 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
     let api = api.merge(keyed_worker);
     // Outside the key check, so that its 401 is in Anthropic's shape too.
     let api = api.merge(anthropic.route_layer(from_fn(anthropic_errors)));
+    // The hosted tools a request's parser left out, named in its answer's header.
+    let api = api.route_layer(from_fn(crate::tools::hosted::report_ignored));
     let open = open
         .route("/health", get(info::health))
         .route("/ready", get(worker::ready))

@@ -9,7 +9,9 @@ use std::time::Duration;
 use pagoda_runtime::{EngineArgs, EngineSettings};
 use serde::Deserialize;
 
-pub use crate::flag_values::{GetLoadFormat, ReasoningParserArg, SchedulingPolicy, ToolCallParserArg};
+pub use crate::flag_values::{
+    GetLoadFormat, HostedToolsPolicy, ReasoningParserArg, SchedulingPolicy, ToolCallParserArg,
+};
 use crate::metrics::MetricsPrefix;
 pub use pagoda_runtime::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, DEFAULT_MODEL};
 
@@ -59,6 +61,14 @@ pub struct ServeArgs {
     /// Split the model's reasoning (`<think>...</think>`) into `reasoning_content`. [default: none]
     #[arg(long, value_enum)]
     pub reasoning_parser: Option<ReasoningParserArg>,
+    /// What a request's hosted tools get: the tools a vendor's API runs on its own side
+    /// (Responses' `web_search*`, `file_search`, `code_interpreter`, `image_generation`,
+    /// `computer_use*`; Anthropic's `web_search_*`, `web_fetch_*`, `code_execution_*`), which
+    /// this server cannot run. `ignore` serves the request without them and names them in the
+    /// `x-pagoda-ignored-tools` response header; `reject` answers 400. A `tool_choice` that
+    /// forces one is a 400 either way. [default: ignore]
+    #[arg(long, value_enum)]
+    pub hosted_tools: Option<HostedToolsPolicy>,
     /// Address to listen on. [default: 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,
@@ -164,6 +174,7 @@ pub struct ServerConfig {
     pub chat_template: Option<PathBuf>,
     pub tool_call_parser: Option<ToolCallParserArg>,
     pub reasoning_parser: Option<ReasoningParserArg>,
+    pub hosted_tools: HostedToolsPolicy,
     pub host: String,
     pub port: u16,
     pub scheduling_policy: SchedulingPolicy,
@@ -245,6 +256,7 @@ impl ServerConfig {
             chat_template: cli.chat_template.or(file.chat_template),
             tool_call_parser: cli.tool_call_parser.or(file.tool_call_parser),
             reasoning_parser: cli.reasoning_parser.or(file.reasoning_parser),
+            hosted_tools: cli.hosted_tools.or(file.hosted_tools).unwrap_or_default(),
             host: cli.host.or(file.host).unwrap_or_else(|| "127.0.0.1".to_owned()),
             port: cli.port.or(file.port).unwrap_or(8000),
             scheduling_policy: cli.scheduling_policy.or(file.scheduling_policy).unwrap_or_default(),

@@ -228,6 +228,22 @@ fn scheduling_policy_defaults_to_fcfs() {
 }
 
 #[test]
+fn hosted_tools_are_ignored_unless_the_flag_or_the_file_says_reject() {
+    let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+    assert_eq!(c.hosted_tools, HostedToolsPolicy::Ignore);
+    let c = ServerConfig::merge(cli(&["--hosted-tools", "reject"]), ServeArgs::default()).unwrap();
+    assert_eq!(c.hosted_tools, HostedToolsPolicy::Reject);
+    let file = ServerConfig::parse_file("hosted-tools = \"reject\"").unwrap();
+    let c = ServerConfig::merge(cli(&["--hosted-tools", "ignore"]), file.clone()).unwrap();
+    assert_eq!(c.hosted_tools, HostedToolsPolicy::Ignore);
+    assert_eq!(
+        ServerConfig::merge(ServeArgs::default(), file).unwrap().hosted_tools,
+        HostedToolsPolicy::Reject
+    );
+    assert!(ServerConfig::parse_file("hosted-tools = \"drop\"").is_err());
+}
+
+#[test]
 fn pooling_is_off_unless_a_flag_or_the_file_names_one() {
     use pagoda_runtime::PoolingKind;
     let c = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();

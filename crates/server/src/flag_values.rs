@@ -1,5 +1,5 @@
 //! The value sets of `pagoda serve`'s own enumerated flags (`--tool-call-parser`,
-//! `--reasoning-parser`, `--scheduling-policy`, `--get-load-format`), each parsed by clap and by the TOML file alike.
+//! `--reasoning-parser`, `--scheduling-policy`, `--get-load-format`, `--hosted-tools`), each parsed by clap and by the TOML file alike.
 //! The model's and engine's flags are `pagoda_runtime::flags`; the flags themselves and their
 //! merging live in [`crate::config`], which re-exports these.
 
@@ -53,6 +53,19 @@ impl ReasoningParserArg {
             Self::Qwen3 => pagoda_text::ReasoningFormat::Qwen3,
         }
     }
+}
+
+/// `--hosted-tools`: what a request's hosted tools get, the tools a vendor's API runs on its own
+/// side (see [`crate::tools::hosted`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HostedToolsPolicy {
+    /// Served without them: left out of the prompt, named in the `x-pagoda-ignored-tools`
+    /// response header and in a warning in the log.
+    #[default]
+    Ignore,
+    /// A 400 naming the tool.
+    Reject,
 }
 
 /// How waiting requests are ordered (vLLM's `--scheduling-policy`).

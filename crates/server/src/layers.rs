@@ -132,6 +132,6 @@ pub fn cors(
             .allow_origin(origin)
             .allow_methods(methods)
             .allow_headers(headers)
-            .expose_headers([X_REQUEST_ID.clone()]),
+            .expose_headers([X_REQUEST_ID.clone(), crate::tools::hosted::IGNORED_TOOLS_HEADER.clone()]),
     )
 }

@@ -260,6 +260,7 @@ impl Server {
             grammars,
             tool_format,
             reasoning,
+            hosted_tools: config.hosted_tools,
             stats: Default::default(),
             eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
             prompts: PromptBuilder::new(

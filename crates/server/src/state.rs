@@ -91,6 +91,8 @@ pub struct AppState {
     pub tool_format: ToolCallFormat,
     /// Splits reasoning from content, when configured.
     pub reasoning: Option<ReasoningFormat>,
+    /// What a request's hosted tools get (`--hosted-tools`).
+    pub hosted_tools: crate::config::HostedToolsPolicy,
     /// Responses API responses kept for retrieval and `previous_response_id`.
     pub responses: ResponseStore,
     /// The embedding model served, when the model embeds rather than generates.

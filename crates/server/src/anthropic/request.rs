@@ -6,12 +6,14 @@
 use serde_json::{json, Map, Value};
 
 use super::wire::{CountTokensRequest, MessagesRequest};
+use crate::config::HostedToolsPolicy;
 use crate::conversation::ChatTurn;
 use crate::error::{ApiError, InvalidParam};
 use crate::openai::{CommonParams, StopSpec};
 use crate::prompt::ChatOptions;
 use crate::state::AppState;
 use crate::structured::{response_format_at, RequestedGrammar};
+use crate::tools::hosted::{is_anthropic_server_tool, note_ignored};
 use crate::tools::ToolRequest;
 use pagoda_text::ChatMessage;
 
@@ -175,25 +177,37 @@ pub fn messages(system: Option<&Value>, turns: &[Value]) -> Result<Vec<ChatMessa
 }
 
 /// Anthropic's tools and tool choice as a [`ToolRequest`] (`None` when no tool may be called).
-pub fn tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<ToolRequest>, InvalidParam> {
+/// Server tools are left out or refused as `hosted_tools` says.
+pub fn tools(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+    hosted_tools: HostedToolsPolicy,
+) -> Result<Option<ToolRequest>, InvalidParam> {
     let list = match tools {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(list)) => list.clone(),
         Some(_) => return Err(invalid("tools", "must be a list of tools")),
     };
     let mut openai_tools = Vec::with_capacity(list.len());
+    // Each left-out server tool's type and name (a forced choice names the tool by its name).
+    let mut ignored: Vec<(&str, Option<&str>)> = Vec::new();
     for (i, tool) in list.iter().enumerate() {
         let p = format!("tools[{i}]");
         let obj = tool.as_object().ok_or_else(|| invalid(&p, "must be an object"))?;
         match obj.get("type").and_then(Value::as_str) {
             None | Some("custom") => {}
+            Some(server) if is_anthropic_server_tool(server) && hosted_tools == HostedToolsPolicy::Ignore => {
+                ignored.push((server, obj.get("name").and_then(Value::as_str)));
+                continue;
+            }
             Some(other) => {
+                let why = if is_anthropic_server_tool(other) { " (--hosted-tools reject)" } else { "" };
                 return Err(invalid(
                     format!("{p}.type"),
                     format!(
-                        "server tool `{other}` is not supported: give client tools with an `input_schema`"
+                        "tool type `{other}` is not supported{why}: give client tools with an `input_schema`"
                     ),
-                ))
+                ));
             }
         }
         if let Some(key) = obj.keys().find(|k| {
@@ -238,6 +252,12 @@ pub fn tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
                 Some("any") => json!("required"),
                 Some("none") => json!("none"),
                 Some("tool") => match c.get("name").and_then(Value::as_str) {
+                    Some(name) if ignored.iter().any(|(_, n)| *n == Some(name)) => {
+                        return Err(invalid(
+                            "tool_choice.name",
+                            format!("forces the server tool `{name}`, which this server does not run: choose auto, any, none or a client tool"),
+                        ))
+                    }
                     Some(name) => json!({"type": "function", "function": {"name": name}}),
                     None => return Err(invalid("tool_choice.name", "a `tool` choice needs the tool's name")),
                 },
@@ -247,6 +267,17 @@ pub fn tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
         }
         Some(_) => return Err(invalid("tool_choice", "must be an object such as {\"type\": \"auto\"}")),
     };
+    if openai_tools.is_empty() && !ignored.is_empty() && choice.as_ref().is_some_and(|c| c == "required") {
+        let types: Vec<&str> = ignored.iter().map(|(t, _)| *t).collect();
+        return Err(invalid(
+            "tool_choice.type",
+            format!(
+                "`any` needs a client tool: the server tools given ({}) are not run by this server",
+                types.join(", ")
+            ),
+        ));
+    }
+    note_ignored(ignored.iter().map(|(t, _)| *t));
     let parsed = ToolRequest::parse(Some(&Value::Array(openai_tools)), choice.as_ref(), parallel)
         .map_err(|e| InvalidParam { param: e.param.map(|p| anthropic_param(&p)), message: e.message })?;
     Ok(parsed.filter(ToolRequest::active))
@@ -423,7 +454,7 @@ pub fn turn_of(
     max_tokens: Option<u32>,
 ) -> Result<(ChatTurn, ThinkingDisplay), ApiError> {
     let mut messages = messages(fields.system, fields.messages)?;
-    let tools = tools(fields.tools, fields.tool_choice)?;
+    let tools = tools(fields.tools, fields.tool_choice, state.hosted_tools)?;
     let mut kwargs = Map::new();
     let display = thinking(state, fields.thinking, max_tokens, &mut kwargs)?;
     let grammar = output_config(state, fields.output_config, &mut kwargs)?;
@@ -507,6 +538,8 @@ pub fn chat_turn(state: &AppState, req: &MessagesRequest) -> Result<(ChatTurn, T
 mod tests {
     use super::*;
 
+    const IGNORE: HostedToolsPolicy = HostedToolsPolicy::Ignore;
+
     #[test]
     fn tool_uses_and_results_become_calls_and_tool_messages() {
         let turns = vec![
@@ -552,20 +585,23 @@ mod tests {
     #[test]
     fn tools_and_choices_translate() {
         let t = json!([{"name": "get_weather", "description": "w", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
-        let any = tools(Some(&t), Some(&json!({"type": "any", "disable_parallel_tool_use": true})))
+        let any = tools(Some(&t), Some(&json!({"type": "any", "disable_parallel_tool_use": true})), IGNORE)
             .unwrap()
             .unwrap();
         assert_eq!(any.choice, crate::tools::ToolChoice::Required);
         assert!(!any.parallel);
-        let named = tools(Some(&t), Some(&json!({"type": "tool", "name": "get_weather"}))).unwrap().unwrap();
+        let named =
+            tools(Some(&t), Some(&json!({"type": "tool", "name": "get_weather"})), IGNORE).unwrap().unwrap();
         assert_eq!(named.choice, crate::tools::ToolChoice::Named("get_weather".into()));
-        assert!(tools(Some(&t), Some(&json!({"type": "none"}))).unwrap().is_none());
-        let err = tools(Some(&json!([{"name": "f", "input_schema": "x"}])), None).unwrap_err();
+        assert!(tools(Some(&t), Some(&json!({"type": "none"})), IGNORE).unwrap().is_none());
+        let err = tools(Some(&json!([{"name": "f", "input_schema": "x"}])), None, IGNORE).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tools[0].input_schema"));
-        let err =
-            tools(Some(&json!([{"type": "web_search_20250305", "name": "web_search"}])), None).unwrap_err();
+        let search = json!([{"type": "web_search_20250305", "name": "web_search"}]);
+        let err = tools(Some(&search), None, HostedToolsPolicy::Reject).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tools[0].type"));
-        let err = tools(Some(&t), Some(&json!({"type": "tool", "name": "nope"}))).unwrap_err();
+        let err = tools(Some(&json!([{"type": "bash_20250124", "name": "bash"}])), None, IGNORE).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tools[0].type"));
+        let err = tools(Some(&t), Some(&json!({"type": "tool", "name": "nope"})), IGNORE).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tool_choice"));
     }
 }

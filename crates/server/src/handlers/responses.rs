@@ -2,36 +2,33 @@
 //! items (after a stored conversation's, with `previous_response_id`) are translated into a chat
 //! turn ([`crate::responses::request`]), run on the same pipeline as chat completions, and
 //! answered as one `response` object or the typed stream events; the response is stored unless
-//! `store` is false.
+//! `store` is false. With `background: true` the generation is detached from the connection
+//! ([`crate::responses::background`]): polled, replayed and cancelled through these routes.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{RawQuery, State};
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, BoxStream, StreamExt};
-use pagoda_engine::FinishReason;
-use pagoda_text::Tokenizer;
 use serde_json::{json, Value};
 
-use crate::chat_output::{whole_message, ChoiceSplit, ChoiceText};
+use crate::chat_output::whole_message;
 use crate::conversation::{ChatTurn, StartedTurn};
 use crate::error::ApiError;
 use crate::extract::{JsonBody, PathParam};
 use crate::layers::Arrival;
 use crate::openai::{unix_now, ErrorResponse};
+use crate::responses::background::{self, Run};
 use crate::responses::reply::{output_items, OutputEvents};
-use crate::responses::request::{chat_turn, input_items};
-use crate::responses::store::{json_len, StoredResponse};
-use crate::responses::wire::{
-    DeletedResponse, InputItemList, InputTokensDetails, OutputTokensDetails, ResponseObject, ResponseUsage,
-    ResponsesRequest,
-};
+use crate::responses::request::{chat_turn, input_items, ToolNamespaces};
+use crate::responses::store::{json_len, Found, StoredResponse};
+use crate::responses::stream::{count_tokens, finish, status_of, Responder, SeqEvent};
+use crate::responses::wire::{DeletedResponse, InputItemList, ResponseObject, ResponsesRequest};
 use crate::sse;
 use crate::state::SharedState;
-use crate::submit::{failure, ChoiceEvent};
+use crate::submit::ChoiceEvent;
 
 /// Checks `metadata`: at most 16 pairs of strings (keys up to 64 characters, values up to 512).
 fn metadata(value: Option<&Value>) -> Result<Value, ApiError> {
@@ -61,6 +58,7 @@ fn skeleton(req: &ResponsesRequest, model: String, store: bool) -> Result<Respon
         object: "response".into(),
         created_at: unix_now(),
         status: "in_progress".into(),
+        background: false,
         error: None,
         incomplete_details: None,
         instructions: req.instructions.clone(),
@@ -173,7 +171,14 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
     let (model, lora) = state.resolve_model(req.model.as_deref())?;
-    let store = req.store.unwrap_or(state.responses.enabled());
+    let background = req.background.unwrap_or(false);
+    let store = req.store.unwrap_or(state.responses.enabled() || background);
+    if background && !store {
+        return Err(ApiError::invalid(
+            "background",
+            "background responses must be stored: leave `store` out or set it to true",
+        ));
+    }
     if store && !state.responses.enabled() {
         return Err(ApiError::invalid(
             "store",
@@ -190,7 +195,11 @@ pub async fn create(
         return Err(ApiError::invalid("input", "input is required: a string or a list of items"));
     }
     items.extend(new_items.iter().cloned());
-    let response = skeleton(&req, model, store)?;
+    let mut response = skeleton(&req, model, store)?;
+    if background {
+        response.background = true;
+        response.status = "queued".into();
+    }
     if store {
         check_storable(&state, &response, &new_items)?;
     }
@@ -199,12 +208,17 @@ pub async fn create(
     if req.truncation.as_deref() == Some("auto") {
         fit(&state, &mut turn, req.max_output_tokens).await?;
     }
-    let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     let encrypted = req.include.iter().flatten().any(|i| i == "reasoning.encrypted_content");
-    let finishing = Finishing { state: Arc::clone(&state), input_items: new_items, store };
+    if background {
+        let stream = req.stream.unwrap_or(false);
+        return start_background(&state, turn, arrival, response, new_items, encrypted, namespaces, stream)
+            .await;
+    }
+    let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     if req.stream.unwrap_or(false) {
-        let items = OutputEvents::new(encrypted, namespaces);
-        return Ok(stream_response(finishing, response, split, items, submission.events));
+        let responder = Responder::new(response, split, OutputEvents::new(encrypted, namespaces));
+        let stored = store.then_some(new_items);
+        return Ok(stream_response(state, responder, stored, submission.events));
     }
     let (_, collected) = submission.collect(&state).await?;
     let choice = collected.choices.into_iter().next().unwrap_or_default();
@@ -218,179 +232,146 @@ pub async fn create(
         completion_tokens: collected.completion_tokens,
         cached_prompt_tokens: collected.cached_prompt_tokens,
     };
-    finishing.finish(&mut response, status, usage, reasoning_tokens);
+    finish(&mut response, status, usage, reasoning_tokens);
+    if store {
+        keep(&state, &response, new_items);
+    }
     Ok(Json(response).into_response())
 }
 
-fn status_of(finish: Option<&FinishReason>) -> &'static str {
-    match finish {
-        Some(FinishReason::Length) => "incomplete",
-        _ => "completed",
+/// Stores a finished foreground response.
+fn keep(state: &SharedState, response: &ResponseObject, input_items: Vec<Value>) {
+    let entry = StoredResponse { response: response.clone(), input_items };
+    if !state.responses.insert(entry) {
+        tracing::warn!(id = %response.id, "response not stored: it is larger than --max-stored-response-bytes, or unfinished background responses hold the store");
     }
 }
 
-fn count_tokens(tokenizer: &Tokenizer, text: Option<&str>) -> usize {
-    text.filter(|t| !t.is_empty()).map_or(0, |t| tokenizer.encode(t, false).map_or(0, |ids| ids.len()))
-}
-
-/// What completes a response: its usage and status, and storing it.
-struct Finishing {
-    state: SharedState,
-    input_items: Vec<Value>,
-    store: bool,
-}
-
-impl Finishing {
-    fn finish(
-        &self,
-        response: &mut ResponseObject,
-        status: &str,
-        usage: pagoda_engine::Usage,
-        reasoning_tokens: usize,
-    ) {
-        response.status = status.to_owned();
-        if status == "incomplete" {
-            response.incomplete_details = Some(json!({"reason": "max_output_tokens"}));
-        }
-        response.usage = Some(ResponseUsage {
-            input_tokens: usage.prompt_tokens,
-            input_tokens_details: InputTokensDetails {
-                cached_tokens: usage.cached_prompt_tokens,
-                cache_write_tokens: 0,
-            },
-            output_tokens: usage.completion_tokens,
-            output_tokens_details: OutputTokensDetails {
-                reasoning_tokens: reasoning_tokens.min(usage.completion_tokens),
-            },
-            total_tokens: usage.prompt_tokens + usage.completion_tokens,
-        });
-        if self.store {
-            let entry = StoredResponse { response: response.clone(), input_items: self.input_items.clone() };
-            if !self.state.responses.insert(entry) {
-                tracing::warn!(id = %response.id, "response not stored: its output makes it larger than --max-stored-response-bytes");
-            }
-        }
-    }
-}
-
-/// A streamed response between events.
-struct ResponseStream {
-    finishing: Finishing,
+/// Admits, submits and detaches a background response; answers with it `queued`, or with its
+/// event stream (`stream: true`), whose end stops the reading, not the generation.
+#[allow(clippy::too_many_arguments)]
+async fn start_background(
+    state: &SharedState,
+    turn: ChatTurn,
+    arrival: Instant,
     response: ResponseObject,
-    events: BoxStream<'static, ChoiceEvent>,
-    text: ChoiceText,
-    items: OutputEvents,
-    reasoning: String,
-    usage: pagoda_engine::Usage,
-    status: Option<&'static str>,
-    sequence: u64,
-    done: bool,
+    input_items: Vec<Value>,
+    encrypted: bool,
+    namespaces: ToolNamespaces,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    // Its place is taken before the engine sees it, so that a full store refuses it unstarted.
+    let id = response.id.clone();
+    let queued = response.clone();
+    let run_response = response;
+    state.responses.admit(&id, input_items)?;
+    // Gives the place back if the turn fails to start, or if the client goes away meanwhile
+    // (which drops this future).
+    let admission = Admission { state, id: &id };
+    let StartedTurn { submission, split, .. } = turn.start(state, arrival).await?;
+    std::mem::forget(admission);
+    let run = Run::new(id, Responder::new(run_response, split, OutputEvents::new(encrypted, namespaces)));
+    state.responses.attach(&run);
+    background::spawn(Arc::clone(state), Arc::clone(&run), submission.events);
+    if stream {
+        let events = run.follow(None)?;
+        return Ok(sse::response(events.map(Ok)));
+    }
+    Ok(Json(queued).into_response())
 }
 
-impl ResponseStream {
-    fn event(&mut self, name: &'static str, fields: Value) -> Event {
-        let mut data = json!({"type": name});
-        if let (Some(d), Value::Object(f)) = (data.as_object_mut(), fields) {
-            d.extend(f);
-            d.insert("sequence_number".into(), json!(self.sequence));
-        }
-        self.sequence += 1;
-        sse::named_event(name, &data)
-    }
+/// A background response's place in the store, until its run is attached.
+struct Admission<'a> {
+    state: &'a SharedState,
+    id: &'a str,
+}
 
-    fn response_event(&mut self, name: &'static str) -> Event {
-        let response = serde_json::to_value(&self.response).unwrap_or(Value::Null);
-        self.event(name, json!({"response": response}))
-    }
-
-    fn on_event(&mut self, ChoiceEvent { event, .. }: ChoiceEvent) -> Vec<Event> {
-        if let Some(reason) = &event.finished {
-            let error = match failure(&self.finishing.state, reason) {
-                Some(e) => Some(e),
-                None if *reason == FinishReason::Abort => Some(ApiError::ShuttingDown),
-                None => None,
-            };
-            if let Some(e) = error {
-                self.done = true;
-                self.response.status = "failed".into();
-                let body = e.body().error;
-                self.response.error = Some(json!({"code": body.code, "message": body.message}));
-                return vec![self.response_event("response.failed")];
-            }
-        }
-        if let Some(u) = event.usage {
-            self.usage = u;
-        }
-        let last = event.finished.is_some();
-        let piece = self.text.push(&event.text, last);
-        self.reasoning.push_str(&piece.reasoning);
-        let mut raw = self.items.push(piece);
-        if last {
-            let status = status_of(event.finished.as_ref());
-            raw.extend(self.items.finish(status));
-            self.status = Some(status);
-        }
-        raw.into_iter().map(|(name, fields)| self.event(name, fields)).collect()
-    }
-
-    fn on_end(&mut self) -> Vec<Event> {
-        self.done = true;
-        let Some(status) = self.status else {
-            let e = ApiError::Internal("the response ended without finishing".into());
-            self.response.status = "failed".into();
-            self.response.error = Some(json!({"code": "server_error", "message": e.to_string()}));
-            return vec![self.response_event("response.failed")];
-        };
-        self.response.output = self.items.items().to_vec();
-        let reasoning_tokens = count_tokens(self.finishing.state.prompts.tokenizer(), Some(&self.reasoning));
-        self.finishing.finish(&mut self.response, status, self.usage, reasoning_tokens);
-        let name = if status == "incomplete" { "response.incomplete" } else { "response.completed" };
-        vec![self.response_event(name)]
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.state.responses.abandon(self.id);
     }
 }
 
 fn stream_response(
-    finishing: Finishing,
-    response: ResponseObject,
-    split: ChoiceSplit,
-    items: OutputEvents,
+    state: SharedState,
+    responder: Responder,
+    stored: Option<Vec<Value>>,
     events: BoxStream<'static, ChoiceEvent>,
 ) -> Response {
-    let mut st = ResponseStream {
-        finishing,
-        response,
-        events,
-        text: ChoiceText::new(split),
-        items,
-        reasoning: String::new(),
-        usage: pagoda_engine::Usage::default(),
-        status: None,
-        sequence: 0,
-        done: false,
-    };
-    let opening = vec![st.response_event("response.created"), st.response_event("response.in_progress")];
-    let body = stream::unfold(st, |mut st| async move {
-        if st.done {
-            return None;
+    let mut responder = responder;
+    let opening = responder.opening();
+    let body = stream::unfold((responder, events, stored), move |(mut r, mut events, mut stored)| {
+        let state = Arc::clone(&state);
+        async move {
+            if r.done() {
+                return None;
+            }
+            let out = match events.next().await {
+                Some(e) => r.on_event(&state, e),
+                None => r.on_end(state.prompts.tokenizer()),
+            };
+            if r.done() {
+                let response = r.snapshot();
+                if let Some(items) = stored.take().filter(|_| response.status != "failed") {
+                    keep(&state, &response, items);
+                }
+            }
+            Some((out, (r, events, stored)))
         }
-        let events = match st.events.next().await {
-            Some(e) => st.on_event(e),
-            None => st.on_end(),
-        };
-        Some((events, st))
     })
     .flat_map(stream::iter);
-    sse::response(stream::iter(opening).chain(body).map(Ok))
+    let to_sse = |e: SeqEvent| sse::named_event(e.name, &e.data);
+    sse::response(stream::iter(opening).chain(body).map(move |e| Ok(to_sse(e))))
 }
 
-/// Retrieve a stored response.
+/// The query of a retrieval: `stream` and `starting_after` (a background response's events);
+/// `include` is accepted (what it could add is always there).
+fn retrieval(query: Option<&str>) -> Result<(bool, Option<u64>), ApiError> {
+    let (mut stream, mut after) = (false, None);
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "stream" => {
+                stream = match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(ApiError::invalid("stream", "stream must be true or false")),
+                }
+            }
+            "starting_after" => {
+                after = Some(value.parse::<u64>().map_err(|_| {
+                    ApiError::invalid(
+                        "starting_after",
+                        format!(
+                        "starting_after must be an event's sequence_number (a whole number), got `{value}`"
+                    ),
+                    )
+                })?)
+            }
+            "include" | "include[]" | "include_obfuscation" => {}
+            other => return Err(ApiError::invalid(other, format!("Unknown query parameter `{other}`."))),
+        }
+    }
+    if after.is_some() && !stream {
+        return Err(ApiError::invalid("starting_after", "starting_after needs stream=true"));
+    }
+    Ok((stream, after))
+}
+
+/// Retrieve a stored response: a background one as it stands (its output so far while it
+/// runs), or, with `stream=true`, its events from `starting_after` on, following it live.
 #[utoipa::path(
     get,
     path = "/v1/responses/{response_id}",
     tag = "openai",
-    params(("response_id" = String, Path, description = "The response's id")),
+    params(
+        ("response_id" = String, Path, description = "The response's id"),
+        ("stream" = Option<bool>, Query, description = "Stream a background response's events (replayed, then live)"),
+        ("starting_after" = Option<u64>, Query, description = "With stream=true: the events after this sequence_number"),
+    ),
     responses(
-        (status = 200, description = "The stored response", body = ResponseObject),
+        (status = 200, description = "The stored response (or, with stream=true, an SSE stream of its events)", body = ResponseObject),
+        (status = 400, description = "A bad query parameter, or stream=true for a response not run in the background", body = ErrorResponse),
         (status = 404, description = "No such stored response", body = ErrorResponse),
     ),
     security((), ("api_key" = []))
@@ -398,11 +379,67 @@ fn stream_response(
 pub async fn retrieve(
     State(state): State<SharedState>,
     PathParam(id): PathParam,
-) -> Result<Json<ResponseObject>, ApiError> {
-    state.responses.get(&id).map(|e| Json(e.response)).ok_or_else(|| not_found(&id))
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let (stream, after) = retrieval(query.as_deref())?;
+    // A run can end between the look-up and the snapshot: it is then a finished entry.
+    for _ in 0..2 {
+        let (response, run) = match state.responses.find(&id).ok_or_else(|| not_found(&id))? {
+            Found::Live(run) => match run.snapshot() {
+                Some(response) => (response, Some(run)),
+                None => continue,
+            },
+            Found::Done(entry, run) => (entry.response, run),
+        };
+        if !stream {
+            return Ok(Json(response).into_response());
+        }
+        let run = run.ok_or_else(|| {
+            ApiError::invalid("stream", format!("response '{id}' did not run in the background: its events were not kept; retrieve it without stream"))
+        })?;
+        return Ok(sse::response(run.follow(after)?.map(Ok)));
+    }
+    Err(not_found(&id))
 }
 
-/// Delete a stored response.
+/// Cancel a background response: it ends `cancelled`, with its output so far, and its engine
+/// request is aborted. A response that has already ended is returned as it is.
+#[utoipa::path(
+    post,
+    path = "/v1/responses/{response_id}/cancel",
+    tag = "openai",
+    params(("response_id" = String, Path, description = "The response's id")),
+    responses(
+        (status = 200, description = "The cancelled (or already finished) response", body = ResponseObject),
+        (status = 400, description = "The response did not run in the background", body = ErrorResponse),
+        (status = 404, description = "No such stored response", body = ErrorResponse),
+    ),
+    security((), ("api_key" = []))
+)]
+pub async fn cancel(
+    State(state): State<SharedState>,
+    PathParam(id): PathParam,
+) -> Result<Json<ResponseObject>, ApiError> {
+    for _ in 0..2 {
+        match state.responses.find(&id).ok_or_else(|| not_found(&id))? {
+            Found::Live(run) => match run.cancel(&state) {
+                Some(response) => return Ok(Json(response)),
+                // It ended meanwhile: answer as for a finished one.
+                None => continue,
+            },
+            Found::Done(entry, _) if !entry.response.background => {
+                return Err(ApiError::invalid(
+                    "response_id",
+                    format!("Response '{id}' was not created with `background: true`: only background responses can be cancelled."),
+                ))
+            }
+            Found::Done(entry, _) => return Ok(Json(entry.response)),
+        }
+    }
+    Err(not_found(&id))
+}
+
+/// Delete a stored response (a running background response is cancelled first).
 #[utoipa::path(
     delete,
     path = "/v1/responses/{response_id}",
@@ -418,6 +455,9 @@ pub async fn delete(
     State(state): State<SharedState>,
     PathParam(id): PathParam,
 ) -> Result<Json<DeletedResponse>, ApiError> {
+    if let Some(Found::Live(run)) = state.responses.find(&id) {
+        run.cancel(&state);
+    }
     state.responses.remove(&id).ok_or_else(|| not_found(&id))?;
     Ok(Json(DeletedResponse { id, object: "response".into(), deleted: true }))
 }
@@ -477,8 +517,7 @@ pub async fn input_item_list(
     RawQuery(query): RawQuery,
 ) -> Result<Json<InputItemList>, ApiError> {
     let (limit, descending, after) = paging(query.as_deref())?;
-    let entry = state.responses.get(&id).ok_or_else(|| not_found(&id))?;
-    let mut items = entry.input_items;
+    let mut items = state.responses.input_items(&id).ok_or_else(|| not_found(&id))?;
     if descending {
         items.reverse();
     }

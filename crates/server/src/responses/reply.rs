@@ -236,6 +236,26 @@ impl OutputEvents {
     pub fn items(&self) -> &[Value] {
         &self.items
     }
+
+    /// The output so far, for polling a background response: the finished items, then the
+    /// open one as it stands (`in_progress`, with its text so far).
+    pub fn snapshot(&self) -> Vec<Value> {
+        let mut out = self.items.clone();
+        match &self.open {
+            None => {}
+            Some(Open::Reasoning { id, text }) => {
+                out.push(reasoning_item(id, text, self.encrypted_reasoning))
+            }
+            Some(Open::Message { id, text }) => out.push(json!({
+                "type": "message", "id": id, "status": "in_progress", "role": "assistant",
+                "content": [text_part(text)],
+            })),
+            Some(Open::Call { id, call_id, name, arguments }) => {
+                out.push(call_item(id, call_id, name, arguments, "in_progress", &self.namespaces))
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -280,6 +300,27 @@ mod tests {
         assert_eq!(names[0], "response.output_item.added");
         assert_eq!(names.iter().filter(|n| **n == "response.output_item.done").count(), 2);
         assert!(names.contains(&"response.function_call_arguments.done"));
+    }
+
+    /// Mid-answer, the snapshot holds the finished items and the open one with its text so far.
+    #[test]
+    fn the_snapshot_shows_the_open_item_so_far() {
+        let split = ChoiceSplit { reasoning: Some((ReasoningFormat::Qwen3, false)), tools: None };
+        let mut pipeline = ChoiceText::new(split);
+        let mut events = OutputEvents::new(false, ToolNamespaces::default());
+        assert!(events.snapshot().is_empty());
+        events.push(pipeline.push("<think>\nhmm\n</think>\n\nPar", false));
+        let snap = events.snapshot();
+        assert_eq!(snap.len(), 2, "{snap:?}");
+        assert_eq!(snap[0]["type"], "reasoning");
+        assert_eq!(
+            (snap[1]["type"].as_str(), snap[1]["status"].as_str()),
+            (Some("message"), Some("in_progress"))
+        );
+        assert!(snap[1]["content"][0]["text"].as_str().unwrap().starts_with("Par"), "{snap:?}");
+        events.push(pipeline.push("is", true));
+        events.finish("completed");
+        assert_eq!(events.snapshot(), events.items());
     }
 
     #[test]

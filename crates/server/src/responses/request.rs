@@ -8,12 +8,14 @@
 use serde_json::{json, Map, Value};
 
 use super::wire::ResponsesRequest;
+use crate::config::HostedToolsPolicy;
 use crate::conversation::ChatTurn;
 use crate::error::{ApiError, InvalidParam};
 use crate::openai::CommonParams;
 use crate::prompt::ChatOptions;
 use crate::state::AppState;
 use crate::structured::{response_format_at, RequestedGrammar};
+use crate::tools::hosted::{is_openai_hosted, note_ignored};
 use crate::tools::ToolRequest;
 use pagoda_text::ChatMessage;
 
@@ -245,7 +247,10 @@ fn function_tool(p: &str, obj: &Map<String, Value>) -> Result<Value, InvalidPara
     Ok(json!({"type": "function", "function": function}))
 }
 
-fn tools(req: &ResponsesRequest) -> Result<(Option<ToolRequest>, ToolNamespaces), InvalidParam> {
+fn tools(
+    req: &ResponsesRequest,
+    hosted_tools: HostedToolsPolicy,
+) -> Result<(Option<ToolRequest>, ToolNamespaces), InvalidParam> {
     let list = match &req.tools {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(list)) => list.clone(),
@@ -253,6 +258,7 @@ fn tools(req: &ResponsesRequest) -> Result<(Option<ToolRequest>, ToolNamespaces)
     };
     let mut functions = Vec::with_capacity(list.len());
     let mut namespaces = ToolNamespaces::default();
+    let mut ignored: Vec<&str> = Vec::new();
     for (i, tool) in list.iter().enumerate() {
         let p = format!("tools[{i}]");
         let obj = tool.as_object().ok_or_else(|| invalid(&p, "must be an object"))?;
@@ -275,11 +281,18 @@ fn tools(req: &ResponsesRequest) -> Result<(Option<ToolRequest>, ToolNamespaces)
                 }
                 continue;
             }
+            Some(hosted) if is_openai_hosted(hosted) && hosted_tools == HostedToolsPolicy::Ignore => {
+                ignored.push(hosted);
+                continue;
+            }
             Some(other) => {
+                let why = if is_openai_hosted(other) { " (--hosted-tools reject)" } else { "" };
                 return Err(invalid(
                     format!("{p}.type"),
-                    format!("built-in tool `{other}` is not supported by this server: give `function` tools"),
-                ))
+                    format!(
+                        "built-in tool `{other}` is not supported by this server{why}: give `function` tools"
+                    ),
+                ));
             }
             None => return Err(invalid(format!("{p}.type"), "is required")),
         }
@@ -293,6 +306,12 @@ fn tools(req: &ResponsesRequest) -> Result<(Option<ToolRequest>, ToolNamespaces)
                 (Some("function"), Some(name)) => {
                     Some(json!({"type": "function", "function": {"name": name}}))
                 }
+                (Some(hosted), _) if is_openai_hosted(hosted) => {
+                    return Err(invalid(
+                        "tool_choice.type",
+                        format!("forces the hosted tool `{hosted}`, which this server does not run: use auto, required, none or a function"),
+                    ))
+                }
                 (Some(other), _) if other != "function" => {
                     return Err(invalid(
                         "tool_choice.type",
@@ -304,6 +323,16 @@ fn tools(req: &ResponsesRequest) -> Result<(Option<ToolRequest>, ToolNamespaces)
         }
         Some(_) => return Err(invalid("tool_choice", "must be a string or an object")),
     };
+    if functions.is_empty() && !ignored.is_empty() && choice.as_ref().is_some_and(|c| c == "required") {
+        return Err(invalid(
+            "tool_choice",
+            format!(
+                "`required` needs a function tool: the hosted tools given ({}) are not run by this server",
+                ignored.join(", ")
+            ),
+        ));
+    }
+    note_ignored(ignored);
     let parsed = ToolRequest::parse(Some(&Value::Array(functions)), choice.as_ref(), req.parallel_tool_calls)
         .map_err(|e| InvalidParam {
             param: e.param.map(|p| p.replace(".function.", ".")),
@@ -420,7 +449,7 @@ pub fn chat_turn(
         return Err(ApiError::invalid("max_output_tokens", "max_output_tokens must be at least 1"));
     }
     let messages = messages(req.instructions.as_deref(), items, first_new)?;
-    let (tools, namespaces) = tools(req)?;
+    let (tools, namespaces) = tools(req, state.hosted_tools)?;
     let grammar = text_format(req.text.as_ref())?;
     let mut kwargs = Map::new();
     reasoning(state, req.reasoning.as_ref(), &mut kwargs)?;
@@ -501,13 +530,48 @@ mod tests {
             {"type": "namespace", "name": "agents_v1", "description": "d", "tools": [
                 {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]}]}))
         .unwrap();
-        let (tools, ns) = tools(&req).unwrap();
+        let (tools, ns) = tools(&req, HostedToolsPolicy::Ignore).unwrap();
         assert_eq!(tools.unwrap().tools.len(), 2);
         assert_eq!((ns.of("spawn_agent"), ns.of("exec")), (Some("agents_v1"), None));
         let bad: ResponsesRequest = serde_json::from_value(json!({"tools": [
             {"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]}))
         .unwrap();
-        assert_eq!(super::tools(&bad).unwrap_err().param.as_deref(), Some("tools[0].tools[0]"));
+        assert_eq!(
+            super::tools(&bad, HostedToolsPolicy::Ignore).unwrap_err().param.as_deref(),
+            Some("tools[0].tools[0]")
+        );
+    }
+
+    #[test]
+    fn hosted_tools_are_left_out_or_refused_as_the_policy_says() {
+        let req = |v: Value| serde_json::from_value::<ResponsesRequest>(v).unwrap();
+        let err = |v: Value, policy| tools(&req(v), policy).unwrap_err().param.unwrap();
+        let function = json!({"type": "function", "name": "exec", "parameters": {"type": "object"}});
+        let search = json!({"type": "web_search", "external_web_access": false});
+        let both = json!({"tools": [function, search]});
+        let (kept, _) = tools(&req(both.clone()), HostedToolsPolicy::Ignore).unwrap();
+        assert_eq!(
+            kept.unwrap().raw,
+            [json!({"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}})]
+        );
+        assert_eq!(err(both, HostedToolsPolicy::Reject), "tools[1].type");
+        // Only hosted tools: no tool is left for the model.
+        let (kept, _) =
+            tools(&req(json!({"tools": [search], "tool_choice": "auto"})), HostedToolsPolicy::Ignore)
+                .unwrap();
+        assert!(kept.is_none());
+        let forced = json!({"tools": [search], "tool_choice": {"type": "web_search"}});
+        assert_eq!(err(forced, HostedToolsPolicy::Ignore), "tool_choice.type");
+        assert_eq!(
+            err(json!({"tools": [search], "tool_choice": "required"}), HostedToolsPolicy::Ignore),
+            "tool_choice"
+        );
+        for client_run in ["mcp", "local_shell", "custom", "shell"] {
+            assert_eq!(
+                err(json!({"tools": [{"type": client_run}]}), HostedToolsPolicy::Ignore),
+                "tools[0].type"
+            );
+        }
     }
 
     #[test]

@@ -5,14 +5,22 @@
 //! entries cannot hold gigabytes while the count is small. Each entry holds its own input items
 //! and its response, and names its predecessor, so a conversation's history is the chain of its
 //! entries and an entry costs what its own turn costs, not the whole conversation.
+//!
+//! Background responses ([`super::background`]) take their place when they are admitted and
+//! keep it while they run: an unfinished one is never evicted (the least recently used
+//! *finished* entries go first), and when unfinished ones hold every place a new one is a 429.
+//! Their buffered stream events count toward the bytes while they run and after (a finished
+//! background response keeps its events for replay), each response's at most the per-entry
+//! limit: past it, or past what the budget leaves, its oldest events are dropped.
 
-use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::background::Run;
 use super::wire::ResponseObject;
 use crate::error::ApiError;
 
@@ -54,17 +62,59 @@ pub const DEFAULT_STORE_BYTES: usize = 256 << 20;
 /// Default of `--max-stored-response-bytes`.
 pub const DEFAULT_ENTRY_BYTES: usize = 4 << 20;
 
+/// A finished entry: the stored turn, and a background response's event log (for replay).
+#[derive(Debug)]
+struct Slot {
+    entry: StoredResponse,
+    run: Option<Arc<Run>>,
+    bytes: usize,
+}
+
+/// An unfinished background response: never evicted, and counted with its events' bytes.
+#[derive(Debug)]
+struct LiveSlot {
+    /// Set once submitted.
+    run: Option<Arc<Run>>,
+    input_items: Vec<Value>,
+    bytes: usize,
+}
+
 /// The entries and their bytes in all.
 #[derive(Debug)]
 struct Entries {
-    map: LruCache<String, (StoredResponse, usize)>,
+    /// Finished entries, least recently used first out.
+    map: LruCache<String, Slot>,
+    live: HashMap<String, LiveSlot>,
     bytes: usize,
+}
+
+impl Entries {
+    /// Evicts finished entries, least recently used first, until one more entry of `bytes`
+    /// fits the count and the budget; false when it cannot (what is left is unfinished).
+    fn make_room(&mut self, capacity: usize, budget: usize, bytes: usize) -> bool {
+        while self.map.len() + self.live.len() >= capacity || self.bytes + bytes > budget {
+            let Some((_, evicted)) = self.map.pop_lru() else { return false };
+            self.bytes -= evicted.bytes;
+        }
+        true
+    }
+}
+
+/// What an id names.
+#[derive(Debug, Clone)]
+pub enum Found {
+    /// A finished response, and its event log when it ran in the background.
+    Done(Box<StoredResponse>, Option<Arc<Run>>),
+    /// A background response still queued or running.
+    Live(Arc<Run>),
 }
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct ResponseStore {
     entries: Option<Mutex<Entries>>,
+    /// Most entries, finished and unfinished.
+    capacity: usize,
     /// Most bytes all entries may hold together.
     budget_bytes: usize,
     /// Most bytes one entry may hold.
@@ -76,8 +126,9 @@ impl ResponseStore {
     /// (`store: true` is then refused).
     pub fn new(capacity: usize) -> Self {
         Self {
-            entries: NonZeroUsize::new(capacity)
-                .map(|c| Mutex::new(Entries { map: LruCache::new(c), bytes: 0 })),
+            entries: (capacity > 0)
+                .then(|| Mutex::new(Entries { map: LruCache::unbounded(), live: HashMap::new(), bytes: 0 })),
+            capacity,
             budget_bytes: DEFAULT_STORE_BYTES,
             entry_bytes: DEFAULT_ENTRY_BYTES,
         }
@@ -109,44 +160,156 @@ impl ResponseStore {
         self.entries.is_some()
     }
 
-    /// Stores `entry`, evicting the least recently used until the count and the bytes fit.
-    /// Returns false, storing nothing, for an entry over the per-entry limit (the request's
-    /// own fields were checked before generation, so only a long output gets here).
+    /// Stores `entry`, evicting the least recently used finished entries until the count and
+    /// the bytes fit. Returns false, storing nothing, for an entry over the per-entry limit
+    /// (the request's own fields were checked before generation, so only a long output gets
+    /// here) or when every place is held by an unfinished background response.
     pub fn insert(&self, entry: StoredResponse) -> bool {
+        self.insert_slot(entry, None, 0)
+    }
+
+    fn insert_slot(&self, entry: StoredResponse, run: Option<Arc<Run>>, log_bytes: usize) -> bool {
         let Some(mut entries) = self.lock() else { return false };
-        let bytes = entry.bytes();
+        self.insert_locked(&mut entries, entry, run, log_bytes)
+    }
+
+    fn insert_locked(
+        &self,
+        entries: &mut Entries,
+        entry: StoredResponse,
+        run: Option<Arc<Run>>,
+        log_bytes: usize,
+    ) -> bool {
+        let bytes = entry.bytes() + log_bytes;
         if bytes > self.entry_bytes {
             return false;
         }
         let id = entry.response.id.clone();
-        if let Some((_, old)) = entries.map.pop(&id) {
-            entries.bytes -= old;
+        if let Some(old) = entries.map.pop(&id) {
+            entries.bytes -= old.bytes;
         }
-        while entries.bytes + bytes > self.budget_bytes {
-            let Some((_, (_, evicted))) = entries.map.pop_lru() else { break };
-            entries.bytes -= evicted;
+        if !entries.make_room(self.capacity, self.budget_bytes, bytes) {
+            return false;
         }
-        if let Some((_, (_, evicted))) = entries.map.push(id, (entry, bytes)) {
-            entries.bytes -= evicted;
-        }
+        entries.map.push(id, Slot { entry, run, bytes });
         entries.bytes += bytes;
         true
     }
 
-    /// The entry of `id` (marked as recently used).
-    pub fn get(&self, id: &str) -> Option<StoredResponse> {
-        self.lock()?.map.get(id).map(|(entry, _)| entry.clone())
+    /// Admits a background response before it is submitted: it takes a place (evicting the
+    /// least recently used finished entry if need be) that it keeps until it finishes. A 429
+    /// when every place, or the whole budget, is held by unfinished background responses.
+    pub fn admit(&self, id: &str, input_items: Vec<Value>) -> Result<(), ApiError> {
+        let Some(mut entries) = self.lock() else {
+            return Err(ApiError::invalid("store", "this server stores no responses"));
+        };
+        let bytes = json_len(&input_items);
+        if !entries.make_room(self.capacity, self.budget_bytes, bytes) {
+            return Err(ApiError::QueueFull(format!(
+                "{} unfinished background responses hold the response store (--max-stored-responses {}, \
+                 --stored-responses-memory {} bytes)",
+                entries.live.len(),
+                self.capacity,
+                self.budget_bytes
+            )));
+        }
+        entries.bytes += bytes;
+        entries.live.insert(id.to_owned(), LiveSlot { run: None, input_items, bytes });
+        Ok(())
     }
 
+    /// Attaches the run of an admitted background response, once it is submitted.
+    pub fn attach(&self, run: &Arc<Run>) {
+        if let Some(slot) = self.lock().as_mut().and_then(|e| e.live.get_mut(run.id())) {
+            slot.run = Some(Arc::clone(run));
+        }
+    }
+
+    /// Accounts `log_bytes` of buffered events to the live response `id`, evicting finished
+    /// entries to make room; returns how many bytes its events may take (at most the
+    /// per-entry limit, less when unfinished responses hold the rest of the budget): the
+    /// response drops its oldest events down to that.
+    pub fn account(&self, id: &str, log_bytes: usize) -> usize {
+        let Some(mut entries) = self.lock() else { return 0 };
+        let entries = &mut *entries;
+        let Some(slot) = entries.live.get_mut(id) else { return 0 };
+        let input = json_len(&slot.input_items);
+        entries.bytes -= slot.bytes;
+        let mut want = (input + log_bytes).min(self.entry_bytes);
+        while entries.bytes + want > self.budget_bytes {
+            let Some((_, evicted)) = entries.map.pop_lru() else { break };
+            entries.bytes -= evicted.bytes;
+        }
+        want = want.min(self.budget_bytes.saturating_sub(entries.bytes));
+        slot.bytes = want;
+        entries.bytes += want;
+        want.saturating_sub(input)
+    }
+
+    /// A background response has finished (or was cancelled): it becomes a finished entry
+    /// with the input items it was admitted with, and its event log. Returns how many bytes
+    /// the log may keep (the response drops its oldest events down to that), or `None` when
+    /// the response itself is over the per-entry limit and is not kept.
+    pub fn finish(&self, response: ResponseObject, run: Arc<Run>, log_bytes: usize) -> Option<usize> {
+        let mut entries = self.lock()?;
+        // Under one lock, so that no new admission takes the place it leaves.
+        let input_items = match entries.live.remove(&response.id) {
+            Some(slot) => {
+                entries.bytes -= slot.bytes;
+                slot.input_items
+            }
+            None => Vec::new(),
+        };
+        let entry = StoredResponse { response, input_items };
+        let log_room = self.entry_bytes.checked_sub(entry.bytes())?;
+        let log_bytes = log_bytes.min(log_room);
+        self.insert_locked(&mut entries, entry, Some(run), log_bytes).then_some(log_bytes)
+    }
+
+    /// Takes back the place of a background response that was never submitted.
+    pub fn abandon(&self, id: &str) {
+        if let Some(mut entries) = self.lock() {
+            if let Some(slot) = entries.live.remove(id) {
+                entries.bytes -= slot.bytes;
+            }
+        }
+    }
+
+    /// What `id` names, finished (marked as recently used) or running.
+    pub fn find(&self, id: &str) -> Option<Found> {
+        let mut entries = self.lock()?;
+        if let Some(slot) = entries.live.get(id) {
+            // Between admission and submission its id is not yet known to any client.
+            return slot.run.clone().map(Found::Live);
+        }
+        entries.map.get(id).map(|slot| Found::Done(Box::new(slot.entry.clone()), slot.run.clone()))
+    }
+
+    /// The finished entry of `id` (marked as recently used).
+    pub fn get(&self, id: &str) -> Option<StoredResponse> {
+        self.lock()?.map.get(id).map(|slot| slot.entry.clone())
+    }
+
+    /// The input items of `id`, finished or running.
+    pub fn input_items(&self, id: &str) -> Option<Vec<Value>> {
+        let mut entries = self.lock()?;
+        if let Some(slot) = entries.live.get(id) {
+            return Some(slot.input_items.clone());
+        }
+        entries.map.get(id).map(|slot| slot.entry.input_items.clone())
+    }
+
+    /// Removes a finished entry.
     pub fn remove(&self, id: &str) -> Option<StoredResponse> {
         let mut entries = self.lock()?;
-        let (entry, bytes) = entries.map.pop(id)?;
-        entries.bytes -= bytes;
-        Some(entry)
+        let slot = entries.map.pop(id)?;
+        entries.bytes -= slot.bytes;
+        Some(slot.entry)
     }
 
+    /// Entries, finished and unfinished.
     pub fn len(&self) -> usize {
-        self.lock().map_or(0, |e| e.map.len())
+        self.lock().map_or(0, |e| e.map.len() + e.live.len())
     }
 
     /// Bytes the entries hold in all.
@@ -164,16 +327,27 @@ impl ResponseStore {
         let mut turns = Vec::new();
         let mut next = Some(id.to_owned());
         while let Some(current) = next {
-            let entry = self.get(&current).ok_or_else(|| ApiError::ResponseNotFound {
-                message: if current == id {
-                    format!("Previous response with id '{id}' not found.")
-                } else {
-                    format!(
-                        "Response '{current}', an earlier turn of previous response '{id}', is no longer stored."
-                    )
-                },
-                param: Some("previous_response_id"),
-            })?;
+            let entry = match self.find(&current) {
+                Some(Found::Done(entry, _)) => *entry,
+                Some(Found::Live(_)) => {
+                    return Err(ApiError::invalid(
+                        "previous_response_id",
+                        format!("Response '{current}' is still in progress: wait until it finishes (poll GET /v1/responses/{current})."),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::ResponseNotFound {
+                        message: if current == id {
+                            format!("Previous response with id '{id}' not found.")
+                        } else {
+                            format!(
+                                "Response '{current}', an earlier turn of previous response '{id}', is no longer stored."
+                            )
+                        },
+                        param: Some("previous_response_id"),
+                    })
+                }
+            };
             next = entry.response.previous_response_id.clone();
             turns.push(entry);
         }
@@ -184,6 +358,9 @@ impl ResponseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat_output::ChoiceSplit;
+    use crate::responses::reply::OutputEvents;
+    use crate::responses::stream::Responder;
     use serde_json::json;
 
     fn entry(id: &str, previous: Option<&str>) -> StoredResponse {
@@ -239,5 +416,53 @@ mod tests {
         assert!(store.remove("c").is_some());
         assert_eq!(store.bytes(), size);
         assert!(!ResponseStore::new(8).with_byte_limits(0, 0).enabled());
+    }
+
+    fn run(id: &str) -> Arc<Run> {
+        let response = entry(id, None).response;
+        let responder = Responder::new(response, ChoiceSplit::default(), OutputEvents::default());
+        Run::new(id.to_owned(), responder)
+    }
+
+    #[test]
+    fn unfinished_background_responses_are_never_evicted() {
+        let store = ResponseStore::new(2);
+        assert!(store.insert(entry("a", None)));
+        store.admit("bg1", vec![]).unwrap();
+        store.admit("bg2", vec![]).unwrap();
+        // The finished entry made room; the unfinished ones stay, and refuse a third.
+        assert!(store.get("a").is_none());
+        assert_eq!(
+            store.admit("bg3", vec![]).unwrap_err().status(),
+            axum::http::StatusCode::TOO_MANY_REQUESTS
+        );
+        assert!(!store.insert(entry("b", None)));
+        let bg1 = run("bg1");
+        store.attach(&bg1);
+        assert!(matches!(store.find("bg1"), Some(Found::Live(_))));
+        assert!(store.history("bg1").unwrap_err().to_string().contains("still in progress"));
+        // Once finished it is an entry like any other: kept, then the first to go.
+        assert_eq!(store.finish(entry("bg1", None).response, bg1, 10), Some(10));
+        assert!(matches!(store.find("bg1"), Some(Found::Done(_, Some(_)))));
+        store.admit("bg3", vec![]).unwrap();
+        assert!(store.find("bg1").is_none());
+        store.abandon("bg3");
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn buffered_events_count_toward_the_budget() {
+        let size = entry("a", None).bytes();
+        let store = ResponseStore::new(10).with_byte_limits(2 * size + size / 2, size);
+        assert!(store.insert(entry("a", None)) && store.insert(entry("b", None)));
+        store.admit("bg", vec![]).unwrap();
+        // More than one entry may hold: capped at the per-entry limit, and the least recently
+        // used finished entry went to make room.
+        let input = json_len(&Vec::<Value>::new());
+        assert_eq!(store.account("bg", 2 * size), size - input);
+        assert_eq!(store.bytes(), 2 * size);
+        assert!(store.get("a").is_none() && store.get("b").is_some());
+        assert_eq!(store.account("bg", 10), 10);
+        assert_eq!(store.bytes(), size + input + 10);
     }
 }

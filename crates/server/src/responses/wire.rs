@@ -62,6 +62,12 @@ pub struct ResponsesRequest {
     /// Keep the response for retrieval and `previous_response_id`. Default true.
     #[serde(default)]
     pub store: Option<bool>,
+    /// Run the response in the background: the request is answered at once (status `queued`),
+    /// the generation goes on whatever happens to the connection, and the response is polled
+    /// with `GET /v1/responses/{id}`, its events replayed with `?stream=true&starting_after=N`,
+    /// and cancelled with `POST /v1/responses/{id}/cancel`. Needs `store` (the default).
+    #[serde(default)]
+    pub background: Option<bool>,
     /// Continue the conversation of a stored response.
     #[serde(default, deserialize_with = "crate::openai::common::optional_string")]
     pub previous_response_id: Option<String>,
@@ -104,8 +110,12 @@ pub struct ResponseObject {
     /// Always `response`.
     pub object: String,
     pub created_at: u64,
-    /// `in_progress`, `completed`, `incomplete` or `failed`.
+    /// `queued` (a background response not yet started), `in_progress`, `completed`,
+    /// `incomplete`, `failed` or `cancelled` (a cancelled background response).
     pub status: String,
+    /// Whether it runs (or ran) in the background.
+    #[serde(default)]
+    pub background: bool,
     #[schema(value_type = Option<Object>)]
     pub error: Option<Value>,
     /// `{"reason": "max_output_tokens"}` when incomplete.

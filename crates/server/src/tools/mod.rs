@@ -9,8 +9,12 @@
 //! (`<tool_call>{json}</tool_call>`), `llama3_json`, `mistral` (`[TOOL_CALLS]`), or `generic`
 //! (a JSON object, `{"tool_calls": [...]}` or `{"response": "..."}`, as llama.cpp's generic
 //! handler does).
+//!
+//! Hosted tools (`web_search` and the like, run by a vendor on its side) are left out or refused
+//! as `--hosted-tools` says ([`hosted`]).
 
 pub mod grammar;
+pub mod hosted;
 pub mod messages;
 pub mod output;
 

@@ -61,6 +61,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         grammars: pagoda_server::grammars::Grammars::unavailable(),
         tool_format: pagoda_text::ToolCallFormat::Generic,
         reasoning: None,
+        hosted_tools: Default::default(),
         stats: Default::default(),
         responses: pagoda_server::responses::store::ResponseStore::new(8),
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),

@@ -137,8 +137,10 @@ async fn send(client: &reqwest::Client, url: &str, case: &Case) -> Result<Reply>
     let status = resp.status().as_u16();
     let content_type =
         resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let ignored_tools =
+        resp.headers().get("x-pagoda-ignored-tools").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let body = resp.bytes().await?.to_vec();
-    Ok(Reply { status, content_type, body })
+    Ok(Reply { status, content_type, ignored_tools, body })
 }
 
 async fn run_case(client: &reqwest::Client, url: &str, case: &Case) -> Outcome {

@@ -3,6 +3,7 @@
 //! it), spoken to over HTTP with a real client.
 
 mod api;
+mod background;
 mod batch_invariant;
 mod beam_search;
 mod connections;
@@ -16,6 +17,7 @@ mod fuzz;
 mod gemma3;
 mod gguf_crafted;
 mod harness;
+mod hosted_tools;
 mod hostile;
 mod hostile_limits;
 mod hub;

@@ -180,6 +180,31 @@ fn response_object(case: &Case, v: &Value, status: Option<&str>) -> Result<(), S
     }
 }
 
+/// A 2xx answer's `x-pagoda-ignored-tools`: the request's hosted tools, each once, in order (the
+/// answer was made, so every tool that is neither a function nor a client tool was one the
+/// server left out); no header when it had none.
+pub fn ignored_tools(case: &Case, header: Option<&str>) -> Result<(), String> {
+    // A body that is not JSON was mended by no one: it got no 2xx, or names no tools.
+    let Ok(body) = serde_json::from_slice::<Value>(&case.body) else { return Ok(()) };
+    let client_run: &[Option<&str>] = match case.endpoint {
+        Endpoint::Responses => &[Some("function"), Some("namespace")],
+        _ => &[None, Some("custom")],
+    };
+    let mut hosted: Vec<&str> = Vec::new();
+    for tool in body["tools"].as_array().into_iter().flatten() {
+        match tool["type"].as_str() {
+            ty if client_run.contains(&ty) => {}
+            Some(ty) if !hosted.contains(&ty) => hosted.push(ty),
+            _ => {}
+        }
+    }
+    let expected = (!hosted.is_empty()).then(|| hosted.join(","));
+    if header != expected.as_deref() {
+        return Err(format!("x-pagoda-ignored-tools {header:?}, expected {expected:?}"));
+    }
+    Ok(())
+}
+
 /// A 2xx body of an agent endpoint.
 pub fn agent_body(case: &Case, v: &Value) -> Result<(), String> {
     let checked = match case.endpoint {

@@ -2,8 +2,9 @@
 //! `/v1/messages` and `/v1/messages/count_tokens` (turns of string or text-block content, a
 //! system prompt, sampling, tools and a `tool_use` / `tool_result` exchange) and OpenAI's
 //! `/v1/responses` (input as a string or items, function calls and their outputs, tools, JSON
-//! output, `store`); and the calls on stored responses that cannot exist (made-up ids), which
-//! must be 404s.
+//! output, `store`); hosted tools (`web_search`, Anthropic's server tools) beside the function
+//! tools, which the server leaves out; and the calls on stored responses that cannot exist
+//! (made-up ids), which must be 404s.
 
 use serde_json::{json, Map, Value};
 
@@ -41,6 +42,27 @@ fn tool_schema(rng: &mut Rng) -> (&'static str, Value) {
         ("now", json!({"type": "object"})),
     ])
     .clone()
+}
+
+/// A hosted tool the server leaves out (`--hosted-tools ignore`, the default), in the shapes
+/// clients send: Responses' built-in tools, or Anthropic's server tools.
+fn hosted_tool(rng: &mut Rng, anthropic: bool) -> Value {
+    let tools = if anthropic {
+        [
+            json!({"type": "web_search_20250305", "name": "web_search", "max_uses": 3}),
+            json!({"type": "web_fetch_20250910", "name": "web_fetch", "allowed_domains": ["example.com"]}),
+            json!({"type": "code_execution_20250825", "name": "code_execution"}),
+            json!({"type": "web_search_20260209", "name": "web_search", "cache_control": {"type": "ephemeral"}}),
+        ]
+    } else {
+        [
+            json!({"type": "web_search", "external_web_access": false}),
+            json!({"type": "web_search_preview_2025_03_11", "search_context_size": "low"}),
+            json!({"type": "file_search", "vector_store_ids": ["vs_fuzz"]}),
+            json!({"type": "code_interpreter", "container": {"type": "auto"}}),
+        ]
+    };
+    rng.pick(&tools).clone()
 }
 
 /// The arguments of a call to the tool `name`.
@@ -161,6 +183,10 @@ fn anthropic_prompt(rng: &mut Rng, m: &mut Map<String, Value>) {
         if rng.chance(30) {
             tools.push(json!({"name": "noop", "input_schema": {"type": "object"}}));
         }
+        if rng.chance(20) {
+            let at = rng.below(tools.len() as u64 + 1) as usize;
+            tools.insert(at, hosted_tool(rng, true));
+        }
         m.insert("tools".into(), Value::Array(tools));
         if rng.chance(60) {
             let mut choice = match rng.below(4) {
@@ -175,7 +201,8 @@ fn anthropic_prompt(rng: &mut Rng, m: &mut Map<String, Value>) {
             m.insert("tool_choice".into(), choice);
         }
     } else if rng.chance(5) {
-        m.insert("tools".into(), json!([]));
+        let tools = if rng.chance(50) { json!([]) } else { json!([hosted_tool(rng, true)]) };
+        m.insert("tools".into(), tools);
     }
     if rng.chance(5) {
         m.insert("thinking".into(), json!({"type": *rng.pick(&["disabled", "adaptive"])}));
@@ -290,7 +317,12 @@ fn responses_request(rng: &mut Rng, m: &mut Map<String, Value>) -> bool {
         if rng.chance(20) {
             function["strict"] = json!(rng.chance(50));
         }
-        m.insert("tools".into(), json!([function]));
+        let mut tools = vec![function];
+        if rng.chance(20) {
+            let at = rng.below(2) as usize;
+            tools.insert(at, hosted_tool(rng, false));
+        }
+        m.insert("tools".into(), Value::Array(tools));
         if rng.chance(60) {
             let choice = rng
                 .pick(&[
@@ -305,6 +337,9 @@ fn responses_request(rng: &mut Rng, m: &mut Map<String, Value>) -> bool {
         if rng.chance(15) {
             m.insert("parallel_tool_calls".into(), json!(rng.chance(50)));
         }
+    } else if rng.chance(4) {
+        // Only hosted tools: none is left for the model.
+        m.insert("tools".into(), json!([hosted_tool(rng, false)]));
     } else if rng.chance(12) {
         // Structured output does not go with tools.
         let format = if rng.chance(70) { "json_object" } else { "text" };

@@ -16,6 +16,8 @@ use super::gen::{Case, Endpoint, Expect, VOCAB};
 pub struct Reply {
     pub status: u16,
     pub content_type: String,
+    /// The `x-pagoda-ignored-tools` header.
+    pub ignored_tools: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -82,6 +84,9 @@ pub fn check(case: &Case, reply: &Reply) -> Result<(), String> {
             agent_check::Api::Either => agent_check::anthropic_error(status, &v).or_else(|_| error_shape(&v)),
         };
         return shaped.map_err(|e| format!("{status} body: {e}: {}", excerpt(body)));
+    }
+    if matches!(case.endpoint, Endpoint::Messages | Endpoint::CountTokens | Endpoint::Responses) {
+        agent_check::ignored_tools(case, reply.ignored_tools.as_deref())?;
     }
     let sse = reply.content_type.starts_with("text/event-stream");
     if let Some(stream) = case.stream {
@@ -272,7 +277,12 @@ mod tests {
     }
 
     fn reply(status: u16, content_type: &str, body: &str) -> Reply {
-        Reply { status, content_type: content_type.to_owned(), body: body.as_bytes().to_vec() }
+        Reply {
+            status,
+            content_type: content_type.to_owned(),
+            ignored_tools: None,
+            body: body.as_bytes().to_vec(),
+        }
     }
 
     const ERROR: &str =
