@@ -84,6 +84,7 @@ script-check: ## The benchmark scripts: shell syntax, the peer-comparison table 
 	bash -n scripts/bench-embeddings.sh
 	bash -n scripts/bench-lora.sh
 	bash -n scripts/bench-pd.sh
+	bash -n scripts/bench-agent-turns.sh
 	bash -n scripts/gpu-bench.sh
 	bash -n scripts/gpu-check.sh
 	bash -n scripts/gpu-spec-bench.sh
@@ -91,7 +92,8 @@ script-check: ## The benchmark scripts: shell syntax, the peer-comparison table 
 	bash -n scripts/gpu-step-kernels.sh
 	bash -n scripts/server-lifecycle.sh
 	bash -n scripts/agent-clients.sh
-	python3 -c "import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]" scripts/agents_sdk_check.py scripts/agent_fake_server.py
+	python3 -c "import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]" scripts/agents_sdk_check.py scripts/agent_fake_server.py scripts/agent_traces.py scripts/agent_replay.py
+	python3 scripts/agent_traces.py self-test
 	python3 scripts/bench_vs_llamacpp_table.py --self-test
 	python3 scripts/check_one_build.py --self-test
 	CARGO="$(CARGO)" python3 scripts/check_one_build.py
