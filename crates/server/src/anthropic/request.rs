@@ -224,14 +224,18 @@ pub fn tools(
         }) {
             return Err(invalid(format!("{p}.{key}"), format!("unknown tool field `{key}`")));
         }
-        if obj.get("defer_loading").is_some_and(|d| d != &Value::Bool(false)) {
-            return Err(invalid(
-                format!("{p}.defer_loading"),
-                "deferred tools need tool search, which this server does not run",
-            ));
-        }
+        let deferred = match obj.get("defer_loading") {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(_) => return Err(invalid(format!("{p}.defer_loading"), "must be a boolean")),
+        };
         let schema =
             obj.get("input_schema").ok_or_else(|| invalid(format!("{p}.input_schema"), "is required"))?;
+        // A deferred tool is not in the model's context until a search loads it; Claude Code's
+        // own search tool returns the schemas as text, so the tool stays out of the prompt.
+        if deferred {
+            continue;
+        }
         let mut function =
             json!({"name": obj.get("name").cloned().unwrap_or(Value::Null), "parameters": schema});
         if let Some(d) = obj.get("description") {
@@ -603,5 +607,10 @@ mod tests {
         assert_eq!(err.param.as_deref(), Some("tools[0].type"));
         let err = tools(Some(&t), Some(&json!({"type": "tool", "name": "nope"})), IGNORE).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("tool_choice"));
+        let deferred = json!([{"name": "later", "input_schema": {"type": "object"}, "defer_loading": true}]);
+        assert!(tools(Some(&deferred), None, IGNORE).unwrap().is_none());
+        let err = tools(Some(&json!([{"name": "f", "input_schema": {}, "defer_loading": 1}])), None, IGNORE)
+            .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tools[0].defer_loading"));
     }
 }

@@ -257,6 +257,17 @@ async fn count_tokens_counts_what_the_template_renders() -> Result<()> {
     let tools = count(json!({"model": "smol", "messages": messages, "tools": weather_tools()})).await?;
     // SmolLM2's template has a default system prompt, longer than "Be brief.".
     assert!(plain > 5 && system != plain && tools > plain, "{plain} {system} {tools}");
+    // A deferred tool (`defer_loading`, as Claude Code sends a placeholder) stays out of the
+    // prompt until a search loads it: the count is that of the other tools alone.
+    let mut with_deferred = weather_tools();
+    with_deferred.as_array_mut().unwrap().push(json!({"name": "later", "description": "Loaded by search",
+        "input_schema": {"type": "object", "properties": {}}, "defer_loading": true}));
+    let deferred = count(json!({"model": "smol", "messages": messages, "tools": with_deferred})).await?;
+    assert_eq!(deferred, tools);
+    let mut b = body("What is the capital of France?", json!({"tools": with_deferred}));
+    b["max_tokens"] = json!(1);
+    let (status, m) = post(&b).await?;
+    assert_eq!(status, 200, "{m}");
     // A count may exceed the context (1024 here); only a message must fit.
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(150);
     let over = count(json!({"model": "smol", "messages": [{"role": "user", "content": long}]})).await?;
