@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use crate::harness::{
     assert_error_shape, client, metric, metrics_text, post_json, shared, SseReader, TestServer, API_KEY,
 };
+use crate::responses::output_text;
 
 /// Places in the bounded server's store.
 const STORED: usize = 3;
@@ -53,17 +54,6 @@ fn long_body() -> Value {
         json!({"background": true, "max_output_tokens": 700,
                "text": {"format": {"type": "json_schema", "name": "numbers", "schema": schema}}}),
     )
-}
-
-fn output_text(r: &Value) -> String {
-    r["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i["type"] == "message")
-        .flat_map(|i| i["content"].as_array().unwrap().iter())
-        .filter_map(|p| p["text"].as_str())
-        .collect()
 }
 
 async fn get(server: &TestServer, path: &str) -> Result<(u16, Value)> {

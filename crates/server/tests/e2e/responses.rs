@@ -20,7 +20,8 @@ fn body(input: Value, extra: Value) -> Value {
     b
 }
 
-fn output_text(r: &Value) -> String {
+/// The text of a response's message items, in order.
+pub(crate) fn output_text(r: &Value) -> String {
     r["output"]
         .as_array()
         .unwrap()
