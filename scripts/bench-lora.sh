@@ -5,10 +5,12 @@
 # The adapters are random GGUF LoRA files of --rank on all seven projections of every layer
 # (scripts/random_lora_gguf.py): they cost what trained adapters of that rank cost. The base runs
 # on a server without --enable-lora. Prints a markdown table of medians (min-max) and the median
-# of per-round ratios against the base at the same streams.
+# of per-round ratios against the base at the same streams. --adapter-dtype bf16 writes the
+# adapters in bfloat16 (alpha / rank = 2, so the server keeps them in bfloat16: half the bytes);
+# --server-args "--lora-dtype bfloat16" instead rounds f32 adapters on load.
 #
-#   scripts/bench-lora.sh [--rounds 3] [--rank 16] [--input-len 128] [--output-len 128]
-#                         [--model PATH] [--out DIR] [--server-args "ARGS"]
+#   scripts/bench-lora.sh [--rounds 3] [--rank 16] [--adapter-dtype f32|bf16] [--input-len 128]
+#                         [--output-len 128] [--model PATH] [--out DIR] [--server-args "ARGS"]
 #
 # With PAGODA_BIN and PAGODA_BENCH_BIN set (binaries built elsewhere) nothing is built. It never
 # pauses or signals processes it did not start.
@@ -17,6 +19,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 rounds=3
 rank=16
+adapter_dtype=f32
 input_len=128
 output_len=128
 model="$repo/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,12 +31,13 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --rounds) rounds="$2"; shift ;;
     --rank) rank="$2"; shift ;;
+    --adapter-dtype) adapter_dtype="$2"; shift ;;
     --input-len) input_len="$2"; shift ;;
     --output-len) output_len="$2"; shift ;;
     --model) model="$2"; shift ;;
     --out) out="$2"; shift ;;
     --server-args) server_args="$2"; shift ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "bench-lora: unknown argument $1" >&2; exit 1 ;;
     esac
     shift
@@ -46,7 +50,12 @@ pagoda_binaries "$repo"
 mkdir -p "$out/adapters"
 trap stop_server EXIT
 
-python3 "$repo/scripts/random_lora_gguf.py" "$model" "$out/adapters" --count 4 --rank "$rank" >&2
+case "$adapter_dtype" in
+f32 | bf16) ;;
+*) echo "bench-lora: --adapter-dtype is f32 or bf16, not $adapter_dtype" >&2; exit 1 ;;
+esac
+python3 "$repo/scripts/random_lora_gguf.py" "$model" "$out/adapters" --count 4 --rank "$rank" \
+    --dtype "$adapter_dtype" >&2
 modules=()
 for i in 0 1 2 3; do modules+=("l$i=$out/adapters/lora-$i.gguf"); done
 lora_flags=(--enable-lora --lora-modules "${modules[@]}" --max-loras 4 --max-lora-rank "$rank")
@@ -84,7 +93,7 @@ for round in $(seq 1 "$rounds"); do
     done
 done
 
-echo "bench-lora: rank $rank, $input_len prompt / $output_len output tokens, model $model, $(nproc) cores" >&2
+echo "bench-lora: rank $rank ($adapter_dtype adapters), $input_len prompt / $output_len output tokens, model $model, $(nproc) cores" >&2
 python3 - "$out" "$rounds" <<'EOF'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])

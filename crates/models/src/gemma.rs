@@ -108,12 +108,14 @@ impl Gemma {
             residual = Some(sum);
             let [gate, up]: [Tensor; 2] =
                 layer.gate_up_proj.forward(&normed)?.try_into().expect("two projections");
+            // Gate and up share their input: one LoRA op for both (one parallel loop on the CPU).
             let (gate, up) = match input.lora {
                 None => (gate, up),
-                Some(lora) => (
-                    lora.apply(i, LoraModule::Gate, &normed, gate)?,
-                    lora.apply(i, LoraModule::Up, &normed, up)?,
-                ),
+                Some(lora) => {
+                    let [gate, up] =
+                        lora.apply_parts(i, [LoraModule::Gate, LoraModule::Up], &normed, [gate, up])?;
+                    (gate, up)
+                }
             };
             // The fused op on the CPU (candle's GELU goes through libm's tanh per element).
             let activated = if gate.device().is_cpu() {

@@ -57,6 +57,22 @@ impl LoraModule {
     }
 }
 
+/// How an f32 model stores its adapters' matrices (`--lora-dtype`); models computing in a half
+/// dtype store them in that dtype whatever this says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LoraDtype {
+    /// bfloat16 where that loses nothing: a projection whose file matrices are bfloat16 and whose
+    /// scaled `B` (`alpha / r` times the file's) is still exactly bfloat16 (a power-of-two scale,
+    /// as `alpha` = `r` or `2r` gives). Every other projection is f32.
+    #[default]
+    Auto,
+    /// f32 always (the file's values, exactly, whatever its dtype).
+    Float32,
+    /// bfloat16 always: f32 and f16 files' values, and scaled `B`s, rounded to the nearest
+    /// bfloat16 (relative error up to 2^-9 per value). Half the bytes a step reads of f32.
+    Bfloat16,
+}
+
 /// One adapted projection: `A` (`[r, in]`) and `s * B^T` (`[r, out]`, as `lora_add` takes it).
 #[derive(Debug, Clone)]
 struct LoraPair {
@@ -68,6 +84,8 @@ struct LoraPair {
 #[derive(Debug)]
 pub struct LoraAdapter {
     layers: Vec<[Option<LoraPair>; 7]>,
+    /// The model's dtype: pairs kept in bfloat16 for the CPU take it on other devices.
+    dtype: DType,
 }
 
 impl LoraAdapter {
@@ -85,7 +103,18 @@ impl LoraAdapter {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let adapter = Self::read(path, config, max_rank, dtype, &Confinement::default())
+        Self::load_as(path, config, max_rank, (dtype, LoraDtype::Auto), device)
+    }
+
+    /// [`Self::load`] with the storage `lora_dtype` asks for (of an f32 model).
+    pub fn load_as(
+        path: &Path,
+        config: &ModelConfig,
+        max_rank: usize,
+        (dtype, lora_dtype): (DType, LoraDtype),
+        device: &Device,
+    ) -> Result<Self> {
+        let adapter = Self::read_as(path, config, max_rank, (dtype, lora_dtype), &Confinement::default())
             .map_err(|source| ModelError::Adapter { path: path.to_path_buf(), source: Box::new(source) })?;
         adapter.to_device(device)
     }
@@ -97,6 +126,17 @@ impl LoraAdapter {
         config: &ModelConfig,
         max_rank: usize,
         dtype: DType,
+        confine: &Confinement,
+    ) -> std::result::Result<Self, AdapterError> {
+        Self::read_as(path, config, max_rank, (dtype, LoraDtype::Auto), confine)
+    }
+
+    /// [`Self::read`] with the storage `lora_dtype` asks for (of an f32 model).
+    pub fn read_as(
+        path: &Path,
+        config: &ModelConfig,
+        max_rank: usize,
+        (dtype, lora_dtype): (DType, LoraDtype),
         confine: &Confinement,
     ) -> std::result::Result<Self, AdapterError> {
         let limit = max_adapter_bytes(config, max_rank);
@@ -145,7 +185,27 @@ impl LoraAdapter {
                     p.b.dims()
                 )));
             }
-            let a = p.a.to_dtype(dtype)?.to_device(device)?;
+            // The dtype the pair is kept in: bfloat16 only for an f32 model (the CPU kernel reads
+            // it beside f32 rows), where lossless or asked for.
+            let half = dtype == DType::F32
+                && match lora_dtype {
+                    LoraDtype::Float32 => false,
+                    LoraDtype::Bfloat16 => true,
+                    LoraDtype::Auto => {
+                        p.a.dtype() == DType::BF16
+                            && p.b.dtype() == DType::BF16
+                            && exactly_bf16(&(p.b.to_dtype(DType::F64)? * p.scale)?.to_dtype(DType::F32)?)?
+                    }
+                };
+            // Through f32 to bfloat16: half's f64-to-bfloat16 drops low bits before rounding.
+            let narrow = |t: Tensor| {
+                if half {
+                    t.to_dtype(DType::F32)?.to_dtype(DType::BF16)
+                } else {
+                    t.to_dtype(dtype)
+                }
+            };
+            let a = narrow(p.a.clone())?.to_device(device)?;
             let mut first_row = 0;
             for &module in parts {
                 let rows = module.dims(config).1;
@@ -160,23 +220,25 @@ impl LoraAdapter {
                     Some(heads) if file.qk_rows != model_rows => reorder_rotary_rows(&b, heads, model_rows)?,
                     _ => b,
                 };
-                let b = (b.t()?.to_dtype(DType::F64)? * p.scale)?
-                    .to_dtype(dtype)?
-                    .contiguous()?
-                    .to_device(device)?;
+                let b = narrow((b.t()?.to_dtype(DType::F64)? * p.scale)?)?.contiguous()?.to_device(device)?;
                 layers[p.layer][module as usize] = Some(LoraPair { a: a.clone(), b });
             }
         }
-        Ok(Self { layers })
+        Ok(Self { layers, dtype })
     }
 
-    /// The adapter with its weights on `device`.
+    /// The adapter with its weights on `device` (a GPU takes them in the model's dtype: only
+    /// the CPU kernel reads bfloat16 beside f32).
     pub fn to_device(self, device: &Device) -> Result<Self> {
         if device.is_cpu() {
             return Ok(self);
         }
+        let dtype = self.dtype;
         let move_pair = |p: LoraPair| -> Result<LoraPair> {
-            Ok(LoraPair { a: p.a.to_device(device)?, b: p.b.to_device(device)? })
+            Ok(LoraPair {
+                a: p.a.to_dtype(dtype)?.to_device(device)?,
+                b: p.b.to_dtype(dtype)?.to_device(device)?,
+            })
         };
         let layers = self
             .layers
@@ -187,7 +249,15 @@ impl LoraAdapter {
                 Ok(moved.try_into().unwrap_or_else(|_| unreachable!("seven modules in, seven out")))
             })
             .collect::<Result<_>>()?;
-        Ok(Self { layers })
+        Ok(Self { layers, dtype })
+    }
+
+    /// The dtype of the adapter's matrices on the CPU: bfloat16 when every pair is kept so,
+    /// f32 when none is, `None` when they are mixed (or the adapter adapts nothing).
+    pub fn weight_dtype(&self) -> Option<DType> {
+        let mut dtypes = self.layers.iter().flatten().flatten().map(|p| p.a.dtype());
+        let first = dtypes.next()?;
+        dtypes.all(|d| d == first).then_some(first)
     }
 
     fn pair(&self, layer: usize, module: LoraModule) -> Option<&LoraPair> {
@@ -227,11 +297,14 @@ pub fn max_adapter_bytes(config: &ModelConfig, max_rank: usize) -> u64 {
 pub struct AdapterReader {
     config: ModelConfig,
     dtype: DType,
+    lora_dtype: LoraDtype,
 }
 
 impl AdapterReader {
-    pub fn new(config: ModelConfig, dtype: DType) -> Self {
-        Self { config, dtype }
+    /// A reader for a model of shape `config` computing in `dtype`, storing adapters as
+    /// `lora_dtype` asks.
+    pub fn new(config: ModelConfig, dtype: DType, lora_dtype: LoraDtype) -> Self {
+        Self { config, dtype, lora_dtype }
     }
 
     /// The adapter at `path` ([`LoraAdapter::read`]), ready for the engine to install.
@@ -241,7 +314,8 @@ impl AdapterReader {
         max_rank: usize,
         confine: &Confinement,
     ) -> std::result::Result<pagoda_engine::PreparedLora, AdapterError> {
-        Ok(Box::new(LoraAdapter::read(path, &self.config, max_rank, self.dtype, confine)?))
+        let dtypes = (self.dtype, self.lora_dtype);
+        Ok(Box::new(LoraAdapter::read_as(path, &self.config, max_rank, dtypes, confine)?))
     }
 }
 
@@ -327,6 +401,13 @@ fn reorder_rotary_rows(b: &Tensor, heads: usize, to: QkRows) -> candle_core::Res
         QkRows::Halves => b.reshape((heads, half, 2, r))?.transpose(1, 2)?,
     };
     reordered.contiguous()?.reshape((rows, r))
+}
+
+/// Whether every value of `t` is a bfloat16 (rounding to bfloat16 and back gives it again; a NaN
+/// never does, so an adapter holding one stays f32).
+fn exactly_bf16(t: &Tensor) -> candle_core::Result<bool> {
+    let back = t.to_dtype(DType::BF16)?.to_dtype(t.dtype())?;
+    Ok(back.ne(t)?.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? == 0.0)
 }
 
 fn same(a: &Option<Arc<LoraAdapter>>, b: &Option<Arc<LoraAdapter>>) -> bool {

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::quantized::gguf_file;
-use candle_core::{Device, Tensor};
+use candle_core::quantized::{gguf_file, GgmlDType};
+use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
 use crate::lora::LoraModule;
@@ -67,8 +67,8 @@ impl FileModule {
     ];
 }
 
-/// One adapted projection as read: `A` `[r, in]`, `B` `[out, r]` (f32 or the file's dtype, on
-/// the CPU) and the scale of `B A`.
+/// One adapted projection as read: `A` `[r, in]`, `B` `[out, r]` (the file's dtype, or f32 for
+/// a GGUF type other than F32 and BF16; on the CPU) and the scale of `B A`.
 pub(crate) struct FilePair {
     pub layer: usize,
     pub module: FileModule,
@@ -242,9 +242,14 @@ fn read_gguf(path: &Path, confine: &Confinement, limit: u64) -> Result<AdapterFi
                 "tensor `{name}` is not a LoRA weight of a q, k, v, o, gate, up or down projection"
             )));
         };
+        // bfloat16 stays bfloat16 (exactly: it widens to f32 and narrows back), for an f32
+        // model that keeps adapters in their files' dtype; other types become f32.
         let tensor = content
             .tensor(&mut reader, name, &Device::Cpu)
-            .and_then(|q| q.dequantize(&Device::Cpu))
+            .and_then(|q| match q.dtype() {
+                GgmlDType::BF16 => q.dequantize(&Device::Cpu)?.to_dtype(DType::BF16),
+                _ => q.dequantize(&Device::Cpu),
+            })
             .map_err(|e| err(format!("{name}: {e}")))?;
         let entry = halves.entry((layer, module)).or_default();
         if ab == "a" {

@@ -11,7 +11,7 @@ use crate::error::{ModelError, Result};
 use crate::gemma::Gemma;
 use crate::kv_cache::KvCache;
 use crate::llama::Llama;
-use crate::lora::{LoraAdapter, LoraBatch};
+use crate::lora::{LoraAdapter, LoraBatch, LoraDtype};
 use crate::pooling::Pooling;
 use crate::weights::WeightSource;
 
@@ -95,6 +95,8 @@ pub struct Model {
     pooling: Option<Pooling>,
     /// The LoRA adapters loaded, by the engine's ids.
     loras: std::collections::HashMap<pagoda_engine::LoraId, std::sync::Arc<LoraAdapter>>,
+    /// How [`Model::add_lora`] stores adapters (`--lora-dtype`).
+    lora_dtype: LoraDtype,
 }
 
 enum Architecture {
@@ -138,7 +140,13 @@ impl Model {
             "bert" => Architecture::Bert(Bert::load(source, config)?),
             _ => Architecture::Llama(Llama::load(source, config, device)?),
         };
-        Ok(Self { architecture, dtype, pooling: None, loras: Default::default() })
+        Ok(Self {
+            architecture,
+            dtype,
+            pooling: None,
+            loras: Default::default(),
+            lora_dtype: LoraDtype::Auto,
+        })
     }
 
     /// Loads the adapter at `dir` (PEFT directory or GGUF LoRA file) under `id`, its weights on
@@ -160,9 +168,20 @@ impl Model {
         if self.loras.contains_key(&id) {
             return Err(ModelError::InvalidOption(format!("LoRA id {id} is already loaded")));
         }
-        let adapter = LoraAdapter::load(dir, self.config(), max_rank, self.dtype, device)?;
+        let dtypes = (self.dtype, self.lora_dtype);
+        let adapter = LoraAdapter::load_as(dir, self.config(), max_rank, dtypes, device)?;
         self.loras.insert(id, std::sync::Arc::new(adapter));
         Ok(())
+    }
+
+    /// The dtype adapter `id`'s matrices are kept in ([`LoraAdapter::weight_dtype`]).
+    pub fn lora_weight_dtype(&self, id: pagoda_engine::LoraId) -> Option<DType> {
+        self.loras.get(&id).and_then(|a| a.weight_dtype())
+    }
+
+    /// How adapters loaded from now on store their matrices (of an f32 model; see [`LoraDtype`]).
+    pub fn set_lora_dtype(&mut self, lora_dtype: LoraDtype) {
+        self.lora_dtype = lora_dtype;
     }
 
     /// Installs `adapter`, read for this model by [`LoraAdapter::read`], under `id`, its

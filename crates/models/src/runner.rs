@@ -177,6 +177,11 @@ impl ModelRunner {
         self.model.add_lora(id, dir, max_rank, &self.device)
     }
 
+    /// How adapters added from now on store their matrices ([`Model::set_lora_dtype`]).
+    pub fn set_lora_dtype(&mut self, lora_dtype: crate::lora::LoraDtype) {
+        self.model.set_lora_dtype(lora_dtype);
+    }
+
     /// Drops adapter `id`; false when it was not loaded.
     pub fn remove_lora(&mut self, id: LoraId) -> bool {
         self.model.remove_lora(id)

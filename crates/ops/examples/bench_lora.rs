@@ -6,11 +6,15 @@
 //! step either calls `lora_add` once per projection (7 per layer) or `lora_add_parts` with the
 //! projections sharing an input together (Q/K/V and gate/up: 4 calls per layer).
 //!
-//! Run: `cargo run --release -p pagoda-ops --example bench_lora [steps]`
+//! `lora_add_parts` also runs with the adapters' matrices in bfloat16 (an f32 model's adapter
+//! kept in its file's bfloat16: half the bytes).
+//!
+//! Run: `cargo run --release -p pagoda-ops --example bench_lora [steps] [rows]` (rows: only the
+//! steps of 1 or of 32 rows, for a profile).
 
 use std::time::Instant;
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use pagoda_ops::{lora_add, lora_add_parts, LoraPart, LoraSegment};
 
 const LAYERS: usize = 30;
@@ -33,7 +37,7 @@ const GROUPS: [&[usize]; 4] = [&[0, 1, 2], &[3], &[4, 5], &[6]];
 /// One adapter's `(a, b)` per layer and projection.
 type Adapter = Vec<Vec<(Tensor, Tensor)>>;
 
-fn adapter(rank: usize) -> Result<Adapter> {
+fn adapter(rank: usize, dtype: DType) -> Result<Adapter> {
     let dev = &Device::Cpu;
     (0..LAYERS)
         .map(|_| {
@@ -41,8 +45,8 @@ fn adapter(rank: usize) -> Result<Adapter> {
                 .iter()
                 .map(|&(i, o)| {
                     Ok((
-                        Tensor::randn(0f32, 0.05, (rank, i), dev)?,
-                        Tensor::randn(0f32, 0.02, (rank, o), dev)?,
+                        Tensor::randn(0f32, 0.05, (rank, i), dev)?.to_dtype(dtype)?,
+                        Tensor::randn(0f32, 0.02, (rank, o), dev)?.to_dtype(dtype)?,
                     ))
                 })
                 .collect()
@@ -93,9 +97,9 @@ fn step(
     Ok(())
 }
 
-fn bench(rows: usize, adapters: usize, rank: usize, fused: bool, steps: usize) -> Result<()> {
+fn bench(rows: usize, adapters: usize, rank: usize, fused: bool, dtype: DType, steps: usize) -> Result<()> {
     let dev = &Device::Cpu;
-    let adapters: Vec<Adapter> = (0..adapters).map(|_| adapter(rank)).collect::<Result<_>>()?;
+    let adapters: Vec<Adapter> = (0..adapters).map(|_| adapter(rank, dtype)).collect::<Result<_>>()?;
     // x of width HIDDEN at index 0, of width FFN (the down projection's input) at index 1 and 2.
     let xs: Vec<Tensor> = [HIDDEN, FFN, FFN]
         .iter()
@@ -118,7 +122,7 @@ fn bench(rows: usize, adapters: usize, rank: usize, fused: bool, steps: usize) -
     let macs: usize = PROJECTIONS.iter().map(|&(i, o)| rank * (i + o)).sum::<usize>() * LAYERS * rows;
     let median = times[times.len() / 2];
     println!(
-        "{rows:>2} rows, {} adapter(s), rank {rank:>2}, {:<14}: median {median:7.3} ms/step, min {:7.3} ms, \
+        "{rows:>2} rows, {} {dtype:?} adapter(s), rank {rank:>2}, {:<14}: median {median:7.3} ms/step, min {:7.3} ms, \
          {:5.1} GMAC/s (median)",
         adapters.len(),
         if fused { "lora_add_parts" } else { "lora_add" },
@@ -130,12 +134,17 @@ fn bench(rows: usize, adapters: usize, rank: usize, fused: bool, steps: usize) -
 
 fn main() -> Result<()> {
     let steps = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(30);
+    let only: Option<usize> = std::env::args().nth(2).and_then(|a| a.parse().ok());
+    let bench = |rows, adapters, rank, fused, dtype, steps| match only {
+        Some(r) if r != rows => Ok(()),
+        _ => bench(rows, adapters, rank, fused, dtype, steps),
+    };
     println!("rayon threads: {}", rayon::current_num_threads());
     for rank in [16, 8] {
-        for fused in [false, true] {
-            bench(1, 1, rank, fused, steps * 4)?;
-            bench(1, 4, rank, fused, steps * 4)?;
-            bench(32, 4, rank, fused, steps)?;
+        for (fused, dtype) in [(false, DType::F32), (true, DType::F32), (true, DType::BF16)] {
+            bench(1, 1, rank, fused, dtype, steps * 4)?;
+            bench(1, 4, rank, fused, dtype, steps * 4)?;
+            bench(32, 4, rank, fused, dtype, steps)?;
         }
     }
     Ok(())

@@ -3,7 +3,8 @@
 //! gather: shrink to the rank, then expand), rows of no segment pass through. `A` is `[r, in]`
 //! (PEFT's layout) and `B` is given transposed, `[r, out]`, already scaled by `alpha / r`: the
 //! expansion then reads contiguous rows of outputs (vector adds on the CPU, coalesced loads on a
-//! GPU). [`lora_add_parts`] takes several projections of the same input (Q/K/V, gate/up) in
+//! GPU). The matrices are of `x`'s dtype, or on the CPU bfloat16 whatever `x`'s (read widened
+//! to f32, so an f32 model's bfloat16 adapter gives the bits of f32 matrices of its values). [`lora_add_parts`] takes several projections of the same input (Q/K/V, gate/up) in
 //! one call: on the CPU one parallel loop for all of them ([`crate::lora_cpu`]).
 //!
 //! Each output row is computed from its own input row alone, in a fixed order (on the CPU the
@@ -12,7 +13,7 @@
 //! `--batch-invariant` needs. On Metal the segments run as candle matmuls.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Storage, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Storage, Tensor, WithDType};
 
 use crate::check::{self, invalid};
 use crate::dtype::{check_float, with_float};
@@ -129,7 +130,11 @@ fn check_part(base: &Tensor, x: &Tensor, segments: &[LoraSegment]) -> Result<(us
             return Err(invalid(OP, format!("a is [{r}, {a_in}], x rows are {input} wide")));
         }
         for m in [&s.a, &s.b] {
-            check::dtype_is(m, x.dtype(), OP)?;
+            // The CPU kernel also reads bfloat16 matrices beside wider inputs (an f32 model's
+            // adapter kept in its file's bfloat16).
+            if !(x.device().is_cpu() && m.dtype() == DType::BF16) {
+                check::dtype_is(m, x.dtype(), OP)?;
+            }
             check::same_device(m, x, OP)?;
         }
     }
@@ -447,5 +452,63 @@ mod tests {
         assert_eq!(same.to_vec2::<f32>().unwrap(), empty_base.to_vec2::<f32>().unwrap());
         let nothing = lora_add(&random(11, &[4, 0]), &x, &[segment(7, 0, 2, 2, 8, 0)]).unwrap();
         assert_eq!(nothing.dims(), [4, 0]);
+    }
+
+    /// bfloat16 matrices beside f32 rows (an f32 model's bfloat16 adapter) give the bits of f32
+    /// matrices holding the same values, through both entry points and in a pool of one thread or
+    /// four; on other devices the dtypes must still match.
+    #[test]
+    fn bfloat16_matrices_give_the_bits_of_f32_ones() {
+        let (rows, input) = (7, 67);
+        let x = random(90, &[rows, input]);
+        let round = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+        let parts16: Vec<LoraPart> = [150, 21]
+            .iter()
+            .enumerate()
+            .map(|(p, &out)| {
+                let s = segment(91 + p as u64, 1, 5, 16, input, out);
+                LoraPart {
+                    base: random(95 + p as u64, &[rows, out]),
+                    segments: vec![LoraSegment { a: round(s.a), b: round(s.b), ..s }],
+                }
+            })
+            .collect();
+        let parts32: Vec<LoraPart> = parts16
+            .iter()
+            .map(|p| LoraPart {
+                base: p.base.clone(),
+                segments: p
+                    .segments
+                    .iter()
+                    .map(|s| LoraSegment {
+                        a: s.a.to_dtype(DType::F32).unwrap(),
+                        b: s.b.to_dtype(DType::F32).unwrap(),
+                        ..s.clone()
+                    })
+                    .collect(),
+            })
+            .collect();
+        let bits = |t: &Tensor| {
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+        for threads in [1, 4] {
+            let want = pool(threads).install(|| lora_add_parts(&x, &parts32)).unwrap();
+            let got = pool(threads).install(|| lora_add_parts(&x, &parts16)).unwrap();
+            for (p, (got, want)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(got.dtype(), DType::F32);
+                assert_eq!(bits(got), bits(want), "part {p}, {threads} threads");
+                let alone = lora_add(&parts16[p].base, &x, &parts16[p].segments).unwrap();
+                assert_eq!(bits(&alone), bits(want), "part {p} through lora_add");
+            }
+        }
+        // f16 matrices beside f32 rows are still refused.
+        let s = &parts16[0].segments[0];
+        let f16 = LoraSegment {
+            a: s.a.to_dtype(DType::F16).unwrap(),
+            b: s.b.to_dtype(DType::F16).unwrap(),
+            ..s.clone()
+        };
+        assert!(lora_add(&parts16[0].base, &x, &[f16]).is_err());
     }
 }

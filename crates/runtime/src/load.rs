@@ -254,7 +254,7 @@ impl LoadedRuntime {
         let lora_reader = options
             .lora
             .as_ref()
-            .map(|_| Arc::new(AdapterReader::new(config.clone(), runner.model().dtype())));
+            .map(|l| Arc::new(AdapterReader::new(config.clone(), runner.model().dtype(), l.dtype)));
         let mut gpu_kv_budget = None;
         let num_blocks = match options.num_blocks {
             Some(n) => n,
@@ -484,6 +484,7 @@ fn load_loras(
     options: &RuntimeOptions,
 ) -> Result<Vec<(String, LoraId, PathBuf)>, RuntimeError> {
     let Some(lora) = &options.lora else { return Ok(Vec::new()) };
+    runner.set_lora_dtype(lora.dtype);
     let mut loaded = Vec::with_capacity(lora.modules.len());
     for (i, (name, path)) in lora.modules.iter().enumerate() {
         let id = i as LoraId + 1;
@@ -492,7 +493,8 @@ fn load_loras(
             path: path.clone(),
             source: Box::new(source),
         })?;
-        tracing::info!(name = %name, id, path = %path.display(), "LoRA adapter loaded");
+        let weights = runner.model().lora_weight_dtype(id).map_or("mixed".into(), |d| d.as_str().to_owned());
+        tracing::info!(name = %name, id, path = %path.display(), weights = %weights, "LoRA adapter loaded");
         loaded.push((name.clone(), id, path.clone()));
     }
     Ok(loaded)

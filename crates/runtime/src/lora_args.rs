@@ -1,9 +1,11 @@
 //! The LoRA flags, as vLLM names them: `--enable-lora`, the adapters loaded at start-up
 //! (`--lora-modules NAME=PATH ...`) and the limits (`--max-loras` in one step, `--max-lora-rank`,
-//! `--max-cpu-loras` held at once), as given ([`LoraArgs`]) and checked ([`LoraSettings`]).
+//! `--max-cpu-loras` held at once), as given ([`LoraArgs`]) and checked ([`LoraSettings`]); and
+//! `--lora-dtype`, how an f32 model stores adapters' matrices.
 
 use std::path::PathBuf;
 
+use pagoda_models::lora::LoraDtype;
 use serde::Deserialize;
 
 use crate::engine_args::ArgsError;
@@ -43,6 +45,36 @@ pub struct LoraArgs {
     /// is given.
     #[arg(long, num_args = 1.., value_name = "DIR")]
     pub lora_dirs: Option<Vec<PathBuf>>,
+    /// How a float32 model stores adapters' matrices (half dtypes store them in theirs). auto:
+    /// bfloat16 where the file's are bfloat16 and alpha / r keeps them exact (a power of two),
+    /// else float32; no value changes. bfloat16: rounds every value to bfloat16 (lossy; half the
+    /// bytes of float32, read faster at small batches). [default: auto]
+    #[arg(long, value_enum)]
+    pub lora_dtype: Option<LoraDtypeArg>,
+}
+
+/// `--lora-dtype`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LoraDtypeArg {
+    #[default]
+    Auto,
+    #[value(alias = "f32")]
+    #[serde(alias = "f32")]
+    Float32,
+    #[value(alias = "bf16")]
+    #[serde(alias = "bf16")]
+    Bfloat16,
+}
+
+impl From<LoraDtypeArg> for LoraDtype {
+    fn from(arg: LoraDtypeArg) -> Self {
+        match arg {
+            LoraDtypeArg::Auto => LoraDtype::Auto,
+            LoraDtypeArg::Float32 => LoraDtype::Float32,
+            LoraDtypeArg::Bfloat16 => LoraDtype::Bfloat16,
+        }
+    }
 }
 
 /// The LoRA settings of a server that serves adapters.
@@ -57,6 +89,8 @@ pub struct LoraSettings {
     pub allow_runtime_updating: bool,
     /// Where run-time loads may read from; anywhere when empty.
     pub allowed_dirs: Vec<PathBuf>,
+    /// How an f32 model stores adapters (`--lora-dtype`).
+    pub dtype: LoraDtype,
 }
 
 fn invalid(flag: &'static str, message: impl Into<String>) -> ArgsError {
@@ -76,6 +110,7 @@ impl LoraArgs {
                 .allow_runtime_lora_updating
                 .or(file.allow_runtime_lora_updating),
             lora_dirs: self.lora_dirs.or(file.lora_dirs),
+            lora_dtype: self.lora_dtype.or(file.lora_dtype),
         }
     }
 
@@ -90,6 +125,7 @@ impl LoraArgs {
                 ("--max-cpu-loras", self.max_cpu_loras.is_some()),
                 ("--allow-runtime-lora-updating", self.allow_runtime_lora_updating.is_some()),
                 ("--lora-dirs", self.lora_dirs.is_some()),
+                ("--lora-dtype", self.lora_dtype.is_some()),
             ];
             return match given.into_iter().find(|(_, set)| *set) {
                 Some((flag, _)) => Err(invalid(flag, "needs --enable-lora")),
@@ -132,6 +168,7 @@ impl LoraArgs {
             max_cpu_loras,
             allow_runtime_updating: self.allow_runtime_lora_updating.unwrap_or(false),
             allowed_dirs: self.lora_dirs.unwrap_or_default(),
+            dtype: self.lora_dtype.unwrap_or_default().into(),
         }))
     }
 }
@@ -165,5 +202,19 @@ mod tests {
             "--max-cpu-loras"
         );
         assert_eq!(LoraArgs::default().settings().unwrap(), None);
+    }
+
+    #[test]
+    fn lora_dtype_defaults_to_auto_and_needs_enable_lora() {
+        assert_eq!(args(true, &[]).settings().unwrap().unwrap().dtype, LoraDtype::Auto);
+        let bf16 = LoraArgs { lora_dtype: Some(LoraDtypeArg::Bfloat16), ..args(true, &[]) };
+        assert_eq!(bf16.settings().unwrap().unwrap().dtype, LoraDtype::Bfloat16);
+        let off = LoraArgs { lora_dtype: Some(LoraDtypeArg::Float32), ..LoraArgs::default() };
+        assert_eq!(off.settings().unwrap_err().flag, "--lora-dtype");
+        // A flag over a config file's value.
+        let flag = LoraArgs { lora_dtype: Some(LoraDtypeArg::Float32), ..LoraArgs::default() };
+        let file: LoraArgs = serde_json::from_str(r#"{"lora-dtype": "bf16"}"#).unwrap();
+        assert_eq!(flag.or(file.clone()).lora_dtype, Some(LoraDtypeArg::Float32));
+        assert_eq!(LoraArgs::default().or(file).lora_dtype, Some(LoraDtypeArg::Bfloat16));
     }
 }

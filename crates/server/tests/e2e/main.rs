@@ -25,6 +25,7 @@ mod kv_events;
 mod kv_events_hostile;
 mod load;
 mod lora;
+mod lora_dtype;
 mod lora_hostile;
 mod lora_runtime;
 mod messages;
