@@ -25,7 +25,8 @@
 #   --timeout SECS   per client (default 300)
 #   --max-output N   output token cap given to the clients (default 1024: Claude Code sends no
 #                    temperature, and at the default 1 a small model may ramble for a while)
-#   --context-window N  the model's context window, told to Codex (default 8192)
+#   --context-window N  the model's context window, told to Codex (default 8192; with --as-shipped,
+#                    told only when given, e.g. 32768 for a server run with --rope-scaling)
 #   --full-prompts   run Claude Code with its default tools and Codex with its own instructions and
 #                    tools (about 10k tokens each: needs a 32k-context model); by default both are
 #                    trimmed to fit an 8k context (see docs/agent-clients.md)
@@ -59,6 +60,7 @@ ONLY=claude,codex,sdk
 TIMEOUT=300
 MAX_OUTPUT=1024
 CONTEXT_WINDOW=8192
+CONTEXT_WINDOW_GIVEN=0
 FULL_PROMPTS=0
 AS_SHIPPED=0
 INSTALL_ONLY=0
@@ -76,7 +78,7 @@ while [ $# -gt 0 ]; do
         --only) ONLY=${2:?}; shift 2 ;;
         --timeout) TIMEOUT=${2:?}; shift 2 ;;
         --max-output) MAX_OUTPUT=${2:?}; shift 2 ;;
-        --context-window) CONTEXT_WINDOW=${2:?}; shift 2 ;;
+        --context-window) CONTEXT_WINDOW=${2:?}; CONTEXT_WINDOW_GIVEN=1; shift 2 ;;
         --full-prompts) FULL_PROMPTS=1; shift ;;
         --as-shipped) AS_SHIPPED=1; FULL_PROMPTS=1; shift ;;
         --install-only) INSTALL_ONLY=1; shift ;;
@@ -268,6 +270,8 @@ run_codex() {
             echo "# Written by scripts/agent-clients.sh --as-shipped on each run."
             echo "model = \"$MODEL\""
             echo 'model_provider = "pagoda"'
+            # Only when asked: Codex otherwise assumes a context far above a small model's.
+            [ $CONTEXT_WINDOW_GIVEN = 0 ] || echo "model_context_window = $CONTEXT_WINDOW"
             echo
             echo '[model_providers.pagoda]'
             echo 'name = "Pagoda"'

@@ -21,7 +21,8 @@ pub(crate) struct Rope {
 }
 
 impl Rope {
-    /// Tables for base `theta` and `scaling`, with the GGUF's per-frequency divisors if any.
+    /// Tables for base `theta` and `scaling`, with the GGUF's per-frequency divisors if any, and
+    /// cos/sin times the scaling's attention factor (YaRN's; 1 otherwise).
     pub(crate) fn new(c: &ModelConfig, theta: f32, scaling: RopeScaling, device: &Device) -> Result<Self> {
         let mut inv_freq = pagoda_ops::rotary_inv_freq(theta, c.head_dim, scaling)?;
         if let Some(factors) = &c.rope_freq_factors {
@@ -34,8 +35,9 @@ impl Rope {
             }
             inv_freq.iter_mut().zip(factors).for_each(|(f, k)| *f /= *k as f64);
         }
+        let scale = scaling.attention_factor() as f64;
         let (cos, sin) =
-            pagoda_ops::rotary_tables_from_inv_freq(&inv_freq, c.max_position_embeddings, device)?;
+            pagoda_ops::rotary_tables_scaled(&inv_freq, c.max_position_embeddings, scale, device)?;
         Ok(Self { cos, sin, style: c.rope_style })
     }
 

@@ -11,6 +11,7 @@ pub mod classifier;
 pub mod config;
 mod config_gguf;
 mod config_hf;
+mod config_rope;
 mod decode_graphs;
 pub mod device_sampling;
 pub mod drafter;
@@ -37,6 +38,7 @@ pub mod runner;
 pub mod weights;
 
 pub use config::{ModelConfig, MoeConfig};
+pub use config_rope::{RopeOverrideError, RopeScalingOverride};
 pub use drafter::DraftModel;
 pub use error::{ModelError, Result};
 pub use kernel_plan::{CpuGemmDtype, CpuKernel, KernelPlan, KernelRequest, ResolvedPlan};

@@ -53,6 +53,9 @@ pub struct LoadOptions {
     /// Layer projections that load dense stored this way (`--quantization fp8`:
     /// [`crate::linear_fp8`]); `None` keeps them as loaded.
     pub quantization: Option<WeightQuantization>,
+    /// `--rope-scaling`: replaces the rope scaling the files declare (see
+    /// [`ModelConfig::with_rope_override`]).
+    pub rope_scaling: Option<crate::RopeScalingOverride>,
 }
 
 impl Default for LoadOptions {
@@ -65,6 +68,7 @@ impl Default for LoadOptions {
             kernel_plan: KernelPlan::default(),
             dummy_quantization: None,
             quantization: None,
+            rope_scaling: None,
         }
     }
 }
@@ -204,10 +208,12 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
                 config.rope_freq_factors = Some(factors.to_dtype(DType::F32)?.to_vec1()?);
             }
             config.long_rope = long_rope_of(path, &mut weights, &config)?;
+            let config = config.with_rope_override(options.rope_scaling.as_ref());
             Model::load(&mut weights, config, dtype, device)?
         }
         LoadFormat::Safetensors => {
-            let config = ModelConfig::from_hf_json(&path.join("config.json"))?;
+            let config = ModelConfig::from_hf_json(&path.join("config.json"))?
+                .with_rope_override(options.rope_scaling.as_ref());
             let mut weights = SafetensorsWeights::open(path, &config.architecture, device, dtype)?;
             weights.set_kernel_plan(plan);
             weights.set_quantization(options.quantization);
@@ -218,7 +224,8 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         }
         LoadFormat::Dummy => {
             let config_path = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
-            let config = ModelConfig::from_hf_json(&config_path)?;
+            let config =
+                ModelConfig::from_hf_json(&config_path)?.with_rope_override(options.rope_scaling.as_ref());
             let mut weights = DummyWeights::new(&config_path, device, dtype)
                 .quantized(options.dummy_quantization, options.dequantize == Some(true))
                 .stored_as(options.quantization);

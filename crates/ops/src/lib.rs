@@ -84,6 +84,9 @@ pub use paged_attention::{
 };
 pub use rms_norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_embedding, RotaryStyle};
-pub use rotary_tables::{rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, RopeScaling};
+pub use rotary_tables::{
+    rotary_inv_freq, rotary_tables, rotary_tables_from_inv_freq, rotary_tables_scaled, yarn_attention_factor,
+    RopeScaling,
+};
 pub use simd::{cpu_isa, ISA_ENV};
 pub use write_in_place::write_u32_in_place;

@@ -76,6 +76,17 @@ pub struct EngineArgs {
     /// what the KV cache holds]
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// Rope scaling in place of the model's own, as JSON in transformers' `rope_scaling` shape
+    /// (vLLM's `--hf-overrides '{"rope_scaling": ...}'`): `{"rope_type": "yarn", "factor": 4.0,
+    /// "original_max_position_embeddings": 8192}` (also `beta_fast` [32], `beta_slow` [1],
+    /// `attention_factor` [0.1 ln(factor) + 1], `mscale`, `mscale_all_dim`, `truncate` [true]),
+    /// `"linear"`, `"dynamic"` (NTK with the base fixed for the longest context, as vLLM),
+    /// `"llama3"` (`low_freq_factor` [1], `high_freq_factor` [4]) or `"default"` (none).
+    /// The model then covers `factor * original_max_position_embeddings` positions (the original
+    /// defaults to the model's trained context), and --max-model-len may go that far. A draft
+    /// model (--speculative-config) gets the same scaling. [default: the model's]
+    #[arg(long, value_name = "JSON")]
+    pub rope_scaling: Option<String>,
     /// Most sequences in one engine step. [default: 256]
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
@@ -186,6 +197,7 @@ impl EngineArgs {
             tokenizer: self.tokenizer.or(file.tokenizer),
             load_format: self.load_format.or(file.load_format),
             max_model_len: self.max_model_len.or(file.max_model_len),
+            rope_scaling: self.rope_scaling.or(file.rope_scaling),
             max_num_seqs: self.max_num_seqs.or(file.max_num_seqs),
             max_num_batched_tokens: self.max_num_batched_tokens.or(file.max_num_batched_tokens),
             max_waiting_requests: self.max_waiting_requests.or(file.max_waiting_requests),
@@ -237,6 +249,11 @@ impl EngineArgs {
             gpu_memory_utilization: a.gpu_memory_utilization.unwrap_or(DEFAULT_GPU_MEMORY_UTILIZATION),
             num_gpu_blocks_override: a.num_gpu_blocks_override,
             max_model_len: a.max_model_len,
+            rope_scaling: a
+                .rope_scaling
+                .map(|json| pagoda_models::RopeScalingOverride::parse(&json))
+                .transpose()
+                .map_err(|e| invalid("--rope-scaling", e.to_string()))?,
             max_num_seqs: a.max_num_seqs.unwrap_or(DEFAULT_MAX_NUM_SEQS),
             max_num_batched_tokens: a
                 .max_num_batched_tokens
@@ -281,6 +298,8 @@ pub struct EngineSettings {
     pub gpu_memory_utilization: f64,
     pub num_gpu_blocks_override: Option<usize>,
     pub max_model_len: Option<usize>,
+    /// `--rope-scaling`: replaces the model's rope scaling and sets its positions.
+    pub rope_scaling: Option<pagoda_models::RopeScalingOverride>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_waiting_requests: usize,

@@ -38,7 +38,7 @@ pub enum RuntimeError {
     CacheTooSmall { bytes: u64, block_size: usize },
     #[error(
         "--max-model-len {requested} is beyond this model's context of {model} tokens (its position \
-         embeddings end there); pass at most {model}, or leave it out"
+         embeddings end there); pass at most {model}, leave it out, or stretch the context with --rope-scaling"
     )]
     MaxModelLenBeyondModel { requested: usize, model: usize },
     #[error(transparent)]
@@ -167,6 +167,7 @@ impl LoadedRuntime {
             format: options.load_format,
             kernel_plan: plan.kernels,
             quantization: options.quantization,
+            rope_scaling: options.rope_scaling,
             ..LoadOptions::default()
         };
         if options.quantization.is_some() && options.device.is_cpu() {

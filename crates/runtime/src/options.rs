@@ -63,6 +63,8 @@ pub struct RuntimeOptions {
     /// profiling step (see `pagoda_models::kv_sizing`) instead of `kv_cache_bytes`.
     pub gpu_memory_utilization: Option<f64>,
     pub max_model_len: Option<usize>,
+    /// See [`pagoda_models::LoadOptions::rope_scaling`].
+    pub rope_scaling: Option<pagoda_models::RopeScalingOverride>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_waiting_requests: usize,
@@ -121,6 +123,7 @@ impl EngineSettings {
             // An explicit --kv-cache-memory wins; otherwise a GPU sizes its cache from free memory.
             gpu_memory_utilization: self.kv_cache_memory.is_none().then_some(self.gpu_memory_utilization),
             max_model_len: self.max_model_len,
+            rope_scaling: self.rope_scaling,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_waiting_requests: self.max_waiting_requests,

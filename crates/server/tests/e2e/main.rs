@@ -34,6 +34,7 @@ mod pd_transfer;
 mod priority;
 mod prompt_logprobs;
 mod reasoning;
+mod rope_scaling;
 mod responses;
 mod score;
 mod sdk;
