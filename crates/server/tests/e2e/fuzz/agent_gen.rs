@@ -390,7 +390,8 @@ pub fn anthropic_headers(rng: &mut Rng, case: &mut Case) {
     }
 }
 
-/// A call on a stored response that does not exist: `GET` / `DELETE /v1/responses/{id}`, `GET
+/// A call on a stored response that does not exist: `GET` (with a background stream's query; a
+/// bad one is a 400 first) / `DELETE /v1/responses/{id}`, `POST .../cancel`, `GET
 /// .../input_items` (with paging; a bad one is a 400 first), or `previous_response_id` naming
 /// it. Ids that are not UTF-8 once decoded may be 400s; every answer is an error in OpenAI's
 /// shape.
@@ -413,8 +414,25 @@ pub fn stored_response_call(rng: &mut Rng, case: &mut Case) {
     case.content_type = None;
     case.body = Vec::new();
     case.method = "GET";
-    match rng.below(5) {
-        0 => case.path = format!("/v1/responses/{id}"),
+    match rng.below(6) {
+        0 => {
+            // The retrieval query is read before the id is looked up.
+            let (query, status) = *rng.pick(&[
+                ("", None),
+                ("?stream=true&starting_after=3", None),
+                ("?stream=true&starting_after=x", Some(400)),
+                ("?starting_after=3", Some(400)),
+                ("?stream=maybe", Some(400)),
+            ]);
+            case.path = format!("/v1/responses/{id}{query}");
+            if let Some(status) = status {
+                expect = Expect::Status(status);
+            }
+        }
+        5 => {
+            case.method = "POST";
+            case.path = format!("/v1/responses/{id}/cancel");
+        }
         1 => {
             case.method = "DELETE";
             case.path = format!("/v1/responses/{id}");
