@@ -26,6 +26,7 @@ use crate::matmul::int8_matmul::{
 };
 use crate::matmul::nibble_avx2::{nibble_passes, NibbleAvx2, NibbleAvxVnni, NibbleDot, NibbleRows};
 use crate::matmul::panel_matmul::PANEL;
+use crate::matmul::panel_prefetch::NextPanel;
 use crate::matmul::quant_weight::QUANT_BLOCK;
 use crate::simd::{avx_vnni, level, Level};
 
@@ -317,16 +318,20 @@ unsafe fn tile_passes<D: ByteDot>(
             nibble_passes::<D::Nibble, 1, NIBBLE_PASS_ROWS>(&nibble_rows, rows.start, panel, out_rows, width)
         };
     }
-    for half in 0..width.div_ceil(HALF) {
+    let halves = width.div_ceil(HALF);
+    let next = NextPanel::after(panel, halves * panel.blocks);
+    for half in 0..halves {
         for (g, outs) in out_rows.chunks_mut(PASS_ROWS).enumerate() {
             let row0 = rows.start + g * PASS_ROWS;
+            // The first pass over each half prefetches a share of the next panel.
+            let next = (g == 0).then_some(&next);
             macro_rules! pass {
                 ($r:literal) => {
                     // SAFETY: the caller's contract; `outs` holds `$r` rows.
                     unsafe {
                         match panel.subs {
-                            1 => pass::<D, $r, 1>(acts, row0, panel, half, outs, width),
-                            _ => pass::<D, $r, 2>(acts, row0, panel, half, outs, width),
+                            1 => pass::<D, $r, 1>(acts, row0, panel, half, outs, width, next),
+                            _ => pass::<D, $r, 2>(acts, row0, panel, half, outs, width, next),
                         }
                     }
                 };
@@ -340,7 +345,8 @@ unsafe fn tile_passes<D: ByteDot>(
     }
 }
 
-/// `R` rows x the 16 columns of `half`, byte codes, `SUBS` scales per block.
+/// `R` rows x the 16 columns of `half`, byte codes, `SUBS` scales per block, prefetching share
+/// `half * blocks + b` of `next` at block `b` when given.
 #[inline(always)]
 unsafe fn pass<D: ByteDot, const R: usize, const SUBS: usize>(
     acts: &Int8Activations,
@@ -349,6 +355,7 @@ unsafe fn pass<D: ByteDot, const R: usize, const SUBS: usize>(
     half: usize,
     out_rows: &mut [&mut [f32]],
     width: usize,
+    next: Option<&NextPanel>,
 ) {
     let blocks = panel.blocks;
     let quads_per_sub = QUANT_BLOCK / 4 / SUBS;
@@ -365,6 +372,9 @@ unsafe fn pass<D: ByteDot, const R: usize, const SUBS: usize>(
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for b in 0..blocks {
+            if let Some(next) = next {
+                next.fetch(half * blocks + b);
+            }
             for s in 0..SUBS {
                 let mut sum = [[_mm256_setzero_si256(); 2]; R];
                 for (i, row) in sum.iter_mut().enumerate() {

@@ -27,6 +27,8 @@ pub(crate) mod nibble_avx2;
 pub(crate) mod panel_matmul;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod panel_matmul_x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod panel_prefetch;
 pub(crate) mod quant_matmul;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod quant_matmul_x86;

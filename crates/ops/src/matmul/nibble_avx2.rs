@@ -22,6 +22,7 @@ use std::arch::x86_64::*;
 use crate::matmul::int8_matmul::Int8Panel;
 use crate::matmul::int8_matmul_avx2::store8;
 use crate::matmul::panel_matmul::PANEL;
+use crate::matmul::panel_prefetch::NextPanel;
 use crate::matmul::quant_weight::QUANT_BLOCK;
 
 /// Rounded activation rows as byte planes, with what every block's sum needs.
@@ -107,21 +108,25 @@ pub(crate) unsafe fn nibble_passes<B: NibbleDot, const P: usize, const MAX_ROWS:
 ) {
     let n = out_rows.len();
     let passes = n.div_ceil(MAX_ROWS);
-    for v in 0..width.div_ceil(8) {
+    let vectors = width.div_ceil(8);
+    let next = NextPanel::after(panel, vectors * panel.blocks);
+    for v in 0..vectors {
         let mut start = 0;
         for p in 0..passes {
             // The rows left, split evenly over this pass and the later ones.
             let take = (n - start).div_ceil(passes - p);
             let outs = &mut out_rows[start..start + take];
             let first = row0 + start;
+            // The first pass over each vector prefetches a share of the next panel.
+            let next = (p == 0).then_some(&next);
             // SAFETY: the caller's contract; `outs` holds `take <= MAX_ROWS` rows.
             unsafe {
                 match take {
-                    1 => pass::<B, P, 1>(rows, first, panel, v, outs, width),
-                    2 => pass::<B, P, 2>(rows, first, panel, v, outs, width),
-                    3 => pass::<B, P, 3>(rows, first, panel, v, outs, width),
-                    4 => pass::<B, P, 4>(rows, first, panel, v, outs, width),
-                    _ => pass::<B, P, 5>(rows, first, panel, v, outs, width),
+                    1 => pass::<B, P, 1>(rows, first, panel, v, outs, width, next),
+                    2 => pass::<B, P, 2>(rows, first, panel, v, outs, width, next),
+                    3 => pass::<B, P, 3>(rows, first, panel, v, outs, width, next),
+                    4 => pass::<B, P, 4>(rows, first, panel, v, outs, width, next),
+                    _ => pass::<B, P, 5>(rows, first, panel, v, outs, width, next),
                 }
             }
             start += take;
@@ -129,7 +134,8 @@ pub(crate) unsafe fn nibble_passes<B: NibbleDot, const P: usize, const MAX_ROWS:
     }
 }
 
-/// `R` rows x the 8 columns of vector `v`.
+/// `R` rows x the 8 columns of vector `v`, prefetching share `v * blocks + b` of `next` at
+/// block `b` when given.
 #[inline(always)]
 unsafe fn pass<B: NibbleDot, const P: usize, const R: usize>(
     rows: &NibbleRows<'_, P>,
@@ -138,6 +144,7 @@ unsafe fn pass<B: NibbleDot, const P: usize, const R: usize>(
     v: usize,
     out_rows: &mut [&mut [f32]],
     width: usize,
+    next: Option<&NextPanel>,
 ) {
     let blocks = panel.blocks;
     let planes: [[*const i8; P]; R] =
@@ -151,6 +158,9 @@ unsafe fn pass<B: NibbleDot, const P: usize, const R: usize>(
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
+            if let Some(next) = next {
+                next.fetch(v * blocks + b);
+            }
             let mut sums = [[_mm256_setzero_si256(); P]; R];
             for g in 0..4 {
                 let w = _mm256_loadu_si256(codes.add((b * 4 + g) * PANEL * 4 + v * 32).cast());
