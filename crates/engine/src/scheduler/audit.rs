@@ -1,6 +1,8 @@
-//! The scheduler's full consistency check, for tests between steps: block reference counts,
-//! what waiting and running sequences hold, and the running slot count.
+//! The scheduler's consistency checks: the full one, for tests between steps (block reference
+//! counts, what waiting and running sequences hold, the running slot count), and the cheap one
+//! every schedule runs in debug builds.
 
+use crate::executor::ScheduledBatch;
 use crate::sequence::SeqStatus;
 
 use super::{Scheduler, SeqEntry};
@@ -10,7 +12,7 @@ impl Scheduler {
     /// match the block tables, waiting sequences hold no blocks, running ones hold exactly what
     /// their computed tokens and windows need, and the slot count is right.
     pub fn audit(&self) -> Result<(), String> {
-        let held = self.held.values().map(|h| h.table.as_slice());
+        let held = self.holds.tables();
         self.blocks.audit(self.seqs.values().map(|e| e.seq.block_tables.as_slice()).chain(held))?;
         let slots: usize = self.running.iter().map(|id| self.seqs.get(id).map_or(0, SeqEntry::slots)).sum();
         if slots != self.running_slots {
@@ -24,7 +26,7 @@ impl Scheduler {
                 self.seqs.len()
             ));
         }
-        for id in &self.waiting {
+        for id in self.waiting.iter() {
             let e = self.seqs.get(id).ok_or_else(|| format!("waiting sequence {id} is gone"))?;
             if !e.seq.block_tables.is_empty()
                 || e.seq.num_computed_tokens != 0
@@ -51,5 +53,31 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /// Cheap checks that every schedule must satisfy (debug builds).
+    pub(super) fn check_invariants(&self, batch: &ScheduledBatch, budget_left: usize) {
+        debug_assert_eq!(
+            batch.num_tokens() + budget_left,
+            self.config.max_num_batched_tokens,
+            "token budget"
+        );
+        debug_assert!(batch.num_tokens() <= self.config.max_num_batched_tokens, "token budget exceeded");
+        debug_assert!(batch.seqs.len() <= self.config.max_num_seqs, "too many sequences in the batch");
+        debug_assert!(self.running_slots <= self.config.max_num_seqs, "too many running sequences");
+        debug_assert_eq!(
+            self.blocks.num_free_blocks() + self.blocks.num_used_blocks(),
+            self.blocks.num_total_blocks(),
+            "free + used != total blocks"
+        );
+        debug_assert!(
+            batch.seqs.iter().all(|s| s.q_len() > 0
+                && self.seqs.get(&s.seq_id).is_some_and(|e| {
+                    let tables = &e.seq.block_tables;
+                    tables.len() == self.blocks.groups().len()
+                        && tables.iter().all(|t| t.len() * self.blocks.block_size() >= s.context_len())
+                })),
+            "a scheduled sequence lacks blocks"
+        );
     }
 }

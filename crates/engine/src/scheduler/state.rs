@@ -75,7 +75,7 @@ impl SeqEntry {
     /// Sequence slots it takes against `max_num_seqs`: an unforked parent reserves all samples,
     /// a beam those of the beams its request may still fork.
     pub fn slots(&self) -> usize {
-        self.fork_into.max(1) + self.beam.as_ref().map_or(0, |b| b.reserve)
+        self.fork_into.max(1) + self.beam.as_ref().map_or(0, beam::Beam::reserve)
     }
 
     /// Tokens to have computed before the next thing happens (a sample, or the fork).

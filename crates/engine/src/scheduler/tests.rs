@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::event::StopReason;
+use crate::event::{FinishReason, StopReason, Usage};
 use crate::executor::{ModelExecutor, ScheduledBatch, StepOutput};
 use crate::fake::{FakeDecoder, FakeExecutor};
-use crate::request::StopConditions;
+use crate::request::{Request, StopConditions};
+use crate::sampling::SamplingParams;
 
 const VOCAB: usize = 32;
 

@@ -5,13 +5,13 @@
 //! roll back rejected proposals, keep the executor's drafts for the next step, free finished
 //! sequences and produce the step's [`TokenEvent`]s, which carry token ids and no text. A
 //! pooling sequence ends with its step, its event carrying the pooled state; a beam's step
-//! feeds its request's round of beam search (`beam.rs`).
+//! feeds its request's round of beam search (`fanout.rs`).
 
 use std::time::Instant;
 
 use crate::event::{FinishReason, StopReason, TokenEvent};
 use crate::executor::{SeqId, StepOutput, TopLogprobs};
-use crate::speculative::{next_draft_budget, SpecDecodeStats};
+use crate::speculative::next_draft_budget;
 
 use super::{Scheduler, SeqEntry, StepEvents, UpdateError};
 
@@ -21,7 +21,7 @@ impl Scheduler {
     /// [`fail_scheduled`](Self::fail_scheduled).
     pub fn update(&mut self, output: StepOutput, out: &mut StepEvents) -> Result<(), UpdateError> {
         self.check_output(&output)?;
-        self.last_spec_stats = SpecDecodeStats::default();
+        self.speculation.reset_stats();
         let now = Instant::now();
         let mut sampled = output.sampled.into_iter();
         let mut pooled = output.pooled.into_iter();
@@ -72,11 +72,13 @@ impl Scheduler {
                 // The round's selection appends the beams' tokens.
                 self.blocks.commit_computed(&mut e.seq);
                 beam_requests.push(e.seq.request_id);
-                Self::record_candidates(e, token.logprobs);
+                if let Some(beam) = e.beam.as_mut() {
+                    beam.record_candidates(token.logprobs);
+                }
                 continue;
             }
             let accepted = token.num_accepted();
-            self.last_spec_stats.record(s.drafts.len(), accepted);
+            self.speculation.record(s.drafts.len(), accepted);
             if !s.drafts.is_empty() {
                 e.draft_budget = next_draft_budget(s.drafts.len(), accepted);
             }
@@ -246,14 +248,12 @@ impl Scheduler {
         out: &mut StepEvents,
     ) {
         let Some(mut e) = self.seqs.remove(&id) else { return };
-        if let Some(proposers) = &mut self.proposers {
-            proposers.record_output(e.seq.output_token_ids());
-        }
+        self.speculation.record_output(e.seq.output_token_ids());
         if let Some(hold) = &e.shared.kv_hold {
             if matches!(reason, FinishReason::Stop(_) | FinishReason::Length) {
-                self.hold_for_transfer(hold, &e.seq, now);
+                self.holds.hold(&mut self.blocks, hold, &e.seq, now);
             } else {
-                self.hold_failed(hold, now);
+                self.holds.failed(hold, now);
             }
         }
         self.blocks.free(&mut e.seq);
