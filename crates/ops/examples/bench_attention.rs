@@ -99,8 +99,9 @@ fn main() -> Result<()> {
             bench(&format!("verify {q} positions x 300 ctx"), &[(300, q)], dtype, iters * 20)?;
         }
     }
-    for dtype in [DType::F32, DType::BF16] {
+    for dtype in [DType::F16, DType::F32, DType::BF16] {
         bench("decode 32 seqs x 1024 ctx", &[(1024, 1); 32], dtype, iters)?;
+        bench("decode 1 seq x 2048 ctx", &[(2048, 1)], dtype, iters)?;
         bench("decode 1 seq x 4096 ctx", &[(4096, 1)], dtype, iters)?;
         bench("prefill 512 fresh", &[(512, 512)], dtype, iters.div_ceil(4))?;
         bench("prefill chunk 512 after 1536 cached", &[(2048, 512)], dtype, iters.div_ceil(4))?;

@@ -32,6 +32,7 @@
 //! positions, and inconsistent metadata are reported, never panicked on.
 
 mod attention_group;
+mod attention_merge;
 mod attention_plan;
 mod check;
 mod cuda;

@@ -1,7 +1,8 @@
 //! CPU kernel of varlen paged attention: flash-attention-style online softmax in f32, reading
 //! K/V through the block tables.
 //!
-//! Work is split into items of (sequence, range of kv heads, tile of query tokens). An item
+//! Work is split into items of (sequence, range of kv heads, tile of query tokens, range of key
+//! splits; see [`crate::attention_plan`]). An item
 //! handles all `group = num_q_heads / num_kv_heads` query heads of its kv heads for every token
 //! in its tile, so each K/V row it reads is converted once and used by `tile_tokens * group`
 //! query rows. Items take all kv heads of a sequence when there are enough items to keep the
@@ -13,14 +14,17 @@
 //! size, so tiny blocks cost no extra rescaling, and of the tile, so a query's sums do not
 //! depend on what else is in the step); within a chunk it computes the scores, folds them into the
 //! running max/sum of each row and accumulates `P V`, a token's query heads of one kv head at a
-//! time (`attention_group`: each K and V row is loaded once for the group). Items run in
-//! parallel with rayon and their output rows are scattered into the result afterwards.
+//! time (`attention_group`: each K and V row is loaded once for the group). Each key split
+//! starts a fresh softmax and is folded into the item's rows in key order; items run in
+//! parallel with rayon, and the items of one tile are folded in key order, normalized and
+//! scattered into the result afterwards ([`crate::attention_merge`]).
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, Result};
 use rayon::prelude::*;
 
-use crate::attention_plan::{plan, Item};
+use crate::attention_merge::{gather, RowStates};
+use crate::attention_plan::{plan, Item, KEY_SPLIT};
 use crate::check::invalid;
 use crate::dtype::Float;
 use crate::metadata::HostAttentionMetadata;
@@ -110,8 +114,10 @@ pub(crate) struct Queries<'a> {
 struct Scratch {
     q: Vec<f32>,
     scores: Vec<f32>,
+    /// The current key split's softmax state of each row, and its unnormalized output.
     max: Vec<f32>,
     sum: Vec<f32>,
+    split_out: Vec<f32>,
     /// Element offset of each key position of the current chunk in the cache.
     offsets: Vec<usize>,
     /// The current chunk's K (then V) rows of one kv head converted to f32, for caches that
@@ -131,10 +137,10 @@ pub(crate) fn paged_attention<T: Float>(
     let hd = cache.head_dim;
     let group = queries.q_heads / cache.kv_heads;
     let tile_tokens = (ROWS_PER_TILE / group).max(1);
-    let items = plan(meta, cache.kv_heads, tile_tokens);
+    let items = plan(meta, cache.kv_heads, tile_tokens, queries.window);
     let max_heads = items.iter().map(|it| (it.kv1 - it.kv0) * group).max().unwrap_or(0);
     let rows_cap = tile_tokens * max_heads;
-    let results: Vec<(Item, Vec<f32>)> = items
+    let results: Vec<(Item, RowStates)> = items
         .into_par_iter()
         .map_init(
             || Scratch {
@@ -142,26 +148,21 @@ pub(crate) fn paged_attention<T: Float>(
                 scores: vec![0.0; rows_cap * KEY_CHUNK],
                 max: vec![0.0; rows_cap],
                 sum: vec![0.0; rows_cap],
+                split_out: vec![0.0; rows_cap * hd],
                 offsets: vec![0; 2 * KEY_CHUNK],
-                kv: vec![0.0; KEY_CHUNK * hd],
+                kv: vec![0.0; KEY_CHUNK * max_heads / group * hd],
             },
             |scratch, item| {
-                let mut out = vec![0f32; (item.t1 - item.t0) * (item.kv1 - item.kv0) * group * hd];
-                attend(queries, cache, meta, item, scratch, &mut out);
-                (item, out)
+                let mut state = RowStates::empty((item.t1 - item.t0) * (item.kv1 - item.kv0) * group, hd);
+                attend(queries, cache, meta, item, scratch, &mut state);
+                (item, state)
             },
         )
         .collect();
 
     let mut output = vec![0f32; queries.q.len()];
-    for (item, out) in results {
-        let q_start = meta.query_range(item.seq).start;
-        let width = (item.kv1 - item.kv0) * group * hd;
-        for (ti, rows) in out.chunks_exact(width).enumerate() {
-            let dst = ((q_start + item.t0 + ti) * queries.q_heads + item.kv0 * group) * hd;
-            output[dst..dst + width].copy_from_slice(rows);
-        }
-    }
+    let start = |seq: usize| meta.query_range(seq).start;
+    gather(results, &mut output, queries.q_heads, group, hd, queries.v_scale, start);
     output
 }
 
@@ -173,24 +174,24 @@ fn attend<T: Float>(
     meta: &HostAttentionMetadata,
     item: Item,
     scratch: &mut Scratch,
-    out: &mut [f32],
+    state: &mut RowStates,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::simd::{level, Level};
         if level() == Level::Avx512 {
             // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (AVX-512F implies AVX2).
-            unsafe { attend_avx512(queries, cache, meta, item, scratch, out) };
+            unsafe { attend_avx512(queries, cache, meta, item, scratch, state) };
             return;
         }
         if level() == Level::Avx2 {
             // SAFETY: the CPU supports AVX2 and FMA (what `level` checks), which is all
             // `attend_avx2` requires beyond the baseline target.
-            unsafe { attend_avx2(queries, cache, meta, item, scratch, out) };
+            unsafe { attend_avx2(queries, cache, meta, item, scratch, state) };
             return;
         }
     }
-    attend_impl::<T, Separate>(queries, cache, meta, item, scratch, out);
+    attend_impl::<T, Separate>(queries, cache, meta, item, scratch, state);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -201,9 +202,9 @@ unsafe fn attend_avx2<T: Float>(
     meta: &HostAttentionMetadata,
     item: Item,
     scratch: &mut Scratch,
-    out: &mut [f32],
+    state: &mut RowStates,
 ) {
-    attend_impl::<T, Fused>(queries, cache, meta, item, scratch, out);
+    attend_impl::<T, Fused>(queries, cache, meta, item, scratch, state);
 }
 
 /// The same loops with 512-bit vectors available (value accumulation and conversions use them).
@@ -215,9 +216,9 @@ unsafe fn attend_avx512<T: Float>(
     meta: &HostAttentionMetadata,
     item: Item,
     scratch: &mut Scratch,
-    out: &mut [f32],
+    state: &mut RowStates,
 ) {
-    attend_impl::<T, Wide>(queries, cache, meta, item, scratch, out);
+    attend_impl::<T, Wide>(queries, cache, meta, item, scratch, state);
 }
 
 #[inline(always)]
@@ -227,7 +228,7 @@ fn attend_impl<T: Float, M: MulAdd>(
     meta: &HostAttentionMetadata,
     item: Item,
     scratch: &mut Scratch,
-    out: &mut [f32],
+    state: &mut RowStates,
 ) {
     let hd = cache.head_dim;
     let group = queries.q_heads / cache.kv_heads;
@@ -261,9 +262,7 @@ fn attend_impl<T: Float, M: MulAdd>(
     }
     let max = &mut scratch.max[..rows];
     let sum = &mut scratch.sum[..rows];
-    max.fill(f32::NEG_INFINITY);
-    sum.fill(0.0);
-    out.fill(0.0);
+    let out = &mut scratch.split_out[..rows * hd];
     let scores = &mut scratch.scores[..rows * KEY_CHUNK];
     let kv_buf = &mut scratch.kv[..];
     let offsets = &mut scratch.offsets[..];
@@ -271,101 +270,130 @@ fn attend_impl<T: Float, M: MulAdd>(
     // Keys before the first token's window are seen by no token of the tile. Chunks sit on a
     // fixed grid of key positions, so the chunks a query is folded over (and its bits) depend on
     // its own position only, not on which tile or step it shares (`--batch-invariant`).
+    // Key splits sit on a grid of their own (a multiple of the chunk): each is softmaxed from
+    // scratch and folded into `state` in key order, as `gather` folds the splits of other items.
     let first_visible = window_start(0);
-    for c0 in (first_visible / KEY_CHUNK * KEY_CHUNK..num_keys).step_by(KEY_CHUNK) {
-        let n = KEY_CHUNK.min(num_keys - c0);
-        for (j, off) in offsets[..n].iter_mut().enumerate() {
-            // Positions before every window of the tile are never scored, and their blocks may
-            // be released: point them at the first position some query sees.
-            let p = (c0 + j).max(first_visible);
-            let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
-            *off = slot * row_stride + item.kv0 * hd;
+    let item_keys =
+        (first_visible / KEY_CHUNK * KEY_CHUNK).max(item.s0 * KEY_SPLIT)..num_keys.min(item.s1 * KEY_SPLIT);
+    for split in item.s0..item.s1 {
+        let keys = item_keys.start.max(split * KEY_SPLIT)..item_keys.end.min((split + 1) * KEY_SPLIT);
+        if keys.is_empty() {
+            continue;
         }
-        // Block tables scatter a sequence's rows over the cache, beyond what the hardware
-        // prefetcher follows: `chunk_rows` requests the next chunk's K/V rows while it reads
-        // this chunk's, one row per row read, into level 2 (into level 1 they would evict this
-        // chunk's V rows: 13% slower over 30 layers of 32 x 256 f16 rows). Requested in one
-        // burst at the chunk's start instead, they stalled the loads behind them: 10-13%
-        // slower on the same bench.
-        let next = c0 + KEY_CHUNK..(c0 + 2 * KEY_CHUNK).min(num_keys);
-        let ahead_len = next.len();
-        for (p, off) in next.zip(&mut offsets[KEY_CHUNK..]) {
-            let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
-            *off = slot * row_stride + item.kv0 * hd;
-        }
-        let (offsets, ahead) = offsets.split_at(KEY_CHUNK);
-        let ahead = &ahead[..ahead_len];
-        // Keys `lo..hi` of this chunk are visible to tile token `ti`: the chunk's part of its
-        // window, empty when `lo >= hi`.
-        let visible = |ti: usize| {
-            let hi = (first + ti + 1).saturating_sub(c0).min(n);
-            (window_start(ti).saturating_sub(c0).min(hi), hi)
-        };
+        max.fill(f32::NEG_INFINITY);
+        sum.fill(0.0);
+        out.fill(0.0);
+        for c0 in keys.clone().step_by(KEY_CHUNK) {
+            let n = KEY_CHUNK.min(keys.end - c0);
+            for (j, off) in offsets[..n].iter_mut().enumerate() {
+                // Positions before every window of the tile are never scored, and their blocks may
+                // be released: point them at the first position some query sees.
+                let p = (c0 + j).max(first_visible);
+                let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
+                *off = slot * row_stride + item.kv0 * hd;
+            }
+            // Block tables scatter a sequence's rows over the cache, beyond what the hardware
+            // prefetcher follows: `chunk_rows` requests the next chunk's K/V rows while it reads
+            // this chunk's, one row per row read, into level 2 (into level 1 they would evict this
+            // chunk's V rows: 13% slower over 30 layers of 32 x 256 f16 rows). Requested in one
+            // burst at the chunk's start instead, they stalled the loads behind them: 10-13%
+            // slower on the same bench.
+            let next = c0 + KEY_CHUNK..(c0 + 2 * KEY_CHUNK).min(item_keys.end);
+            let ahead_len = next.len();
+            for (p, off) in next.zip(&mut offsets[KEY_CHUNK..]) {
+                let slot = table[p / cache.block_size] as usize * cache.block_size + p % cache.block_size;
+                *off = slot * row_stride + item.kv0 * hd;
+            }
+            let (offsets, ahead) = offsets.split_at(KEY_CHUNK);
+            let ahead = &ahead[..ahead_len];
+            // Keys `lo..hi` of this chunk are visible to tile token `ti`: the chunk's part of its
+            // window, empty when `lo >= hi`.
+            let visible = |ti: usize| {
+                let hi = (first + ti + 1).saturating_sub(c0).min(n);
+                (window_start(ti).saturating_sub(c0).min(hi), hi)
+            };
 
-        // Scores S = Q K^T for visible (row, key) pairs, one kv head at a time; a token's rows
-        // of one kv head are adjacent, so they are scored as one group. A row's scores for key
-        // `j` of the chunk sit at `r * KEY_CHUNK + j`.
-        for kv in 0..kv_count {
-            let keys = chunk_rows::<T, M>(cache.k, &offsets[..n], ahead, kv * hd, hd, kv_buf);
-            for ti in 0..tokens {
-                let (lo, hi) = visible(ti);
+            // Scores S = Q K^T for visible (row, key) pairs, one kv head at a time; a token's rows
+            // of one kv head are adjacent, so they are scored as one group. A row's scores for key
+            // `j` of the chunk sit at `r * KEY_CHUNK + j`.
+            // A position's K (and V) rows of the item's kv heads are adjacent in the cache: they
+            // are read and widened as one row, a sequential stream, then split by head.
+            let all_keys = chunk_rows::<T, M>(cache.k, &offsets[..n], ahead, 0, kv_count * hd, kv_buf);
+            for kv in 0..kv_count {
+                let keys = head_rows(&all_keys[..n], kv * hd, hd);
+                for ti in 0..tokens {
+                    let (lo, hi) = visible(ti);
+                    if lo >= hi {
+                        continue;
+                    }
+                    let r0 = ti * heads + kv * group;
+                    let group_q = &q[r0 * hd..(r0 + group) * hd];
+                    let group_scores = &mut scores[r0 * KEY_CHUNK + lo..(r0 + group) * KEY_CHUNK];
+                    M::group_scores(group_q, hd, &keys[lo..hi], group_scores, KEY_CHUNK);
+                }
+            }
+
+            // Online softmax: fold this chunk into each row's running max and sum, rescaling the
+            // row's accumulated output when the max grows.
+            for r in 0..rows {
+                let (lo, hi) = visible(r / heads);
                 if lo >= hi {
                     continue;
                 }
-                let r0 = ti * heads + kv * group;
-                let group_q = &q[r0 * hd..(r0 + group) * hd];
-                let group_scores = &mut scores[r0 * KEY_CHUNK + lo..(r0 + group) * KEY_CHUNK];
-                M::group_scores(group_q, hd, &keys[lo..hi], group_scores, KEY_CHUNK);
-            }
-        }
-
-        // Online softmax: fold this chunk into each row's running max and sum, rescaling the
-        // row's accumulated output when the max grows.
-        for r in 0..rows {
-            let (lo, hi) = visible(r / heads);
-            if lo >= hi {
-                continue;
-            }
-            let s = &mut scores[r * KEY_CHUNK + lo..r * KEY_CHUNK + hi];
-            if let Some(cap) = queries.logit_softcap {
+                let s = &mut scores[r * KEY_CHUNK + lo..r * KEY_CHUNK + hi];
+                if let Some(cap) = queries.logit_softcap {
+                    for x in s.iter_mut() {
+                        *x = cap * (*x / cap).tanh();
+                    }
+                }
+                let chunk_max = max_lanes(s);
+                let new_max = max[r].max(chunk_max);
+                if new_max > max[r] {
+                    let correction = (max[r] - new_max).exp();
+                    sum[r] *= correction;
+                    scale(&mut out[r * hd..(r + 1) * hd], correction);
+                    max[r] = new_max;
+                }
                 for x in s.iter_mut() {
-                    *x = cap * (*x / cap).tanh();
+                    *x -= new_max;
+                }
+                exp_nonpositive(s);
+                sum[r] += sum_lanes(s);
+            }
+
+            // Accumulate P V, one kv head and one token's group of rows at a time.
+            let all_values = chunk_rows::<T, M>(cache.v, &offsets[..n], ahead, 0, kv_count * hd, kv_buf);
+            for kv in 0..kv_count {
+                let values = head_rows(&all_values[..n], kv * hd, hd);
+                for ti in 0..tokens {
+                    let (lo, hi) = visible(ti);
+                    if lo >= hi {
+                        continue;
+                    }
+                    let r0 = ti * heads + kv * group;
+                    let p = &scores[r0 * KEY_CHUNK + lo..(r0 + group) * KEY_CHUNK];
+                    M::group_accumulate(
+                        &mut out[r0 * hd..(r0 + group) * hd],
+                        hd,
+                        p,
+                        KEY_CHUNK,
+                        &values[lo..hi],
+                    );
                 }
             }
-            let chunk_max = max_lanes(s);
-            let new_max = max[r].max(chunk_max);
-            if new_max > max[r] {
-                let correction = (max[r] - new_max).exp();
-                sum[r] *= correction;
-                scale(&mut out[r * hd..(r + 1) * hd], correction);
-                max[r] = new_max;
-            }
-            for x in s.iter_mut() {
-                *x -= new_max;
-            }
-            exp_nonpositive(s);
-            sum[r] += sum_lanes(s);
         }
-
-        // Accumulate P V, one kv head and one token's group of rows at a time.
-        for kv in 0..kv_count {
-            let values = chunk_rows::<T, M>(cache.v, &offsets[..n], ahead, kv * hd, hd, kv_buf);
-            for ti in 0..tokens {
-                let (lo, hi) = visible(ti);
-                if lo >= hi {
-                    continue;
-                }
-                let r0 = ti * heads + kv * group;
-                let p = &scores[r0 * KEY_CHUNK + lo..(r0 + group) * KEY_CHUNK];
-                M::group_accumulate(&mut out[r0 * hd..(r0 + group) * hd], hd, p, KEY_CHUNK, &values[lo..hi]);
-            }
-        }
+        state.fold(max, sum, out);
     }
+}
 
-    for r in 0..rows {
-        // Every row sees at least its own position, so the sum is positive.
-        scale(&mut out[r * hd..(r + 1) * hd], queries.v_scale / sum[r]);
+/// Columns `at..at + width` of each of `rows`.
+#[inline(always)]
+fn head_rows<'a>(rows: &[&'a [f32]], at: usize, width: usize) -> [&'a [f32]; KEY_CHUNK] {
+    let mut out: [&[f32]; KEY_CHUNK] = [&[]; KEY_CHUNK];
+    for (o, row) in out.iter_mut().zip(rows) {
+        *o = &row[at..at + width];
     }
+    out
 }
 
 /// The `head_dim`-wide rows at `offsets[j] + head_offset` of one cache (K or V) as f32: slices
@@ -452,30 +480,38 @@ mod tests {
             logit_softcap: None,
             v_scale: 1.0,
         };
-        let items = plan(&m, kv_heads, 4);
+        let items = plan(&m, kv_heads, 4, None);
         let mut scratch = Scratch {
             q: vec![0.0; 4 * kv_heads * group * hd],
             scores: vec![0.0; 4 * kv_heads * group * KEY_CHUNK],
             max: vec![0.0; 4 * kv_heads * group],
             sum: vec![0.0; 4 * kv_heads * group],
+            split_out: vec![0.0; 4 * kv_heads * group * hd],
             offsets: vec![0; 2 * KEY_CHUNK],
-            kv: vec![0.0; KEY_CHUNK * hd],
+            kv: vec![0.0; KEY_CHUNK * kv_heads * hd],
         };
         for item in items {
-            let len = (item.t1 - item.t0) * (item.kv1 - item.kv0) * group * hd;
-            let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+            let rows = (item.t1 - item.t0) * (item.kv1 - item.kv0) * group;
+            let (mut a, mut b) = (RowStates::empty(rows, hd), RowStates::empty(rows, hd));
             attend(&queries, &cache, &m, item, &mut scratch, &mut a);
             attend_impl::<f32, Separate>(&queries, &cache, &m, item, &mut scratch, &mut b);
-            for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() < 1e-5, "{item:?}: {x} vs {y}");
+            let (a, b) = (a.max.iter().chain(&a.sum).chain(&a.out), b.max.iter().chain(&b.sum).chain(&b.out));
+            for (x, y) in a.zip(b) {
+                assert!(x == y || (x - y).abs() < 1e-5, "{item:?}: {x} vs {y}");
             }
         }
     }
 
     /// One work item's kernel, as the x86 builds and the portable loops are called.
     #[cfg(target_arch = "x86_64")]
-    type ItemKernel<T> =
-        unsafe fn(&Queries<'_>, &CacheView<'_, T>, &HostAttentionMetadata, Item, &mut Scratch, &mut [f32]);
+    type ItemKernel<T> = unsafe fn(
+        &Queries<'_>,
+        &CacheView<'_, T>,
+        &HostAttentionMetadata,
+        Item,
+        &mut Scratch,
+        &mut RowStates,
+    );
 
     /// Every x86 build of the item kernel (the dispatcher runs only the widest one) gives the
     /// portable loops' results, for f32 and f16 caches, decode and prefill items.
@@ -503,7 +539,7 @@ mod tests {
             m: &HostAttentionMetadata,
         ) -> Vec<Vec<f32>> {
             let group = q.q_heads / c.kv_heads;
-            plan(m, c.kv_heads, 4)
+            plan(m, c.kv_heads, 4, None)
                 .into_iter()
                 .map(|item| {
                     let rows = (item.t1 - item.t0) * (item.kv1 - item.kv0) * group;
@@ -512,13 +548,14 @@ mod tests {
                         scores: vec![0.0; rows * KEY_CHUNK],
                         max: vec![0.0; rows],
                         sum: vec![0.0; rows],
+                        split_out: vec![0.0; rows * c.head_dim],
                         offsets: vec![0; 2 * KEY_CHUNK],
-                        kv: vec![0.0; KEY_CHUNK * c.head_dim],
+                        kv: vec![0.0; KEY_CHUNK * c.kv_heads * c.head_dim],
                     };
-                    let mut out = vec![0f32; rows * c.head_dim];
+                    let mut state = RowStates::empty(rows, c.head_dim);
                     // SAFETY: only called with kernels this CPU supports (checked by the caller).
-                    unsafe { kernel(q, c, m, item, &mut scratch, &mut out) };
-                    out
+                    unsafe { kernel(q, c, m, item, &mut scratch, &mut state) };
+                    state.max.into_iter().chain(state.sum).chain(state.out).collect()
                 })
                 .collect()
         }
@@ -528,7 +565,7 @@ mod tests {
             m: &HostAttentionMetadata,
             item: Item,
             s: &mut Scratch,
-            out: &mut [f32],
+            out: &mut RowStates,
         ) {
             attend_impl::<T, Separate>(q, c, m, item, s, out);
         }
@@ -545,7 +582,7 @@ mod tests {
             for (name, kernel) in kernels {
                 let got = run(kernel, q, &c, m);
                 for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
-                    assert!((g - w).abs() <= 1e-5, "{name}: {g} vs {w}");
+                    assert!(g == w || (g - w).abs() <= 1e-5, "{name}: {g} vs {w}");
                 }
             }
         }
