@@ -69,6 +69,17 @@ pub struct ServeArgs {
     /// forces one is a 400 either way. [default: ignore]
     #[arg(long, value_enum)]
     pub hosted_tools: Option<HostedToolsPolicy>,
+    /// URL prefixes of the MCP servers a Responses request's `mcp` tools may name in
+    /// `server_url` (e.g. `http://127.0.0.1:9000/mcp`): the server lists those tools, offers
+    /// them to the model and calls them itself. Any other `server_url` is a 400; redirects are
+    /// not followed. Plain `http://` only (no TLS client in this build). [default: none, `mcp`
+    /// tools are refused]
+    #[arg(long, value_name = "URL-PREFIX", num_args = 1..)]
+    pub allow_mcp_servers: Option<Vec<String>>,
+    /// Seconds one MCP operation may take (listing a server's tools, or one tool call,
+    /// connection included); past it the call ends with an error item. [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    pub mcp_timeout: Option<u64>,
     /// Address to listen on. [default: 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,
@@ -175,6 +186,10 @@ pub struct ServerConfig {
     pub tool_call_parser: Option<ToolCallParserArg>,
     pub reasoning_parser: Option<ReasoningParserArg>,
     pub hosted_tools: HostedToolsPolicy,
+    /// `--allow-mcp-servers`: the URL prefixes `mcp` tools may name; empty: none may.
+    pub allow_mcp_servers: Vec<String>,
+    /// `--mcp-timeout`.
+    pub mcp_timeout: std::time::Duration,
     pub host: String,
     pub port: u16,
     pub scheduling_policy: SchedulingPolicy,
@@ -257,6 +272,14 @@ impl ServerConfig {
             tool_call_parser: cli.tool_call_parser.or(file.tool_call_parser),
             reasoning_parser: cli.reasoning_parser.or(file.reasoning_parser),
             hosted_tools: cli.hosted_tools.or(file.hosted_tools).unwrap_or_default(),
+            allow_mcp_servers: crate::responses::mcp::spec::check_prefixes(
+                cli.allow_mcp_servers.or(file.allow_mcp_servers).unwrap_or_default(),
+            )
+            .map_err(|message| invalid("--allow-mcp-servers", message))?,
+            mcp_timeout: match cli.mcp_timeout.or(file.mcp_timeout).unwrap_or(30) {
+                0 => return Err(invalid("--mcp-timeout", "must be at least 1 second")),
+                s => std::time::Duration::from_secs(s),
+            },
             host: cli.host.or(file.host).unwrap_or_else(|| "127.0.0.1".to_owned()),
             port: cli.port.or(file.port).unwrap_or(8000),
             scheduling_policy: cli.scheduling_policy.or(file.scheduling_policy).unwrap_or_default(),

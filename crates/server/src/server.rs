@@ -261,6 +261,8 @@ impl Server {
             tool_format,
             reasoning,
             hosted_tools: config.hosted_tools,
+            mcp_servers: config.allow_mcp_servers.clone(),
+            mcp_timeout: config.mcp_timeout,
             stats: Default::default(),
             eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
             prompts: PromptBuilder::new(

@@ -93,6 +93,10 @@ pub struct AppState {
     pub reasoning: Option<ReasoningFormat>,
     /// What a request's hosted tools get (`--hosted-tools`).
     pub hosted_tools: crate::config::HostedToolsPolicy,
+    /// The URL prefixes a Responses request's `mcp` tools may name (`--allow-mcp-servers`).
+    pub mcp_servers: Vec<String>,
+    /// The time limit of one MCP operation (`--mcp-timeout`).
+    pub mcp_timeout: std::time::Duration,
     /// Responses API responses kept for retrieval and `previous_response_id`.
     pub responses: ResponseStore,
     /// The embedding model served, when the model embeds rather than generates.

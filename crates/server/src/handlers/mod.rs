@@ -10,6 +10,7 @@ pub mod lora;
 pub mod messages;
 pub mod render;
 pub mod responses;
+pub mod responses_mcp;
 pub mod score;
 pub mod stats;
 pub mod tokenize;

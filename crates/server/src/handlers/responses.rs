@@ -24,11 +24,10 @@ use crate::responses::background::{self, Run};
 use crate::responses::reply::{output_items, OutputEvents};
 use crate::responses::request::{chat_turn, input_items, ToolNamespaces};
 use crate::responses::store::{json_len, Found, StoredResponse};
-use crate::responses::stream::{count_tokens, finish, status_of, Responder, SeqEvent};
+use crate::responses::stream::{count_tokens, finish, status_of, Responder, SeqEvent, Step};
 use crate::responses::wire::{DeletedResponse, InputItemList, ResponseObject, ResponsesRequest};
 use crate::sse;
 use crate::state::SharedState;
-use crate::submit::ChoiceEvent;
 
 /// Checks `metadata`: at most 16 pairs of strings (keys up to 64 characters, values up to 512).
 fn metadata(value: Option<&Value>) -> Result<Value, ApiError> {
@@ -203,6 +202,10 @@ pub async fn create(
     if store {
         check_storable(&state, &response, &new_items)?;
     }
+    if crate::responses::mcp::run::has_mcp_tools(&req) {
+        let mcp = super::responses_mcp::McpCreate { req: &req, items, first_new, lora, arrival, store };
+        return mcp.respond(&state, response, new_items).await;
+    }
     let (mut turn, namespaces) = chat_turn(&state, &req, &items, first_new)?;
     turn.lora = lora;
     if req.truncation.as_deref() == Some("auto") {
@@ -218,7 +221,8 @@ pub async fn create(
     if req.stream.unwrap_or(false) {
         let responder = Responder::new(response, split, OutputEvents::new(encrypted, namespaces));
         let stored = store.then_some(new_items);
-        return Ok(stream_response(state, responder, stored, submission.events));
+        let steps = submission.events.map(Step::Engine).boxed();
+        return Ok(stream_response(state, responder, stored, steps));
     }
     let (_, collected) = submission.collect(&state).await?;
     let choice = collected.choices.into_iter().next().unwrap_or_default();
@@ -240,7 +244,7 @@ pub async fn create(
 }
 
 /// Stores a finished foreground response.
-fn keep(state: &SharedState, response: &ResponseObject, input_items: Vec<Value>) {
+pub(super) fn keep(state: &SharedState, response: &ResponseObject, input_items: Vec<Value>) {
     let entry = StoredResponse { response: response.clone(), input_items };
     if !state.responses.insert(entry) {
         tracing::warn!(id = %response.id, "response not stored: it is larger than --max-stored-response-bytes, or unfinished background responses hold the store");
@@ -272,7 +276,7 @@ async fn start_background(
     std::mem::forget(admission);
     let run = Run::new(id, Responder::new(run_response, split, OutputEvents::new(encrypted, namespaces)));
     state.responses.attach(&run);
-    background::spawn(Arc::clone(state), Arc::clone(&run), submission.events);
+    background::spawn(Arc::clone(state), Arc::clone(&run), submission.events.map(Step::Engine).boxed());
     if stream {
         let events = run.follow(None)?;
         return Ok(sse::response(events.map(Ok)));
@@ -281,9 +285,9 @@ async fn start_background(
 }
 
 /// A background response's place in the store, until its run is attached.
-struct Admission<'a> {
-    state: &'a SharedState,
-    id: &'a str,
+pub(super) struct Admission<'a> {
+    pub(super) state: &'a SharedState,
+    pub(super) id: &'a str,
 }
 
 impl Drop for Admission<'_> {
@@ -292,11 +296,13 @@ impl Drop for Admission<'_> {
     }
 }
 
-fn stream_response(
+/// The SSE body of a foreground streamed response driven by `events`; stored at its end
+/// (unless it failed) when `stored` holds its input items.
+pub(super) fn stream_response(
     state: SharedState,
     responder: Responder,
     stored: Option<Vec<Value>>,
-    events: BoxStream<'static, ChoiceEvent>,
+    events: BoxStream<'static, Step>,
 ) -> Response {
     let mut responder = responder;
     let opening = responder.opening();
@@ -307,7 +313,7 @@ fn stream_response(
                 return None;
             }
             let out = match events.next().await {
-                Some(e) => r.on_event(&state, e),
+                Some(e) => r.on_step(&state, e),
                 None => r.on_end(state.prompts.tokenizer()),
             };
             if r.done() {

@@ -20,11 +20,10 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
-use super::stream::{Responder, SeqEvent};
+use super::stream::{Responder, SeqEvent, Step};
 use super::wire::ResponseObject;
 use crate::error::ApiError;
 use crate::state::{AppState, SharedState};
-use crate::submit::ChoiceEvent;
 
 /// One buffered event: its sequence number, type, and its JSON as sent.
 #[derive(Debug, Clone)]
@@ -130,13 +129,13 @@ impl Run {
         self.lock().responder.as_ref().map(Responder::snapshot)
     }
 
-    /// One step of the task: an engine event, or `None` when the engine's events ended.
-    /// Returns whether the run has ended.
-    fn advance(self: &Arc<Self>, state: &AppState, event: Option<ChoiceEvent>) -> bool {
+    /// One step of the task: an engine event (or the server's own step, see [`Step`]), or
+    /// `None` when the steps ended. Returns whether the run has ended.
+    fn advance(self: &Arc<Self>, state: &AppState, event: Option<Step>) -> bool {
         let mut inner = self.lock();
         let Some(responder) = inner.responder.as_mut() else { return true };
         let events = match event {
-            Some(e) => responder.on_event(state, e),
+            Some(e) => responder.on_step(state, e),
             None => responder.on_end(state.prompts.tokenizer()),
         };
         let done = responder.done();
@@ -244,8 +243,9 @@ impl Run {
     }
 }
 
-/// Starts the detached task that drives `run` with the engine's `events`.
-pub fn spawn(state: SharedState, run: Arc<Run>, mut events: BoxStream<'static, ChoiceEvent>) {
+/// Starts the detached task that drives `run` with the engine's `events` (and, for MCP tools,
+/// the server's own steps between generations).
+pub fn spawn(state: SharedState, run: Arc<Run>, mut events: BoxStream<'static, Step>) {
     tokio::spawn(async move {
         loop {
             let event = tokio::select! {

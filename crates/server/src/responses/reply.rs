@@ -84,9 +84,23 @@ pub type StreamEvent = (&'static str, Value);
 
 #[derive(Debug)]
 enum Open {
-    Reasoning { id: String, text: String },
-    Message { id: String, text: String },
-    Call { id: String, call_id: String, name: String, arguments: String },
+    Reasoning {
+        id: String,
+        text: String,
+    },
+    Message {
+        id: String,
+        text: String,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+    /// A call of a tool the server runs itself (an MCP tool): no events and no item of its
+    /// own; the server's run of it adds its own items.
+    Held,
 }
 
 /// The output item events of a streamed answer, from its pieces.
@@ -99,11 +113,44 @@ pub struct OutputEvents {
     namespaces: ToolNamespaces,
     made_message: bool,
     made_calls: bool,
+    /// Function names whose calls are [`Open::Held`].
+    held: Vec<String>,
 }
 
 impl OutputEvents {
     pub fn new(encrypted_reasoning: bool, namespaces: ToolNamespaces) -> Self {
         Self { encrypted_reasoning, namespaces, ..Default::default() }
+    }
+
+    /// Calls of these functions are the server's to run: they get no `function_call` item.
+    pub fn holding(mut self, functions: Vec<String>) -> Self {
+        self.held = functions;
+        self
+    }
+
+    /// Another answer follows the server's tool calls: its items go on after these, and it
+    /// gets its own (empty) message if it has neither content nor calls.
+    pub fn new_round(&mut self) {
+        self.made_message = false;
+        self.made_calls = false;
+    }
+
+    /// Adds an item the server made (not the model's text), returning its `output_index`.
+    pub fn add_item(&mut self, item: Value) -> usize {
+        self.items.push(item);
+        self.items.len() - 1
+    }
+
+    /// The `output_index` of the item with `id`.
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.items.iter().position(|i| i["id"] == id)
+    }
+
+    /// Replaces the item at `index` (a server-made item, finished).
+    pub fn replace_item(&mut self, index: usize, item: Value) {
+        if let Some(slot) = self.items.get_mut(index) {
+            *slot = item;
+        }
     }
 
     fn index(&self) -> usize {
@@ -114,6 +161,7 @@ impl OutputEvents {
         let Some(open) = self.open.take() else { return };
         let index = self.index();
         let item = match open {
+            Open::Held => return,
             Open::Reasoning { id, text } => {
                 let part = json!({"type": "reasoning_text", "text": text});
                 out.push((
@@ -162,6 +210,11 @@ impl OutputEvents {
                 self.made_calls = true;
                 (call_item(id, call_id, name, "", "in_progress", &self.namespaces), None)
             }
+            Open::Held => {
+                self.made_calls = true;
+                self.open = Some(open);
+                return;
+            }
         };
         out.push(("response.output_item.added", json!({"output_index": index, "item": item})));
         if let Some((id, part)) = part {
@@ -205,7 +258,12 @@ impl OutputEvents {
         for call in piece.tool_calls {
             if let Some(call_id) = call.id {
                 let name = call.function.name.clone().unwrap_or_default();
-                self.open(Open::Call { id: new_id("fc"), call_id, name, arguments: String::new() }, &mut out);
+                let open = if self.held.contains(&name) {
+                    Open::Held
+                } else {
+                    Open::Call { id: new_id("fc"), call_id, name, arguments: String::new() }
+                };
+                self.open(open, &mut out);
             }
             let index = self.index();
             if let (Some(Open::Call { id, arguments, .. }), Some(delta)) =
@@ -242,7 +300,7 @@ impl OutputEvents {
     pub fn snapshot(&self) -> Vec<Value> {
         let mut out = self.items.clone();
         match &self.open {
-            None => {}
+            None | Some(Open::Held) => {}
             Some(Open::Reasoning { id, text }) => {
                 out.push(reasoning_item(id, text, self.encrypted_reasoning))
             }
@@ -321,6 +379,27 @@ mod tests {
         events.push(pipeline.push("is", true));
         events.finish("completed");
         assert_eq!(events.snapshot(), events.items());
+    }
+
+    /// Calls of the server's own (MCP) tools make no events and no items; its items go on after.
+    #[test]
+    fn held_calls_are_left_to_the_server() {
+        let split = ChoiceSplit { reasoning: None, tools: Some(ToolCallFormat::Hermes) };
+        let text = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let mut pipeline = ChoiceText::new(split);
+        let mut events = OutputEvents::new(false, ToolNamespaces::default()).holding(vec!["add".into()]);
+        let mut out = events.push(pipeline.push(text, true));
+        out.extend(events.finish("completed"));
+        assert!(out.is_empty(), "{out:?}");
+        assert!(events.items().is_empty());
+        let index = events.add_item(json!({"type": "mcp_call", "id": "mcp_1", "status": "in_progress"}));
+        assert_eq!((index, events.index_of("mcp_1")), (0, Some(0)));
+        events.replace_item(0, json!({"type": "mcp_call", "id": "mcp_1", "status": "completed"}));
+        events.new_round();
+        let names: Vec<_> = events.finish("completed").into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names.first(), Some(&"response.output_item.added"), "the next answer has its message");
+        assert_eq!(events.items()[0]["status"], "completed");
+        assert_eq!((events.items().len(), events.items()[1]["type"].as_str()), (2, Some("message")));
     }
 
     #[test]

@@ -55,10 +55,15 @@ pub fn input_items(input: Option<&Value>) -> Result<Vec<Value>, InvalidParam> {
                 "function_call" => "fc",
                 "function_call_output" => "fco",
                 "reasoning" => "rs",
+                // The server's own MCP items, given back by a client that keeps its state.
+                "mcp_list_tools" => "mcpl",
+                "mcp_call" => "mcp",
+                "mcp_approval_request" => "mcpr",
+                "mcp_approval_response" => "mcpa",
                 other => {
                     return Err(invalid(
                         format!("input[{i}].type"),
-                        format!("`{other}` items are not supported: give message, function_call, function_call_output or reasoning items"),
+                        format!("`{other}` items are not supported: give message, function_call, function_call_output, reasoning or mcp_* items"),
                     ))
                 }
             };
@@ -84,7 +89,7 @@ pub fn input_items(input: Option<&Value>) -> Result<Vec<Value>, InvalidParam> {
                     _ => {}
                 }
             }
-            if kind != "reasoning" && !item.contains_key("status") {
+            if !kind.starts_with("mcp") && kind != "reasoning" && !item.contains_key("status") {
                 item.insert("status".into(), json!("completed"));
             }
             item.insert("type".into(), Value::String(kind));

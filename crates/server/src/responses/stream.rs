@@ -23,6 +23,25 @@ pub struct SeqEvent {
     pub data: Value,
 }
 
+/// What drives a response: the engine's events, and, when the server runs tools itself (MCP),
+/// the items it makes between generations.
+#[derive(Debug)]
+pub enum Step {
+    Engine(ChoiceEvent),
+    /// Another generation starts, after the server ran tools: the model's text starts afresh
+    /// and its usage adds to the earlier generations'.
+    Round,
+    /// An item the server made is added (`response.output_item.added`).
+    ItemAdded(Value),
+    /// An event of that item (by its id): the event's type and its fields besides `item_id`
+    /// and `output_index`.
+    ItemEvent(&'static str, String, Value),
+    /// The item is finished (`response.output_item.done`), replacing the one of the same id.
+    ItemDone(Value),
+    /// The response fails (a later generation could not start).
+    Failed(ApiError),
+}
+
 /// The status a finished generation gives the response.
 pub fn status_of(finish: Option<&FinishReason>) -> &'static str {
     match finish {
@@ -59,7 +78,10 @@ pub fn finish(response: &mut ResponseObject, status: &str, usage: Usage, reasoni
 pub struct Responder {
     response: ResponseObject,
     text: ChoiceText,
+    split: ChoiceSplit,
     items: OutputEvents,
+    /// The usage of the generations before the current one.
+    earlier_usage: Usage,
     reasoning: String,
     usage: Usage,
     status: Option<&'static str>,
@@ -72,7 +94,9 @@ impl Responder {
         Self {
             response,
             text: ChoiceText::new(split),
+            split,
             items,
+            earlier_usage: Usage::default(),
             reasoning: String::new(),
             usage: Usage::default(),
             status: None,
@@ -163,6 +187,62 @@ impl Responder {
         out
     }
 
+    /// One step: an engine event, or one of the server's own (see [`Step`]).
+    pub fn on_step(&mut self, state: &AppState, step: Step) -> Vec<SeqEvent> {
+        let mut out: Vec<SeqEvent> = Vec::new();
+        if !matches!(step, Step::Engine(_)) {
+            out.extend(self.start());
+        }
+        match step {
+            Step::Engine(e) => return self.on_event(state, e),
+            Step::Round => {
+                let u = std::mem::take(&mut self.usage);
+                self.earlier_usage.prompt_tokens += u.prompt_tokens;
+                self.earlier_usage.completion_tokens += u.completion_tokens;
+                self.earlier_usage.cached_prompt_tokens += u.cached_prompt_tokens;
+                self.text = ChoiceText::new(self.split);
+                self.items.new_round();
+                self.status = None;
+            }
+            Step::ItemAdded(item) => {
+                let index = self.items.add_item(item.clone());
+                out.push(
+                    self.event("response.output_item.added", json!({"output_index": index, "item": item})),
+                );
+            }
+            Step::ItemEvent(name, id, fields) => {
+                let index = self.items.index_of(&id);
+                let mut data = json!({"item_id": id, "output_index": index});
+                if let (Some(d), Value::Object(f)) = (data.as_object_mut(), fields) {
+                    d.extend(f);
+                }
+                out.push(self.event(name, data));
+            }
+            Step::ItemDone(item) => {
+                let id = item["id"].as_str().unwrap_or_default().to_owned();
+                let index = match self.items.index_of(&id) {
+                    Some(index) => {
+                        self.items.replace_item(index, item.clone());
+                        index
+                    }
+                    None => self.items.add_item(item.clone()),
+                };
+                out.push(
+                    self.event("response.output_item.done", json!({"output_index": index, "item": item})),
+                );
+            }
+            Step::Failed(e) => {
+                self.done = true;
+                self.response.status = "failed".into();
+                self.response.output = self.items.snapshot();
+                let body = e.body().error;
+                self.response.error = Some(json!({"code": body.code, "message": body.message}));
+                out.push(self.response_event("response.failed"));
+            }
+        }
+        out
+    }
+
     /// The engine's events have ended: the response completes (or fails, when it never finished).
     pub fn on_end(&mut self, tokenizer: &Tokenizer) -> Vec<SeqEvent> {
         self.done = true;
@@ -175,7 +255,13 @@ impl Responder {
         };
         self.response.output = self.items.items().to_vec();
         let reasoning_tokens = count_tokens(tokenizer, Some(&self.reasoning));
-        finish(&mut self.response, status, self.usage, reasoning_tokens);
+        let e = self.earlier_usage;
+        let usage = Usage {
+            prompt_tokens: e.prompt_tokens + self.usage.prompt_tokens,
+            completion_tokens: e.completion_tokens + self.usage.completion_tokens,
+            cached_prompt_tokens: e.cached_prompt_tokens + self.usage.cached_prompt_tokens,
+        };
+        finish(&mut self.response, status, usage, reasoning_tokens);
         let name = if status == "incomplete" { "response.incomplete" } else { "response.completed" };
         vec![self.response_event(name)]
     }

@@ -62,6 +62,8 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         tool_format: pagoda_text::ToolCallFormat::Generic,
         reasoning: None,
         hosted_tools: Default::default(),
+        mcp_servers: Vec::new(),
+        mcp_timeout: std::time::Duration::from_secs(30),
         stats: Default::default(),
         responses: pagoda_server::responses::store::ResponseStore::new(8),
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),

@@ -1,13 +1,14 @@
 //! The fuzz suite (issue 14): a few thousand requests generated from the wire types and mutated
-//! (`gen`, `agent_gen`, `mutate`, `bytes`), sent to the real `pagoda` binary with the real model,
-//! each checked (`check`, `agent_check`): no 5xx, 2xx bodies and streams well formed, every error
-//! in its API's shape. The requests cover OpenAI's chat and completions, tokenize and
+//! (`gen`, `agent_gen`, `mcp_gen`, `mutate`, `bytes`), sent to the real `pagoda` binary with the
+//! real model, each checked (`check`, `agent_check`): no 5xx, 2xx bodies and streams well formed,
+//! every error in its API's shape. The requests cover OpenAI's chat and completions, tokenize and
 //! detokenize, Anthropic's Messages API (`/v1/messages` and `count_tokens`: errors in
 //! Anthropic's shape, streams of named events ending with `message_stop` or `error`) and OpenAI's
 //! Responses API (`/v1/responses`: streams of typed events numbered from 0, ending with
 //! `response.completed`, `.incomplete` or `.failed`; and `GET` / `DELETE` on made-up stored
-//! responses, which are 404s). Every rejection is also sent once more on a raw connection that
-//! must then serve another request (`reuse`). Afterwards `/health` is 200, a greedy request gives
+//! responses, which are 404s; `mcp` tools, which are 400s: this server allows no MCP server).
+//! Every rejection is also sent once more on a raw connection that must then serve another
+//! request (`reuse`). Afterwards `/health` is 200, a greedy request gives
 //! the text it gave before, the process is alive and its log has no panic.
 //!
 //! The server runs as a child process so that its log is its own: a panic anywhere in it (HTTP
@@ -23,6 +24,7 @@ mod check;
 mod deep_grammar;
 mod gen;
 mod huge_n;
+mod mcp_gen;
 mod mutate;
 mod reuse;
 mod rng;

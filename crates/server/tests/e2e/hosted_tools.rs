@@ -178,7 +178,15 @@ async fn responses_refuse_forced_hosted_tools_and_tools_the_client_runs() -> Res
             "web_search",
         ),
         (response_body(json!([search]), json!({"tool_choice": "required"})), "tool_choice", "web_search"),
-        (response_body(json!([{"type": "mcp", "server_label": "docs"}]), json!({})), "tools[0].type", "mcp"),
+        // MCP tools run on the server only for the servers --allow-mcp-servers lists (none here).
+        (
+            response_body(
+                json!([{"type": "mcp", "server_label": "docs", "server_url": "http://127.0.0.1:1/mcp"}]),
+                json!({}),
+            ),
+            "tools[0].server_url",
+            "mcp",
+        ),
         (response_body(json!([{"type": "local_shell"}]), json!({})), "tools[0].type", "local_shell"),
         (
             response_body(json!([search, {"type": "search_the_web"}]), json!({})),

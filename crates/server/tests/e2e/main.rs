@@ -28,6 +28,7 @@ mod lora;
 mod lora_dtype;
 mod lora_hostile;
 mod lora_runtime;
+mod mcp;
 mod messages;
 mod metric_labels;
 mod pd_transfer;

@@ -221,7 +221,7 @@ async fn a_chain_longer_than_the_context_is_a_400_or_truncated() -> Result<()> {
 async fn errors_come_in_openai_shape() -> Result<()> {
     let cases = [
         // MCP tools are not hosted tools that could be left out (docs/api.md).
-        (body(json!("hi"), json!({"tools": [{"type": "mcp", "server_label": "x"}]})), "tools[0].type"),
+        (body(json!("hi"), json!({"tools": [{"type": "mcp", "server_label": "x"}]})), "tools[0].server_url"),
         (
             body(
                 json!("hi"),

@@ -516,6 +516,10 @@ pub fn generate(seed: u64, index: usize) -> Case {
         agent_gen::stored_response_call(&mut rng, &mut case);
         return case;
     }
+    if endpoint == Endpoint::Responses && rng.chance(10) {
+        super::mcp_gen::mcp_request(&mut rng, &mut case);
+        return case;
+    }
     let (mut body, stream, choices) = valid(&mut rng, endpoint);
     (case.stream, case.choices) = (stream, choices);
     if matches!(endpoint, Endpoint::Messages | Endpoint::CountTokens) {
