@@ -198,7 +198,9 @@ pub struct ScheduledBatch {
     pub released: Vec<SeqId>,
 }
 
-/// What an executor drafts proposals with ([`ScheduledBatch::executor_draft`]).
+/// What an executor drafts proposals with ([`ScheduledBatch::executor_draft`]): which of its
+/// drafters, each a [`Proposer`](crate::speculative::Proposer), it runs after the step
+/// ([`propose_after_step`](crate::speculative::propose_after_step)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecutorDraft {
     /// The target's own first this many layers (self-speculative).

@@ -4,13 +4,16 @@
 //! pass per position, and returns the drafts with the step's output. The scheduler verifies
 //! them in the next step like any other proposal, so nothing flows back into this step.
 //!
-//! Two drafters:
-//! - **The target's first layers** ([`ExecutorDraft::Layers`], self-speculative) over the
-//!   target's own cache. Below those layers the target's KV is what the drafter would compute,
-//!   so the first pass feeds only each sequence's drawn token. The passes write those layers'
-//!   KV into slots that the next step's verification overwrites.
-//! - **A separate draft model** ([`ExecutorDraft::Model`], [`DraftModel`]): a smaller model with
-//!   the target's vocabulary and a KV cache of its own that the target's block tables page too.
+//! Two drafters, each a [`Proposer`] like the engine's n-gram and suffix proposers (the runner
+//! picks one per step by [`ScheduledBatch::executor_draft`] and runs it through
+//! [`propose_after_step`](pagoda_engine::speculative::propose_after_step)):
+//! - **The target's first layers** ([`SelfDrafter`], [`ExecutorDraft::Layers`],
+//!   self-speculative) over the target's own cache. Below those layers the target's KV is what
+//!   the drafter would compute, so the first pass feeds only each sequence's drawn token. The
+//!   passes write those layers' KV into slots that the next step's verification overwrites.
+//! - **A separate draft model** ([`ModelDrafter`], [`ExecutorDraft::Model`], [`DraftModel`]): a
+//!   smaller model with the target's vocabulary and a KV cache of its own that the target's
+//!   block tables page too.
 //!   Both caches have the same block size and number of blocks, so slot `s` holds the same
 //!   position in each, and the engine's block manager, prefix cache and copy-on-write serve both
 //!   without knowing about the draft. For that the draft computes every token the target keeps,
@@ -29,10 +32,10 @@
 use candle_core::Device;
 use pagoda_engine::constraint::TokenMask;
 use pagoda_engine::sampler::try_sample;
-use pagoda_engine::speculative::DraftChain;
+use pagoda_engine::speculative::{DraftChain, ProposeSeq, Proposer, ProposerKind};
 use pagoda_engine::{
-    BlockTableStore, BlockTableUpdate, ExecutorDraft, ExecutorError, MaskSlot, SampleRequest, SampledToken,
-    ScheduledBatch, ScheduledSeq,
+    BlockTableStore, BlockTableUpdate, ExecutorDraft, ExecutorError, MaskSlot, SampleRequest, ScheduledBatch,
+    ScheduledSeq, SeqId,
 };
 
 use crate::error::ModelError;
@@ -58,22 +61,75 @@ impl DraftModel {
 
 type StepResult<T> = std::result::Result<T, ExecutorError>;
 
-/// What drafts in one step: a model (the target cut to its first layers, or the draft model)
-/// over its cache.
-pub(crate) struct Drafter<'a> {
-    pub model: &'a Model,
-    pub cache: &'a KvCache,
+/// The self-drafter ([`ExecutorDraft::Layers`]): the target's first layers over the target's
+/// own cache. Below those layers the target's KV is what it would compute, so its first pass
+/// feeds only each sequence's drawn token.
+pub struct SelfDrafter<'a>(Passes<'a>);
+
+impl<'a> SelfDrafter<'a> {
+    /// `model`'s first `num_layers` layers over its `cache`, paged by the step's `tables`.
+    pub fn new(
+        model: &'a Model,
+        cache: &'a KvCache,
+        tables: &'a BlockTableStore,
+        device: &'a Device,
+        num_layers: usize,
+    ) -> Self {
+        Self(Passes { model, cache, tables, device, how: ExecutorDraft::Layers(num_layers) })
+    }
+}
+
+impl Proposer for SelfDrafter<'_> {
+    type Error = ExecutorError;
+
+    fn kind(&self) -> ProposerKind {
+        ProposerKind::Executor
+    }
+
+    fn propose(&self, seqs: &mut [ProposeSeq<'_>], out: &mut [Vec<u32>]) -> StepResult<()> {
+        self.0.draft(seqs, out)
+    }
+}
+
+/// The draft-model drafter ([`ExecutorDraft::Model`]): a separate model over its own cache,
+/// which computes every token the target kept this step, drafting or not.
+pub struct ModelDrafter<'a>(Passes<'a>);
+
+impl<'a> ModelDrafter<'a> {
+    /// `draft` over its own cache, paged by the step's `tables`.
+    pub fn new(draft: &'a DraftModel, tables: &'a BlockTableStore, device: &'a Device) -> Self {
+        Self(Passes { model: &draft.model, cache: &draft.cache, tables, device, how: ExecutorDraft::Model })
+    }
+}
+
+impl Proposer for ModelDrafter<'_> {
+    type Error = ExecutorError;
+
+    fn kind(&self) -> ProposerKind {
+        ProposerKind::Executor
+    }
+
+    fn propose(&self, seqs: &mut [ProposeSeq<'_>], out: &mut [Vec<u32>]) -> StepResult<()> {
+        self.0.draft(seqs, out)
+    }
+}
+
+/// What both drafters run their passes on: a model (the target cut to its first layers, or
+/// the draft model) over its cache.
+struct Passes<'a> {
+    model: &'a Model,
+    cache: &'a KvCache,
     /// The step's block tables; the drafting passes' sequences add nothing to them.
-    pub tables: &'a BlockTableStore,
-    pub device: &'a Device,
+    tables: &'a BlockTableStore,
+    device: &'a Device,
     /// The target's first layers, over its cache, or a separate draft model over its own.
-    pub how: ExecutorDraft,
+    how: ExecutorDraft,
 }
 
 /// One sequence's drafting.
-struct Walk<'b> {
-    seq: &'b ScheduledSeq,
-    /// Its entry in the step's sampled tokens.
+struct Walk {
+    seq_id: SeqId,
+    /// Its index in the proposer's `seqs` and `out`.
     out: usize,
     /// The position of the token the target drew last (not in any cache yet).
     at: usize,
@@ -82,46 +138,34 @@ struct Walk<'b> {
     chain: Option<DraftChain>,
 }
 
-impl Drafter<'_> {
-    /// Drafts the proposals of every sequence of `batch` that asks for some, after the tokens
-    /// its entry of `sampled` kept (`sampled` holds one entry per sequence that sampled, in
-    /// batch order), into that entry's `proposals`. A draft model first computes every token the
-    /// target kept this step, drafting or not.
-    pub(crate) fn propose(&self, batch: &ScheduledBatch, sampled: &mut [SampledToken]) -> StepResult<()> {
+impl Passes<'_> {
+    /// Drafts, into `out[i]`, the proposals of every sequence of `seqs` (the whole step, see
+    /// [`Proposer::propose`]) that asks for some, after its drawn token: as many as it asks for
+    /// and its block tables and the model's positions have room for. A draft model first
+    /// computes every token the target kept this step, drafting or not.
+    fn draft(&self, seqs: &mut [ProposeSeq<'_>], out: &mut [Vec<u32>]) -> StepResult<()> {
         let whole_steps = self.how == ExecutorDraft::Model;
         let max_len = self.model.config().max_position_embeddings;
         let block_size = self.cache.block_size();
-        let mut first = Vec::with_capacity(batch.seqs.len());
+        let mut first = Vec::with_capacity(seqs.len());
         let mut walks = Vec::new();
-        let mut out = 0;
-        for s in &batch.seqs {
-            let kept = if s.sample.is_some() {
-                out += 1;
-                sampled.get(out - 1).map(|t| t.token_ids.as_slice())
-            } else {
-                None
+        for (index, s) in seqs.iter_mut().enumerate() {
+            // Only the executor's sequences have block tables to draft into.
+            let Some(seq_id) = s.seq_id else { continue };
+            let at = s.drawn_pos();
+            let slots = self.tables.get(seq_id).and_then(<[_]>::first).map_or(0, Vec::len) * block_size;
+            let want = match s.drawn {
+                true => s.max_tokens.min(slots.min(max_len).saturating_sub(at)),
+                false => 0,
             };
-            // The step's tokens that the target computed and keeps: its own, then the accepted
-            // proposals; the drawn token comes after them.
-            let own = s.q_len() - s.num_draft_tokens;
-            let (computed, drawn, accepted) = match kept.and_then(<[u32]>::split_last) {
-                Some((&drawn, accepted)) => (own + accepted.len(), Some(drawn), accepted.len()),
-                None => (s.q_len(), None, 0),
-            };
-            let at = s.start_pos + computed;
-            let slots = self.tables.get(s.seq_id).and_then(<[_]>::first).map_or(0, Vec::len) * block_size;
-            let want = match drawn {
-                Some(_) => s.num_to_draft_after(accepted).min(slots.min(max_len).saturating_sub(at)),
-                None => 0,
-            };
-            let mut token_ids = if whole_steps { s.token_ids[..computed].to_vec() } else { Vec::new() };
-            token_ids.extend(drawn.filter(|_| want > 0));
+            let mut token_ids = if whole_steps { s.computed().to_vec() } else { Vec::new() };
+            token_ids.extend(s.drawn_token().filter(|_| want > 0));
             if token_ids.is_empty() {
                 continue;
             }
             let start_pos = if whole_steps { s.start_pos } else { at };
             first.push(ScheduledSeq {
-                seq_id: s.seq_id,
+                seq_id,
                 token_ids,
                 start_pos,
                 block_table_update: BlockTableUpdate::default(),
@@ -134,8 +178,8 @@ impl Drafter<'_> {
                 prompt_logprobs: None,
             });
             if want > 0 {
-                let chain = s.sample.as_ref().zip(kept).and_then(|(req, kept)| DraftChain::after(req, kept));
-                walks.push(Walk { seq: s, out: out - 1, at, want, drafts: Vec::with_capacity(want), chain });
+                let chain = s.grammar.take();
+                walks.push(Walk { seq_id, out: index, at, want, drafts: Vec::with_capacity(want), chain });
             }
         }
         if first.is_empty() {
@@ -149,8 +193,8 @@ impl Drafter<'_> {
         // Pass `j` feeds each walk's draft `j - 1` at its position and draws draft `j`.
         let passes = walks.iter().map(|w| w.want).max().unwrap_or(0);
         for j in 1..passes {
-            let mut members: Vec<&mut Walk<'_>> = walks.iter_mut().filter(|w| w.want > j).collect();
-            let seqs = members.iter().map(|w| one_token(w.seq, w.drafts[j - 1], w.at + j)).collect();
+            let mut members: Vec<&mut Walk> = walks.iter_mut().filter(|w| w.want > j).collect();
+            let seqs = members.iter().map(|w| one_token(w.seq_id, w.drafts[j - 1], w.at + j)).collect();
             let masks =
                 members.iter_mut().map(|w| w.chain.as_mut().and_then(DraftChain::next_mask)).collect();
             let tokens = self.pass(ScheduledBatch { seqs, ..ScheduledBatch::default() }, masks)?;
@@ -159,8 +203,8 @@ impl Drafter<'_> {
             }
         }
         for walk in walks {
-            if let Some(entry) = sampled.get_mut(walk.out) {
-                entry.proposals = walk.drafts;
+            if let Some(entry) = out.get_mut(walk.out) {
+                entry.extend(walk.drafts);
             }
         }
         Ok(())
@@ -209,7 +253,7 @@ impl Drafter<'_> {
     }
 }
 
-impl Walk<'_> {
+impl Walk {
     /// Takes `token` as the next draft; without one, the walk ends with the drafts it has.
     fn take(&mut self, token: Option<u32>) {
         let Some(token) = token else {
@@ -223,10 +267,11 @@ impl Walk<'_> {
     }
 }
 
-/// `token` at position `pos` of `s` alone, as a one-token step that samples (a drafting pass).
-fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
+/// `token` at position `pos` of sequence `seq_id` alone, as a one-token step that samples (a
+/// drafting pass).
+fn one_token(seq_id: SeqId, token: u32, pos: usize) -> ScheduledSeq {
     ScheduledSeq {
-        seq_id: s.seq_id,
+        seq_id,
         token_ids: vec![token],
         start_pos: pos,
         block_table_update: BlockTableUpdate::default(),
@@ -239,3 +284,7 @@ fn one_token(s: &ScheduledSeq, token: u32, pos: usize) -> ScheduledSeq {
         prompt_logprobs: None,
     }
 }
+
+#[cfg(test)]
+#[path = "drafter_tests.rs"]
+mod tests;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::{Device, Tensor};
 use pagoda_engine::sampler::with_thread_sampler;
-use pagoda_engine::speculative::try_verify;
+use pagoda_engine::speculative::{propose_after_step, try_verify, Proposer};
 use pagoda_engine::{
     BlockTableStore, ExecutorDraft, ExecutorError, KvGroups, LoraId, ModelExecutor, PooledOutput,
     PromptLogprobsOutput, SampledToken, ScheduledBatch, StepOutput,
@@ -17,7 +17,7 @@ use pagoda_ops::AttentionMetadata;
 use rayon::prelude::*;
 
 use crate::decode_graphs::DecodeGraphs;
-use crate::drafter::{DraftModel, Drafter};
+use crate::drafter::{DraftModel, ModelDrafter, SelfDrafter};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::lora::LoraBatch;
@@ -417,38 +417,36 @@ impl ModelRunner {
         result
     }
 
-    /// The step after its block copies: the target's pass and sampling, then the drafts.
+    /// The step after its block copies: the target's pass and sampling, then the drafts of
+    /// the batch's drafter, if it names one.
     fn sample_and_draft(
         &self,
         batch: &ScheduledBatch,
         flat: FlatBatch<'_>,
     ) -> std::result::Result<StepOutput, ExecutorError> {
         let mut output = self.verify(batch, flat)?;
-        let drafter = match batch.executor_draft {
-            Some(how @ ExecutorDraft::Layers(_)) => Some(Drafter {
-                model: &self.model,
-                cache: &self.cache,
-                tables: &self.tables,
-                device: &self.device,
-                how,
-            }),
-            Some(how @ ExecutorDraft::Model) => {
-                let draft =
-                    self.draft.as_ref().ok_or_else(|| ExecutorError::Execution("no draft model".into()))?;
-                Some(Drafter {
-                    model: &draft.model,
-                    cache: &draft.cache,
-                    tables: &self.tables,
-                    device: &self.device,
-                    how,
-                })
-            }
-            None => None,
-        };
-        if let Some(drafter) = drafter {
-            drafter.propose(batch, &mut output.sampled)?;
+        if let Some(how) = batch.executor_draft {
+            propose_after_step(&*self.drafter(how)?, batch, &mut output.sampled)?;
         }
         Ok(output)
+    }
+
+    /// The executor's proposer `how` names: the self-drafter over the target, or the draft
+    /// model's drafter where one is attached.
+    fn drafter(
+        &self,
+        how: ExecutorDraft,
+    ) -> std::result::Result<Box<dyn Proposer<Error = ExecutorError> + '_>, ExecutorError> {
+        Ok(match how {
+            ExecutorDraft::Layers(layers) => {
+                Box::new(SelfDrafter::new(&self.model, &self.cache, &self.tables, &self.device, layers))
+            }
+            ExecutorDraft::Model => {
+                let draft =
+                    self.draft.as_ref().ok_or_else(|| ExecutorError::Execution("no draft model".into()))?;
+                Box::new(ModelDrafter::new(draft, &self.tables, &self.device))
+            }
+        })
     }
 
     /// An encoder's step: each sequence is one whole input (the scheduler sends nothing else

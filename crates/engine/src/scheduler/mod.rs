@@ -15,7 +15,8 @@
 //! - `admission.rs`: admission's pass-over rules (fair share between groups, `max_loras`);
 //! - `preempt.rs`: preemption by recompute and the order of its victims;
 //! - `batch.rs`: one scheduled sequence's batch entry (blocks, tokens, sampling, draft slots);
-//! - `speculation.rs`: the n-gram/suffix proposers' state, draft limits, the last verification;
+//! - `speculation.rs`: the model-free proposers (asked as the step is built), draft limits, the
+//!   last verification;
 //! - `fanout.rs` and `beam.rs`: `n > 1` forks and beam search (its state and round choices in
 //!   `beam.rs`);
 //! - `holds.rs` (with its public face in `transfer.rs`): KV-transfer holds;

@@ -1,9 +1,12 @@
-//! Speculative decoding as the scheduler sees it: the n-gram and suffix proposers' state, what
+//! Speculative decoding as the scheduler sees it: the engine's model-free proposers, what
 //! verification accepted in the last step, and how many tokens a decoding sequence may propose
 //! (its draft budget cut to the server's and the request's caps, to `max_tokens`,
-//! `max_model_len` and `min_tokens`, and to what its grammar accepts). The proposers themselves
-//! live in [`crate::speculative`]; the executor's own drafts arrive with a step's output and
-//! are kept on the sequence ([`SeqEntry::proposals`]).
+//! `max_model_len` and `min_tokens`, and to what its grammar accepts). Every proposer is a
+//! [`Proposer`](crate::speculative::Proposer) looked up by the sequence's
+//! [`ProposerKind`]; the n-gram and suffix ones are asked here, while the step is built, because
+//! only here are the whole sequence and the exact room the step leaves it known (see
+//! [`crate::speculative::proposer`]). The executor's drafters propose at the end of a step and
+//! their proposals arrive with its output, kept on the sequence ([`SeqEntry::proposals`]).
 
 use crate::config::EngineConfig;
 use crate::constraint::{SeqConstraint, TokenConstraint};

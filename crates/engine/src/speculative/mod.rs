@@ -6,25 +6,31 @@
 //! blocks allocated only for them go back to the pool.
 //!
 //! - [`SpeculativeConfig`]: the method and its limits (`--speculative-config`).
-//! - [`Proposers`]: where proposals come from, chosen per request ([`ProposerKind`]) with the
-//!   server's method as the default; [`ngram`] looks the sequence's last tokens up in its own
-//!   history (prompt lookup); [`suffix`] also in a frequency trie of recent requests' outputs;
-//!   with [`SpeculativeMethod::DraftLayers`] or [`SpeculativeMethod::DraftModel`] the executor
-//!   drafts them (the target's first layers, or a separate model) at the end of a step, after
-//!   the tokens it kept, and returns them with the step's output; the scheduler verifies them in
-//!   the next step like any other proposal. Under a grammar the executor drafts each position
-//!   under its mask ([`DraftChain`]).
+//! - [`Proposer`]: the one interface of every source of proposals (propose after step N, verified
+//!   at step N + 1), with four implementations: [`ngram`] looks the sequence's last tokens up
+//!   in its own history (prompt lookup); [`suffix`] also in a frequency trie of recent
+//!   requests' outputs; with [`SpeculativeMethod::DraftLayers`] or
+//!   [`SpeculativeMethod::DraftModel`] the executor's drafters (in `pagoda-models`: the
+//!   target's first layers, or a separate model) draft at the end of a step, after the tokens it
+//!   kept ([`propose_after_step`]), and return them with the step's output; the scheduler
+//!   verifies them in the next step like any other proposal. Under a grammar the executor
+//!   drafts each position under its mask ([`DraftChain`]). [`proposer`] says why the
+//!   model-free proposers are still called by the scheduler.
+//! - [`Proposers`]: the engine's model-free proposers, looked up by the [`ProposerKind`] a
+//!   request picks, with the server's method as the default.
 //! - [`SpecDecodeStats`]: drafts, draft tokens and accepted tokens per position, for metrics.
 
 pub mod draft_chain;
 pub mod ngram;
+pub mod proposer;
 pub mod proposers;
 pub mod suffix;
 pub mod verify;
 
 pub use draft_chain::DraftChain;
 pub use ngram::NgramProposer;
-pub use proposers::{ProposerKind, Proposers};
+pub use proposer::{propose_after_step, ProposeSeq, Proposer};
+pub use proposers::{ModelFreeProposer, ProposerKind, Proposers};
 pub use suffix::SuffixProposer;
 pub use verify::{kept, position_requests, try_verify, verify};
 

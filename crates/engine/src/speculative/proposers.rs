@@ -1,14 +1,21 @@
-//! The proposers one engine holds, and which of them a sequence asks. `--speculative-config`
-//! names the default method; a request may pick another ([`ProposerKind`], the server's
-//! `speculative_method` extension field). The model-free proposers cost nothing to keep beside
-//! the default: prompt lookup has no state, and the suffix trie is built when the first request
-//! that wants it arrives, caching every output that finishes from then on. The executor's drafts
-//! (a draft model, or the target's first layers) exist only where the server loaded them.
+//! The proposers one engine holds, looked up by the [`ProposerKind`] a sequence asks for.
+//! `--speculative-config` names the default method; a request may pick another (the server's
+//! `speculative_method` extension field). The model-free proposers ([`Proposer`]s proposing
+//! from the sequence's tokens) cost nothing to keep beside the default: prompt lookup has no
+//! state, and the suffix trie is built when the first request that wants it arrives, caching
+//! every output that finishes from then on. The executor's drafters (a draft model, or the
+//! target's first layers) are [`Proposer`]s too, held by the executor where the server loaded
+//! them: their proposals, made after the last step, come back with its output.
+
+use std::convert::Infallible;
 
 use super::{
-    NgramProposer, SpeculativeConfig, SpeculativeMethod, SuffixProposer, DEFAULT_PROMPT_LOOKUP_MAX,
-    DEFAULT_PROMPT_LOOKUP_MIN,
+    NgramProposer, ProposeSeq, Proposer, SpeculativeConfig, SpeculativeMethod, SuffixProposer,
+    DEFAULT_PROMPT_LOOKUP_MAX, DEFAULT_PROMPT_LOOKUP_MIN,
 };
+
+/// A proposer the engine holds (one that cannot fail).
+pub type ModelFreeProposer = dyn Proposer<Error = Infallible>;
 
 /// Where a sequence's proposals come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,16 +106,28 @@ impl Proposers {
         }
     }
 
-    /// A sequence finished normally with `output`: the suffix trie, once built, caches it.
+    /// The engine's proposer of `kind`: `None` for [`ProposerKind::Executor`] (the executor
+    /// holds its drafters) and for the suffix trie before a request wanted it.
+    pub fn get(&self, kind: ProposerKind) -> Option<&ModelFreeProposer> {
+        match kind {
+            ProposerKind::Ngram => Some(&self.ngram),
+            ProposerKind::Suffix => self.suffix.as_ref().map(|s| s as &ModelFreeProposer),
+            ProposerKind::Executor => None,
+        }
+    }
+
+    /// A sequence finished normally with `output`: every proposer held learns from it (the
+    /// suffix trie, once built, caches it).
     pub fn record_output(&mut self, output: &[u32]) {
-        if let Some(suffix) = &mut self.suffix {
-            suffix.record_output(output);
+        let suffix = self.suffix.as_mut().map(|s| s as &mut ModelFreeProposer);
+        for proposer in std::iter::once(&mut self.ngram as &mut ModelFreeProposer).chain(suffix) {
+            proposer.record_output(output);
         }
     }
 
     /// Appends to `out` at most `max_tokens` proposed continuations of `tokens` (prompt then
-    /// output so far) from `kind`. The executor's proposals are not made here: the scheduler
-    /// keeps those its last step returned (`drafted`) and takes them from there.
+    /// output so far) from `kind`. The executor's proposals are not made here: its drafter made
+    /// them after the last step, and the scheduler keeps those it returned (`drafted`).
     pub fn propose(
         &self,
         kind: ProposerKind,
@@ -117,15 +136,14 @@ impl Proposers {
         max_tokens: usize,
         out: &mut Vec<u32>,
     ) {
-        match kind {
-            ProposerKind::Ngram => self.ngram.propose(tokens, max_tokens, out),
-            // `prepare` ran when the request was added.
-            ProposerKind::Suffix => {
-                if let Some(suffix) = &self.suffix {
-                    suffix.propose(tokens, max_tokens, out);
-                }
+        match self.get(kind) {
+            Some(proposer) => {
+                let seq = ProposeSeq::whole(tokens, max_tokens);
+                let Ok(()) = proposer.propose(&mut [seq], std::slice::from_mut(out));
             }
-            ProposerKind::Executor => out.extend(drafted.iter().take(max_tokens)),
+            None if kind == ProposerKind::Executor => out.extend(drafted.iter().take(max_tokens)),
+            // `prepare` builds the trie when a request that wants it is added.
+            None => {}
         }
     }
 }
