@@ -62,7 +62,7 @@ impl ChatTurn {
     /// conversation for templates without tools.
     pub async fn render(&self, state: &AppState) -> Result<TokenizedPrompt, ApiError> {
         let (messages, options) = self.template_input(state);
-        state.prompts.chat(messages, options).await
+        state.prompts.chat(messages, options).await.map_err(|e| e.naming_prompt(self.prompt_param))
     }
 
     /// The number of tokens [`Self::render`] gives, even beyond the context (`count_tokens`).

@@ -148,6 +148,20 @@ impl ApiError {
         }
     }
 
+    /// The same error naming `prompt` where it names the chat prompt as `messages`: a prompt
+    /// rendered from another API's field (the Responses API's `input`).
+    pub fn naming_prompt(self, prompt: &'static str) -> Self {
+        match self {
+            ApiError::PromptTextTooLong { bytes, at_least_tokens, max_model_len, param: "messages" } => {
+                ApiError::PromptTextTooLong { bytes, at_least_tokens, max_model_len, param: prompt }
+            }
+            ApiError::InvalidParam(InvalidParam { param: Some(p), message }) if p == "messages" => {
+                ApiError::InvalidParam(InvalidParam { param: Some(prompt.to_owned()), message })
+            }
+            other => other,
+        }
+    }
+
     /// OpenAI's `param` field: which request parameter is at fault.
     pub fn param(&self) -> Option<&str> {
         match self {
@@ -266,6 +280,20 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chat_prompt_rendered_for_another_api_names_its_field() {
+        let long =
+            ApiError::PromptTextTooLong { bytes: 9, at_least_tokens: 9, max_model_len: 8, param: "messages" };
+        assert_eq!(long.naming_prompt("input").param(), Some("input"));
+        assert_eq!(ApiError::invalid("messages", "bad").naming_prompt("input").param(), Some("input"));
+        // Other parameters keep their names.
+        assert_eq!(
+            ApiError::invalid("messages[0]", "bad").naming_prompt("input").param(),
+            Some("messages[0]")
+        );
+        assert_eq!(ApiError::invalid("tools", "bad").naming_prompt("input").param(), Some("tools"));
+    }
 
     #[test]
     fn statuses_and_types() {

@@ -68,6 +68,11 @@ fn requested(case: &Case, field: &str) -> Option<u64> {
     body[field].as_u64()
 }
 
+/// Whether the request's body sets `field` to `true`.
+fn requested_flag(case: &Case, field: &str) -> bool {
+    serde_json::from_slice::<Value>(&case.body).is_ok_and(|body| body[field] == true)
+}
+
 const STOP_REASONS: &[&str] =
     &["end_turn", "max_tokens", "stop_sequence", "tool_use", "model_context_window_exceeded"];
 
@@ -150,7 +155,7 @@ fn response_object(case: &Case, v: &Value, status: Option<&str>) -> Result<(), S
     let output = v["output"].as_array().ok_or("no output")?;
     output.iter().try_for_each(output_item)?;
     match got {
-        "in_progress" => return Ok(()),
+        "in_progress" | "queued" => return Ok(()),
         "failed" => {
             let message = v["error"]["message"].as_str().unwrap_or_default();
             return if message.is_empty() {
@@ -213,6 +218,8 @@ pub fn agent_body(case: &Case, v: &Value) -> Result<(), String> {
             Some(n) if n > 0 => Ok(()),
             _ => Err("no input_tokens".into()),
         },
+        // A background response is answered before it runs.
+        Endpoint::Responses if requested_flag(case, "background") => response_object(case, v, Some("queued")),
         Endpoint::Responses => response_object(case, v, None),
         // Nothing is stored under a made-up id, but whatever answers must be of its route.
         _ => match v["object"].as_str() {

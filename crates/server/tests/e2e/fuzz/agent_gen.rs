@@ -357,7 +357,13 @@ fn responses_request(rng: &mut Rng, m: &mut Map<String, Value>) -> bool {
             m.insert(key.into(), value);
         }
     }
-    stream_flag(rng, m)
+    let stream = stream_flag(rng, m);
+    if !stream && rng.chance(6) {
+        // Answered at once, `queued`, and run detached (a background response is stored).
+        m.insert("background".into(), json!(true));
+        m.insert("store".into(), json!(true));
+    }
+    stream
 }
 
 /// A valid request for one of the agent endpoints, and whether it streams (`None`: it cannot).
