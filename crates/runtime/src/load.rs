@@ -15,13 +15,13 @@ use pagoda_models::kv_sizing::{size_from_device_memory, GpuKvBudget, KvSizingErr
 use pagoda_models::lora::AdapterReader;
 use pagoda_models::{
     load_model, DraftModel, KvCache, KvLayout, LoadFormat, LoadOptions, Model, ModelConfig, ModelError,
-    ModelRunner, Pooling,
+    ModelRunner, Pooling, ResolvedPlan,
 };
 use pagoda_ops::PanelTiming;
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
 use crate::options::RuntimeOptions;
-use crate::plan::{resolve_plan, RuntimePlan};
+use crate::plan::{model_load_options, resolve_plan, RuntimePlan};
 
 /// Why the model or the engine could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -145,30 +145,17 @@ fn load_text(path: &Path) -> Result<TextParts, RuntimeError> {
 }
 
 impl LoadedRuntime {
+    /// Loads in named stages: the plan, the model and the text side at once, the cache sized
+    /// and allocated, a draft attached, the engine's configuration (complete: nothing changes
+    /// it after this returns).
     pub fn load(options: &RuntimeOptions) -> Result<Self, RuntimeError> {
         let (plan, resolved) = resolve_plan(options)?;
-        tracing::info!("{plan}");
-        if let Some(why) = &resolved.fallback {
-            tracing::warn!("{why}");
-        }
-        if let Some(timing) = &resolved.timing {
-            let ms: Vec<String> =
-                timing.seconds.iter().map(|(p, s)| format!("{p:?} {:.3} ms", s * 1e3)).collect();
-            tracing::info!(
-                rows = timing.rows,
-                "prefill-sized kernels timed on the model's weight: {}",
-                ms.join(", ")
-            );
-        }
+        log_plan(&plan, &resolved);
         let load = LoadOptions {
-            device: options.device.clone(),
-            dtype: options.dtype,
-            dequantize: options.dequantize,
-            format: options.load_format,
             kernel_plan: plan.kernels,
             quantization: options.quantization,
             rope_scaling: options.rope_scaling,
-            ..LoadOptions::default()
+            ..model_load_options(options)
         };
         if options.quantization.is_some() && options.device.is_cpu() {
             tracing::warn!(
@@ -176,30 +163,9 @@ impl LoadedRuntime {
                  dense: the GPU's numbers, no memory saved"
             );
         }
-        // The model (parallel over the rayon pool) and the text side (one thread) load at once.
-        let tokenizer_path = tokenizer_source(options)?;
-        let (loaded, text) = std::thread::scope(|scope| {
-            let text = scope.spawn(|| load_text(&tokenizer_path));
-            let loaded = load_model(&options.model, &load);
-            (loaded, text.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-        });
-        let (mut loaded, text) = (loaded?, text?);
+        let (mut loaded, text) = load_model_and_text(options, &load)?;
         if let Some(kind) = options.pooling {
-            // An embedding model keeps its normalization and input limit; a generating one
-            // normalizes, as vLLM's pooling runner does by default.
-            let base = loaded.model.pooling().copied();
-            if base.is_some_and(|p| p.cross_encoder) {
-                return Err(RuntimeError::PoolingOfCrossEncoder(kind.name()));
-            }
-            let generating = Pooling {
-                kind,
-                normalize: true,
-                max_input_tokens: None,
-                matryoshka: false,
-                cross_encoder: false,
-            };
-            let pooling = base.map_or(generating, |p| Pooling { kind, ..p });
-            loaded.model.set_pooling(pooling);
+            set_pooling(&mut loaded.model, kind)?;
         }
         let mut times = StartupTimes {
             model_seconds: loaded.load_seconds,
@@ -256,48 +222,17 @@ impl LoadedRuntime {
             .lora
             .as_ref()
             .map(|l| Arc::new(AdapterReader::new(config.clone(), runner.model().dtype(), l.dtype)));
-        let mut gpu_kv_budget = None;
-        let num_blocks = match options.num_blocks {
-            Some(n) => n,
-            None => {
-                let bytes = match options.gpu_memory_utilization {
-                    Some(utilization) if options.device.is_cuda() => {
-                        let shape = ProfileShape {
-                            max_num_batched_tokens: options.max_num_batched_tokens,
-                            max_num_seqs: options.max_num_seqs,
-                            block_size: options.block_size,
-                        };
-                        let budget =
-                            size_from_device_memory(&mut runner, &config, shape, cache_dtype, utilization)?;
-                        gpu_kv_budget = Some(budget);
-                        budget.kv_bytes
-                    }
-                    _ => options.kv_cache_bytes,
-                };
-                let bytes =
-                    target_share(bytes, &config, draft_config.as_ref(), options.block_size, cache_dtype);
-                KvCache::blocks_for_budget(&config, options.block_size, cache_dtype, bytes)
-            }
-        };
+        let (num_blocks, gpu_kv_budget) = cache_blocks(&mut runner, options, &config, draft_config.as_ref())?;
         let groups = layout.kv_groups();
-        // Without an explicit limit, the context is what the model, a draft model and the cache allow
-        // (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
+        // Without an explicit limit, the context is what the model, a draft model and the cache
+        // allow (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
         let max_model_len = options.max_model_len.unwrap_or_else(|| {
             let fits = |len: usize| {
                 groups.max_pages_for_sequence(len, options.max_num_batched_tokens, options.block_size)
                     <= num_blocks
             };
             let positions = draft_config.as_ref().map_or(usize::MAX, |d| d.max_position_embeddings);
-            let (mut lo, mut hi) = (0, config.max_position_embeddings.min(positions));
-            while lo < hi {
-                let mid = (lo + hi).div_ceil(2);
-                if fits(mid) {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            lo
+            longest_fitting(config.max_position_embeddings.min(positions), fits)
         });
         if num_blocks == 0 {
             return Err(RuntimeError::CacheTooSmall {
@@ -305,26 +240,7 @@ impl LoadedRuntime {
                 block_size: options.block_size,
             });
         }
-        // Calibrated before the cache is allocated: its scratch cache and activations then fit
-        // in what the profiled step left.
-        let scales = match cache_dtype {
-            DType::F8E4M3 => {
-                let template = chat_template.as_deref();
-                Some(crate::fp8_kv::calibrated_scales(
-                    &mut runner,
-                    &tokenizer,
-                    template,
-                    options.block_size,
-                    cache_dtype,
-                )?)
-            }
-            _ => None,
-        };
-        let mut cache = KvCache::new(&config, num_blocks, options.block_size, cache_dtype, &options.device)?;
-        if let Some(scales) = scales {
-            cache = cache.with_scales(scales)?;
-        }
-        runner.replace_cache(cache);
+        allocate_cache(&mut runner, options, &config, num_blocks, &tokenizer, chat_template.as_deref())?;
         // A batch-invariant step plans attention per token, which a replayed plan cannot.
         let graphs = options.device.is_cuda() && !options.enforce_eager && !options.kernels.batch_invariant;
         if graphs {
@@ -334,28 +250,7 @@ impl LoadedRuntime {
         let mut kv_cache_bytes =
             (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;
         if let Some(draft) = draft {
-            let path = options.draft_model.clone().unwrap_or_default();
-            let draft_config = draft.config().clone();
-            if draft_config.max_position_embeddings < max_model_len {
-                return Err(RuntimeError::DraftIncompatible {
-                    path,
-                    reason: format!(
-                        "its {} positions are fewer than the server's max_model_len {max_model_len}",
-                        draft_config.max_position_embeddings
-                    ),
-                });
-            }
-            let cache =
-                KvCache::new(&draft_config, num_blocks, options.block_size, cache_dtype, &options.device)?;
-            kv_cache_bytes += (num_blocks
-                * KvLayout::for_config(&draft_config).page_bytes(
-                    &draft_config,
-                    options.block_size,
-                    dtype_size,
-                )) as u64;
-            runner
-                .set_draft(DraftModel::new(draft, cache))
-                .map_err(|e| RuntimeError::DraftIncompatible { path, reason: e.to_string() })?;
+            kv_cache_bytes += attach_draft(&mut runner, draft, options, num_blocks, max_model_len)?;
         }
         let kv_bytes_per_token =
             layout.bytes_per_token(&config, max_model_len.max(1), options.block_size, dtype_size);
@@ -367,6 +262,7 @@ impl LoadedRuntime {
         engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
         engine_config.max_waiting_requests = options.max_waiting_requests;
         engine_config.enable_prefix_caching = options.enable_prefix_caching;
+        engine_config.kv_cache_events = options.kv_cache_events;
         engine_config.speculative = options.speculative;
         engine_config.max_loras = options.lora.as_ref().map(|l| l.max_loras);
         engine_config.validate().map_err(EngineError::from)?;
@@ -477,6 +373,151 @@ impl LoadedRuntime {
             lora_reader: self.lora_reader,
         })
     }
+}
+
+/// The plan line, why `auto` fell back (if it did) and what it timed.
+fn log_plan(plan: &RuntimePlan, resolved: &ResolvedPlan) {
+    tracing::info!("{plan}");
+    if let Some(why) = &resolved.fallback {
+        tracing::warn!("{why}");
+    }
+    if let Some(timing) = &resolved.timing {
+        let ms: Vec<String> =
+            timing.seconds.iter().map(|(p, s)| format!("{p:?} {:.3} ms", s * 1e3)).collect();
+        tracing::info!(
+            rows = timing.rows,
+            "prefill-sized kernels timed on the model's weight: {}",
+            ms.join(", ")
+        );
+    }
+}
+
+/// The model (parallel over the rayon pool) and the text side (one thread), loaded at once.
+fn load_model_and_text(
+    options: &RuntimeOptions,
+    load: &LoadOptions,
+) -> Result<(pagoda_models::LoadedModel, TextParts), RuntimeError> {
+    let tokenizer_path = tokenizer_source(options)?;
+    let (loaded, text) = std::thread::scope(|scope| {
+        let text = scope.spawn(|| load_text(&tokenizer_path));
+        let loaded = load_model(&options.model, load);
+        (loaded, text.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    });
+    Ok((loaded?, text?))
+}
+
+/// `--pooling kind`: an embedding model keeps its normalization and input limit; a generating
+/// one normalizes, as vLLM's pooling runner does by default. A cross-encoder takes none.
+fn set_pooling(model: &mut Model, kind: pagoda_models::PoolingKind) -> Result<(), RuntimeError> {
+    let base = model.pooling().copied();
+    if base.is_some_and(|p| p.cross_encoder) {
+        return Err(RuntimeError::PoolingOfCrossEncoder(kind.name()));
+    }
+    let generating =
+        Pooling { kind, normalize: true, max_input_tokens: None, matryoshka: false, cross_encoder: false };
+    model.set_pooling(base.map_or(generating, |p| Pooling { kind, ..p }));
+    Ok(())
+}
+
+/// The cache's blocks: as many as asked, or what the budget (the bytes given, or on CUDA what
+/// a profiled step leaves of device memory) holds of the target's pages beside a draft's.
+fn cache_blocks(
+    runner: &mut ModelRunner,
+    options: &RuntimeOptions,
+    config: &ModelConfig,
+    draft: Option<&ModelConfig>,
+) -> Result<(usize, Option<GpuKvBudget>), RuntimeError> {
+    if let Some(n) = options.num_blocks {
+        return Ok((n, None));
+    }
+    let cache_dtype = options.kv_cache_dtype;
+    let (bytes, budget) = match options.gpu_memory_utilization {
+        Some(utilization) if options.device.is_cuda() => {
+            let shape = ProfileShape {
+                max_num_batched_tokens: options.max_num_batched_tokens,
+                max_num_seqs: options.max_num_seqs,
+                block_size: options.block_size,
+            };
+            let budget = size_from_device_memory(runner, config, shape, cache_dtype, utilization)?;
+            (budget.kv_bytes, Some(budget))
+        }
+        _ => (options.kv_cache_bytes, None),
+    };
+    let bytes = target_share(bytes, config, draft, options.block_size, cache_dtype);
+    Ok((KvCache::blocks_for_budget(config, options.block_size, cache_dtype, bytes), budget))
+}
+
+/// The largest length in `0..=max` that `fits` (which holds for every shorter length too).
+fn longest_fitting(max: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, max);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// Allocates the `num_blocks` cache into `runner`, an FP8 cache with its calibrated scales
+/// (calibrated first: its scratch cache and activations then fit in what the profiled step
+/// left).
+fn allocate_cache(
+    runner: &mut ModelRunner,
+    options: &RuntimeOptions,
+    config: &ModelConfig,
+    num_blocks: usize,
+    tokenizer: &Tokenizer,
+    chat_template: Option<&ChatTemplate>,
+) -> Result<(), RuntimeError> {
+    let cache_dtype = options.kv_cache_dtype;
+    let scales = match cache_dtype {
+        DType::F8E4M3 => Some(crate::fp8_kv::calibrated_scales(
+            runner,
+            tokenizer,
+            chat_template,
+            options.block_size,
+            cache_dtype,
+        )?),
+        _ => None,
+    };
+    let mut cache = KvCache::new(config, num_blocks, options.block_size, cache_dtype, &options.device)?;
+    if let Some(scales) = scales {
+        cache = cache.with_scales(scales)?;
+    }
+    runner.replace_cache(cache);
+    Ok(())
+}
+
+/// Gives `runner` the draft model with a cache of the same blocks; returns that cache's bytes.
+fn attach_draft(
+    runner: &mut ModelRunner,
+    draft: Model,
+    options: &RuntimeOptions,
+    num_blocks: usize,
+    max_model_len: usize,
+) -> Result<u64, RuntimeError> {
+    let path = options.draft_model.clone().unwrap_or_default();
+    let config = draft.config().clone();
+    if config.max_position_embeddings < max_model_len {
+        return Err(RuntimeError::DraftIncompatible {
+            path,
+            reason: format!(
+                "its {} positions are fewer than the server's max_model_len {max_model_len}",
+                config.max_position_embeddings
+            ),
+        });
+    }
+    let dtype = options.kv_cache_dtype;
+    let cache = KvCache::new(&config, num_blocks, options.block_size, dtype, &options.device)?;
+    let bytes = num_blocks
+        * KvLayout::for_config(&config).page_bytes(&config, options.block_size, dtype.size_in_bytes());
+    runner
+        .set_draft(DraftModel::new(draft, cache))
+        .map_err(|e| RuntimeError::DraftIncompatible { path, reason: e.to_string() })?;
+    Ok(bytes as u64)
 }
 
 /// Loads the start-up adapters of `options.lora` into `runner`, ids from 1 in the order given.

@@ -74,6 +74,8 @@ pub struct RuntimeOptions {
     pub draft_model: Option<PathBuf>,
     /// LoRA adapters, when served.
     pub lora: Option<crate::LoraSettings>,
+    /// Whether the engine reports its cache's stored and removed blocks (KV events).
+    pub kv_cache_events: bool,
 }
 
 fn open_device(arg: DeviceArg) -> Result<Device, OptionsError> {
@@ -131,6 +133,7 @@ impl EngineSettings {
             speculative: self.speculative.as_ref().map(|s| s.config),
             draft_model,
             lora: self.lora.clone(),
+            kv_cache_events: false,
         })
     }
 

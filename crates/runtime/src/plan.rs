@@ -51,17 +51,22 @@ impl std::fmt::Display for RuntimePlan {
     }
 }
 
-/// The plan `options` resolve to, with what the resolution measured (see
-/// [`pagoda_models::resolve_kernel_plan`]).
-pub fn resolve_plan(options: &RuntimeOptions) -> Result<(RuntimePlan, ResolvedPlan), ModelError> {
-    let load = LoadOptions {
+/// How `options` open the model file (device, dtype, dequantization, format): what the plan's
+/// resolution reads it with, and the base of what the model is loaded with.
+pub(crate) fn model_load_options(options: &RuntimeOptions) -> LoadOptions {
+    LoadOptions {
         device: options.device.clone(),
         dtype: options.dtype,
         dequantize: options.dequantize,
         format: options.load_format,
         ..LoadOptions::default()
-    };
-    let resolved = resolve_kernel_plan(&options.model, &load, options.kernels)?;
+    }
+}
+
+/// The plan `options` resolve to, with what the resolution measured (see
+/// [`pagoda_models::resolve_kernel_plan`]).
+pub fn resolve_plan(options: &RuntimeOptions) -> Result<(RuntimePlan, ResolvedPlan), ModelError> {
+    let resolved = resolve_kernel_plan(&options.model, &model_load_options(options), options.kernels)?;
     let plan = RuntimePlan {
         device: options.device_name.clone(),
         dtype: options.dtype,

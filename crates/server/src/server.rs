@@ -118,7 +118,8 @@ impl Server {
     /// Loads everything `config` names (on the blocking pool), starts the engine and binds.
     pub async fn build(config: &ServerConfig) -> Result<Self, ServeError> {
         let started = Instant::now();
-        let options = config.engine.runtime_options()?;
+        let mut options = config.engine.runtime_options()?;
+        options.kv_cache_events = config.kv_events.is_some();
         tracing::info!(
             model = %config.engine.model,
             device = %config.engine.device,
@@ -126,7 +127,7 @@ impl Server {
             "loading the model"
         );
         let chat_template_path = config.chat_template.clone();
-        let mut runtime = tokio::task::spawn_blocking(move || -> Result<LoadedRuntime, ServeError> {
+        let runtime = tokio::task::spawn_blocking(move || -> Result<LoadedRuntime, ServeError> {
             let mut runtime = LoadedRuntime::load(&options)?;
             if let Some(path) = chat_template_path {
                 runtime.chat_template = Some(Arc::new(load_chat_template(&path, &runtime)?));
@@ -136,7 +137,7 @@ impl Server {
         .await
         .map_err(|e| ServeError::Join(e.to_string()))??;
 
-        let model_config = runtime.runner.model().config().clone();
+        let model_config = runtime.model_config.clone();
         let t = runtime.times;
         tracing::info!(
             seconds = format!("{:.2}", t.model_seconds),
@@ -178,15 +179,12 @@ impl Server {
         let vocab_size = model_config.vocab_size;
         let state_cell = Arc::new(OnceLock::new());
         let kv_events = match &config.kv_events {
-            Some(kv) => {
-                runtime.engine_config.kv_cache_events = true;
-                Some(Arc::new(start_kv_events(
-                    kv,
-                    &config.host,
-                    &runtime.engine_config,
-                    Arc::clone(&state_cell),
-                )?))
-            }
+            Some(kv) => Some(Arc::new(start_kv_events(
+                kv,
+                &config.host,
+                &runtime.engine_config,
+                Arc::clone(&state_cell),
+            )?)),
             None => None,
         };
         let engine_shutdown = Shutdown::new();
