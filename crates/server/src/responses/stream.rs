@@ -135,6 +135,16 @@ impl Responder {
         self.event(name, json!({"response": response}))
     }
 
+    /// Ends the response as `failed` with `e` (and the items made so far): its last event.
+    fn fail(&mut self, e: &ApiError) -> SeqEvent {
+        self.done = true;
+        self.response.status = "failed".into();
+        self.response.output = self.items.snapshot();
+        let body = e.body().error;
+        self.response.error = Some(json!({"code": body.code, "message": body.message}));
+        self.response_event("response.failed")
+    }
+
     /// `response.created`, then `response.in_progress` unless the response is `queued` (a
     /// background response: [`Responder::start`] sends it when generation starts).
     pub fn opening(&mut self) -> Vec<SeqEvent> {
@@ -162,12 +172,7 @@ impl Responder {
                 None => None,
             };
             if let Some(e) = error {
-                self.done = true;
-                self.response.status = "failed".into();
-                self.response.output = self.items.snapshot();
-                let body = e.body().error;
-                self.response.error = Some(json!({"code": body.code, "message": body.message}));
-                out.push(self.response_event("response.failed"));
+                out.push(self.fail(&e));
                 return out;
             }
         }
@@ -231,14 +236,7 @@ impl Responder {
                     self.event("response.output_item.done", json!({"output_index": index, "item": item})),
                 );
             }
-            Step::Failed(e) => {
-                self.done = true;
-                self.response.status = "failed".into();
-                self.response.output = self.items.snapshot();
-                let body = e.body().error;
-                self.response.error = Some(json!({"code": body.code, "message": body.message}));
-                out.push(self.response_event("response.failed"));
-            }
+            Step::Failed(e) => out.push(self.fail(&e)),
         }
         out
     }
