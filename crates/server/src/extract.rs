@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, InvalidParam};
-use crate::openai::fields::{top_level_keys, KnownFields};
+use crate::openai::fields::{error_position, top_level_keys, KnownFields, PathError};
 
 /// A request body parsed as `T`; rejections are [`ApiError`]s.
 #[derive(Debug, Clone)]
@@ -71,6 +71,7 @@ pub fn parse<T: DeserializeOwned + KnownFields>(bytes: &[u8]) -> Result<T, ApiEr
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        let err = first_in_body(err, || T::flattened_error(bytes));
         let path = err.path().to_string();
         let inner = err.into_inner();
         if inner.is_data() {
@@ -87,6 +88,16 @@ pub fn parse<T: DeserializeOwned + KnownFields>(bytes: &[u8]) -> Result<T, ApiEr
     de.end().map_err(|e| ApiError::MalformedJson(e.to_string()))?;
     T::check_keys(&top_level_keys(bytes))?;
     Ok(value)
+}
+
+/// Of the whole parse's error and the one parsing the type's flattened parts alone, the one
+/// earlier in the body: the error a parse without flatten would have stopped at, with its path
+/// (flatten reports a bad flattened value at the object's end, without one).
+fn first_in_body(err: PathError, flattened: impl FnOnce() -> Option<PathError>) -> PathError {
+    match flattened() {
+        Some(flat) if error_position(&flat) < error_position(&err) => flat,
+        _ => err,
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +138,28 @@ mod tests {
     }
 
     #[test]
+    fn wrong_types_in_flattened_extensions_name_the_parameter() {
+        assert_eq!(param(r#"{"messages":[],"top_k":"x"}"#).as_deref(), Some("top_k"));
+        assert_eq!(param(r#"{"messages":[],"stop_token_ids":[-1]}"#).as_deref(), Some("stop_token_ids[0]"));
+        assert_eq!(param(r#"{"messages":[],"guided_choice":"a"}"#).as_deref(), Some("guided_choice"));
+        // The first bad value in the body is the one named, flattened or not, and before a
+        // missing field.
+        assert_eq!(param(r#"{"messages":[],"top_k":"x","n":1.5}"#).as_deref(), Some("top_k"));
+        assert_eq!(param(r#"{"messages":[],"n":1.5,"top_k":"x"}"#).as_deref(), Some("n"));
+        assert_eq!(param(r#"{"top_k":"x"}"#).as_deref(), Some("top_k"));
+        let err = parse::<CompletionRequest>(br#"{"prompt":"a","priority":"high"}"#).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "Invalid value for `priority`: invalid type: string \"high\", expected i64 at line 1"
+            ),
+            "{text}"
+        );
+        // A bad value before a syntax error is still named, as without flatten.
+        assert_eq!(param(r#"{"top_k":"x","messages":[}"#).as_deref(), Some("top_k"));
+    }
+
+    #[test]
     fn missing_required_field_is_a_400() {
         let err = parse::<ChatCompletionRequest>(b"{}").unwrap_err();
         assert_eq!(err.status(), StatusCode::BAD_REQUEST);
@@ -141,8 +174,8 @@ mod tests {
     fn nulls_mean_absent() {
         let r: ChatCompletionRequest =
             parse(br#"{"messages":[],"temperature":null,"stop":null,"n":null,"seed":null}"#).unwrap();
-        assert_eq!(r.temperature, None);
-        assert_eq!(r.n, None);
+        assert_eq!(r.openai.temperature, None);
+        assert_eq!(r.openai.n, None);
     }
 
     #[test]
@@ -159,7 +192,7 @@ mod tests {
         assert_eq!(param(r#"{"messages":[],"max_token":5}"#).as_deref(), Some("max_token"));
         assert_eq!(param(r#"{"messages":[],"guided_jsn":{}}"#).as_deref(), Some("guided_jsn"));
         let ok: ChatCompletionRequest = parse(br#"{"messages":[],"user":"u","metadata":{"a":"b"}}"#).unwrap();
-        assert_eq!(ok.user.as_deref(), Some("u"));
+        assert_eq!(ok.openai.user.as_deref(), Some("u"));
         let err = parse::<CompletionRequest>(br#"{"prompt":"x","echo_":true}"#).unwrap_err();
         assert_eq!(err.param(), Some("echo_"));
     }

@@ -111,6 +111,16 @@ mod tests {
         ] {
             assert!(paths.contains_key(p), "{p} missing from {:?}", paths.keys());
         }
+        // Chat and completions list their errors through one `IntoResponses` type.
+        for path in ["/v1/chat/completions", "/v1/completions"] {
+            let responses = &paths[path]["post"]["responses"];
+            for code in ["200", "400", "401", "404", "413", "429", "503"] {
+                assert!(responses[code]["description"].is_string(), "{path} {code}");
+            }
+            assert_eq!(responses["404"]["description"], "Unknown model");
+            let body = &responses["400"]["content"]["application/json"]["schema"]["$ref"];
+            assert_eq!(body, "#/components/schemas/ErrorResponse");
+        }
         let schemas = json["components"]["schemas"].as_object().unwrap();
         for s in [
             "ChatCompletionRequest",
@@ -121,8 +131,12 @@ mod tests {
         ] {
             assert!(schemas.contains_key(s), "{s} missing");
         }
-        let chat = &schemas["ChatCompletionRequest"];
-        assert!(chat["required"].as_array().unwrap().iter().any(|r| r == "messages"));
-        assert!(chat["properties"]["temperature"].is_object());
+        // Chat flattens the fields it shares with completions: an `allOf` of inline objects.
+        let chat = schemas["ChatCompletionRequest"]["allOf"].as_array().unwrap();
+        let own = chat.iter().find(|part| part["required"].is_array()).unwrap();
+        assert!(own["required"].as_array().unwrap().iter().any(|r| r == "messages"));
+        for field in ["messages", "temperature", "guided_regex"] {
+            assert!(chat.iter().any(|part| part["properties"][field].is_object()), "{field}");
+        }
     }
 }

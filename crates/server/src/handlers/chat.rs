@@ -2,25 +2,23 @@
 //! answer with one `chat.completion` or a stream of `chat.completion.chunk` events.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use pagoda_text::Tokenizer;
 
+use super::generation::{Generation, GenerationErrors};
 use super::{finish_reason, response_id};
 use crate::chat_output::{whole_message, ChoiceSplit, ChoiceText};
 use crate::conversation::{ChatTurn, StartedTurn};
 use crate::error::ApiError;
-use crate::extract::JsonBody;
-use crate::layers::Arrival;
 use crate::logprobs;
 use crate::openai::FinishReason;
 use crate::openai::{
     unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ErrorResponse, ResponseMessage, Usage,
+    ChatCompletionResponse, ChatDelta, ResponseMessage, Usage,
 };
 use crate::prompt::{chat_messages, ChatOptions};
 use crate::sse;
@@ -62,22 +60,14 @@ impl Context {
     responses(
         (status = 200, description = "The completion (or, with stream=true, an SSE stream of chat.completion.chunk objects)",
          body = ChatCompletionResponse),
-        (status = 400, description = "Malformed JSON, a bad parameter, or a prompt too long", body = ErrorResponse),
-        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 413, description = "Body over the limit", body = ErrorResponse),
-        (status = 429, description = "The waiting queue is full", body = ErrorResponse),
-        (status = 503, description = "The engine is not available", body = ErrorResponse),
+        GenerationErrors,
     ),
     security((), ("api_key" = []))
 )]
 pub async fn chat_completions(
     State(state): State<SharedState>,
-    arrival: Option<Extension<Arrival>>,
-    JsonBody(req): JsonBody<ChatCompletionRequest>,
+    Generation { req, arrival, model, lora }: Generation<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let (model, lora) = state.resolve_model(req.model.as_deref())?;
     let turn = chat_turn(&state, &req, lora)?;
     let StartedTurn { submission, split, .. } = turn.start(&state, arrival).await?;
     let ctx = Context {
@@ -87,8 +77,8 @@ pub async fn chat_completions(
         tokenizer: Arc::clone(state.prompts.tokenizer()),
         split,
     };
-    if req.stream.unwrap_or(false) {
-        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    if req.openai.streams() {
+        let include_usage = req.openai.include_usage();
         Ok(stream_response(state, ctx, submission, include_usage))
     } else {
         let response = collect_response(&state, ctx, submission).await?;
@@ -106,8 +96,8 @@ pub(crate) fn chat_turn(
     if req.top_logprobs.is_some() && !req.logprobs.unwrap_or(false) {
         return Err(ApiError::invalid("top_logprobs", "top_logprobs requires logprobs to be true"));
     }
-    let prompt_logprobs = req.prompt_logprobs.map(|k| k as usize);
-    if prompt_logprobs.is_some() && req.stream.unwrap_or(false) {
+    let prompt_logprobs = req.extensions.prompt_logprobs.map(|k| k as usize);
+    if prompt_logprobs.is_some() && req.openai.streams() {
         return Err(ApiError::invalid("prompt_logprobs", "prompt_logprobs is not available with stream"));
     }
     if let Some(k) = prompt_logprobs.filter(|&k| k > state.limits.max_logprobs) {
@@ -119,13 +109,13 @@ pub(crate) fn chat_turn(
     let tools = ToolRequest::parse(req.tools.as_ref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?
         .filter(ToolRequest::active);
     crate::openai::router_fields::check(&req.router_fields())?;
-    let grammar = req.grammar_fields().grammar()?;
+    let grammar = req.extensions.grammar_fields().grammar()?;
     let messages = chat_messages(&req.messages)?;
     let options = ChatOptions::of(
         &messages,
         req.add_generation_prompt,
         req.continue_final_message,
-        req.add_special_tokens,
+        req.extensions.add_special_tokens,
         req.chat_template_kwargs.clone(),
     )?;
     Ok(ChatTurn {
@@ -141,7 +131,7 @@ pub(crate) fn chat_turn(
         lora,
         kv_transfer: crate::disaggregation::directive_of(
             state.disaggregation.as_ref(),
-            req.pd_fields(),
+            req.extensions.pd_fields(req.openai.stream),
             state.engine.next_request_id(),
         )?,
     })

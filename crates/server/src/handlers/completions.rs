@@ -3,23 +3,21 @@
 //! prompt by prompt.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use pagoda_text::Tokenizer;
 
+use super::generation::{Generation, GenerationErrors};
 use super::{finish_reason, response_id};
 use crate::error::ApiError;
-use crate::extract::JsonBody;
-use crate::layers::Arrival;
 use crate::logprobs::CompletionLogprobsBuilder;
 use crate::openai::{
-    unix_now, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, ErrorResponse,
-    PromptLogprobs, Usage,
+    unix_now, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptLogprobs,
+    Usage,
 };
 use crate::prompt::TokenizedPrompt;
 use crate::sse;
@@ -59,41 +57,33 @@ impl Context {
     responses(
         (status = 200, description = "The completion (or, with stream=true, an SSE stream of text_completion objects)",
          body = CompletionResponse),
-        (status = 400, description = "Malformed JSON, a bad parameter, or a prompt too long", body = ErrorResponse),
-        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 413, description = "Body over the limit", body = ErrorResponse),
-        (status = 429, description = "The waiting queue is full", body = ErrorResponse),
-        (status = 503, description = "The engine is not available", body = ErrorResponse),
+        GenerationErrors,
     ),
     security((), ("api_key" = []))
 )]
 pub async fn completions(
     State(state): State<SharedState>,
-    arrival: Option<Extension<Arrival>>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    Generation { req, arrival, model, lora }: Generation<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let (model, lora) = state.resolve_model(req.model.as_deref())?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
     let echo = req.echo.unwrap_or(false);
-    crate::openai::router_fields::check(&req.router_fields())?;
-    let requested_grammar = req.grammar_fields().grammar()?;
+    crate::openai::router_fields::check(&req.extensions.router_fields())?;
+    let requested_grammar = req.extensions.grammar_fields().grammar()?;
     let mut params = validate(req.common(), &state.limits)?;
     params.lora = lora;
     params.kv_transfer = crate::disaggregation::directive_of(
         state.disaggregation.as_ref(),
-        req.pd_fields(),
+        req.extensions.pd_fields(req.openai.stream),
         state.engine.next_request_id(),
     )?;
     let shown = Shown {
         echo,
         logprobs: params.sampling.logprobs.is_some(),
-        prompt_logprobs: req.prompt_logprobs.is_some(),
+        prompt_logprobs: req.extensions.prompt_logprobs.is_some(),
     };
-    if let Some(k) = req.prompt_logprobs.filter(|&k| k as usize > state.limits.max_logprobs) {
+    if let Some(k) = req.extensions.prompt_logprobs.filter(|&k| k as usize > state.limits.max_logprobs) {
         return Err(ApiError::invalid(
             "prompt_logprobs",
             format!("at most {} logprobs per token are available, got {k}", state.limits.max_logprobs),
@@ -101,11 +91,11 @@ pub async fn completions(
     }
     // The echoed prompt's logprobs come with as many alternatives as the completion's.
     params.prompt_logprobs =
-        req.prompt_logprobs.map(|k| k as usize).or(params.sampling.logprobs.filter(|_| echo));
+        req.extensions.prompt_logprobs.map(|k| k as usize).or(params.sampling.logprobs.filter(|_| echo));
     if let Some(requested) = requested_grammar {
         params.grammar = Some(crate::structured::compile(&state, requested).await?);
     }
-    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
+    let add_special_tokens = req.extensions.add_special_tokens.unwrap_or(true);
     let prompts = state.prompts.completion(req.prompt.into_inputs(), add_special_tokens).await?;
     crate::disaggregation::fetch_prompt_kv(&state, &params, &prompts).await?;
     let submission = submit(&state, prompts, &params, arrival, "prompt")?;
@@ -115,8 +105,8 @@ pub async fn completions(
         model,
         tokenizer: Arc::clone(state.prompts.tokenizer()),
     };
-    if req.stream.unwrap_or(false) {
-        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    if req.openai.streams() {
+        let include_usage = req.openai.include_usage();
         Ok(stream_response(state, ctx, submission, shown, include_usage))
     } else {
         let response = collect_response(&state, ctx, submission, shown).await?;

@@ -3,15 +3,14 @@
 //! pipeline as chat completions, and answered as one `message` or Anthropic's stream of events.
 //! Errors on these routes come in Anthropic's shape ([`crate::anthropic::error`]).
 
-use std::time::Instant;
-
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::json;
 
+use super::generation::Generation;
 use super::response_id;
 use crate::anthropic::error as anthropic_error;
 use crate::anthropic::reply::{blocks, stop_reason, BlockEvents, MessageHead, StreamEvent};
@@ -24,7 +23,6 @@ use crate::chat_output::{whole_message, ChoiceSplit, ChoiceText};
 use crate::conversation::StartedTurn;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::layers::Arrival;
 use crate::sse;
 use crate::state::SharedState;
 use crate::submit::{failure, ChoiceEvent};
@@ -49,11 +47,8 @@ use crate::submit::{failure, ChoiceEvent};
 )]
 pub async fn messages(
     State(state): State<SharedState>,
-    arrival: Option<Extension<Arrival>>,
-    JsonBody(req): JsonBody<MessagesRequest>,
+    Generation { req, arrival, model, lora }: Generation<MessagesRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let (model, lora) = state.resolve_model(Some(&req.model))?;
     let (mut turn, display) = chat_turn(&state, &req)?;
     turn.lora = lora;
     let StartedTurn { submission, split, max_tokens_clamped } = turn.start(&state, arrival).await?;

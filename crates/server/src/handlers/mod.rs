@@ -5,6 +5,7 @@
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod generation;
 pub mod info;
 pub mod lora;
 pub mod messages;

@@ -49,7 +49,14 @@ pub async fn render_chat(
     let turn = chat_turn(&state, &req, lora)?;
     let params = validate(turn.params.clone(), &state.limits)?;
     let prompt = turn.render(&state).await?;
-    Ok(Json(rendered("chatcmpl", prompt.token_ids, &params, &model, req.stream, req.priority)))
+    Ok(Json(rendered(
+        "chatcmpl",
+        prompt.token_ids,
+        &params,
+        &model,
+        req.openai.stream,
+        req.extensions.priority,
+    )))
 }
 
 /// The tokenized prompts of a completions request (one `GenerateRequest` per prompt).
@@ -65,15 +72,17 @@ pub async fn render_completion(
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
-    crate::openai::router_fields::check(&req.router_fields())?;
-    req.grammar_fields().grammar()?;
+    crate::openai::router_fields::check(&req.extensions.router_fields())?;
+    req.extensions.grammar_fields().grammar()?;
     let params = validate(req.common(), &state.limits)?;
-    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
+    let add_special_tokens = req.extensions.add_special_tokens.unwrap_or(true);
     let prompts = state.prompts.completion(req.prompt.clone().into_inputs(), add_special_tokens).await?;
     Ok(Json(
         prompts
             .into_iter()
-            .map(|p| rendered("cmpl", p.token_ids, &params, &model, req.stream, req.priority))
+            .map(|p| {
+                rendered("cmpl", p.token_ids, &params, &model, req.openai.stream, req.extensions.priority)
+            })
             .collect(),
     ))
 }

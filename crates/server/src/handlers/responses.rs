@@ -10,15 +10,15 @@ use std::time::Instant;
 
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 
+use super::generation::Generation;
 use crate::chat_output::whole_message;
 use crate::conversation::{ChatTurn, StartedTurn};
 use crate::error::ApiError;
-use crate::extract::{JsonBody, PathParam};
-use crate::layers::Arrival;
+use crate::extract::PathParam;
 use crate::openai::{unix_now, ErrorResponse};
 use crate::responses::background::{self, Run};
 use crate::responses::reply::{output_items, OutputEvents};
@@ -165,11 +165,8 @@ async fn fit(state: &SharedState, turn: &mut ChatTurn, max_output: Option<u32>) 
 )]
 pub async fn create(
     State(state): State<SharedState>,
-    arrival: Option<Extension<Arrival>>,
-    JsonBody(req): JsonBody<ResponsesRequest>,
+    Generation { req, arrival, model, lora }: Generation<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = arrival.map_or_else(Instant::now, |a| a.0 .0);
-    let (model, lora) = state.resolve_model(req.model.as_deref())?;
     let background = req.background.unwrap_or(false);
     let store = req.store.unwrap_or(state.responses.enabled() || background);
     if background && !store {

@@ -1,15 +1,15 @@
 //! `POST /v1/chat/completions` wire types: the request, the `chat.completion` response and the
 //! `chat.completion.chunk` stream events.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::common::{StopSpec, StreamOptions, Usage};
-use super::sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
+use super::common::{OpenAiFields, Usage};
+use super::extensions::VllmExtensions;
+use super::sampling::{CommonParams, FinishReason, StopReason};
 
 /// A chat completion request. Unknown top-level fields are refused (see [`super::fields`]).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -23,79 +23,12 @@ pub struct ChatCompletionRequest {
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub max_completion_tokens: Option<u32>,
-    /// 0 to 2; 0 is greedy. Default 1.
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    /// (0, 1]. Default 1.
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    /// -1 or 0 disables; otherwise the number of most likely tokens to keep.
-    #[serde(default)]
-    pub top_k: Option<i32>,
-    /// [0, 1]. Default 0.
-    #[serde(default)]
-    pub min_p: Option<f32>,
-    /// Number of choices to generate. Default 1.
-    #[serde(default)]
-    pub n: Option<u32>,
-    #[serde(default)]
-    pub stop: Option<StopSpec>,
-    #[serde(default)]
-    pub stop_token_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    pub seed: Option<i64>,
-    /// [-2, 2].
-    #[serde(default)]
-    pub presence_penalty: Option<f32>,
-    /// [-2, 2].
-    #[serde(default)]
-    pub frequency_penalty: Option<f32>,
-    /// (0, 2]; 1 disables.
-    #[serde(default)]
-    pub repetition_penalty: Option<f32>,
-    /// Token id (as a string) to a bias in [-100, 100].
-    #[serde(default)]
-    pub logit_bias: Option<HashMap<String, f32>>,
     /// Return the log probability of each output token.
     #[serde(default)]
     pub logprobs: Option<bool>,
     /// 0 to 20 alternatives per token; needs `logprobs: true`.
     #[serde(default)]
     pub top_logprobs: Option<u32>,
-    /// vLLM extension: the rendered prompt's token logprobs with this many alternatives (0 to
-    /// 20), in the response's `prompt_logprobs`; not with `stream`.
-    #[serde(default)]
-    pub prompt_logprobs: Option<u32>,
-    #[serde(default)]
-    pub ignore_eos: Option<bool>,
-    #[serde(default)]
-    pub min_tokens: Option<u32>,
-    /// vLLM extension: beam search instead of sampling, `n` beams, the `n` hypotheses out.
-    #[serde(default)]
-    pub use_beam_search: Option<bool>,
-    /// vLLM extension, with `use_beam_search`: hypotheses score their cumulative logprob over
-    /// their length (prompt included) to this power. Default 1.
-    #[serde(default)]
-    pub length_penalty: Option<f32>,
-    /// Pagoda extension: at most this many tokens proposed per step for this request when the
-    /// server runs speculative decoding (0 turns it off for the request; above the server's own
-    /// `num_speculative_tokens` changes nothing), in [0, 16].
-    #[serde(default)]
-    pub num_speculative_tokens: Option<u32>,
-    /// Pagoda extension: this request's speculative decoding method, `ngram`, `suffix` or
-    /// `draft_model`, in place of the server's (which must run speculative decoding; `draft_model`
-    /// needs a server started with a draft).
-    #[serde(default)]
-    pub speculative_method: Option<SpeculativeMethodParam>,
-    #[serde(default)]
-    pub skip_special_tokens: Option<bool>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    /// Accepted and ignored.
-    #[serde(default)]
-    pub user: Option<String>,
     /// Functions the model may call: `[{"type": "function", "function": {"name", "description",
     /// "parameters"}}]`.
     #[serde(default)]
@@ -109,29 +42,6 @@ pub struct ChatCompletionRequest {
     /// Allow more than one call in one answer. Default true.
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
-    /// `{"type": "text"}` (the default), `{"type": "json_object"}`, or `{"type": "json_schema",
-    /// "json_schema": {"name", "schema", "strict"}}`: the output is valid by construction.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub response_format: Option<serde_json::Value>,
-    /// Structured output, vLLM's form: exactly one of `json` (a schema), `regex`, `choice`,
-    /// `grammar` (Lark) or `json_object: true`.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub structured_outputs: Option<serde_json::Value>,
-    /// A JSON schema (object or JSON text) the output must match (older vLLM field).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub guided_json: Option<serde_json::Value>,
-    /// A regular expression the output must match (older vLLM field).
-    #[serde(default)]
-    pub guided_regex: Option<String>,
-    /// The output is exactly one of these strings (older vLLM field).
-    #[serde(default)]
-    pub guided_choice: Option<Vec<String>>,
-    /// A Lark grammar the output must match (older vLLM field).
-    #[serde(default)]
-    pub guided_grammar: Option<String>,
     /// End the rendered prompt with the opening of the assistant's turn. Default true.
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
@@ -139,24 +49,10 @@ pub struct ChatCompletionRequest {
     /// `add_generation_prompt: true`. Default false.
     #[serde(default)]
     pub continue_final_message: Option<bool>,
-    /// Add the tokenizer's special tokens (e.g. BOS) on top of the template's. Default false.
-    #[serde(default)]
-    pub add_special_tokens: Option<bool>,
     /// Extra variables for the chat template.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
-    /// With `--scheduling-policy priority`, the queue's order: lower runs first, ties by
-    /// arrival. Otherwise only 0 (or absent).
-    #[serde(default)]
-    pub priority: Option<i64>,
-    /// SGLang extension that routers add at its default, `false` (stop strings are trimmed);
-    /// only that is served (see [`super::router_fields`]).
-    #[serde(default)]
-    pub no_stop_trim: Option<bool>,
-    /// SGLang extension that routers add at its default, `false`; only that is served.
-    #[serde(default)]
-    pub return_hidden_states: Option<bool>,
     /// SGLang extension that routers add at its default, `true` (with a reasoning parser, the
     /// reasoning is apart from the content); only that is served.
     #[serde(default)]
@@ -168,56 +64,21 @@ pub struct ChatCompletionRequest {
     /// vLLM extension, default `true` (the reasoning is returned); only that is served.
     #[serde(default)]
     pub include_reasoning: Option<bool>,
-    /// vLLM's disaggregated serving: `{"do_remote_decode": true}` on a prefill instance, or the
-    /// prefill's answer (`do_remote_prefill` with `remote_host`, `remote_port`,
-    /// `remote_request_id`) on a decode instance. Needs `--kv-transfer-config`.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub kv_transfer_params: Option<serde_json::Value>,
-    /// SGLang's disaggregated serving (sglang-router's PD mode): the prefill instance's host.
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub bootstrap_host: Option<serde_json::Value>,
-    /// SGLang's disaggregated serving: the prefill instance's KV-transfer port.
-    #[serde(default)]
-    #[schema(value_type = Option<u16>)]
-    pub bootstrap_port: Option<serde_json::Value>,
-    /// SGLang's disaggregated serving: the transfer's id, the same on both instances.
-    #[serde(default)]
-    #[schema(value_type = Option<u64>)]
-    pub bootstrap_room: Option<serde_json::Value>,
+    // The fields completions requests carry too (plain comments: a doc comment would wrap the
+    // inlined schema in a `oneOf` to hang its description on).
+    #[serde(flatten)]
+    #[schema(inline)]
+    pub openai: OpenAiFields,
+    #[serde(flatten)]
+    #[schema(inline)]
+    pub extensions: VllmExtensions,
 }
 
 impl ChatCompletionRequest {
-    /// The structured-output fields, for [`crate::structured`].
-    pub fn grammar_fields(&self) -> crate::structured::GrammarFields<'_> {
-        crate::structured::GrammarFields {
-            response_format: self.response_format.as_ref(),
-            structured_outputs: self.structured_outputs.as_ref(),
-            guided_json: self.guided_json.as_ref(),
-            guided_regex: self.guided_regex.as_deref(),
-            guided_choice: self.guided_choice.as_deref(),
-            guided_grammar: self.guided_grammar.as_deref(),
-        }
-    }
-
-    /// The disaggregation fields, for [`crate::disaggregation::directive_of`].
-    pub fn pd_fields(&self) -> crate::disaggregation::PdFields<'_> {
-        crate::disaggregation::PdFields {
-            kv_transfer_params: self.kv_transfer_params.as_ref(),
-            bootstrap_host: self.bootstrap_host.as_ref(),
-            bootstrap_port: self.bootstrap_port.as_ref(),
-            bootstrap_room: self.bootstrap_room.as_ref(),
-            stream: self.stream.unwrap_or(false),
-        }
-    }
-
-    /// The router-added SGLang fields, for [`super::router_fields::check`].
+    /// The router-added SGLang fields, for [`super::router_fields::check`]: the shared ones and
+    /// the reasoning ones only chat has.
     pub fn router_fields(&self) -> Vec<super::router_fields::RouterField> {
-        let mut fields = vec![
-            ("no_stop_trim", self.no_stop_trim, false),
-            ("return_hidden_states", self.return_hidden_states, false),
-        ];
+        let mut fields = self.extensions.router_fields();
         fields.extend([
             ("separate_reasoning", self.separate_reasoning, true),
             ("stream_reasoning", self.stream_reasoning, true),
@@ -234,33 +95,14 @@ impl ChatCompletionRequest {
             } else {
                 "max_tokens"
             },
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            n: self.n,
-            stop: self.stop.clone(),
-            stop_token_ids: self.stop_token_ids.clone(),
-            seed: self.seed,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            logit_bias: self.logit_bias.clone(),
             logprobs_param: "top_logprobs",
             logprobs: if self.logprobs.unwrap_or(false) {
                 Some(self.top_logprobs.unwrap_or(0))
             } else {
                 None
             },
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            min_tokens: self.min_tokens,
-            num_speculative_tokens: self.num_speculative_tokens,
-            speculative_method: self.speculative_method,
-            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
-            priority: self.priority,
-            use_beam_search: self.use_beam_search.unwrap_or(false),
             best_of: None,
-            length_penalty: self.length_penalty,
+            ..self.openai.common(&self.extensions)
         }
     }
 }

@@ -1,14 +1,18 @@
 //! Wire types shared by the chat and completions APIs: errors, usage, stream options, stop
-//! sequences, and the "string or array" shapes OpenAI accepts.
+//! sequences, the OpenAI fields both requests carry, and the "string or array" shapes OpenAI
+//! accepts.
 //!
 //! The flexible shapes have hand-written `Deserialize` impls so that a wrong shape is reported
 //! as a plain sentence with the parameter's name, not serde's "did not match any variant".
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+use super::sampling::CommonParams;
 
 /// The OpenAI error body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -84,6 +88,69 @@ impl<'de> Deserialize<'de> for StopSpec {
             }
         }
         deserializer.deserialize_any(V)
+    }
+}
+
+/// OpenAI's own fields that chat and completions requests share, flattened into both (with
+/// [`super::VllmExtensions`] for the vLLM/SGLang ones).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct OpenAiFields {
+    /// 0 to 2; 0 is greedy. Default 1.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// (0, 1]. Default 1.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Number of choices to generate (per prompt). Default 1.
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stop: Option<StopSpec>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    /// [-2, 2].
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    /// [-2, 2].
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    /// Token id (as a string) to a bias in [-100, 100].
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Accepted and ignored.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+impl OpenAiFields {
+    /// The generation parameters of these fields and of `extensions`; the request fills in
+    /// the ones its API spells its own way (`max_tokens`, `logprobs`, `best_of`).
+    pub fn common(&self, extensions: &super::VllmExtensions) -> CommonParams {
+        CommonParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            n: self.n,
+            stop: self.stop.clone(),
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
+            ..extensions.common()
+        }
+    }
+
+    /// Whether the answer streams.
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Whether a stream ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
 }
 

@@ -8,8 +8,9 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::common::{StopSpec, StreamOptions, Usage};
-use super::sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
+use super::common::{OpenAiFields, Usage};
+use super::extensions::VllmExtensions;
+use super::sampling::{CommonParams, FinishReason, StopReason};
 
 /// A completion request. Unknown top-level fields are refused (see [`super::fields`]).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -20,42 +21,10 @@ pub struct CompletionRequest {
     /// Absent: whatever the context allows.
     #[serde(default)]
     pub max_tokens: Option<u32>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<i32>,
-    #[serde(default)]
-    pub min_p: Option<f32>,
-    #[serde(default)]
-    pub n: Option<u32>,
     /// With `use_beam_search`, the number of beams (at least `n`; the best `n` hypotheses
     /// return); otherwise only equal to `n` (or absent).
     #[serde(default)]
     pub best_of: Option<u32>,
-    /// vLLM extension: beam search instead of sampling (deterministic; `n` hypotheses out of
-    /// `best_of`, or `n`, beams).
-    #[serde(default)]
-    pub use_beam_search: Option<bool>,
-    /// vLLM extension, with `use_beam_search`: hypotheses score their cumulative logprob over
-    /// their length (prompt included) to this power. Default 1.
-    #[serde(default)]
-    pub length_penalty: Option<f32>,
-    #[serde(default)]
-    pub stop: Option<StopSpec>,
-    #[serde(default)]
-    pub stop_token_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    pub seed: Option<i64>,
-    #[serde(default)]
-    pub presence_penalty: Option<f32>,
-    #[serde(default)]
-    pub frequency_penalty: Option<f32>,
-    #[serde(default)]
-    pub repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub logit_bias: Option<HashMap<String, f32>>,
     /// Number of alternatives (0 to 20) returned with each token's logprob.
     #[serde(default)]
     pub logprobs: Option<u32>,
@@ -63,152 +32,28 @@ pub struct CompletionRequest {
     /// logprobs come first in `logprobs` too (the first token's logprob is null).
     #[serde(default)]
     pub echo: Option<bool>,
-    /// vLLM extension: each prompt token's logprob with this many alternatives (0 to 20), in the
-    /// choice's `prompt_logprobs` (null for the first token).
-    #[serde(default)]
-    pub prompt_logprobs: Option<u32>,
     /// Not supported: must be absent or empty.
     #[serde(default)]
     pub suffix: Option<String>,
-    #[serde(default)]
-    pub ignore_eos: Option<bool>,
-    #[serde(default)]
-    pub min_tokens: Option<u32>,
-    /// Pagoda extension: at most this many tokens proposed per step for this request when the
-    /// server runs speculative decoding (0 turns it off for the request; above the server's own
-    /// `num_speculative_tokens` changes nothing), in [0, 16].
-    #[serde(default)]
-    pub num_speculative_tokens: Option<u32>,
-    /// Pagoda extension: this request's speculative decoding method, `ngram`, `suffix` or
-    /// `draft_model`, in place of the server's (which must run speculative decoding; `draft_model`
-    /// needs a server started with a draft).
-    #[serde(default)]
-    pub speculative_method: Option<SpeculativeMethodParam>,
-    #[serde(default)]
-    pub skip_special_tokens: Option<bool>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    /// Accepted and ignored.
-    #[serde(default)]
-    pub user: Option<String>,
-    /// `{"type": "text"}` (the default), `{"type": "json_object"}`, or `{"type": "json_schema",
-    /// "json_schema": {"name", "schema", "strict"}}`: the output is valid by construction.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub response_format: Option<serde_json::Value>,
-    /// Structured output, vLLM's form: exactly one of `json` (a schema), `regex`, `choice`,
-    /// `grammar` (Lark) or `json_object: true`.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub structured_outputs: Option<serde_json::Value>,
-    /// A JSON schema (object or JSON text) the output must match (older vLLM field).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub guided_json: Option<serde_json::Value>,
-    /// A regular expression the output must match (older vLLM field).
-    #[serde(default)]
-    pub guided_regex: Option<String>,
-    /// The output is exactly one of these strings (older vLLM field).
-    #[serde(default)]
-    pub guided_choice: Option<Vec<String>>,
-    /// A Lark grammar the output must match (older vLLM field).
-    #[serde(default)]
-    pub guided_grammar: Option<String>,
-    /// Add the tokenizer's special tokens (e.g. BOS) to text prompts. Default true.
-    #[serde(default)]
-    pub add_special_tokens: Option<bool>,
-    /// With `--scheduling-policy priority`, the queue's order: lower runs first, ties by
-    /// arrival. Otherwise only 0 (or absent).
-    #[serde(default)]
-    pub priority: Option<i64>,
-    /// SGLang extension that routers add at its default, `false` (stop strings are trimmed);
-    /// only that is served (see [`super::router_fields`]).
-    #[serde(default)]
-    pub no_stop_trim: Option<bool>,
-    /// SGLang extension that routers add at its default, `false`; only that is served.
-    #[serde(default)]
-    pub return_hidden_states: Option<bool>,
-    /// vLLM's disaggregated serving: `{"do_remote_decode": true}` on a prefill instance, or the
-    /// prefill's answer (`do_remote_prefill` with `remote_host`, `remote_port`,
-    /// `remote_request_id`) on a decode instance. Needs `--kv-transfer-config`.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub kv_transfer_params: Option<serde_json::Value>,
-    /// SGLang's disaggregated serving (sglang-router's PD mode): the prefill instance's host.
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub bootstrap_host: Option<serde_json::Value>,
-    /// SGLang's disaggregated serving: the prefill instance's KV-transfer port.
-    #[serde(default)]
-    #[schema(value_type = Option<u16>)]
-    pub bootstrap_port: Option<serde_json::Value>,
-    /// SGLang's disaggregated serving: the transfer's id, the same on both instances.
-    #[serde(default)]
-    #[schema(value_type = Option<u64>)]
-    pub bootstrap_room: Option<serde_json::Value>,
+    // The fields chat requests carry too (plain comments: a doc comment would wrap the inlined
+    // schema in a `oneOf` to hang its description on).
+    #[serde(flatten)]
+    #[schema(inline)]
+    pub openai: OpenAiFields,
+    #[serde(flatten)]
+    #[schema(inline)]
+    pub extensions: VllmExtensions,
 }
 
 impl CompletionRequest {
-    /// The structured-output fields, for [`crate::structured`].
-    pub fn grammar_fields(&self) -> crate::structured::GrammarFields<'_> {
-        crate::structured::GrammarFields {
-            response_format: self.response_format.as_ref(),
-            structured_outputs: self.structured_outputs.as_ref(),
-            guided_json: self.guided_json.as_ref(),
-            guided_regex: self.guided_regex.as_deref(),
-            guided_choice: self.guided_choice.as_deref(),
-            guided_grammar: self.guided_grammar.as_deref(),
-        }
-    }
-
-    /// The disaggregation fields, for [`crate::disaggregation::directive_of`].
-    pub fn pd_fields(&self) -> crate::disaggregation::PdFields<'_> {
-        crate::disaggregation::PdFields {
-            kv_transfer_params: self.kv_transfer_params.as_ref(),
-            bootstrap_host: self.bootstrap_host.as_ref(),
-            bootstrap_port: self.bootstrap_port.as_ref(),
-            bootstrap_room: self.bootstrap_room.as_ref(),
-            stream: self.stream.unwrap_or(false),
-        }
-    }
-
-    /// The router-added SGLang fields, for [`super::router_fields::check`].
-    pub fn router_fields(&self) -> Vec<super::router_fields::RouterField> {
-        vec![
-            ("no_stop_trim", self.no_stop_trim, false),
-            ("return_hidden_states", self.return_hidden_states, false),
-        ]
-    }
-
     pub fn common(&self) -> CommonParams {
         CommonParams {
             max_tokens: self.max_tokens,
             max_tokens_param: "max_tokens",
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            n: self.n,
-            stop: self.stop.clone(),
-            stop_token_ids: self.stop_token_ids.clone(),
-            seed: self.seed,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            logit_bias: self.logit_bias.clone(),
             logprobs: self.logprobs,
             logprobs_param: "logprobs",
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            min_tokens: self.min_tokens,
-            num_speculative_tokens: self.num_speculative_tokens,
-            speculative_method: self.speculative_method,
-            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
-            priority: self.priority,
-            use_beam_search: self.use_beam_search.unwrap_or(false),
             best_of: self.best_of,
-            length_penalty: self.length_penalty,
+            ..self.openai.common(&self.extensions)
         }
     }
 }

@@ -3,6 +3,10 @@
 //! got a plain answer could not tell that it was dropped. The known fields are read from the
 //! wire type's own schema, so the list cannot drift from what is parsed. A few fields are
 //! accepted and ignored, because they never change the output ([`KnownFields::IGNORED`]).
+//!
+//! A type with `#[serde(flatten)]` parts (chat and completions flatten
+//! [`super::VllmExtensions`]) lists them here too, so that a value those parts cannot parse is
+//! still named by its field ([`KnownFields::flattened_error`]).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -14,7 +18,10 @@ use utoipa::openapi::schema::Schema;
 use utoipa::openapi::RefOr;
 use utoipa::PartialSchema;
 
-use super::{ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest};
+use super::{
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, OpenAiFields,
+    TokenizeRequest, VllmExtensions,
+};
 use crate::error::InvalidParam;
 
 /// Bookkeeping fields of OpenAI's API that have no effect on what is generated: accepted and
@@ -31,6 +38,13 @@ pub trait KnownFields {
     /// Fields accepted and ignored.
     const IGNORED: &'static [&'static str] = &[];
 
+    /// Where `bytes` (a JSON object) fails to parse as the type's flattened parts, each parsed
+    /// on its own: serde's flatten buffers their values and reports a bad one without its path,
+    /// so the extractor takes this error instead when it comes first in the body.
+    fn flattened_error(_bytes: &[u8]) -> Option<PathError> {
+        None
+    }
+
     /// The first field of `keys` that is neither known nor ignored, as a 400.
     fn check_keys(keys: &[String]) -> Result<(), InvalidParam> {
         let fields = Self::fields();
@@ -44,30 +58,56 @@ pub trait KnownFields {
     }
 }
 
+/// A parse error with the path to the value at fault.
+pub type PathError = serde_path_to_error::Error<serde_json::Error>;
+
+/// Where in the body (line, column) a parse stopped.
+pub fn error_position(err: &PathError) -> (usize, usize) {
+    (err.inner().line(), err.inner().column())
+}
+
+/// Why `bytes` does not parse as `T` alone (its other fields ignored), if it does not.
+fn parse_alone<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<PathError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize::<_, T>(&mut de).err()
+}
+
 /// The property names of `T`'s schema.
 fn schema_properties<T: PartialSchema>() -> HashSet<String> {
-    match T::schema() {
-        RefOr::T(Schema::Object(object)) => object.properties.keys().cloned().collect(),
-        // Every request type is a plain object; an empty set would refuse everything, which a
-        // test would catch at once.
+    properties_of(T::schema())
+}
+
+/// The property names of an object schema, or of every part of an `allOf`: what utoipa makes
+/// of a struct with `#[serde(flatten)] #[schema(inline)]` parts.
+fn properties_of(schema: RefOr<Schema>) -> HashSet<String> {
+    match schema {
+        RefOr::T(Schema::Object(object)) => object.properties.into_keys().collect(),
+        RefOr::T(Schema::AllOf(all)) => all.items.into_iter().flat_map(properties_of).collect(),
+        // Every request type is a plain object (or flattens inline ones); an empty set would
+        // refuse everything, which a test would catch at once.
         _ => HashSet::new(),
     }
 }
 
 macro_rules! known_fields {
-    ($type:ty, $ignored:expr) => {
+    ($type:ty, $ignored:expr $(, flattened: $($flat:ty),+)?) => {
         impl KnownFields for $type {
             fn fields() -> &'static HashSet<String> {
                 static FIELDS: LazyLock<HashSet<String>> = LazyLock::new(schema_properties::<$type>);
                 &FIELDS
             }
             const IGNORED: &'static [&'static str] = $ignored;
+            $(
+            fn flattened_error(bytes: &[u8]) -> Option<PathError> {
+                [$(parse_alone::<$flat>(bytes)),+].into_iter().flatten().min_by_key(error_position)
+            }
+            )?
         }
     };
 }
 
-known_fields!(ChatCompletionRequest, IGNORED_BOOKKEEPING);
-known_fields!(CompletionRequest, IGNORED_BOOKKEEPING);
+known_fields!(ChatCompletionRequest, IGNORED_BOOKKEEPING, flattened: OpenAiFields, VllmExtensions);
+known_fields!(CompletionRequest, IGNORED_BOOKKEEPING, flattened: OpenAiFields, VllmExtensions);
 known_fields!(TokenizeRequest, &[]);
 known_fields!(EmbeddingRequest, &["user"]);
 known_fields!(super::ScoreRequest, &["user"]);
@@ -125,6 +165,17 @@ mod tests {
             assert!(chat.contains(f), "{f}");
         }
         assert!(CompletionRequest::fields().contains("prompt"));
+        // The flattened shared fields are known to both, the reasoning ones to chat only.
+        let mut shared = schema_properties::<VllmExtensions>();
+        shared.extend(schema_properties::<OpenAiFields>());
+        for f in ["top_k", "guided_regex", "priority", "no_stop_trim", "bootstrap_room", "temperature"] {
+            assert!(shared.contains(f), "{f}");
+        }
+        assert!(shared.is_subset(chat) && shared.is_subset(CompletionRequest::fields()));
+        assert!(
+            chat.contains("separate_reasoning")
+                && !CompletionRequest::fields().contains("separate_reasoning")
+        );
         assert!(TokenizeRequest::fields().contains("add_generation_prompt"));
         assert!(DetokenizeRequest::fields().contains("tokens"));
     }

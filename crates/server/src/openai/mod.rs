@@ -5,6 +5,7 @@ pub mod chat;
 pub mod common;
 pub mod completions;
 pub mod embeddings;
+pub mod extensions;
 pub mod fields;
 pub mod lora;
 pub mod models;
@@ -19,12 +20,13 @@ pub use chat::{
     ChatDelta, ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ContentPart, FunctionCall,
     FunctionCallDelta, MessageContent, ResponseMessage, ToolCall, ToolCallDelta,
 };
-pub use common::{unix_now, ErrorDetail, ErrorResponse, StopSpec, StreamOptions, Usage};
+pub use common::{unix_now, ErrorDetail, ErrorResponse, OpenAiFields, StopSpec, StreamOptions, Usage};
 pub use completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Prompt, PromptInput,
     PromptLogprob, PromptLogprobs,
 };
 pub use embeddings::{EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingValues};
+pub use extensions::VllmExtensions;
 pub use lora::{LoadLoraAdapterRequest, UnloadLoraAdapterRequest};
 pub use models::{ModelCard, ModelList, VersionResponse};
 pub use sampling::{CommonParams, FinishReason, SpeculativeMethodParam, StopReason};
