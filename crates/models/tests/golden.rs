@@ -5,8 +5,12 @@ mod common;
 
 use common::*;
 
-/// Every golden case: the top-20 reference logits within `tolerance` and the whole greedy
-/// continuation equal. Returns the largest logit difference seen.
+/// Every golden case: the top-20 reference logits within `tolerance`, and at every step of the
+/// reference's greedy continuation (teacher-forced, one decode step each) our argmax is the
+/// reference's token, or a token we prefer to it by no more than `tolerance`: the reference's
+/// continuations have near-ties (0.005 on the long prompt), which a path that drifts by up to
+/// `tolerance` may resolve either way. For the f32 path (1e-3) that is every token equal.
+/// Returns the largest logit difference seen.
 fn assert_matches_reference(runner: &mut pagoda_models::ModelRunner, tolerance: f32) -> f32 {
     let fixture = fixture();
     let mut worst = 0f32;
@@ -14,7 +18,18 @@ fn assert_matches_reference(runner: &mut pagoda_models::ModelRunner, tolerance: 
         let name = case["name"].as_str().unwrap();
         let prompt = ids(&case["prompt_ids"]);
         let expected = ids(&case["greedy"]);
-        let (logits, generated) = greedy(runner, &prompt, expected.len());
+        let forced: Vec<u32> = prompt.iter().chain(&expected[..expected.len() - 1]).copied().collect();
+        let rows = teacher_forced(runner, &forced, prompt.len());
+        assert_eq!(rows.len(), expected.len());
+        for (step, (row, &want)) in rows.iter().zip(&expected).enumerate() {
+            let ours = argmax(row);
+            let preference = row[ours as usize] - row[want as usize];
+            assert!(
+                ours == want || preference <= tolerance,
+                "{name}: greedy step {step} picks {ours} over the reference's {want} by {preference}"
+            );
+        }
+        let logits = &rows[0];
         for pair in case["top20"].as_array().unwrap() {
             let id = pair[0].as_u64().unwrap() as usize;
             let reference = pair[1].as_f64().unwrap() as f32;
@@ -26,7 +41,6 @@ fn assert_matches_reference(runner: &mut pagoda_models::ModelRunner, tolerance: 
                 logits[id]
             );
         }
-        assert_eq!(generated, expected, "{name}: greedy continuation differs");
     }
     worst
 }

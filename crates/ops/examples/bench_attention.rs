@@ -3,15 +3,21 @@
 //! head_dim 64, block size 16), run inside a rayon pool as the model runner runs a step.
 //!
 //! Run: `cargo run --release -p pagoda-ops --example bench_attention [iterations] [name filter]`
+//! (`BENCH_ATTENTION_SHAPE=4,1,256` for another `q_heads,kv_heads,head_dim`: Gemma 3 270M's).
 
 use std::time::Instant;
 
 use candle_core::{DType, Device, Result, Tensor};
 use pagoda_ops::{paged_attention, AttentionMetadata};
 
-const Q_HEADS: usize = 9;
-const KV_HEADS: usize = 3;
-const HEAD_DIM: usize = 64;
+/// `(q_heads, kv_heads, head_dim)`: SmolLM2-135M's unless `BENCH_ATTENTION_SHAPE` says otherwise.
+fn shape() -> (usize, usize, usize) {
+    let Ok(s) = std::env::var("BENCH_ATTENTION_SHAPE") else { return (9, 3, 64) };
+    let v: Vec<usize> =
+        s.split(',').map(|x| x.trim().parse().expect("BENCH_ATTENTION_SHAPE: q,kv,hd")).collect();
+    assert!(v.len() == 3 && v[1] > 0 && v[0].is_multiple_of(v[1]), "BENCH_ATTENTION_SHAPE: q,kv,hd");
+    (v[0], v[1], v[2])
+}
 const BLOCK: usize = 16;
 
 /// `(context, q_len)` per sequence; blocks are laid out back to back.
@@ -33,10 +39,11 @@ fn setup(seqs: &[(usize, usize)], dtype: DType) -> Result<(Tensor, Tensor, Tenso
     }
     let num_tokens = slots.len();
     let meta = AttentionMetadata::new(slots, cu, ctx, &tables, dev)?;
-    let shape = (next as usize, BLOCK, KV_HEADS, HEAD_DIM);
+    let (q_heads, kv_heads, head_dim) = shape();
+    let shape = (next as usize, BLOCK, kv_heads, head_dim);
     let k = Tensor::randn(0f32, 1.0, shape, dev)?.to_dtype(dtype)?;
     let v = Tensor::randn(0f32, 1.0, shape, dev)?.to_dtype(dtype)?;
-    let q = Tensor::randn(0f32, 1.0, (num_tokens, Q_HEADS, HEAD_DIM), dev)?.to_dtype(dtype)?;
+    let q = Tensor::randn(0f32, 1.0, (num_tokens, q_heads, head_dim), dev)?.to_dtype(dtype)?;
     Ok((q, k, v, meta))
 }
 
@@ -57,7 +64,8 @@ fn bench(name: &str, seqs: &[(usize, usize)], dtype: DType, iters: usize) -> Res
         return Ok(());
     }
     let (q, k, v, meta) = setup(seqs, dtype)?;
-    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let (q_heads, _, head_dim) = shape();
+    let scale = 1.0 / (head_dim as f32).sqrt();
     paged_attention(&q, &k, &v, &meta, scale)?;
     let mut times = Vec::with_capacity(iters);
     let cpu0 = cpu_seconds();
@@ -79,7 +87,7 @@ fn bench(name: &str, seqs: &[(usize, usize)], dtype: DType, iters: usize) -> Res
     times.sort_by(f64::total_cmp);
     // Every query row attends to (position + 1) keys: 4 flops per key and head_dim element.
     let work: f64 = seqs.iter().map(|&(c, q)| (c - q..c).map(|p| (p + 1) as f64).sum::<f64>()).sum::<f64>()
-        * (Q_HEADS * HEAD_DIM * 4) as f64;
+        * (q_heads * head_dim * 4) as f64;
     let median = times[times.len() / 2];
     println!(
         "{name:<38} {dtype:?}: median {median:8.3} ms, min {:8.3} ms, cpu {cpu_ms:8.3} ms/call, \

@@ -10,6 +10,22 @@ use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use crate::simd::MulAdd;
 
+/// A 16-bit storage slice, for kernels that widen as they load (`vcvtph2ps`, a shift for bf16).
+#[derive(Clone, Copy)]
+pub(crate) enum Halves<'a> {
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
+}
+
+impl Halves<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Halves::F16(s) => s.len(),
+            Halves::Bf16(s) => s.len(),
+        }
+    }
+}
+
 /// A storage element type: read into f32 for math, written back rounded to nearest.
 pub(crate) trait Float: WithDType {
     fn to_f32(self) -> f32;
@@ -27,6 +43,11 @@ pub(crate) trait Float: WithDType {
 
     /// `src` itself when this type is f32, so readers can skip the conversion copy.
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
+
+    /// `src` as a 16-bit slice when this type is f16 or bf16.
+    fn as_halves(_src: &[Self]) -> Option<Halves<'_>> {
+        None
+    }
 
     /// `dst` itself when this type is f32, so writers can take an f32-only fast path.
     fn as_f32_mut(_dst: &mut [Self]) -> Option<&mut [f32]> {
@@ -93,6 +114,10 @@ impl Float for bf16 {
     fn as_f32(_src: &[Self]) -> Option<&[f32]> {
         None
     }
+    #[inline(always)]
+    fn as_halves(src: &[Self]) -> Option<Halves<'_>> {
+        Some(Halves::Bf16(src))
+    }
     fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
         dst.convert_from_f32_slice(src);
     }
@@ -141,6 +166,10 @@ impl Float for f16 {
     #[inline(always)]
     fn as_f32(_src: &[Self]) -> Option<&[f32]> {
         None
+    }
+    #[inline(always)]
+    fn as_halves(src: &[Self]) -> Option<Halves<'_>> {
+        Some(Halves::F16(src))
     }
     fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
         dst.convert_from_f32_slice(src);

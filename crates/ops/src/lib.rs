@@ -34,6 +34,7 @@
 mod attention_group;
 mod attention_merge;
 mod attention_plan;
+mod attention_scores;
 mod check;
 mod cuda;
 mod device_memory;

@@ -128,8 +128,15 @@ async fn an_fp8_kv_cache_holds_twice_the_blocks_and_keeps_the_first_tokens_distr
             "{prompt:?}: fp8 chose {:?}, at {chosen:?}",
             got[0]
         );
-        let shared = got.iter().filter(|t| logprob(&want, &t.0).is_some()).count();
-        assert!(shared >= 4, "{prompt:?}: top-5 sets share {shared}");
+        // The top-5 sets agree but for near ties at their edge (the tail is crowded: "Say
+        // hello." has its 4th to 7th tokens within 0.05 nats): a token well inside one set
+        // (0.3 nats above the other's 5th) is in the other.
+        for (a, b) in [(&want, &got), (&got, &want)] {
+            let edge = b[4].1 + 0.3;
+            for t in a.iter().filter(|t| t.1 > edge) {
+                assert!(logprob(b, &t.0).is_some(), "{prompt:?}: {t:?} is in one top 5 only ({a:?} / {b:?})");
+            }
+        }
     }
     for server in [base, fp8] {
         server.signal_stop();
