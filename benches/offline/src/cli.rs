@@ -51,7 +51,7 @@ mod tests {
             "false",
         ])
         .unwrap();
-        let s = cli.args.engine.settings(EngineArgs::default()).unwrap();
+        let s = cli.args.engine.settings().unwrap();
         assert_eq!(s.kv_cache_memory, Some(64 << 20));
         assert!(!s.enable_prefix_caching);
         assert_eq!((s.dequantize, s.device), (Some(false), pagoda_runtime::DeviceArg::Cpu));

@@ -9,7 +9,7 @@ pub mod run;
 use pagoda_bench::metrics::summarize;
 use pagoda_bench::report::TableInfo;
 use pagoda_bench::run::{finish, Report};
-use pagoda_runtime::{EngineArgs, RuntimeOptions};
+use pagoda_runtime::RuntimeOptions;
 use serde_json::Value;
 
 use crate::cli::OfflineArgs;
@@ -17,9 +17,9 @@ use crate::cli::OfflineArgs;
 /// The runtime options `args` ask for: the server's, except that every request may wait (all
 /// are submitted at once).
 pub fn runtime_options(args: &OfflineArgs) -> anyhow::Result<RuntimeOptions> {
-    let mut options = args.engine.clone().settings(EngineArgs::default())?.runtime_options()?;
-    options.max_waiting_requests = options.max_waiting_requests.max(args.dataset.num_prompts);
-    Ok(options)
+    let mut settings = args.engine.clone().settings()?;
+    settings.max_waiting_requests = settings.max_waiting_requests.max(args.dataset.num_prompts);
+    Ok(settings.runtime_options()?)
 }
 
 /// Runs the dataset and reports.
@@ -49,14 +49,15 @@ pub fn offline(args: OfflineArgs) -> anyhow::Result<Report> {
     };
     let mut config = args.dataset.to_json();
     config.insert("model".into(), options.model.display().to_string().into());
-    config.insert("max_num_seqs".into(), options.max_num_seqs.into());
-    config.insert("max_num_batched_tokens".into(), options.max_num_batched_tokens.into());
-    config.insert("max_model_len".into(), options.max_model_len.into());
-    config.insert("kv_cache_bytes".into(), options.kv_cache_bytes.into());
-    config.insert("block_size".into(), options.block_size.into());
-    config.insert("enable_prefix_caching".into(), options.enable_prefix_caching.into());
-    config.insert("dequantize".into(), options.dequantize.into());
-    config.insert("device".into(), options.device_name.clone().into());
+    let s = &options.settings;
+    config.insert("max_num_seqs".into(), s.max_num_seqs.into());
+    config.insert("max_num_batched_tokens".into(), s.max_num_batched_tokens.into());
+    config.insert("max_model_len".into(), s.max_model_len.into());
+    config.insert("kv_cache_bytes".into(), options.kv_cache_bytes().into());
+    config.insert("block_size".into(), s.block_size.into());
+    config.insert("enable_prefix_caching".into(), s.enable_prefix_caching.into());
+    config.insert("dequantize".into(), s.dequantize.into());
+    config.insert("device".into(), s.device.to_string().into());
     config.insert("kernel_plan".into(), run.plan.to_string().into());
     config.insert("startup_s".into(), run.startup.as_secs_f64().into());
     finish("offline", info, &args.output, Value::Object(config), summary, run.results)

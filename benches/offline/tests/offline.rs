@@ -121,9 +121,9 @@ struct GenerateCli {
 fn plans(flags: &[&str]) -> [(&'static str, RuntimeOptions, RuntimePlan); 3] {
     let argv = |first: &'static str| std::iter::once(first).chain(flags.iter().copied());
     let serve = ServeCli::try_parse_from(argv("pagoda")).unwrap().args;
-    let serve = ServerConfig::merge(serve, ServeArgs::default()).unwrap().engine.runtime_options().unwrap();
+    let serve = ServerConfig::from_args(serve).unwrap().engine.runtime_options().unwrap();
     let generate = GenerateCli::try_parse_from(argv("pagoda").chain(["--prompt", "hi"])).unwrap().args.engine;
-    let generate = generate.settings(Default::default()).unwrap().runtime_options().unwrap();
+    let generate = generate.settings().unwrap().runtime_options().unwrap();
     let offline = pagoda_bench_offline::runtime_options(&parse(flags)).unwrap();
     [("serve", serve), ("generate", generate), ("offline", offline)].map(|(name, options)| {
         let plan = resolve_plan(&options).unwrap().0;
@@ -152,10 +152,10 @@ fn serve_generate_and_offline_resolve_the_same_plan() {
         for other in [&generate, &offline] {
             assert_eq!(other.2, serve.2, "{flags:?}: {} against serve", other.0);
             assert_eq!(other.2.to_string(), serve.2.to_string());
-            let (a, b) = (&other.1, &serve.1);
+            let (a, b) = (&other.1.settings, &serve.1.settings);
             assert_eq!(
-                (a.max_num_batched_tokens, a.max_num_seqs, a.block_size, a.kv_cache_bytes, a.dequantize),
-                (b.max_num_batched_tokens, b.max_num_seqs, b.block_size, b.kv_cache_bytes, b.dequantize),
+                (a.max_num_batched_tokens, a.max_num_seqs, a.block_size, a.kv_cache_memory, a.dequantize),
+                (b.max_num_batched_tokens, b.max_num_seqs, b.block_size, b.kv_cache_memory, b.dequantize),
                 "{flags:?}: {} against serve",
                 other.0
             );

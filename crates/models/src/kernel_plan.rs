@@ -132,15 +132,30 @@ impl std::fmt::Display for KernelPlan {
     }
 }
 
-/// `--cpu-gemm-dtype`: what the user asked the CPU's matmuls to run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// `--cpu-gemm-dtype`: what the user asked the CPU's matmuls to run. The `value(help)`s are the
+/// flag's documentation of each value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 pub enum CpuGemmDtype {
     /// Chosen from the CPU's features and a timing (see [`KernelRequest::resolve`]).
     #[default]
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Chosen by the CPU's features and a start-up timing on the model's own weight")
+    )]
     Auto,
+    #[cfg_attr(feature = "clap", value(alias = "f32", alias = "float"))]
+    #[serde(alias = "f32", alias = "float")]
     Float32,
+    #[cfg_attr(feature = "clap", value(alias = "bf16"))]
+    #[serde(alias = "bf16")]
     Bfloat16,
+    /// GGUF weights' integer codes times activations rounded to 8 bits per block of 32
+    /// (llama.cpp's precision), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
     Int8,
+    /// GGUF weights' integer codes times activations rounded to 16 bits per block of 32 (finer
+    /// than bfloat16), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
     Int16,
 }
 

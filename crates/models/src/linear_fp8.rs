@@ -22,10 +22,17 @@ use pagoda_ops::{DeviceFp8Weight, Fp8Weight};
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LinearWeight, StackedLinear};
 
-/// How a model's layer projections are stored, when not as the checkpoint holds them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a model's layer projections are stored, when not as the checkpoint holds them
+/// (`--quantization`; the `value(help)` is the flag's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 pub enum WeightQuantization {
     /// e4m3 codes with an f32 scale per output row.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "FP8 (e4m3) with a scale per output channel, quantized at load")
+    )]
     Fp8,
 }
 

@@ -17,14 +17,22 @@ use crate::weights::{DummyWeights, GgufWeights, SafetensorsWeights, WeightSource
 /// Largest dequantized model that `dequantize: None` dequantizes.
 pub const AUTO_DEQUANTIZE_MAX_BYTES: u64 = 2 << 30;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// `--load-format`: how to read the weights. The `value(help)`s are the flag's documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 pub enum LoadFormat {
     /// GGUF for a `.gguf` file, safetensors for a directory.
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "GGUF for a file, safetensors for a directory"))]
     Auto,
     Gguf,
     Safetensors,
     /// Random weights shaped by a `config.json`-style file.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Random weights shaped by a config.json-style file (for benchmarking)")
+    )]
     Dummy,
 }
 

@@ -12,14 +12,20 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 
-/// Which hidden states make the embedding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which hidden states make the embedding (`--pooling`; the `value(help)`s are the flag's
+/// documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 pub enum PoolingKind {
     /// The mean over every token of the input.
+    #[cfg_attr(feature = "clap", value(help = "The mean over the input's tokens"))]
     Mean,
     /// The first token's (BERT's `[CLS]`).
+    #[cfg_attr(feature = "clap", value(help = "The first token's"))]
     Cls,
     /// The last token's (decoder models, whose last position has seen the whole input).
+    #[cfg_attr(feature = "clap", value(help = "The last token's (it has seen the whole input)"))]
     Last,
 }
 

@@ -2,15 +2,19 @@
 //! generate` and `pagoda-bench-offline`: [`EngineArgs`] as given, and [`EngineSettings`] with
 //! every default filled in and every combination checked. The defaults are stated here and
 //! nowhere else, so the three commands run the same kernels and step budget for the same flags.
+//!
+//! Every field of [`EngineArgs`] is an `Option` (`None`: not given), so a flag is declared once
+//! for clap and a config file alike, and layers need no per-field code: `pagoda serve` reads its
+//! file into an `EngineArgs` and applies the command line over it with clap's
+//! [`clap::FromArgMatches::update_from_arg_matches`], which sets only the flags given. Defaults
+//! are filled in once, by [`EngineArgs::settings`], from the constants below.
 
 use std::path::PathBuf;
 
-use pagoda_models::KernelRequest;
+use pagoda_models::{CpuGemmDtype, KernelRequest, LoadFormat, PoolingKind, WeightQuantization};
 use serde::Deserialize;
 
-use crate::flags::{
-    ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, KvCacheDtypeArg, LoadFormatArg, PoolingArg, QuantizationArg,
-};
+use crate::flags::{ByteSize, DeviceArg, DtypeArg, KvCacheDtypeArg};
 use crate::lora_args::{LoraArgs, LoraSettings};
 use crate::speculative_config::{self, SpeculativeSetting};
 
@@ -71,7 +75,7 @@ pub struct EngineArgs {
     pub tokenizer: Option<String>,
     /// How to read the weights.
     #[arg(long, value_enum)]
-    pub load_format: Option<LoadFormatArg>,
+    pub load_format: Option<LoadFormat>,
     /// Longest prompt plus completion, in tokens. [default: the model's context length, capped by
     /// what the KV cache holds]
     #[arg(long)]
@@ -140,7 +144,7 @@ pub struct EngineArgs {
     /// int8 and int16 run at every step size (int8: llama.cpp's 8-bit activations). The chosen
     /// plan is logged as `kernel plan: ...`. [default: auto]
     #[arg(long, value_enum)]
-    pub cpu_gemm_dtype: Option<GemmDtypeArg>,
+    pub cpu_gemm_dtype: Option<CpuGemmDtype>,
     /// Every step runs the same kernels whatever its size, so a request's tokens and logprobs
     /// are bit-identical however it is batched: alone or beside others, cached or not, chunked,
     /// preempted or speculated (docs/numerics.md). CPU (float32): with auto, the int16 kernel on
@@ -174,12 +178,12 @@ pub struct EngineArgs {
     /// keeps one byte per weight and multiplies decode steps on FP8 codes; the CPU keeps the
     /// FP8-rounded values dense (the GPU's numbers, no memory saved). [default: none]
     #[arg(long, value_enum)]
-    pub quantization: Option<QuantizationArg>,
+    pub quantization: Option<WeightQuantization>,
     /// Serve /v1/embeddings from a generating model too: its final-normed hidden states pooled
     /// (last token, mean, or first token) and L2-normalized. For an embedding model, replaces
     /// the pooling its files declare. [default: off for generating models]
     #[arg(long, value_name = "POOLING")]
-    pub pooling: Option<PoolingArg>,
+    pub pooling: Option<PoolingKind>,
     /// cpu, cuda or cuda:N. [default: cpu]
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<DeviceArg>,
@@ -189,42 +193,11 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    /// These flags over `file`'s.
-    pub fn or(self, file: EngineArgs) -> EngineArgs {
-        EngineArgs {
-            model: self.model.or(file.model),
-            download_dir: self.download_dir.or(file.download_dir),
-            tokenizer: self.tokenizer.or(file.tokenizer),
-            load_format: self.load_format.or(file.load_format),
-            max_model_len: self.max_model_len.or(file.max_model_len),
-            rope_scaling: self.rope_scaling.or(file.rope_scaling),
-            max_num_seqs: self.max_num_seqs.or(file.max_num_seqs),
-            max_num_batched_tokens: self.max_num_batched_tokens.or(file.max_num_batched_tokens),
-            max_waiting_requests: self.max_waiting_requests.or(file.max_waiting_requests),
-            block_size: self.block_size.or(file.block_size),
-            kv_cache_memory: self.kv_cache_memory.or(file.kv_cache_memory),
-            gpu_memory_utilization: self.gpu_memory_utilization.or(file.gpu_memory_utilization),
-            num_gpu_blocks_override: self.num_gpu_blocks_override.or(file.num_gpu_blocks_override),
-            enable_prefix_caching: self.enable_prefix_caching.or(file.enable_prefix_caching),
-            dtype: self.dtype.or(file.dtype),
-            kv_cache_dtype: self.kv_cache_dtype.or(file.kv_cache_dtype),
-            cpu_gemm_dtype: self.cpu_gemm_dtype.or(file.cpu_gemm_dtype),
-            batch_invariant: self.batch_invariant.or(file.batch_invariant),
-            enforce_eager: self.enforce_eager.or(file.enforce_eager),
-            speculative_config: self.speculative_config.or(file.speculative_config),
-            dequantize: self.dequantize.or(file.dequantize),
-            quantization: self.quantization.or(file.quantization),
-            pooling: self.pooling.or(file.pooling),
-            device: self.device.or(file.device),
-            no_enable_prefix_caching: self.no_enable_prefix_caching,
-            lora: self.lora.or(file.lora),
-        }
-    }
-
-    /// The settings these flags (over `file`'s) ask for, defaults filled in and checked.
-    pub fn settings(self, file: EngineArgs) -> Result<EngineSettings, ArgsError> {
+    /// The settings these flags ask for, defaults filled in and checked. A config file's values
+    /// are layered under the command line's before this (see the module's docs).
+    pub fn settings(self) -> Result<EngineSettings, ArgsError> {
         let no_prefix_caching = self.no_enable_prefix_caching;
-        let a = self.or(file);
+        let a = self;
         let model_is_default = a.model.is_none();
         let device = a.device.unwrap_or_default();
         let settings = EngineSettings {
@@ -234,13 +207,13 @@ impl EngineArgs {
             tokenizer: a.tokenizer,
             load_format: a.load_format.unwrap_or_default(),
             dequantize: a.dequantize,
-            quantization: a.quantization.map(Into::into),
-            pooling: a.pooling.map(Into::into),
+            quantization: a.quantization,
+            pooling: a.pooling,
             device,
             dtype: a.dtype.unwrap_or_default(),
             kv_cache_dtype: a.kv_cache_dtype.unwrap_or_default(),
             kernels: KernelRequest {
-                cpu_gemm_dtype: a.cpu_gemm_dtype.unwrap_or_default().into(),
+                cpu_gemm_dtype: a.cpu_gemm_dtype.unwrap_or_default(),
                 batch_invariant: a.batch_invariant.unwrap_or(false),
             },
             enforce_eager: a.enforce_eager.unwrap_or(false),
@@ -280,12 +253,12 @@ pub struct EngineSettings {
     pub model_is_default: bool,
     pub download_dir: Option<PathBuf>,
     pub tokenizer: Option<String>,
-    pub load_format: LoadFormatArg,
+    pub load_format: LoadFormat,
     pub dequantize: Option<bool>,
     /// `--quantization`: how layer projections are stored.
-    pub quantization: Option<pagoda_models::WeightQuantization>,
+    pub quantization: Option<WeightQuantization>,
     /// `--pooling`: how embeddings pool, when asked for.
-    pub pooling: Option<pagoda_models::PoolingKind>,
+    pub pooling: Option<PoolingKind>,
     pub device: DeviceArg,
     pub dtype: DtypeArg,
     pub kv_cache_dtype: KvCacheDtypeArg,

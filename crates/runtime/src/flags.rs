@@ -1,9 +1,10 @@
-//! The value types of the model's and engine's flags (`--device`, `--dtype`, `--cpu-gemm-dtype`,
-//! `--load-format`, byte sizes), each parsed by clap and by a TOML file alike, and what each
-//! means to the layers below.
+//! The value types of the model's and engine's flags that only flags have (`--device`,
+//! `--dtype`, `--kv-cache-dtype`, byte sizes), each parsed by clap and by a TOML file alike, and
+//! what each means to the layers below. Flags whose values are a model option's
+//! (`--cpu-gemm-dtype`, `--load-format`, `--pooling`, `--quantization`) take `pagoda_models`'
+//! own enums, which derive clap's `ValueEnum` behind that crate's `clap` feature.
 
 use candle_core::DType;
-use pagoda_models::{CpuGemmDtype, LoadFormat, PoolingKind, WeightQuantization};
 use serde::Deserialize;
 
 /// `cpu`, `cuda` or `cuda:N`.
@@ -88,40 +89,6 @@ impl<'de> Deserialize<'de> for ByteSize {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum LoadFormatArg {
-    /// GGUF for a file, safetensors for a directory.
-    #[default]
-    Auto,
-    Gguf,
-    Safetensors,
-    /// Random weights shaped by a config.json-style file (for benchmarking).
-    Dummy,
-}
-
-/// `--pooling`: how a model's embeddings pool its final hidden states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum PoolingArg {
-    /// The last token's (it has seen the whole input).
-    Last,
-    /// The mean over the input's tokens.
-    Mean,
-    /// The first token's.
-    Cls,
-}
-
-impl From<PoolingArg> for PoolingKind {
-    fn from(arg: PoolingArg) -> Self {
-        match arg {
-            PoolingArg::Last => PoolingKind::Last,
-            PoolingArg::Mean => PoolingKind::Mean,
-            PoolingArg::Cls => PoolingKind::Cls,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
 pub enum DtypeArg {
     /// float32 on the CPU, bfloat16 on CUDA.
     #[default]
@@ -171,66 +138,6 @@ impl KvCacheDtypeArg {
             Self::Float16 => DType::F16,
             Self::Bfloat16 => DType::BF16,
             Self::Fp8 => DType::F8E4M3,
-        }
-    }
-}
-
-/// `--cpu-gemm-dtype`: what the CPU's matmuls multiply in (`pagoda_models::kernel_plan`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum GemmDtypeArg {
-    /// Chosen by the CPU's features and a start-up timing on the model's own weight.
-    #[default]
-    Auto,
-    #[value(alias = "f32", alias = "float")]
-    #[serde(alias = "f32", alias = "float")]
-    Float32,
-    #[value(alias = "bf16")]
-    #[serde(alias = "bf16")]
-    Bfloat16,
-    /// GGUF weights' integer codes times activations rounded to 8 bits per block of 32
-    /// (llama.cpp's precision), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
-    Int8,
-    /// GGUF weights' integer codes times activations rounded to 16 bits per block of 32 (finer
-    /// than bfloat16), at every step size, on CPUs with AVX512-VNNI; elsewhere `auto`.
-    Int16,
-}
-
-/// `--quantization`: how layer projections are stored (`pagoda_models::linear_fp8`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum QuantizationArg {
-    /// FP8 (e4m3) with a scale per output channel, quantized at load.
-    Fp8,
-}
-
-impl From<QuantizationArg> for WeightQuantization {
-    fn from(arg: QuantizationArg) -> Self {
-        match arg {
-            QuantizationArg::Fp8 => WeightQuantization::Fp8,
-        }
-    }
-}
-
-impl From<GemmDtypeArg> for CpuGemmDtype {
-    fn from(arg: GemmDtypeArg) -> Self {
-        match arg {
-            GemmDtypeArg::Auto => CpuGemmDtype::Auto,
-            GemmDtypeArg::Float32 => CpuGemmDtype::Float32,
-            GemmDtypeArg::Bfloat16 => CpuGemmDtype::Bfloat16,
-            GemmDtypeArg::Int8 => CpuGemmDtype::Int8,
-            GemmDtypeArg::Int16 => CpuGemmDtype::Int16,
-        }
-    }
-}
-
-impl From<LoadFormatArg> for LoadFormat {
-    fn from(arg: LoadFormatArg) -> Self {
-        match arg {
-            LoadFormatArg::Auto => LoadFormat::Auto,
-            LoadFormatArg::Gguf => LoadFormat::Gguf,
-            LoadFormatArg::Safetensors => LoadFormat::Safetensors,
-            LoadFormatArg::Dummy => LoadFormat::Dummy,
         }
     }
 }

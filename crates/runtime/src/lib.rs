@@ -16,7 +16,7 @@ pub mod plan;
 pub mod speculative_config;
 
 pub use engine_args::{ArgsError, EngineArgs, EngineSettings, DEFAULT_MODEL};
-pub use flags::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, KvCacheDtypeArg, LoadFormatArg};
+pub use flags::{ByteSize, DeviceArg, DtypeArg, KvCacheDtypeArg};
 pub use load::{LoadedRuntime, Runtime, RuntimeError, StartupTimes};
 pub use lora_args::{LoraArgs, LoraSettings};
 pub use options::{OptionsError, RuntimeOptions};
@@ -24,5 +24,5 @@ pub use pagoda_models::lora::AdapterReader;
 pub use pagoda_models::lora_open::{AdapterError, Confinement};
 /// An embedding model's pooling, as [`Runtime::pooling`] gives it.
 pub use pagoda_models::pooling::normalize;
-pub use pagoda_models::{Pooling, PoolingKind};
+pub use pagoda_models::{CpuGemmDtype, LoadFormat, Pooling, PoolingKind, WeightQuantization};
 pub use plan::{dtype_name, resolve_plan, RuntimePlan};

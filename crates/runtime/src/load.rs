@@ -20,6 +20,7 @@ use pagoda_models::{
 use pagoda_ops::PanelTiming;
 use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
+use crate::engine_args::EngineSettings;
 use crate::options::RuntimeOptions;
 use crate::plan::{model_load_options, resolve_plan, RuntimePlan};
 
@@ -113,7 +114,7 @@ fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
         return Ok(t.clone());
     }
     let model = &options.model;
-    if options.load_format == LoadFormat::Dummy {
+    if options.settings.load_format == LoadFormat::Dummy {
         return Err(RuntimeError::NoTokenizer(model.clone()));
     }
     Ok(model.clone())
@@ -149,22 +150,23 @@ impl LoadedRuntime {
     /// and allocated, a draft attached, the engine's configuration (complete: nothing changes
     /// it after this returns).
     pub fn load(options: &RuntimeOptions) -> Result<Self, RuntimeError> {
+        let settings = &options.settings;
         let (plan, resolved) = resolve_plan(options)?;
         log_plan(&plan, &resolved);
         let load = LoadOptions {
             kernel_plan: plan.kernels,
-            quantization: options.quantization,
-            rope_scaling: options.rope_scaling,
+            quantization: settings.quantization,
+            rope_scaling: settings.rope_scaling,
             ..model_load_options(options)
         };
-        if options.quantization.is_some() && options.device.is_cpu() {
+        if settings.quantization.is_some() && options.device.is_cpu() {
             tracing::warn!(
                 "--quantization fp8 on the CPU rounds the projections to their FP8 values and keeps them \
                  dense: the GPU's numbers, no memory saved"
             );
         }
         let (mut loaded, text) = load_model_and_text(options, &load)?;
-        if let Some(kind) = options.pooling {
+        if let Some(kind) = settings.pooling {
             set_pooling(&mut loaded.model, kind)?;
         }
         let mut times = StartupTimes {
@@ -180,7 +182,7 @@ impl LoadedRuntime {
         let self_pooling = loaded.model.pooling().copied();
         // Positions past the model's table cannot be computed: every longer request would fail
         // in the middle of a step instead of at admission.
-        if let Some(requested) = options.max_model_len.filter(|&l| l > config.max_position_embeddings) {
+        if let Some(requested) = settings.max_model_len.filter(|&l| l > config.max_position_embeddings) {
             return Err(RuntimeError::MaxModelLenBeyondModel {
                 requested,
                 model: config.max_position_embeddings,
@@ -214,11 +216,11 @@ impl LoadedRuntime {
         let draft_config = draft.as_ref().map(|d| d.config().clone());
         let mut runner = ModelRunner::new(
             loaded.model,
-            KvCache::new(&config, 1, options.block_size, cache_dtype, &options.device)?,
+            KvCache::new(&config, 1, settings.block_size, cache_dtype, &options.device)?,
             options.device.clone(),
         )?;
         let loras = load_loras(&mut runner, options)?;
-        let lora_reader = options
+        let lora_reader = settings
             .lora
             .as_ref()
             .map(|l| Arc::new(AdapterReader::new(config.clone(), runner.model().dtype(), l.dtype)));
@@ -226,9 +228,9 @@ impl LoadedRuntime {
         let groups = layout.kv_groups();
         // Without an explicit limit, the context is what the model, a draft model and the cache
         // allow (windowed groups hold only their windows, so a hybrid cache fits longer sequences).
-        let max_model_len = options.max_model_len.unwrap_or_else(|| {
+        let max_model_len = settings.max_model_len.unwrap_or_else(|| {
             let fits = |len: usize| {
-                groups.max_pages_for_sequence(len, options.max_num_batched_tokens, options.block_size)
+                groups.max_pages_for_sequence(len, settings.max_num_batched_tokens, settings.block_size)
                     <= num_blocks
             };
             let positions = draft_config.as_ref().map_or(usize::MAX, |d| d.max_position_embeddings);
@@ -236,35 +238,32 @@ impl LoadedRuntime {
         });
         if num_blocks == 0 {
             return Err(RuntimeError::CacheTooSmall {
-                bytes: gpu_kv_budget.map_or(options.kv_cache_bytes, |b| b.kv_bytes),
-                block_size: options.block_size,
+                bytes: gpu_kv_budget.map_or(options.kv_cache_bytes(), |b| b.kv_bytes),
+                block_size: settings.block_size,
             });
         }
         allocate_cache(&mut runner, options, &config, num_blocks, &tokenizer, chat_template.as_deref())?;
         // A batch-invariant step plans attention per token, which a replayed plan cannot.
-        let graphs = options.device.is_cuda() && !options.enforce_eager && !options.kernels.batch_invariant;
+        let graphs = options.device.is_cuda() && !settings.enforce_eager && !settings.kernels.batch_invariant;
         if graphs {
-            runner.enable_decode_graphs(options.max_num_seqs, max_model_len, true);
+            runner.enable_decode_graphs(settings.max_num_seqs, max_model_len, true);
         }
         let dtype_size = cache_dtype.size_in_bytes();
         let mut kv_cache_bytes =
-            (num_blocks * layout.page_bytes(&config, options.block_size, dtype_size)) as u64;
+            (num_blocks * layout.page_bytes(&config, settings.block_size, dtype_size)) as u64;
         if let Some(draft) = draft {
             kv_cache_bytes += attach_draft(&mut runner, draft, options, num_blocks, max_model_len)?;
         }
         let kv_bytes_per_token =
-            layout.bytes_per_token(&config, max_model_len.max(1), options.block_size, dtype_size);
+            layout.bytes_per_token(&config, max_model_len.max(1), settings.block_size, dtype_size);
         times.cache_seconds = started.elapsed().as_secs_f64();
 
-        let mut engine_config = EngineConfig::new(options.block_size, num_blocks, max_model_len);
+        let mut engine_config = step_limits(&options.settings, num_blocks, max_model_len);
         engine_config.kv_groups = groups;
-        engine_config.max_num_seqs = options.max_num_seqs;
-        engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
-        engine_config.max_waiting_requests = options.max_waiting_requests;
-        engine_config.enable_prefix_caching = options.enable_prefix_caching;
+        engine_config.enable_prefix_caching = settings.enable_prefix_caching;
         engine_config.kv_cache_events = options.kv_cache_events;
-        engine_config.speculative = options.speculative;
-        engine_config.max_loras = options.lora.as_ref().map(|l| l.max_loras);
+        engine_config.speculative = options.speculative();
+        engine_config.max_loras = settings.lora.as_ref().map(|l| l.max_loras);
         engine_config.validate().map_err(EngineError::from)?;
 
         Ok(Self {
@@ -299,6 +298,7 @@ impl LoadedRuntime {
         tokenizer: Arc<Tokenizer>,
         started: Instant,
     ) -> Result<Self, RuntimeError> {
+        let settings = &options.settings;
         let config = model.config().clone();
         if let Some(path) = &options.draft_model {
             return Err(RuntimeError::DraftIncompatible {
@@ -306,7 +306,7 @@ impl LoadedRuntime {
                 reason: "the model is an embedding model, which generates nothing to draft".into(),
             });
         }
-        if let Some((name, path)) = options.lora.as_ref().and_then(|l| l.modules.first()) {
+        if let Some((name, path)) = settings.lora.as_ref().and_then(|l| l.modules.first()) {
             return Err(RuntimeError::Lora {
                 name: name.clone(),
                 path: path.clone(),
@@ -316,21 +316,18 @@ impl LoadedRuntime {
             });
         }
         let positions = config.max_position_embeddings;
-        let max_model_len = options
+        let max_model_len = settings
             .max_model_len
             .unwrap_or_else(|| pooling.max_input_tokens.unwrap_or(positions).min(positions));
         // Every input lives for one step: a step's budget over whole blocks, plus a partial
         // block per input.
-        let num_blocks = options.num_blocks.unwrap_or_else(|| {
-            options.max_num_batched_tokens.div_ceil(options.block_size) + options.max_num_seqs
+        let num_blocks = settings.num_gpu_blocks_override.unwrap_or_else(|| {
+            settings.max_num_batched_tokens.div_ceil(settings.block_size) + settings.max_num_seqs
         });
-        let cache = KvCache::accounting_only(&config, num_blocks, options.block_size);
+        let cache = KvCache::accounting_only(&config, num_blocks, settings.block_size);
         let runner = ModelRunner::new(model, cache, options.device.clone())?;
         times.cache_seconds = started.elapsed().as_secs_f64();
-        let mut engine_config = EngineConfig::new(options.block_size, num_blocks, max_model_len);
-        engine_config.max_num_seqs = options.max_num_seqs;
-        engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
-        engine_config.max_waiting_requests = options.max_waiting_requests;
+        let mut engine_config = step_limits(&options.settings, num_blocks, max_model_len);
         engine_config.enable_prefix_caching = false;
         engine_config.validate().map_err(EngineError::from)?;
         Ok(Self {
@@ -392,6 +389,16 @@ fn log_plan(plan: &RuntimePlan, resolved: &ResolvedPlan) {
     }
 }
 
+/// The engine's configuration for a cache of `num_blocks` blocks and sequences of up to
+/// `max_model_len` tokens, with the step's limits the settings give.
+fn step_limits(settings: &EngineSettings, num_blocks: usize, max_model_len: usize) -> EngineConfig {
+    let mut config = EngineConfig::new(settings.block_size, num_blocks, max_model_len);
+    config.max_num_seqs = settings.max_num_seqs;
+    config.max_num_batched_tokens = settings.max_num_batched_tokens;
+    config.max_waiting_requests = settings.max_waiting_requests;
+    config
+}
+
 /// The model (parallel over the rayon pool) and the text side (one thread), loaded at once.
 fn load_model_and_text(
     options: &RuntimeOptions,
@@ -427,24 +434,23 @@ fn cache_blocks(
     config: &ModelConfig,
     draft: Option<&ModelConfig>,
 ) -> Result<(usize, Option<GpuKvBudget>), RuntimeError> {
-    if let Some(n) = options.num_blocks {
+    let (settings, cache_dtype) = (&options.settings, options.kv_cache_dtype);
+    if let Some(n) = settings.num_gpu_blocks_override {
         return Ok((n, None));
     }
-    let cache_dtype = options.kv_cache_dtype;
-    let (bytes, budget) = match options.gpu_memory_utilization {
+    let (bytes, budget) = match options.gpu_memory_utilization() {
         Some(utilization) if options.device.is_cuda() => {
-            let shape = ProfileShape {
-                max_num_batched_tokens: options.max_num_batched_tokens,
-                max_num_seqs: options.max_num_seqs,
-                block_size: options.block_size,
-            };
+            let (max_num_batched_tokens, max_num_seqs) =
+                (settings.max_num_batched_tokens, settings.max_num_seqs);
+            let shape =
+                ProfileShape { max_num_batched_tokens, max_num_seqs, block_size: settings.block_size };
             let budget = size_from_device_memory(runner, config, shape, cache_dtype, utilization)?;
             (budget.kv_bytes, Some(budget))
         }
-        _ => (options.kv_cache_bytes, None),
+        _ => (options.kv_cache_bytes(), None),
     };
-    let bytes = target_share(bytes, config, draft, options.block_size, cache_dtype);
-    Ok((KvCache::blocks_for_budget(config, options.block_size, cache_dtype, bytes), budget))
+    let bytes = target_share(bytes, config, draft, settings.block_size, cache_dtype);
+    Ok((KvCache::blocks_for_budget(config, settings.block_size, cache_dtype, bytes), budget))
 }
 
 /// The largest length in `0..=max` that `fits` (which holds for every shorter length too).
@@ -472,18 +478,14 @@ fn allocate_cache(
     tokenizer: &Tokenizer,
     chat_template: Option<&ChatTemplate>,
 ) -> Result<(), RuntimeError> {
-    let cache_dtype = options.kv_cache_dtype;
+    let (block_size, cache_dtype) = (options.settings.block_size, options.kv_cache_dtype);
     let scales = match cache_dtype {
-        DType::F8E4M3 => Some(crate::fp8_kv::calibrated_scales(
-            runner,
-            tokenizer,
-            chat_template,
-            options.block_size,
-            cache_dtype,
-        )?),
+        DType::F8E4M3 => {
+            Some(crate::fp8_kv::calibrated_scales(runner, tokenizer, chat_template, block_size, cache_dtype)?)
+        }
         _ => None,
     };
-    let mut cache = KvCache::new(config, num_blocks, options.block_size, cache_dtype, &options.device)?;
+    let mut cache = KvCache::new(config, num_blocks, block_size, cache_dtype, &options.device)?;
     if let Some(scales) = scales {
         cache = cache.with_scales(scales)?;
     }
@@ -511,21 +513,22 @@ fn attach_draft(
         });
     }
     let dtype = options.kv_cache_dtype;
-    let cache = KvCache::new(&config, num_blocks, options.block_size, dtype, &options.device)?;
-    let bytes = num_blocks
-        * KvLayout::for_config(&config).page_bytes(&config, options.block_size, dtype.size_in_bytes());
+    let block_size = options.settings.block_size;
+    let cache = KvCache::new(&config, num_blocks, block_size, dtype, &options.device)?;
+    let bytes =
+        num_blocks * KvLayout::for_config(&config).page_bytes(&config, block_size, dtype.size_in_bytes());
     runner
         .set_draft(DraftModel::new(draft, cache))
         .map_err(|e| RuntimeError::DraftIncompatible { path, reason: e.to_string() })?;
     Ok(bytes as u64)
 }
 
-/// Loads the start-up adapters of `options.lora` into `runner`, ids from 1 in the order given.
+/// Loads the start-up adapters of `--lora-modules` into `runner`, ids from 1 in the order given.
 fn load_loras(
     runner: &mut ModelRunner,
     options: &RuntimeOptions,
 ) -> Result<Vec<(String, LoraId, PathBuf)>, RuntimeError> {
-    let Some(lora) = &options.lora else { return Ok(Vec::new()) };
+    let Some(lora) = &options.settings.lora else { return Ok(Vec::new()) };
     runner.set_lora_dtype(lora.dtype);
     let mut loaded = Vec::with_capacity(lora.modules.len());
     for (i, (name, path)) in lora.modules.iter().enumerate() {

@@ -98,22 +98,6 @@ fn invalid(flag: &'static str, message: impl Into<String>) -> ArgsError {
 }
 
 impl LoraArgs {
-    /// These flags over `file`'s.
-    pub fn or(self, file: LoraArgs) -> LoraArgs {
-        LoraArgs {
-            enable_lora: self.enable_lora.or(file.enable_lora),
-            lora_modules: self.lora_modules.or(file.lora_modules),
-            max_loras: self.max_loras.or(file.max_loras),
-            max_lora_rank: self.max_lora_rank.or(file.max_lora_rank),
-            max_cpu_loras: self.max_cpu_loras.or(file.max_cpu_loras),
-            allow_runtime_lora_updating: self
-                .allow_runtime_lora_updating
-                .or(file.allow_runtime_lora_updating),
-            lora_dirs: self.lora_dirs.or(file.lora_dirs),
-            lora_dtype: self.lora_dtype.or(file.lora_dtype),
-        }
-    }
-
     /// The settings asked for; `None` without `--enable-lora`, when no other LoRA flag may be
     /// given.
     pub fn settings(self) -> Result<Option<LoraSettings>, ArgsError> {
@@ -211,10 +195,25 @@ mod tests {
         assert_eq!(bf16.settings().unwrap().unwrap().dtype, LoraDtype::Bfloat16);
         let off = LoraArgs { lora_dtype: Some(LoraDtypeArg::Float32), ..LoraArgs::default() };
         assert_eq!(off.settings().unwrap_err().flag, "--lora-dtype");
-        // A flag over a config file's value.
-        let flag = LoraArgs { lora_dtype: Some(LoraDtypeArg::Float32), ..LoraArgs::default() };
-        let file: LoraArgs = serde_json::from_str(r#"{"lora-dtype": "bf16"}"#).unwrap();
-        assert_eq!(flag.or(file.clone()).lora_dtype, Some(LoraDtypeArg::Float32));
-        assert_eq!(LoraArgs::default().or(file).lora_dtype, Some(LoraDtypeArg::Bfloat16));
+    }
+
+    /// `argv` over a config file's `json`, layered as `pagoda serve` layers them.
+    fn layered(json: &str, argv: &[&str]) -> LoraArgs {
+        use clap::{Args, FromArgMatches};
+        let command = LoraArgs::augment_args(clap::Command::new("pagoda"));
+        let matches = command.try_get_matches_from(std::iter::once("pagoda").chain(argv.iter().copied()));
+        let mut args: LoraArgs = serde_json::from_str(json).unwrap();
+        args.update_from_arg_matches(&matches.unwrap()).unwrap();
+        args
+    }
+
+    #[test]
+    fn a_flag_is_over_the_files_value_and_leaves_the_others() {
+        let file = r#"{"lora-dtype": "bf16", "max-loras": 3}"#;
+        let a = layered(file, &["--lora-dtype", "float32"]);
+        assert_eq!((a.lora_dtype, a.max_loras), (Some(LoraDtypeArg::Float32), Some(3)));
+        let a = layered(file, &[]);
+        assert_eq!((a.lora_dtype, a.max_loras, a.enable_lora), (Some(LoraDtypeArg::Bfloat16), Some(3), None));
+        assert_eq!(layered("{}", &["--enable-lora"]).enable_lora, Some(true));
     }
 }

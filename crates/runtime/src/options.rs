@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
-use pagoda_models::{KernelRequest, LoadFormat};
 
 use crate::engine_args::{EngineSettings, DEFAULT_CPU_KV_CACHE_BYTES};
 use crate::flags::DeviceArg;
@@ -31,51 +30,43 @@ pub enum OptionsError {
     DraftHub(HubError),
 }
 
-/// What to load and how big to make the cache and the batches.
+/// What to load and how big to make the cache and the batches: the settings as given, and what
+/// resolving them found (the model's files, the device, the dtypes). Nothing of the settings is
+/// copied: a flag's value is read from [`RuntimeOptions::settings`] where it is used.
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
+    pub settings: EngineSettings,
+    /// The model's file or directory, found locally or in the hub's cache.
     pub model: PathBuf,
     /// Tokenizer source when it is not the model itself (required for dummy weights).
     pub tokenizer: Option<PathBuf>,
-    pub load_format: LoadFormat,
-    /// See [`pagoda_models::LoadOptions::dequantize`]; `None` decides by model size.
-    pub dequantize: Option<bool>,
-    /// See [`pagoda_models::LoadOptions::quantization`].
-    pub quantization: Option<pagoda_models::WeightQuantization>,
-    /// `--pooling`: makes a generating model embed too, or changes an embedding model's pooling.
-    pub pooling: Option<pagoda_models::PoolingKind>,
     pub device: Device,
-    /// The device as the user named it, for the log.
-    pub device_name: String,
     pub dtype: DType,
     /// Storage dtype of the KV cache (attention computes in f32 whatever it is).
     pub kv_cache_dtype: DType,
-    /// `--cpu-gemm-dtype` and `--batch-invariant`, resolved into a kernel plan at load.
-    pub kernels: KernelRequest,
-    /// Run decode steps eagerly on CUDA instead of replaying them as CUDA graphs.
-    pub enforce_eager: bool,
-    pub block_size: usize,
-    /// Bytes of KV cache; ignored when `num_blocks` is set or the cache is sized from device
-    /// memory.
-    pub kv_cache_bytes: u64,
-    pub num_blocks: Option<usize>,
-    /// On a GPU without `num_blocks`: size the cache to this fraction of device memory after a
-    /// profiling step (see `pagoda_models::kv_sizing`) instead of `kv_cache_bytes`.
-    pub gpu_memory_utilization: Option<f64>,
-    pub max_model_len: Option<usize>,
-    /// See [`pagoda_models::LoadOptions::rope_scaling`].
-    pub rope_scaling: Option<pagoda_models::RopeScalingOverride>,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub max_waiting_requests: usize,
-    pub enable_prefix_caching: bool,
-    pub speculative: Option<pagoda_engine::SpeculativeConfig>,
     /// A separate draft model (`SpeculativeMethod::DraftModel`), loaded like the target.
     pub draft_model: Option<PathBuf>,
-    /// LoRA adapters, when served.
-    pub lora: Option<crate::LoraSettings>,
     /// Whether the engine reports its cache's stored and removed blocks (KV events).
     pub kv_cache_events: bool,
+}
+
+impl RuntimeOptions {
+    /// Bytes of KV cache; ignored when `--num-gpu-blocks-override` is given or the cache is
+    /// sized from device memory.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        self.settings.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES)
+    }
+
+    /// On a GPU without a block count: size the cache to this fraction of device memory after a
+    /// profiling step (see `pagoda_models::kv_sizing`). An explicit --kv-cache-memory wins.
+    pub fn gpu_memory_utilization(&self) -> Option<f64> {
+        self.settings.kv_cache_memory.is_none().then_some(self.settings.gpu_memory_utilization)
+    }
+
+    /// The engine's speculative decoding, when asked for.
+    pub fn speculative(&self) -> Option<pagoda_engine::SpeculativeConfig> {
+        self.settings.speculative.as_ref().map(|s| s.config)
+    }
 }
 
 fn open_device(arg: DeviceArg) -> Result<Device, OptionsError> {
@@ -107,32 +98,13 @@ impl EngineSettings {
                 Some(found.ok_or_else(|| OptionsError::DraftModelMissing(path.display().to_string()))?);
         }
         Ok(RuntimeOptions {
+            settings: self.clone(),
             model,
             tokenizer: self.tokenizer.as_ref().map(PathBuf::from),
-            load_format: self.load_format.into(),
-            dequantize: self.dequantize,
-            quantization: self.quantization,
-            pooling: self.pooling,
             device,
-            device_name: self.device.to_string(),
             dtype,
             kv_cache_dtype: self.kv_cache_dtype.kv_cache(dtype),
-            kernels: self.kernels,
-            enforce_eager: self.enforce_eager,
-            block_size: self.block_size,
-            kv_cache_bytes: self.kv_cache_memory.unwrap_or(DEFAULT_CPU_KV_CACHE_BYTES),
-            num_blocks: self.num_gpu_blocks_override,
-            // An explicit --kv-cache-memory wins; otherwise a GPU sizes its cache from free memory.
-            gpu_memory_utilization: self.kv_cache_memory.is_none().then_some(self.gpu_memory_utilization),
-            max_model_len: self.max_model_len,
-            rope_scaling: self.rope_scaling,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            max_waiting_requests: self.max_waiting_requests,
-            enable_prefix_caching: self.enable_prefix_caching,
-            speculative: self.speculative.as_ref().map(|s| s.config),
             draft_model,
-            lora: self.lora.clone(),
             kv_cache_events: false,
         })
     }

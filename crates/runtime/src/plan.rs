@@ -57,8 +57,8 @@ pub(crate) fn model_load_options(options: &RuntimeOptions) -> LoadOptions {
     LoadOptions {
         device: options.device.clone(),
         dtype: options.dtype,
-        dequantize: options.dequantize,
-        format: options.load_format,
+        dequantize: options.settings.dequantize,
+        format: options.settings.load_format,
         ..LoadOptions::default()
     }
 }
@@ -66,13 +66,14 @@ pub(crate) fn model_load_options(options: &RuntimeOptions) -> LoadOptions {
 /// The plan `options` resolve to, with what the resolution measured (see
 /// [`pagoda_models::resolve_kernel_plan`]).
 pub fn resolve_plan(options: &RuntimeOptions) -> Result<(RuntimePlan, ResolvedPlan), ModelError> {
-    let resolved = resolve_kernel_plan(&options.model, &model_load_options(options), options.kernels)?;
+    let resolved =
+        resolve_kernel_plan(&options.model, &model_load_options(options), options.settings.kernels)?;
     let plan = RuntimePlan {
-        device: options.device_name.clone(),
+        device: options.settings.device.to_string(),
         dtype: options.dtype,
         kv_cache_dtype: options.kv_cache_dtype,
         kernels: resolved.plan,
-        step_budget: options.max_num_batched_tokens,
+        step_budget: options.settings.max_num_batched_tokens,
     };
     Ok((plan, resolved))
 }

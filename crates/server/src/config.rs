@@ -1,7 +1,10 @@
 //! `pagoda serve` configuration: command-line flags in vLLM's vocabulary, an optional TOML file
 //! (`--config FILE`, the same names in kebab-case), and the resolved [`ServerConfig`].
 //!
-//! Precedence: flags (and `PAGODA_API_KEY`) over the file over the defaults.
+//! Precedence: flags (and `PAGODA_API_KEY`) over the file over the defaults. Every flag is an
+//! `Option` declared once, for clap and serde alike; the file is read into [`ServeArgs`] and
+//! the command line set over it by clap ([`ServeArgs::layered`]), and [`ServerConfig`] fills in
+//! the defaults ([`defaults`], the engine's in `pagoda_runtime`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,7 +16,7 @@ pub use crate::flag_values::{
     GetLoadFormat, HostedToolsPolicy, ReasoningParserArg, SchedulingPolicy, ToolCallParserArg,
 };
 use crate::metrics::MetricsPrefix;
-pub use pagoda_runtime::{ByteSize, DeviceArg, DtypeArg, GemmDtypeArg, LoadFormatArg, DEFAULT_MODEL};
+pub use pagoda_runtime::{ByteSize, CpuGemmDtype, DeviceArg, DtypeArg, LoadFormat, DEFAULT_MODEL};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,6 +28,10 @@ pub enum ConfigError {
     UnknownKey { path: PathBuf, key: String },
     #[error("invalid value for {flag}: {message}")]
     Invalid { flag: &'static str, message: String },
+    #[error(transparent)]
+    Flags(#[from] Box<clap::Error>),
+    #[error("--config {0}: a config file is read by ServerConfig::from_matches, which knows which flags are given")]
+    FileNotLayered(PathBuf),
 }
 
 impl From<pagoda_runtime::ArgsError> for ConfigError {
@@ -223,14 +230,64 @@ pub struct ServerConfig {
 /// line.
 const FLAG_ONLY_KEYS: [&str; 2] = ["config", "no-enable-prefix-caching"];
 
-impl ServerConfig {
-    /// Reads `--config` (if any) and merges it under the flags.
-    pub fn from_args(args: ServeArgs) -> Result<Self, ConfigError> {
-        let file = match &args.config {
-            Some(path) => Self::read_file(path)?,
+/// The server's defaults: the values a flag that neither the command line nor the file gives
+/// takes. Each flag's help states its default; a test checks the two agree.
+pub mod defaults {
+    pub const HOST: &str = "127.0.0.1";
+    pub const PORT: u16 = 8000;
+    pub const MCP_TIMEOUT_SECONDS: u64 = 30;
+    pub const ALLOWED_METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OPTIONS"];
+    pub const ALLOWED_HEADERS: [&str; 1] = ["*"];
+    pub const MAX_LOGPROBS: usize = 20;
+    pub const MAX_STORED_RESPONSES: usize = 1024;
+    pub const MAX_REQUEST_BODY_BYTES: usize = 8 << 20;
+    pub const SHUTDOWN_TIMEOUT_SECONDS: f64 = 30.0;
+    pub const HTTP_HEADER_READ_TIMEOUT_SECONDS: f64 = 10.0;
+    /// Above nginx's 60 s for upstream connections.
+    pub const HTTP_KEEP_ALIVE_TIMEOUT_SECONDS: f64 = 75.0;
+    pub const MAX_CONNECTIONS: usize = 2048;
+}
+
+impl ServeArgs {
+    /// The flags clap matched (`matches`, of a command with [`ServeArgs`]' arguments) over the
+    /// file `--config` names: the file is read into a `ServeArgs`, then clap sets on it exactly
+    /// the flags given on the command line (or by their environment variables), so no flag is
+    /// merged by hand.
+    pub fn layered(matches: &clap::ArgMatches) -> Result<Self, ConfigError> {
+        let config: Option<&PathBuf> = matches.get_one("config");
+        let file = match config {
+            Some(path) => ServerConfig::read_file(path)?,
             None => ServeArgs::default(),
         };
-        Self::merge(args, file)
+        let mut args = Self::over(file, matches)?;
+        // Read and under the flags now: `--config` has nothing left to say.
+        args.config = None;
+        Ok(args)
+    }
+
+    /// The command line's flags (`matches`) over `file`'s.
+    pub(crate) fn over(mut file: ServeArgs, matches: &clap::ArgMatches) -> Result<Self, ConfigError> {
+        clap::FromArgMatches::update_from_arg_matches(&mut file, matches).map_err(Box::new)?;
+        Ok(file)
+    }
+}
+
+impl ServerConfig {
+    /// `pagoda serve`'s command line, as clap matched it, over its `--config` file over the
+    /// defaults.
+    pub fn from_matches(matches: &clap::ArgMatches) -> Result<Self, ConfigError> {
+        Self::from_args(ServeArgs::layered(matches)?)
+    }
+
+    /// The configuration `args` ask for, defaults filled in and checked. `args` are the flags
+    /// with any config file already under them ([`ServeArgs::layered`]): given `--config` here,
+    /// the file could not be put under the flags (which of them were given is known only to
+    /// clap's matches), so it is refused rather than ignored.
+    pub fn from_args(args: ServeArgs) -> Result<Self, ConfigError> {
+        if let Some(path) = &args.config {
+            return Err(ConfigError::FileNotLayered(path.clone()));
+        }
+        Self::resolve(args)
     }
 
     fn read_file(path: &Path) -> Result<ServeArgs, ConfigError> {
@@ -258,53 +315,44 @@ impl ServerConfig {
         toml::from_str(text).map_err(FileError::Parse)
     }
 
-    /// `cli` over `file` over the defaults.
-    pub fn merge(cli: ServeArgs, file: ServeArgs) -> Result<Self, ConfigError> {
-        let engine = cli.engine.settings(file.engine)?;
-        let served_model_names = cli
-            .served_model_name
-            .or(file.served_model_name)
-            .unwrap_or_else(|| vec![crate::state::default_served_name(&engine.model)]);
+    /// The flags' values (file already under command line), defaults filled in and checked.
+    fn resolve(a: ServeArgs) -> Result<Self, ConfigError> {
+        let engine = a.engine.settings()?;
+        let served_model_names =
+            a.served_model_name.unwrap_or_else(|| vec![crate::state::default_served_name(&engine.model)]);
+        let owned = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let config = Self {
             engine,
             served_model_names,
-            chat_template: cli.chat_template.or(file.chat_template),
-            tool_call_parser: cli.tool_call_parser.or(file.tool_call_parser),
-            reasoning_parser: cli.reasoning_parser.or(file.reasoning_parser),
-            hosted_tools: cli.hosted_tools.or(file.hosted_tools).unwrap_or_default(),
+            chat_template: a.chat_template,
+            tool_call_parser: a.tool_call_parser,
+            reasoning_parser: a.reasoning_parser,
+            hosted_tools: a.hosted_tools.unwrap_or_default(),
             allow_mcp_servers: crate::responses::mcp::spec::check_prefixes(
-                cli.allow_mcp_servers.or(file.allow_mcp_servers).unwrap_or_default(),
+                a.allow_mcp_servers.unwrap_or_default(),
             )
             .map_err(|message| invalid("--allow-mcp-servers", message))?,
-            mcp_timeout: match cli.mcp_timeout.or(file.mcp_timeout).unwrap_or(30) {
+            mcp_timeout: match a.mcp_timeout.unwrap_or(defaults::MCP_TIMEOUT_SECONDS) {
                 0 => return Err(invalid("--mcp-timeout", "must be at least 1 second")),
                 s => std::time::Duration::from_secs(s),
             },
-            host: cli.host.or(file.host).unwrap_or_else(|| "127.0.0.1".to_owned()),
-            port: cli.port.or(file.port).unwrap_or(8000),
-            scheduling_policy: cli.scheduling_policy.or(file.scheduling_policy).unwrap_or_default(),
-            api_key: cli.api_key.or(file.api_key).filter(|k| !k.is_empty()),
-            health_generate_without_key: cli
-                .health_generate_without_key
-                .or(file.health_generate_without_key)
-                .unwrap_or(false),
-            allowed_origins: cors_list(
-                "--allowed-origins",
-                cli.allowed_origins.or(file.allowed_origins).unwrap_or_default(),
-            )?,
+            host: a.host.unwrap_or_else(|| defaults::HOST.to_owned()),
+            port: a.port.unwrap_or(defaults::PORT),
+            scheduling_policy: a.scheduling_policy.unwrap_or_default(),
+            api_key: a.api_key.filter(|k| !k.is_empty()),
+            health_generate_without_key: a.health_generate_without_key.unwrap_or(false),
+            allowed_origins: cors_list("--allowed-origins", a.allowed_origins.unwrap_or_default())?,
             allowed_methods: cors_list(
                 "--allowed-methods",
-                cli.allowed_methods
-                    .or(file.allowed_methods)
-                    .unwrap_or_else(|| ["GET", "POST", "DELETE", "OPTIONS"].map(str::to_owned).to_vec()),
+                a.allowed_methods.unwrap_or_else(|| owned(&defaults::ALLOWED_METHODS)),
             )?,
             allowed_headers: cors_list(
                 "--allowed-headers",
-                cli.allowed_headers.or(file.allowed_headers).unwrap_or_else(|| vec!["*".to_owned()]),
+                a.allowed_headers.unwrap_or_else(|| owned(&defaults::ALLOWED_HEADERS)),
             )?,
-            metrics_prefix: cli.metrics_prefix.or(file.metrics_prefix).unwrap_or_default(),
-            get_load_format: cli.get_load_format.or(file.get_load_format).unwrap_or_default(),
-            kv_events: match cli.kv_events_config.or(file.kv_events_config) {
+            metrics_prefix: a.metrics_prefix.unwrap_or_default(),
+            get_load_format: a.get_load_format.unwrap_or_default(),
+            kv_events: match a.kv_events_config {
                 None => None,
                 Some(json) => Some(
                     pagoda_kv_events::KvEventsConfig::parse(&json)
@@ -312,41 +360,39 @@ impl ServerConfig {
                 )
                 .filter(|c| c.enabled()),
             },
-            kv_transfer: match cli.kv_transfer_config.or(file.kv_transfer_config) {
+            kv_transfer: match a.kv_transfer_config {
                 None => None,
                 Some(json) => Some(
                     pagoda_kv_transfer::KvTransferConfig::parse(&json)
                         .map_err(|e| invalid("--kv-transfer-config", e.to_string()))?,
                 ),
             },
-            max_logprobs: cli.max_logprobs.or(file.max_logprobs).unwrap_or(20),
-            max_request_body_bytes: cli
+            max_logprobs: a.max_logprobs.unwrap_or(defaults::MAX_LOGPROBS),
+            max_request_body_bytes: a
                 .max_request_body_bytes
-                .or(file.max_request_body_bytes)
-                .map(|b| b.0 as usize)
-                .unwrap_or(8 << 20),
-            max_stored_responses: cli.max_stored_responses.or(file.max_stored_responses).unwrap_or(1024),
-            stored_responses_memory: cli
+                .map_or(defaults::MAX_REQUEST_BODY_BYTES, |b| b.0 as usize),
+            max_stored_responses: a.max_stored_responses.unwrap_or(defaults::MAX_STORED_RESPONSES),
+            stored_responses_memory: a
                 .stored_responses_memory
-                .or(file.stored_responses_memory)
                 .map_or(crate::responses::store::DEFAULT_STORE_BYTES, |b| b.0 as usize),
-            max_stored_response_bytes: cli
+            max_stored_response_bytes: a
                 .max_stored_response_bytes
-                .or(file.max_stored_response_bytes)
                 .map_or(crate::responses::store::DEFAULT_ENTRY_BYTES, |b| b.0 as usize),
-            shutdown_timeout: Duration::from_secs_f64(
-                cli.shutdown_timeout.or(file.shutdown_timeout).unwrap_or(30.0).max(0.0),
-            ),
+            // A negative grace is none; an endless one is refused, not a panic.
+            shutdown_timeout: seconds(
+                "--shutdown-timeout",
+                a.shutdown_timeout.unwrap_or(defaults::SHUTDOWN_TIMEOUT_SECONDS).max(0.0),
+            )?,
             http_header_read_timeout: seconds(
                 "--http-header-read-timeout",
-                cli.http_header_read_timeout.or(file.http_header_read_timeout).unwrap_or(10.0),
+                a.http_header_read_timeout.unwrap_or(defaults::HTTP_HEADER_READ_TIMEOUT_SECONDS),
             )?,
             http_keep_alive_timeout: seconds(
                 "--http-keep-alive-timeout",
-                cli.http_keep_alive_timeout.or(file.http_keep_alive_timeout).unwrap_or(75.0),
+                a.http_keep_alive_timeout.unwrap_or(defaults::HTTP_KEEP_ALIVE_TIMEOUT_SECONDS),
             )?,
-            max_connections: cli.max_connections.or(file.max_connections).unwrap_or(2048),
-            web_ui: !cli.disable_web_ui.or(file.disable_web_ui).unwrap_or(false),
+            max_connections: a.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
+            web_ui: !a.disable_web_ui.unwrap_or(false),
         };
         config.check()?;
         Ok(config)

@@ -34,7 +34,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let options = args.engine.settings(EngineArgs::default())?.runtime_options()?;
+    let options = args.engine.settings()?.runtime_options()?;
     let loaded = LoadedRuntime::load(&options)?;
     let runtime = loaded.start(Arc::new(NoopObserver), Shutdown::new())?;
     let tokenizer = &runtime.tokenizer;

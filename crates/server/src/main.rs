@@ -3,7 +3,7 @@
 
 use std::io::IsTerminal;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use pagoda_server::config::{ServeArgs, ServerConfig};
 use pagoda_server::server::{shutdown_signals, Server};
 
@@ -22,8 +22,9 @@ enum Command {
     Generate(Box<pagoda_server::generate::GenerateArgs>),
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = ServerConfig::from_args(args)?;
+/// `matches`: `serve`'s own, which say which flags were given and so go over `--config`'s file.
+fn serve(matches: &ArgMatches) -> anyhow::Result<()> {
+    let config = ServerConfig::from_matches(matches)?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("pagoda-http").build()?;
     runtime.block_on(async {
@@ -54,7 +55,8 @@ fn tune_allocator() {}
 
 fn main() {
     tune_allocator();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         // The kernel plan and its timing, then only what went wrong.
@@ -68,7 +70,7 @@ fn main() {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match cli.command {
-        Command::Serve(args) => serve(*args),
+        Command::Serve(_) => serve(matches.subcommand_matches("serve").expect("clap matched `serve`")),
         Command::Generate(args) => pagoda_server::generate::run(*args),
     };
     if let Err(e) = result {

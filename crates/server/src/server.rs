@@ -433,7 +433,7 @@ mod tests {
 
     #[test]
     fn a_missing_default_model_says_how_to_fetch_it() {
-        let mut config = ServerConfig::merge(ServeArgs::default(), ServeArgs::default()).unwrap();
+        let mut config = ServerConfig::from_args(ServeArgs::default()).unwrap();
         config.engine.model = "definitely/not/here.gguf".into();
         let err = config.engine.runtime_options().unwrap_err();
         assert!(matches!(err, OptionsError::DefaultModelMissing(_)));
