@@ -28,6 +28,9 @@ pub enum ModelError {
     },
     #[error("{path}: invalid model config: {message}")]
     Config { path: PathBuf, message: String },
+    /// Image inputs that do not fit the model (pixel shape, placeholder count).
+    #[error("invalid image input: {0}")]
+    ImageInput(String),
     #[error("invalid option: {0}")]
     InvalidOption(String),
     #[error("cannot start the CPU thread pool: {0}")]

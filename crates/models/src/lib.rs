@@ -1,5 +1,6 @@
 //! `pagoda-models`: candle model code (the Llama family, Qwen3, mixtures of experts, Gemma 2 and 3, one file per architecture
-//! over shared attention, embedding and linear layers; BERT encoders with their pooling, for embeddings), weight loading (GGUF, Hugging Face
+//! over shared attention, embedding and linear layers; BERT encoders with their pooling, for embeddings;
+//! the Idefics3 / SmolVLM vision-language model over a SigLIP encoder), weight loading (GGUF, Hugging Face
 //! safetensors, dummy), the paged KV cache, and the model runner that executes one scheduled
 //! batch per engine step and samples from its logits.
 
@@ -19,6 +20,7 @@ pub mod embedding;
 pub mod error;
 pub mod gemma;
 pub mod gguf_check;
+pub mod idefics3;
 pub mod kernel_plan;
 pub mod kv_cache;
 pub mod kv_calibration;
@@ -33,8 +35,10 @@ mod lora_files;
 pub mod lora_open;
 pub mod model;
 mod moe;
+pub mod multimodal;
 pub mod pooling;
 pub mod runner;
+pub mod siglip;
 pub mod weights;
 
 pub use config::{ModelConfig, MoeConfig};

@@ -126,8 +126,24 @@ impl Llama {
         input: &ForwardInput<'_>,
         cache: &KvCache,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        self.forward_embedded(self.embed(input.input_ids)?, input, cache)
+    }
+
+    /// The token embeddings of u32 `ids` `[tokens]`: `[tokens, hidden]`.
+    pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        self.embed_tokens.forward(ids)
+    }
+
+    /// [`Self::forward_parts`] from input embeddings `[tokens, hidden]` (one row per token of
+    /// `input`) instead of looking `input.input_ids` up: a vision-language model's, whose image
+    /// placeholders carry the vision encoder's features.
+    pub fn forward_embedded(
+        &self,
+        mut hidden: Tensor,
+        input: &ForwardInput<'_>,
+        cache: &KvCache,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let c = &self.config;
-        let mut hidden = self.embed_tokens.forward(input.input_ids)?;
         let mut residual: Option<Tensor> = None;
         for (i, layer) in self.layers.iter().enumerate().take(input.num_layers.unwrap_or(usize::MAX)) {
             let normed = join_residual(&hidden, &mut residual, &layer.attn_norm, c.rms_norm_eps)?;

@@ -24,8 +24,24 @@ pub struct SafetensorsWeights {
     quantization: Option<WeightQuantization>,
 }
 
-/// Maps our GGUF-style tensor names to Hugging Face names for `architecture`.
+/// Maps our GGUF-style tensor names to Hugging Face names for `architecture`; other names (a
+/// vision tower's, asked for by their Hugging Face names) pass through unchanged.
 fn hf_name(architecture: &str, name: &str) -> String {
+    if !(name.starts_with("blk.")
+        || matches!(name, "token_embd.weight" | "output_norm.weight" | "output.weight"))
+    {
+        return name.to_string();
+    }
+    let name = hf_text_name(architecture, name);
+    // Idefics3 (SmolVLM) nests its Llama decoder under `model.text_model`; the lm head stays.
+    match name.strip_prefix("model.") {
+        Some(rest) if architecture == "idefics3" => format!("model.text_model.{rest}"),
+        _ => name,
+    }
+}
+
+/// [`hf_name`] of a decoder-only checkpoint.
+fn hf_text_name(architecture: &str, name: &str) -> String {
     let fixed = match name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -214,6 +230,15 @@ mod tests {
         assert_eq!(llama("blk.12.ffn_norm.weight"), "model.layers.12.post_attention_layernorm.weight");
         assert_eq!(llama("output.weight"), "lm_head.weight");
         assert_eq!(llama("token_embd.weight"), "model.embed_tokens.weight");
+        let idefics3 = |n| hf_name("idefics3", n);
+        assert_eq!(
+            idefics3("blk.2.ffn_norm.weight"),
+            "model.text_model.layers.2.post_attention_layernorm.weight"
+        );
+        assert_eq!(idefics3("token_embd.weight"), "model.text_model.embed_tokens.weight");
+        assert_eq!(idefics3("output.weight"), "lm_head.weight");
+        let vision = "model.vision_model.encoder.layers.0.mlp.fc1.weight";
+        assert_eq!(idefics3(vision), vision);
         let gemma = |n| hf_name("gemma3", n);
         assert_eq!(gemma("blk.1.ffn_norm.weight"), "model.layers.1.pre_feedforward_layernorm.weight");
         assert_eq!(
