@@ -365,14 +365,21 @@ def load(model_dir: Path, dtype: str, ablate=None):
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), config=config, dtype=torch_dtype,
                                                  attn_implementation="eager", **EAGER_EXPERTS).eval()
     if dtype == "float64-full":
-        with float64_everywhere():
-            for module in model.modules():
-                if type(module).__name__.endswith("RotaryEmbedding"):
-                    fresh = type(module)(config=module.config)
-                    for name, buf in fresh.named_buffers(recurse=False):
-                        assert buf.dtype == torch.float64, name
-                        setattr(module, name, buf)
+        rebuild_rotary_in_float64(model)
     return model
+
+
+def rebuild_rotary_in_float64(model) -> None:
+    """Rebuilds every rotary embedding's buffers under `float64_everywhere` (transformers builds
+    its RoPE tables in float32 even in a float64 model)."""
+    import torch
+    with float64_everywhere():
+        for module in model.modules():
+            if type(module).__name__.endswith("RotaryEmbedding"):
+                fresh = type(module)(config=module.config)
+                for name, buf in fresh.named_buffers(recurse=False):
+                    assert buf.dtype == torch.float64, name
+                    setattr(module, name, buf)
 
 
 # --------------------------------------------------------------------------------------------

@@ -157,13 +157,7 @@ def load(dtype: str):
     model = Idefics3ForConditionalGeneration.from_pretrained(str(OUT), dtype=torch_dtype,
                                                              attn_implementation="eager").eval()
     if dtype == "float64-full":
-        with tiny_models.float64_everywhere():
-            for module in model.modules():
-                if type(module).__name__.endswith("RotaryEmbedding"):
-                    fresh = type(module)(config=module.config)
-                    for name, buf in fresh.named_buffers(recurse=False):
-                        assert buf.dtype == torch.float64, name
-                        setattr(module, name, buf)
+        tiny_models.rebuild_rotary_in_float64(model)
     return model
 
 

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use common::{argmax, ids, repo_root, BLOCK_SIZE};
+use common::{argmax, ids, repo_root, rows, BLOCK_SIZE};
 use pagoda_models::idefics3::Idefics3;
 use pagoda_models::multimodal::PlaceholderEmbeds;
 use pagoda_models::{ForwardInput, KvCache, ModelError};
@@ -42,14 +42,6 @@ fn pixels(reference: &Value, name: &str) -> Tensor {
     let shape: Vec<usize> =
         image["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
     Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
-}
-
-fn rows(v: &Value) -> Vec<Vec<f32>> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
-        .collect()
 }
 
 /// Largest absolute difference of two equally shaped matrices (fails on a shape mismatch).

@@ -36,14 +36,6 @@ fn tolerance(name: &str) -> f32 {
     }
 }
 
-fn rows(v: &Value) -> Vec<Vec<f32>> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
-        .collect()
-}
-
 fn assert_close(what: &str, ours: &[f32], reference: &[f32], tolerance: f32) -> f32 {
     assert_eq!(ours.len(), reference.len(), "{what}: vocabulary size");
     let (i, diff) = ours

@@ -107,6 +107,15 @@ pub fn fixture() -> serde_json::Value {
     serde_json::from_str(&text).expect("golden.json is valid JSON")
 }
 
+/// A JSON array of arrays of numbers (a reference's logits or features), as f32 rows.
+pub fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+        .collect()
+}
+
 pub fn ids(value: &serde_json::Value) -> Vec<u32> {
     value.as_array().expect("an array of ids").iter().map(|v| v.as_u64().unwrap() as u32).collect()
 }
