@@ -73,6 +73,11 @@ async fn every_schema_gives_valid_json_greedy_and_sampled() -> Result<()> {
         }
     }
     let mut failures = Vec::new();
+    // A sampled run at temperature 1 may wander into an unbounded part of a schema (an integer's
+    // digits, a free string) and use up `max_tokens` there: the grammar allows it, as it would in
+    // vLLM, so a few such runs are listed but not failures. Greedy runs must all finish, and every
+    // run that finishes must validate.
+    let mut runaway = Vec::new();
     for result in join_all(calls).await {
         let (file, sampling, schema, status, resp) = result?;
         if status != 200 {
@@ -81,11 +86,18 @@ async fn every_schema_gives_valid_json_greedy_and_sampled() -> Result<()> {
         }
         let choice = &resp["choices"][0];
         let content = choice["message"]["content"].as_str().context("content")?;
-        if choice["finish_reason"] != "stop" {
+        let sampled = sampling["temperature"] != 0;
+        if sampled && choice["finish_reason"] == "length" {
+            runaway.push(format!("{file} {sampling}: {} characters", content.len()));
+        } else if choice["finish_reason"] != "stop" {
             failures.push(format!("{file} {sampling}: finish {} after {content}", choice["finish_reason"]));
         } else if let Some(why) = invalid_reason(&schema, content) {
             failures.push(format!("{file} {sampling}: {why}: {content}"));
         }
+    }
+    println!("sampled runs cut by max_tokens: {runaway:?}");
+    if runaway.len() > 2 {
+        failures.push(format!("{} sampled runs cut by max_tokens: {runaway:?}", runaway.len()));
     }
     assert!(
         failures.is_empty(),
