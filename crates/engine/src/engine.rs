@@ -8,6 +8,7 @@
 //! No request is lost: every stream ends with a last event (finished, aborted or failed), also
 //! when the executor fails, at shutdown, and — through `Drop` — if the loop itself panics.
 
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -69,6 +70,7 @@ impl Engine {
             failures: 0,
             empty_steps: 0,
             steps: 0,
+            pending_sleep: None,
         };
         let thread = std::thread::Builder::new()
             .name("pagoda-engine".into())
@@ -93,6 +95,8 @@ struct EngineLoop<E: ModelExecutor> {
     failures: usize,
     empty_steps: usize,
     steps: u64,
+    /// A sleep waiting for the requests in flight ([`crate::sleep`]).
+    pending_sleep: Option<crate::sleep::PendingSleep>,
 }
 
 enum Flow {
@@ -106,6 +110,10 @@ impl<E: ModelExecutor> EngineLoop<E> {
             if self.shutdown.is_triggered() {
                 self.stop(FinishReason::Abort, "the engine was shut down");
                 return;
+            }
+            let (idle, now) = (!self.scheduler.has_unfinished(), Instant::now());
+            if let Some(sleep) = self.pending_sleep.take_if(|p| idle || now >= p.deadline) {
+                let _ = sleep.reply.send(self.sleep(sleep.level));
             }
             if !self.scheduler.has_unfinished() {
                 // Idle: sleep until a command arrives; a closed channel means no handle is left.
@@ -167,6 +175,12 @@ impl<E: ModelExecutor> EngineLoop<E> {
     fn add(&mut self, request: Request, tx: Sender<TokenEvent>) {
         let id = request.id;
         let n = request.n;
+        // Refused from the sleep's call on (and when sent before it fell asleep, taken after).
+        if self.shared.asleep.load(SeqCst) != 0 || self.pending_sleep.is_some() {
+            self.release_pending(n);
+            let _ = tx.try_send(error_event(crate::EngineError::Asleep.to_string()));
+            return;
+        }
         if self.streams.contains_key(&id) {
             self.release_pending(n);
             let err = AddRequestError::DuplicateId(id);
@@ -230,7 +244,44 @@ impl<E: ModelExecutor> EngineLoop<E> {
                 let _ = reply.send(imported);
             }
             Command::Wake => {}
+            Command::Sleep { level, drain, reply } => {
+                if self.pending_sleep.is_some() || self.shared.asleep.load(SeqCst) != 0 {
+                    // Asleep or falling asleep already: nothing changes.
+                    let _ = reply.send(Ok(()));
+                } else {
+                    let deadline = Instant::now() + drain;
+                    self.pending_sleep = Some(crate::sleep::PendingSleep { level, deadline, reply });
+                }
+            }
+            Command::WakeUp { reply } => {
+                let woken = match crate::SleepLevel::from_number(self.shared.asleep.load(SeqCst)) {
+                    None => Ok(()),
+                    Some(_) => self.executor.wake_up(),
+                };
+                if woken.is_ok() {
+                    self.shared.asleep.store(0, SeqCst);
+                }
+                let _ = reply.send(woken);
+            }
         }
+    }
+
+    /// Fails what is still in flight, empties the prefix cache (its removals reported) and lets the
+    /// executor free its memory ([`crate::sleep`]). Asleep already: nothing changes.
+    fn sleep(&mut self, level: crate::SleepLevel) -> Result<(), crate::SleepError> {
+        if self.shared.asleep.load(SeqCst) != 0 {
+            return Ok(());
+        }
+        let why = "the server went to sleep before the request finished";
+        self.scheduler.abort_all(FinishReason::Error(why.into()), &mut self.events);
+        self.dispatch();
+        while self.scheduler.release_oldest_hold() {}
+        self.scheduler.flush_prefix_cache().map_err(|e| crate::SleepError::Failed(e.to_string()))?;
+        self.report_cache_events();
+        self.executor.sleep(level)?;
+        self.shared.asleep.store(crate::sleep::state_of(Some(level)), SeqCst);
+        self.publish();
+        Ok(())
     }
 
     /// Reads the pages held under `key` and releases them.

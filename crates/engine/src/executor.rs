@@ -360,4 +360,17 @@ pub trait ModelExecutor: Send {
         let _ = (blocks, pages);
         Err(ExecutorError::Execution("this executor cannot write KV pages".into()))
     }
+
+    /// Frees the KV cache's memory (level 1) or the weights' too (level 2), see
+    /// [`crate::sleep`]. The engine calls it with nothing in flight and the prefix cache
+    /// empty; no step runs until [`Self::wake_up`]. Executors that cannot sleep refuse.
+    fn sleep(&mut self, level: crate::SleepLevel) -> Result<(), crate::SleepError> {
+        let _ = level;
+        Err(crate::SleepError::Unsupported("this model executor cannot sleep".into()))
+    }
+
+    /// Takes back what [`Self::sleep`] freed: the cache (zeroed, same geometry) and the weights.
+    fn wake_up(&mut self) -> Result<(), crate::SleepError> {
+        Ok(())
+    }
 }

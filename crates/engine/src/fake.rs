@@ -220,6 +220,9 @@ impl FakeExecutor {
 
 impl ModelExecutor for FakeExecutor {
     fn execute(&mut self, batch: &ScheduledBatch) -> Result<StepOutput, ExecutorError> {
+        if self.kv.is_empty() {
+            return Err(ExecutorError::Execution("the fake executor is asleep".into()));
+        }
         self.steps += 1;
         self.tables.apply(batch)?;
         let bs = self.block_size;
@@ -308,6 +311,17 @@ impl ModelExecutor for FakeExecutor {
             pooled.push(PooledOutput { seq_id: seq.seq_id, values });
         }
         Ok(StepOutput { sampled, pooled, prompt_logprobs })
+    }
+
+    /// Drops the fake KV (both levels: the fake has no weights); waking gives empty pages back.
+    fn sleep(&mut self, _level: crate::SleepLevel) -> Result<(), crate::SleepError> {
+        self.kv = Vec::new();
+        Ok(())
+    }
+
+    fn wake_up(&mut self) -> Result<(), crate::SleepError> {
+        self.kv = vec![EMPTY; self.block_size * self.num_blocks];
+        Ok(())
     }
 
     fn block_size(&self) -> usize {

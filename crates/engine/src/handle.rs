@@ -2,7 +2,7 @@
 //! [`RequestStream`] (a request's [`TokenEvent`]s, for async and blocking callers),
 //! [`Shutdown`] and [`EngineError`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError, Weak};
 
 use tokio::sync::mpsc::error::TryRecvError;
@@ -37,6 +37,9 @@ pub enum EngineError {
     Dead(String),
     #[error("could not start the engine thread: {0}")]
     Spawn(String),
+    /// The engine sleeps ([`crate::sleep`]); it serves again once woken (HTTP 503).
+    #[error("the server is asleep (sleep mode); it serves again after POST /wake_up")]
+    Asleep,
 }
 
 /// Why the prefix cache was not flushed: sequences are running or waiting.
@@ -94,6 +97,16 @@ pub(crate) enum Command {
     },
     /// Only wakes the loop (shutdown).
     Wake,
+    /// Frees the executor's memory ([`crate::sleep`]).
+    Sleep {
+        level: crate::sleep::SleepLevel,
+        /// How long the requests in flight may still run before they fail.
+        drain: std::time::Duration,
+        reply: tokio::sync::oneshot::Sender<Result<(), crate::sleep::SleepError>>,
+    },
+    WakeUp {
+        reply: tokio::sync::oneshot::Sender<Result<(), crate::sleep::SleepError>>,
+    },
 }
 
 /// State shared by the handles and the engine thread.
@@ -108,6 +121,8 @@ pub(crate) struct Shared {
     pub stats: LiveStats,
     /// The executor's page shape for prefill/decode transfers, `None` when it has none.
     pub kv_page_layout: Option<crate::KvPageLayout>,
+    /// The sleep level's number, 0 while awake ([`crate::sleep`]).
+    pub asleep: AtomicU8,
     next_request_id: AtomicU64,
 }
 
@@ -120,6 +135,7 @@ impl Shared {
             pending: AtomicUsize::new(0),
             stats: LiveStats::default(),
             kv_page_layout: None,
+            asleep: AtomicU8::new(0),
             next_request_id: AtomicU64::new(1),
         }
     }
@@ -175,6 +191,9 @@ impl EngineHandle {
             return Err(EngineError::ShuttingDown);
         }
         self.health()?;
+        if shared.asleep.load(Ordering::SeqCst) != 0 {
+            return Err(EngineError::Asleep);
+        }
         for request in &requests {
             request.validate(&shared.config)?;
         }

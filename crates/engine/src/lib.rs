@@ -45,6 +45,7 @@ pub mod sampler;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
+pub mod sleep;
 pub mod speculative;
 pub mod stats;
 
@@ -69,5 +70,6 @@ pub use scheduler::{
     AddRequestError, HeldPrefix, ScheduleStats, Scheduler, StepEvents, TakeHeld, UpdateError,
 };
 pub use sequence::{SeqStatus, Sequence};
+pub use sleep::{SleepError, SleepLevel};
 pub use speculative::{SpecDecodeStats, SpeculativeConfig, SpeculativeMethod};
 pub use stats::{EngineObserver, EngineStatsSnapshot, LoraActivity, NoopObserver, StepStats};

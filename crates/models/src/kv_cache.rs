@@ -104,6 +104,12 @@ impl KvCache {
         self.scales[self.layout.slot_of(index)]
     }
 
+    /// The scales of every slot, as [`Self::with_scales`] takes them (kept across sleep mode,
+    /// which drops the pages and allocates them again).
+    pub fn slot_scales(&self) -> Vec<KvScales> {
+        self.scales.clone()
+    }
+
     /// Slots of a page: the layers of the largest KV group.
     pub fn num_slots(&self) -> usize {
         self.slots.len()

@@ -13,6 +13,7 @@ pub mod load;
 pub mod lora_args;
 pub mod options;
 pub mod plan;
+pub mod sleep;
 pub mod speculative_config;
 
 pub use engine_args::{ArgsError, EngineArgs, EngineSettings, DEFAULT_MODEL};

@@ -91,6 +91,8 @@ pub struct LoadedRuntime {
     pub loras: Vec<(String, LoraId, PathBuf)>,
     /// Reads adapters loaded while serving; `None` without `--enable-lora`.
     pub lora_reader: Option<Arc<AdapterReader>>,
+    /// How sleep mode loads the weights again (`None`: this model cannot sleep).
+    pub reload: Option<crate::sleep::Reload>,
 }
 
 /// A running engine and what requests are prepared with.
@@ -266,8 +268,18 @@ impl LoadedRuntime {
         engine_config.max_loras = settings.lora.as_ref().map(|l| l.max_loras);
         engine_config.validate().map_err(EngineError::from)?;
 
+        let reload = crate::sleep::Reload {
+            model: options.model.clone(),
+            load: load.clone(),
+            pooling: settings.pooling,
+            decode_graphs: graphs.then_some((settings.max_num_seqs, max_model_len)),
+            refuse_level2: settings.lora.as_ref().map(|_| {
+                "sleep level 2 does not support LoRA adapters (--enable-lora); use level 1".to_owned()
+            }),
+        };
         Ok(Self {
             model_config: config.clone(),
+            reload: Some(reload),
             runner,
             tokenizer,
             chat_template,
@@ -346,6 +358,7 @@ impl LoadedRuntime {
             loras: Vec::new(),
             lora_reader: None,
             pooling: Some(pooling),
+            reload: None,
         })
     }
 
@@ -356,8 +369,9 @@ impl LoadedRuntime {
         shutdown: Shutdown,
     ) -> Result<Runtime, RuntimeError> {
         let decoder: Arc<dyn pagoda_text::TokenDecoder> = self.tokenizer.clone();
+        let executor = crate::sleep::SleepyRunner::new(self.runner, self.reload);
         let (engine, engine_thread) =
-            Engine::spawn(self.engine_config.clone(), self.runner, decoder, observer, shutdown)?;
+            Engine::spawn(self.engine_config.clone(), executor, decoder, observer, shutdown)?;
         Ok(Runtime {
             engine,
             engine_thread,
@@ -415,7 +429,7 @@ fn load_model_and_text(
 
 /// `--pooling kind`: an embedding model keeps its normalization and input limit; a generating
 /// one normalizes, as vLLM's pooling runner does by default. A cross-encoder takes none.
-fn set_pooling(model: &mut Model, kind: pagoda_models::PoolingKind) -> Result<(), RuntimeError> {
+pub(crate) fn set_pooling(model: &mut Model, kind: pagoda_models::PoolingKind) -> Result<(), RuntimeError> {
     let base = model.pooling().copied();
     if base.is_some_and(|p| p.cross_encoder) {
         return Err(RuntimeError::PoolingOfCrossEncoder(kind.name()));

@@ -44,6 +44,8 @@ pub struct HttpOptions {
     pub max_request_body_bytes: usize,
     /// Serve the playground and the dashboard ([`crate::web_ui`]).
     pub web_ui: bool,
+    /// Serve `/sleep`, `/wake_up` and `/is_sleeping` ([`crate::sleep`]).
+    pub enable_sleep_mode: bool,
 }
 
 static OPENAPI: LazyLock<serde_json::Value> =
@@ -69,6 +71,15 @@ async fn method_not_allowed(method: Method, uri: Uri, req: Request) -> Response 
 }
 
 pub fn router(state: SharedState, options: &HttpOptions) -> Router {
+    router_with_batch(state, options, None)
+}
+
+/// [`router`] with the Files and Batch APIs served by `batch` (without it they answer 404).
+pub fn router_with_batch(
+    state: SharedState,
+    options: &HttpOptions,
+    batch: Option<Arc<crate::batch::BatchService>>,
+) -> Router {
     let mut api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
@@ -90,7 +101,8 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/flush_cache", post(worker::flush_cache).get(worker::flush_cache))
-        .route("/reset_prefix_cache", post(worker::flush_cache));
+        .route("/reset_prefix_cache", post(worker::flush_cache))
+        .merge(crate::batch::routes(batch));
     let [messages_route, count_tokens_route] = ANTHROPIC_ROUTES;
     let mut anthropic = Router::new()
         .route(messages_route, post(messages::messages))
@@ -101,6 +113,9 @@ pub fn router(state: SharedState, options: &HttpOptions) -> Router {
     let mut keyed_worker = Router::new()
         .route("/server_info", get(worker::server_info))
         .route("/get_server_info", get(worker::server_info));
+    if options.enable_sleep_mode {
+        (api, anthropic, keyed_worker) = crate::sleep::mount(&state, api, anthropic, keyed_worker);
+    }
     let mut open = Router::new();
     if options.health_generate_without_key {
         open = open.route("/health_generate", health_generate);

@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// Jinja chat template file, replacing the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
+    /// Directory of the Batch API's files and batch state (`/v1/files`, `/v1/batches`); unfinished
+    /// batches found there resume at start-up. [default: none, the Files and Batch endpoints answer 404]
+    #[arg(long, value_name = "DIR")]
+    pub batch_dir: Option<PathBuf>,
     /// How the model writes tool calls. [default: detected from the chat template; `generic`
     /// when the template knows no tools]
     #[arg(long, value_enum)]
@@ -174,6 +178,11 @@ pub struct ServeArgs {
     /// JSON behind the dashboard, `/stats`, stays).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub disable_web_ui: Option<bool>,
+    /// Serve sleep mode, as vLLM's: `POST /sleep?level=1|2` frees the KV cache (level 2 the
+    /// weights too), `POST /wake_up` takes it back, `GET /is_sleeping`. Off by default (the
+    /// routes answer 404): a sleep takes the server out of service; behind the API key.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub enable_sleep_mode: Option<bool>,
     /// TOML file with any of these options in kebab-case (e.g. `max-model-len = 2048`).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
@@ -190,6 +199,8 @@ pub struct ServerConfig {
     pub engine: EngineSettings,
     pub served_model_names: Vec<String>,
     pub chat_template: Option<PathBuf>,
+    /// `--batch-dir`: where the Batch API keeps its files and state; none: the API is off.
+    pub batch_dir: Option<PathBuf>,
     pub tool_call_parser: Option<ToolCallParserArg>,
     pub reasoning_parser: Option<ReasoningParserArg>,
     pub hosted_tools: HostedToolsPolicy,
@@ -224,6 +235,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Serve the playground and the dashboard.
     pub web_ui: bool,
+    /// Serve `/sleep`, `/wake_up` and `/is_sleeping`.
+    pub enable_sleep_mode: bool,
 }
 
 /// Keys a config file may not hold although they are flags: they only make sense on a command
@@ -325,6 +338,7 @@ impl ServerConfig {
             engine,
             served_model_names,
             chat_template: a.chat_template,
+            batch_dir: a.batch_dir,
             tool_call_parser: a.tool_call_parser,
             reasoning_parser: a.reasoning_parser,
             hosted_tools: a.hosted_tools.unwrap_or_default(),
@@ -393,6 +407,7 @@ impl ServerConfig {
             )?,
             max_connections: a.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
             web_ui: !a.disable_web_ui.unwrap_or(false),
+            enable_sleep_mode: a.enable_sleep_mode.unwrap_or(false),
         };
         config.check()?;
         Ok(config)

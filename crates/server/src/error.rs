@@ -197,6 +197,7 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidRequest(r) => r.into(),
             EngineError::ShuttingDown => ApiError::ShuttingDown,
             EngineError::Dead(why) => ApiError::EngineUnavailable(why),
+            e @ EngineError::Asleep => ApiError::EngineUnavailable(e.to_string()),
             e @ (EngineError::Config(_) | EngineError::Spawn(_)) => ApiError::Internal(e.to_string()),
         }
     }

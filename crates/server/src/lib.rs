@@ -9,6 +9,7 @@
 pub mod anthropic;
 pub mod app;
 pub mod auth;
+pub mod batch;
 pub mod chat_output;
 pub mod config;
 pub mod config_doc;
@@ -33,6 +34,7 @@ pub mod prompt;
 pub mod reasoning_budget;
 pub mod responses;
 pub mod server;
+pub mod sleep;
 pub mod sse;
 pub mod state;
 pub mod structured;

@@ -141,6 +141,7 @@ pub struct Metrics {
     kv_transfer_failures: IntCounterVec,
     kv_transfer_held_blocks: IntGauge,
     kv_transfer_expired_holds: IntCounter,
+    engine_sleep_state: IntGauge,
     /// Engine counters as last copied, so that the next copy adds only the difference.
     engine_seen: Mutex<EngineSnapshot>,
 }
@@ -256,6 +257,10 @@ impl Metrics {
                 ),
                 &["reason"],
             )?)?,
+            engine_sleep_state: b.int_gauge(
+                "engine_sleep_state",
+                "Sleep mode: 0 awake, else the level slept at (1: KV cache freed, 2: weights too).",
+            )?,
             kv_transfer_held_blocks: b
                 .int_gauge("kv_transfer_held_blocks", "KV blocks a prefill instance holds for decode instances.")?,
             kv_transfer_expired_holds: b.counter(
@@ -527,6 +532,11 @@ impl Metrics {
             ttft: buckets(&self.time_to_first_token),
             itl: buckets(&self.inter_token_latency),
         }
+    }
+
+    /// The sleep level (0: awake), see [`crate::sleep`].
+    pub fn record_sleep_level(&self, level: u8) {
+        self.engine_sleep_state.set(i64::from(level));
     }
 
     /// The Prometheus text exposition of every metric.

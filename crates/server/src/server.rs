@@ -20,7 +20,7 @@ use pagoda_runtime::{LoadedRuntime, OptionsError, RuntimeError};
 use pagoda_text::ChatTemplate;
 use tokio::net::TcpListener;
 
-use crate::app::{router, HttpOptions};
+use crate::app::{router, router_with_batch, HttpOptions};
 use crate::config::{SchedulingPolicy, ServerConfig};
 use crate::grammars::Grammars;
 use crate::listen::{self, ConnectionLimits};
@@ -50,6 +50,8 @@ pub enum ServeError {
     KvEvents(#[from] pagoda_kv_events::PublisherError),
     #[error(transparent)]
     KvTransfer(#[from] crate::disaggregation::StartError),
+    #[error("--batch-dir: {0}")]
+    Batch(#[from] crate::batch::store::StoreError),
 }
 
 fn load_chat_template(path: &Path, runtime: &LoadedRuntime) -> Result<ChatTemplate, ServeError> {
@@ -295,8 +297,25 @@ impl Server {
             health_generate_without_key: config.health_generate_without_key,
             max_request_body_bytes: config.max_request_body_bytes,
             web_ui: config.web_ui,
+            enable_sleep_mode: config.enable_sleep_mode,
         };
-        let router = router(Arc::clone(&state), &http);
+        // Batch lines run through the API in-process, past the key check: their batch passed it.
+        let batch = match &config.batch_dir {
+            Some(dir) => {
+                let inner = router(Arc::clone(&state), &HttpOptions { api_key: None, ..http.clone() });
+                let in_flight = (ec.max_num_seqs / 2).max(1);
+                let priority = config.scheduling_policy == SchedulingPolicy::Priority;
+                match crate::batch::BatchService::start(dir, inner, priority, in_flight) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        engine_shutdown.trigger();
+                        return Err(e.into());
+                    }
+                }
+            }
+            None => None,
+        };
+        let router = router_with_batch(Arc::clone(&state), &http, batch);
         let addr = config.bind_addr();
         let listener = match TcpListener::bind(&addr).await {
             Ok(l) => l,

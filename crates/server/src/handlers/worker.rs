@@ -236,8 +236,8 @@ pub async fn kv_event_sources(
     Json(sources.into_iter().collect())
 }
 
-/// 200 while the server takes new requests; 503 once its engine has stopped or it is shutting
-/// down. (`/health` only says the process is alive.)
+/// 200 while the server takes new requests; 503 once its engine has stopped, while it sleeps
+/// (sleep mode) or once it is shutting down. (`/health` only says the process is alive.)
 #[utoipa::path(get, path = "/ready", tag = "ops",
     responses((status = 200, body = StatusResponse), (status = 503, body = ErrorResponse)))]
 pub async fn ready(State(state): State<SharedState>) -> Result<Json<StatusResponse>, ApiError> {
@@ -245,5 +245,8 @@ pub async fn ready(State(state): State<SharedState>) -> Result<Json<StatusRespon
         return Err(ApiError::ShuttingDown);
     }
     state.engine.health()?;
+    if let Some(asleep) = crate::sleep::not_ready(&state) {
+        return Err(asleep);
+    }
     Ok(Json(StatusResponse { status: "ready".to_owned() }))
 }

@@ -4,6 +4,7 @@
 
 mod api;
 mod background;
+mod batch_api;
 mod batch_invariant;
 mod beam_search;
 mod connections;
@@ -41,6 +42,7 @@ mod score;
 mod sdk;
 mod second_signal;
 mod shutdown;
+mod sleep;
 mod speculative;
 mod structured;
 mod structured_depth;
