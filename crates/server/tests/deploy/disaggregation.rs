@@ -114,13 +114,19 @@ async fn a_prefill_decode_pair_answers_as_one_instance_behind_both_routers() -> 
     let producer = transfer_config("kv_producer", json!({"hold_timeout_s": 8}), Some(kv_port));
     let consumer = transfer_config("kv_consumer", json!({"transfer_timeout_s": 60}), None);
     let impatient = transfer_config("kv_consumer", json!({"transfer_timeout_s": 1}), None);
-    let mut single = Replica::spawn("single", dir.path(), free_port()?, &[])?;
+    // One matmul plan for all (`auto` picks it by a start-up timing, which may differ between
+    // instances started together, and the golden prompts have near-ties a different kernel's
+    // rounding can resolve the other way).
+    let plan = ["--cpu-gemm-dtype", "float32"];
+    let with_transfer = |transfer: &str| -> Vec<String> {
+        plan.iter().map(|s| s.to_string()).chain(["--kv-transfer-config".into(), transfer.into()]).collect()
+    };
+    let mut single = Replica::spawn("single", dir.path(), free_port()?, &plan)?;
     let mut prefill =
-        Replica::spawn("prefill", dir.path(), free_port()?, &["--kv-transfer-config", &producer])?;
-    let mut decode =
-        Replica::spawn("decode", dir.path(), free_port()?, &["--kv-transfer-config", &consumer])?;
+        Replica::spawn("prefill", dir.path(), free_port()?, &as_strs(&with_transfer(&producer)))?;
+    let mut decode = Replica::spawn("decode", dir.path(), free_port()?, &as_strs(&with_transfer(&consumer)))?;
     let mut decode_1s =
-        Replica::spawn("decode-1s", dir.path(), free_port()?, &["--kv-transfer-config", &impatient])?;
+        Replica::spawn("decode-1s", dir.path(), free_port()?, &as_strs(&with_transfer(&impatient)))?;
     for r in [&mut single, &mut prefill, &mut decode, &mut decode_1s] {
         r.wait_ready(&http).await?;
     }
