@@ -37,6 +37,7 @@ pub mod handle;
 mod id_map;
 pub mod kv_groups;
 pub mod kv_transfer;
+pub mod multimodal;
 mod outbox;
 pub mod output;
 pub mod request;
@@ -63,6 +64,7 @@ pub use executor::{
 pub use handle::{EngineError, EngineHandle, FlushBusy, FlushError, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use kv_transfer::{HeldExport, KvHold, KvPageLayout, KvPrefix, KvTransferError};
+pub use multimodal::{ImageHash, ImageInput, PixelTensor};
 pub use pagoda_text::TokenDecoder;
 pub use request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};

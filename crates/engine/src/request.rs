@@ -10,6 +10,7 @@ use crate::config::EngineConfig;
 use crate::constraint::SeqConstraint;
 use crate::executor::LoraId;
 use crate::kv_transfer::KvHold;
+use crate::multimodal::ImageInput;
 use crate::sampling::{SamplingParams, SamplingParamsError};
 use crate::speculative::ProposerKind;
 
@@ -102,6 +103,9 @@ pub struct Request {
     /// Prefill/decode disaggregation: hold the prompt's KV blocks for a decode instance once
     /// the request finishes ([`crate::kv_transfer`]). One sample, no beams.
     pub kv_hold: Option<KvHold>,
+    /// The prompt's images in prompt order; their features replace the placeholder tokens at
+    /// each image's `placeholder_positions`. Empty for a text-only prompt.
+    pub images: Vec<ImageInput>,
 }
 
 impl Request {
@@ -127,6 +131,7 @@ impl Request {
             prompt_logprobs: None,
             beam: None,
             kv_hold: None,
+            images: Vec::new(),
         }
     }
 
