@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the official OpenAI, Anthropic and Cohere Python SDKs, pydantic and jsonschema, and a KV-event
-# consumer's pyzmq, msgspec and cbor2 (PyPI wheels,
+# consumer's pyzmq, msgspec and cbor2, the MCP SDK and an OTLP receiver (oteltest) (PyPI wheels,
 # pinned with their dependencies in scripts/sdk-requirements.txt) into a virtual environment of
 # their own at $PAGODA_TOOLS_DIR/sdk (default ~/.cache/pagoda-tools/sdk), apart from the
 # deployment tools'.
@@ -22,7 +22,7 @@ die() {
 
 stamp="$VENV/.requirements"
 if [ -f "$stamp" ] && cmp -s "$stamp" "$REQUIREMENTS" && [ -x "$VENV/bin/python" ] \
-    && "$VENV/bin/python" -c 'import openai, anthropic, cohere, pydantic, jsonschema, zmq, msgspec, cbor2, mcp' >/dev/null 2>&1; then
+    && "$VENV/bin/python" -c 'import openai, anthropic, cohere, pydantic, jsonschema, zmq, msgspec, cbor2, mcp, oteltest' >/dev/null 2>&1; then
     exit 0
 fi
 
@@ -51,6 +51,6 @@ mkdir -p "$TOOLS_DIR" || die "cannot create $TOOLS_DIR"
 python3 -m venv --clear "$VENV" || die "python3 -m venv $VENV failed"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
     -r "$REQUIREMENTS" || die "pip install -r $REQUIREMENTS failed"
-"$VENV/bin/python" -c 'import openai, anthropic, cohere, pydantic, jsonschema, zmq, msgspec, cbor2, mcp' \
-    || die "$VENV lacks one of openai, anthropic, cohere, pydantic, jsonschema, zmq, msgspec, cbor2, mcp after pip install"
+"$VENV/bin/python" -c 'import openai, anthropic, cohere, pydantic, jsonschema, zmq, msgspec, cbor2, mcp, oteltest' \
+    || die "$VENV lacks one of openai, anthropic, cohere, pydantic, jsonschema, zmq, msgspec, cbor2, mcp, oteltest after pip install"
 cp "$REQUIREMENTS" "$stamp"

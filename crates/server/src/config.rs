@@ -16,6 +16,7 @@ pub use crate::flag_values::{
     GetLoadFormat, HostedToolsPolicy, ReasoningParserArg, SchedulingPolicy, ToolCallParserArg,
 };
 use crate::metrics::MetricsPrefix;
+use crate::traces::{OtlpProtocol, TraceError, TraceSettings};
 pub use pagoda_runtime::{ByteSize, CpuGemmDtype, DeviceArg, DtypeArg, LoadFormat, DEFAULT_MODEL};
 
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +184,16 @@ pub struct ServeArgs {
     /// routes answer 404): a sleep takes the server out of service; behind the API key.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub enable_sleep_mode: Option<bool>,
+    /// Export an OpenTelemetry span per request to this OTLP endpoint, as vLLM's flag (e.g.
+    /// `http://127.0.0.1:4317`): `llm_request` with vLLM's `gen_ai.*` attributes, and its
+    /// `queue`, `prefill` and `decode` phases. A client's W3C `traceparent` header makes it a
+    /// child of the client's span. [default: none, no traces]
+    #[arg(long, value_name = "URL")]
+    pub otlp_traces_endpoint: Option<String>,
+    /// The protocol of --otlp-traces-endpoint: `grpc`, or `http/protobuf` (an endpoint without
+    /// a path gets `/v1/traces`). [default: grpc]
+    #[arg(long, value_enum, env = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")]
+    pub otlp_traces_protocol: Option<OtlpProtocol>,
     /// TOML file with any of these options in kebab-case (e.g. `max-model-len = 2048`).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
@@ -237,6 +248,8 @@ pub struct ServerConfig {
     pub web_ui: bool,
     /// Serve `/sleep`, `/wake_up` and `/is_sleeping`.
     pub enable_sleep_mode: bool,
+    /// `--otlp-traces-endpoint`: where request spans go; none: no traces.
+    pub otlp_traces: Option<TraceSettings>,
 }
 
 /// Keys a config file may not hold although they are flags: they only make sense on a command
@@ -408,6 +421,17 @@ impl ServerConfig {
             max_connections: a.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
             web_ui: !a.disable_web_ui.unwrap_or(false),
             enable_sleep_mode: a.enable_sleep_mode.unwrap_or(false),
+            otlp_traces: match a.otlp_traces_endpoint {
+                Some(endpoint) => {
+                    let settings =
+                        TraceSettings { endpoint, protocol: a.otlp_traces_protocol.unwrap_or_default() };
+                    if let Err(TraceError::Endpoint { endpoint, message }) = settings.export_url() {
+                        return Err(invalid("--otlp-traces-endpoint", format!("{endpoint}: {message}")));
+                    }
+                    Some(settings)
+                }
+                None => None,
+            },
         };
         config.check()?;
         Ok(config)

@@ -16,6 +16,7 @@ use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::traces::{IncomingTrace, INCOMING_TRACE};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -67,20 +68,25 @@ pub async fn observe(State(metrics): State<Arc<Metrics>>, mut req: Request, next
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let span = tracing::info_span!("request", id = %request_id_of(&req));
-    async move {
-        let response = next.run(req).await;
-        let status = response.status().as_u16();
-        metrics.observe_http(&route, method.as_str(), status);
-        let ms = started.elapsed().as_secs_f64() * 1e3;
-        if route == "/health" || route == "/metrics" {
-            tracing::debug!(%method, path, status, ms, "http");
-        } else {
-            tracing::info!(%method, path, status, ms, "http");
-        }
-        response
-    }
-    .instrument(span)
-    .await
+    let incoming = IncomingTrace::from_headers(req.headers(), request_id_of(&req));
+    INCOMING_TRACE
+        .scope(
+            incoming,
+            async move {
+                let response = next.run(req).await;
+                let status = response.status().as_u16();
+                metrics.observe_http(&route, method.as_str(), status);
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                if route == "/health" || route == "/metrics" {
+                    tracing::debug!(%method, path, status, ms, "http");
+                } else {
+                    tracing::info!(%method, path, status, ms, "http");
+                }
+                response
+            }
+            .instrument(span),
+        )
+        .await
 }
 
 /// Largest request body read and thrown away before an early rejection.

@@ -40,6 +40,7 @@ pub mod state;
 pub mod structured;
 pub mod submit;
 pub mod tools;
+pub mod traces;
 pub mod tracker;
 pub mod validate;
 pub mod web_ui;

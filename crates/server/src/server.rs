@@ -50,6 +50,8 @@ pub enum ServeError {
     KvEvents(#[from] pagoda_kv_events::PublisherError),
     #[error(transparent)]
     KvTransfer(#[from] crate::disaggregation::StartError),
+    #[error(transparent)]
+    Traces(#[from] crate::traces::TraceError),
     #[error("--batch-dir: {0}")]
     Batch(#[from] crate::batch::store::StoreError),
 }
@@ -115,6 +117,9 @@ pub struct Server {
 
 /// How long aborted requests get to send their last event before their connections are cut.
 const ABORT_DRAIN: Duration = Duration::from_secs(2);
+
+/// How long the exit waits for the last request spans to reach the OTLP endpoint.
+const TRACE_FLUSH: Duration = Duration::from_secs(5);
 
 impl Server {
     /// Loads everything `config` names (on the blocking pool), starts the engine and binds.
@@ -239,6 +244,14 @@ impl Server {
             ),
             None => None,
         };
+        let traces = match &config.otlp_traces {
+            Some(settings) => {
+                let tracer = crate::traces::RequestTracer::start(settings, "pagoda")?;
+                tracing::info!(endpoint = settings.endpoint, protocol = ?settings.protocol, "exporting request traces");
+                Some(Arc::new(tracer))
+            }
+            None => None,
+        };
         let state = Arc::new(AppState {
             disaggregation,
             worker: crate::state::WorkerIdentity {
@@ -264,6 +277,7 @@ impl Server {
             mcp_servers: config.allow_mcp_servers.clone(),
             mcp_timeout: config.mcp_timeout,
             stats: Default::default(),
+            traces: traces.clone(),
             eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
             prompts: PromptBuilder::new(
                 Arc::clone(&running.tokenizer),
@@ -414,6 +428,9 @@ impl Server {
             .await
             .map_err(|e| ServeError::Join(e.to_string()))?
             .map_err(|_| ServeError::Join("the engine thread panicked".into()))?;
+        if let Some(traces) = &state.traces {
+            traces.shutdown(TRACE_FLUSH).await;
+        }
         tracing::info!("shut down");
         Ok(())
     }

@@ -107,6 +107,8 @@ pub struct AppState {
     pub worker: WorkerIdentity,
     /// The dashboard's recent samples of the metrics.
     pub stats: crate::live_stats::StatsHistory,
+    /// Request spans for `--otlp-traces-endpoint`.
+    pub traces: Option<Arc<crate::traces::RequestTracer>>,
 }
 
 impl std::fmt::Debug for AppState {

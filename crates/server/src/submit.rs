@@ -16,6 +16,7 @@ use crate::error::{ApiError, InvalidParam};
 use crate::prompt::TokenizedPrompt;
 use crate::reasoning_budget::ReasoningBudget;
 use crate::state::AppState;
+use crate::traces::{IncomingTrace, RequestAttributes};
 use crate::tracker::RequestTracker;
 use crate::validate::{resolve_max_tokens, GenerationParams};
 
@@ -130,6 +131,7 @@ pub fn submit(
     let engine_ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
     let engine_streams = state.engine.submit_all(requests)?;
     let mut streams = Vec::with_capacity(prompts.len());
+    let incoming = IncomingTrace::current();
     for (i, (stream, prompt)) in engine_streams.into_iter().zip(&prompts).enumerate() {
         tracing::debug!(
             engine_id = engine_ids[i],
@@ -138,8 +140,20 @@ pub fn submit(
             n = params.n,
             "submitted"
         );
+        let span = state.traces.as_ref().map(|traces| {
+            let attributes = RequestAttributes {
+                model: state.model.served_names[0].clone(),
+                temperature: params.sampling.temperature,
+                top_p: params.sampling.top_p,
+                max_tokens: max_tokens[i],
+                n: params.n,
+                prompt_tokens: prompt.token_ids.len(),
+            };
+            traces.span(&incoming, arrival, &attributes)
+        });
         let tracker =
-            RequestTracker::new(Arc::clone(&state.metrics), arrival, prompt.token_ids.len(), params.n);
+            RequestTracker::new(Arc::clone(&state.metrics), arrival, prompt.token_ids.len(), params.n)
+                .with_span(span);
         streams.push(events_of(i, params.n, stream, tracker));
     }
     Ok(Submission {

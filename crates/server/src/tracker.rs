@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use pagoda_engine::{FinishReason, RequestTimestamps, TokenEvent};
 
 use crate::metrics::{Metrics, RequestRecord};
+use crate::traces::{RequestSpan, RequestTimeline};
 
 #[derive(Debug)]
 pub struct RequestTracker {
@@ -22,6 +23,8 @@ pub struct RequestTracker {
     /// The worst finish reason seen so far (abort over length over stop).
     finished_reason: &'static str,
     done: bool,
+    /// Its OpenTelemetry span, ended with the request (`--otlp-traces-endpoint`).
+    span: Option<RequestSpan>,
 }
 
 fn rank(reason: &str) -> u8 {
@@ -45,7 +48,14 @@ impl RequestTracker {
             last_token: vec![None; n],
             finished_reason: "stop",
             done: false,
+            span: None,
         }
+    }
+
+    /// Ends `span` when the request ends.
+    pub fn with_span(mut self, span: Option<RequestSpan>) -> Self {
+        self.span = span;
+        self
     }
 
     /// Observes one event of the request's stream.
@@ -106,6 +116,14 @@ impl RequestTracker {
             },
             decode: first_token.map(|f| end.saturating_duration_since(f)),
         });
+        if let Some(span) = self.span.take() {
+            span.finish(&RequestTimeline {
+                first_scheduled: ts.first_scheduled,
+                first_token,
+                finished: end,
+                completion_tokens: self.generation_tokens,
+            });
+        }
     }
 }
 

@@ -58,6 +58,7 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         },
         loras: Default::default(),
         embedding: None,
+        traces: None,
         grammars: pagoda_server::grammars::Grammars::unavailable(),
         tool_format: pagoda_text::ToolCallFormat::Generic,
         reasoning: None,

@@ -47,6 +47,7 @@ mod speculative;
 mod structured;
 mod structured_depth;
 mod tools;
+mod traces;
 mod web_ui;
 mod wire_details;
 mod worker_api;
