@@ -2,8 +2,9 @@
 //! (tests/sdk/check_batch.py): chat, completions and embeddings batches on one server (SmolLM2
 //! with `--pooling last` also embeds), a malformed line in the error file beside the answered
 //! ones, cancel, and a server stopped mid-batch whose successor, on the same directory, resumes
-//! the batch without running its answered lines again. Raw HTTP checks the refusals' error shape
-//! and that a server without `--batch-dir` says how to turn the API on.
+//! the batch without running its answered lines again. Raw HTTP checks the refusals' error shape,
+//! that a server without `--batch-dir` says how to turn the API on, and that online requests do
+//! not queue behind a running batch.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -117,6 +118,7 @@ async fn a_restarted_server_resumes_its_unfinished_batch() -> Result<()> {
     }
     second.signal_stop();
     tokio::task::spawn_blocking(move || second.join()).await??;
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
@@ -137,5 +139,94 @@ async fn bad_uploads_are_400s_and_the_api_is_off_without_batch_dir() -> Result<(
     let body: serde_json::Value = resp.json().await?;
     let message = assert_error_shape(&body)["message"].as_str().unwrap_or_default().to_owned();
     assert!(message.contains("--batch-dir"), "{message}");
+    Ok(())
+}
+
+/// `lines` uploaded as a batch input file; returns the file's id.
+async fn upload(server: &TestServer, lines: &str) -> Result<String> {
+    let boundary = "pagoda-e2e-boundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{lines}\r\n--{boundary}--\r\n"
+    );
+    let resp = client()
+        .post(server.url("/v1/files"))
+        .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+        .body(body)
+        .send()
+        .await?;
+    anyhow::ensure!(resp.status() == 200, "upload: {}", resp.text().await?);
+    let file: serde_json::Value = resp.json().await?;
+    Ok(file["id"].as_str().context("file id")?.to_owned())
+}
+
+/// Batch lines run beside online requests, not ahead of them: at most half the sequence slots
+/// hold batch lines, and under `--scheduling-policy priority` they come after every online
+/// request. An online request sent while a long batch runs finishes while most of the batch is
+/// still to run (in a first-come queue behind the batch, it would wait for nearly all of it).
+#[tokio::test]
+async fn online_requests_do_not_wait_for_a_running_batch() -> Result<()> {
+    const LINES: u64 = 24;
+    let dir = batch_dir("yield");
+    let server =
+        TestServer::start(&["--batch-dir", &dir, "--max-num-seqs", "4", "--scheduling-policy", "priority"]);
+    let lines: String = (0..LINES)
+        .map(|i| {
+            let body = json!({
+                "model": "smol",
+                "messages": [{"role": "user", "content": format!("Count upward from {i}.")}],
+                "max_tokens": 48,
+                "ignore_eos": true,
+                "temperature": 0,
+            });
+            json!({"custom_id": format!("line-{i}"), "method": "POST", "url": "/v1/chat/completions", "body": body})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    let file = upload(&server, &lines).await?;
+    let c = client();
+    let batch: serde_json::Value = c
+        .post(server.url("/v1/batches"))
+        .json(&json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = batch["id"].as_str().context("batch id")?.to_owned();
+    let counts = |b: &serde_json::Value| b["request_counts"]["completed"].as_u64().unwrap_or(0);
+    let batch_url = server.url(&format!("/v1/batches/{id}"));
+    // Running, with its first lines answered.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let b: serde_json::Value = c.get(&batch_url).send().await?.json().await?;
+        if counts(&b) >= 1 {
+            break;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the batch never started: {b}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let online = (0..3).map(|i| {
+        let c = c.clone();
+        let url = server.url("/v1/chat/completions");
+        async move {
+            let body = json!({
+                "model": "smol",
+                "messages": [{"role": "user", "content": format!("Say hello {i}.")}],
+                "max_tokens": 8,
+                "temperature": 0,
+            });
+            let resp = c.post(url).json(&body).send().await?;
+            anyhow::ensure!(resp.status() == 200, "online request: {}", resp.status());
+            Ok::<_, anyhow::Error>(())
+        }
+    });
+    futures_util::future::try_join_all(online).await?;
+    let b: serde_json::Value = c.get(&batch_url).send().await?.json().await?;
+    assert!(counts(&b) <= LINES * 3 / 4, "the online requests waited for the batch: {b}");
+    c.post(server.url(&format!("/v1/batches/{id}/cancel"))).send().await?;
+    tokio::task::spawn_blocking(move || server.join()).await??;
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
