@@ -1,5 +1,6 @@
-//! The `pagoda` binary: `pagoda serve` (the HTTP server) and `pagoda generate` (one answer on
-//! the command line through the same engine).
+//! The `pagoda` binary: `pagoda serve` (the HTTP server), `pagoda generate` (one answer on the
+//! command line through the same engine) and `pagoda run-batch` (a Batch API file answered
+//! offline, as vLLM's `run_batch`).
 
 use std::io::IsTerminal;
 
@@ -20,6 +21,65 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Generate one answer to a prompt and print it.
     Generate(Box<pagoda_server::generate::GenerateArgs>),
+    /// Answer a Batch API input file (JSONL of `{custom_id, method, url, body}`) offline, as
+    /// vLLM's `run-batch`, and write the answers in input order. Takes `serve`'s flags.
+    RunBatch(Box<RunBatchArgs>),
+}
+
+#[derive(clap::Args)]
+struct RunBatchArgs {
+    /// The input: one request per line, as OpenAI's Batch API takes them (`url` is
+    /// /v1/chat/completions, /v1/completions or /v1/embeddings; a file may mix them).
+    #[arg(short = 'i', long, value_name = "FILE")]
+    input_file: std::path::PathBuf,
+    /// Where the answers go: one line per input line, in its order, OpenAI's batch output shape
+    /// (`response` with `status_code` and `body`, or `error`).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output_file: std::path::PathBuf,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// `matches`: `run-batch`'s own. The server is built as `serve` builds it, on a free local port,
+/// its Batch API under a scratch directory unless `--batch-dir` names one.
+fn run_batch(args: &RunBatchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
+    let mut serve = ServeArgs::layered(matches)?;
+    serve.host = Some("127.0.0.1".into());
+    serve.port = Some(0);
+    let scratch = serve
+        .batch_dir
+        .is_none()
+        .then(|| std::env::temp_dir().join(format!("pagoda-run-batch-{}", std::process::id())));
+    if let Some(dir) = &scratch {
+        serve.batch_dir = Some(dir.clone());
+    }
+    let config = ServerConfig::from_args(serve)?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("pagoda-batch").build()?;
+    let result = runtime.block_on(async {
+        let server = Server::build(&config).await?;
+        let router = server.router();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        let answered = pagoda_server::batch::offline::run(
+            &router,
+            config.api_key.as_deref(),
+            &args.input_file,
+            &args.output_file,
+        )
+        .await;
+        let _ = stop.send(());
+        serving.await??;
+        let failed = answered?;
+        tracing::info!(output = %args.output_file.display(), failed, "batch written");
+        anyhow::Ok(())
+    });
+    if let Some(dir) = scratch {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    result
 }
 
 /// `matches`: `serve`'s own, which say which flags were given and so go over `--config`'s file.
@@ -61,6 +121,7 @@ fn main() {
         Command::Serve(_) => "info",
         // The kernel plan and its timing, then only what went wrong.
         Command::Generate(_) => "warn,pagoda_runtime=info",
+        Command::RunBatch(_) => "warn,pagoda_server::batch=info",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -72,6 +133,9 @@ fn main() {
     let result = match cli.command {
         Command::Serve(_) => serve(matches.subcommand_matches("serve").expect("clap matched `serve`")),
         Command::Generate(args) => pagoda_server::generate::run(*args),
+        Command::RunBatch(args) => {
+            run_batch(&args, matches.subcommand_matches("run-batch").expect("clap matched `run-batch`"))
+        }
     };
     if let Err(e) = result {
         // Our errors carry their causes in their messages already.

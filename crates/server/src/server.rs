@@ -358,6 +358,11 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// The API as it serves, to call in-process (`pagoda run-batch`).
+    pub fn router(&self) -> Router {
+        self.router.clone()
+    }
+
     pub fn state(&self) -> &SharedState {
         &self.state
     }

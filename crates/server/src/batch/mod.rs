@@ -5,6 +5,7 @@
 //! ([`store`]), so a restarted server resumes the batches it had not finished.
 
 pub mod handlers;
+pub mod offline;
 pub mod runner;
 pub mod store;
 pub mod wire;

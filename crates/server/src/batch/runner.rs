@@ -29,7 +29,7 @@ fn line_id(batch: &str, index: usize) -> String {
     format!("batch_req_{}_{index}", batch.trim_start_matches("batch_"))
 }
 
-fn line_index(id: &str) -> Option<usize> {
+pub(crate) fn line_index(id: &str) -> Option<usize> {
     id.rsplit_once('_')?.1.parse().ok()
 }
 

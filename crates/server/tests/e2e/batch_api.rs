@@ -230,3 +230,70 @@ async fn online_requests_do_not_wait_for_a_running_batch() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// `pagoda run-batch`, as vLLM's `run_batch`: a file mixing chat, completions and embeddings
+/// lines and a malformed one is answered offline, in input order, by the same engine (the chat
+/// line's greedy answer equals the served one's).
+#[tokio::test]
+async fn run_batch_answers_a_file_offline_in_input_order() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("pagoda-run-batch-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let chat = json!({
+        "model": "smol",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    });
+    let lines = [
+        json!({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat})
+            .to_string(),
+        json!({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings",
+               "body": {"model": "smol", "input": ["one", "two"]}})
+        .to_string(),
+        "{not json".to_owned(),
+        json!({"custom_id": "complete", "method": "POST", "url": "/v1/completions",
+               "body": {"model": "smol", "prompt": "1, 2, 3,", "max_tokens": 5, "temperature": 0}})
+        .to_string(),
+    ];
+    let (input, output) = (dir.join("in.jsonl"), dir.join("out.jsonl"));
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    let model = crate::harness::model_path();
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_pagoda"))
+        .args(["run-batch", "-i", input.to_str().unwrap(), "-o", output.to_str().unwrap()])
+        .args(["--model", model.to_str().unwrap(), "--served-model-name", "smol", "--pooling", "last"])
+        .args(["--max-model-len", "1024", "--kv-cache-memory", "96MiB"])
+        .kill_on_drop(true)
+        .status();
+    let status =
+        tokio::time::timeout(Duration::from_secs(300), status).await.context("run-batch timed out")??;
+    assert!(status.success(), "run-batch exited {status}");
+    let answers: Vec<serde_json::Value> =
+        std::fs::read_to_string(&output)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    assert_eq!(answers.len(), 4, "{answers:#?}");
+    let ids: Vec<_> = answers.iter().map(|a| a["custom_id"].as_str()).collect();
+    assert_eq!(ids, [Some("chat"), Some("embed"), None, Some("complete")], "input order");
+    for i in [0, 1, 3] {
+        assert_eq!(answers[i]["response"]["status_code"], 200, "{}", answers[i]);
+        assert!(answers[i]["error"].is_null(), "{}", answers[i]);
+    }
+    assert_eq!(answers[1]["response"]["body"]["data"].as_array().map(Vec::len), Some(2));
+    assert!(answers[2]["error"]["message"].is_string() && answers[2]["response"].is_null(), "{}", answers[2]);
+    assert!(answers[3]["response"]["body"]["choices"][0]["text"].is_string(), "{}", answers[3]);
+    // The engine that serves: the same greedy answer.
+    let served: serde_json::Value = client()
+        .post(shared().url("/v1/chat/completions"))
+        .bearer_auth(API_KEY)
+        .json(&chat)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(
+        answers[0]["response"]["body"]["choices"][0]["message"]["content"],
+        served["choices"][0]["message"]["content"],
+        "{}",
+        answers[0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
