@@ -59,17 +59,26 @@ impl LoraModule {
 
 /// How an f32 model stores its adapters' matrices (`--lora-dtype`); models computing in a half
 /// dtype store them in that dtype whatever this says.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+///
+/// - `Auto`: bfloat16 where that loses nothing: a projection whose file matrices are bfloat16 and
+///   whose scaled `B` (`alpha / r` times the file's) is still exactly bfloat16 (a power-of-two
+///   scale, as `alpha` = `r` or `2r` gives). Every other projection is f32.
+/// - `Float32`: f32 always (the file's values, exactly, whatever its dtype).
+/// - `Bfloat16`: bfloat16 always: f32 and f16 files' values, and scaled `B`s, rounded to the
+///   nearest bfloat16 (relative error up to 2^-9 per value). Half the bytes a step reads of f32.
+///
+/// (The variants carry no docs of their own: the flag's help describes them.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 pub enum LoraDtype {
-    /// bfloat16 where that loses nothing: a projection whose file matrices are bfloat16 and whose
-    /// scaled `B` (`alpha / r` times the file's) is still exactly bfloat16 (a power-of-two scale,
-    /// as `alpha` = `r` or `2r` gives). Every other projection is f32.
     #[default]
     Auto,
-    /// f32 always (the file's values, exactly, whatever its dtype).
+    #[cfg_attr(feature = "clap", value(alias = "f32"))]
+    #[serde(alias = "f32")]
     Float32,
-    /// bfloat16 always: f32 and f16 files' values, and scaled `B`s, rounded to the nearest
-    /// bfloat16 (relative error up to 2^-9 per value). Half the bytes a step reads of f32.
+    #[cfg_attr(feature = "clap", value(alias = "bf16"))]
+    #[serde(alias = "bf16")]
     Bfloat16,
 }
 

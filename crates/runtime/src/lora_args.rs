@@ -50,31 +50,7 @@ pub struct LoraArgs {
     /// else float32; no value changes. bfloat16: rounds every value to bfloat16 (lossy; half the
     /// bytes of float32, read faster at small batches). [default: auto]
     #[arg(long, value_enum)]
-    pub lora_dtype: Option<LoraDtypeArg>,
-}
-
-/// `--lora-dtype`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LoraDtypeArg {
-    #[default]
-    Auto,
-    #[value(alias = "f32")]
-    #[serde(alias = "f32")]
-    Float32,
-    #[value(alias = "bf16")]
-    #[serde(alias = "bf16")]
-    Bfloat16,
-}
-
-impl From<LoraDtypeArg> for LoraDtype {
-    fn from(arg: LoraDtypeArg) -> Self {
-        match arg {
-            LoraDtypeArg::Auto => LoraDtype::Auto,
-            LoraDtypeArg::Float32 => LoraDtype::Float32,
-            LoraDtypeArg::Bfloat16 => LoraDtype::Bfloat16,
-        }
-    }
+    pub lora_dtype: Option<LoraDtype>,
 }
 
 /// The LoRA settings of a server that serves adapters.
@@ -152,7 +128,7 @@ impl LoraArgs {
             max_cpu_loras,
             allow_runtime_updating: self.allow_runtime_lora_updating.unwrap_or(false),
             allowed_dirs: self.lora_dirs.unwrap_or_default(),
-            dtype: self.lora_dtype.unwrap_or_default().into(),
+            dtype: self.lora_dtype.unwrap_or_default(),
         }))
     }
 }
@@ -191,9 +167,9 @@ mod tests {
     #[test]
     fn lora_dtype_defaults_to_auto_and_needs_enable_lora() {
         assert_eq!(args(true, &[]).settings().unwrap().unwrap().dtype, LoraDtype::Auto);
-        let bf16 = LoraArgs { lora_dtype: Some(LoraDtypeArg::Bfloat16), ..args(true, &[]) };
+        let bf16 = LoraArgs { lora_dtype: Some(LoraDtype::Bfloat16), ..args(true, &[]) };
         assert_eq!(bf16.settings().unwrap().unwrap().dtype, LoraDtype::Bfloat16);
-        let off = LoraArgs { lora_dtype: Some(LoraDtypeArg::Float32), ..LoraArgs::default() };
+        let off = LoraArgs { lora_dtype: Some(LoraDtype::Float32), ..LoraArgs::default() };
         assert_eq!(off.settings().unwrap_err().flag, "--lora-dtype");
     }
 
@@ -211,9 +187,9 @@ mod tests {
     fn a_flag_is_over_the_files_value_and_leaves_the_others() {
         let file = r#"{"lora-dtype": "bf16", "max-loras": 3}"#;
         let a = layered(file, &["--lora-dtype", "float32"]);
-        assert_eq!((a.lora_dtype, a.max_loras), (Some(LoraDtypeArg::Float32), Some(3)));
+        assert_eq!((a.lora_dtype, a.max_loras), (Some(LoraDtype::Float32), Some(3)));
         let a = layered(file, &[]);
-        assert_eq!((a.lora_dtype, a.max_loras, a.enable_lora), (Some(LoraDtypeArg::Bfloat16), Some(3), None));
+        assert_eq!((a.lora_dtype, a.max_loras, a.enable_lora), (Some(LoraDtype::Bfloat16), Some(3), None));
         assert_eq!(layered("{}", &["--enable-lora"]).enable_lora, Some(true));
     }
 }

@@ -12,9 +12,7 @@ use std::time::Duration;
 use pagoda_runtime::{EngineArgs, EngineSettings};
 use serde::Deserialize;
 
-pub use crate::flag_values::{
-    GetLoadFormat, HostedToolsPolicy, ReasoningParserArg, SchedulingPolicy, ToolCallParserArg,
-};
+pub use crate::flag_values::{GetLoadFormat, HostedToolsPolicy, SchedulingPolicy};
 use crate::metrics::MetricsPrefix;
 use crate::traces::{OtlpProtocol, TraceError, TraceSettings};
 pub use pagoda_runtime::{ByteSize, CpuGemmDtype, DeviceArg, DtypeArg, LoadFormat, DEFAULT_MODEL};
@@ -69,10 +67,10 @@ pub struct ServeArgs {
     /// How the model writes tool calls. [default: detected from the chat template; `generic`
     /// when the template knows no tools]
     #[arg(long, value_enum)]
-    pub tool_call_parser: Option<ToolCallParserArg>,
+    pub tool_call_parser: Option<pagoda_text::ToolCallFormat>,
     /// Split the model's reasoning (`<think>...</think>`) into `reasoning_content`. [default: none]
     #[arg(long, value_enum)]
-    pub reasoning_parser: Option<ReasoningParserArg>,
+    pub reasoning_parser: Option<pagoda_text::ReasoningFormat>,
     /// What a request's hosted tools get: the tools a vendor's API runs on its own side
     /// (Responses' `web_search*`, `file_search`, `code_interpreter`, `image_generation`,
     /// `computer_use*`; Anthropic's `web_search_*`, `web_fetch_*`, `code_execution_*`), which
@@ -212,8 +210,8 @@ pub struct ServerConfig {
     pub chat_template: Option<PathBuf>,
     /// `--batch-dir`: where the Batch API keeps its files and state; none: the API is off.
     pub batch_dir: Option<PathBuf>,
-    pub tool_call_parser: Option<ToolCallParserArg>,
-    pub reasoning_parser: Option<ReasoningParserArg>,
+    pub tool_call_parser: Option<pagoda_text::ToolCallFormat>,
+    pub reasoning_parser: Option<pagoda_text::ReasoningFormat>,
     pub hosted_tools: HostedToolsPolicy,
     /// `--allow-mcp-servers`: the URL prefixes `mcp` tools may name; empty: none may.
     pub allow_mcp_servers: Vec<String>,

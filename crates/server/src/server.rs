@@ -212,14 +212,14 @@ impl Server {
         // Built on a thread of its own (a large vocabulary's token trie takes a second or two):
         // serving starts at once, and the first structured request waits for it.
         let grammars = Grammars::build_in_background(Arc::clone(&running.tokenizer));
-        let tool_format = config.tool_call_parser.map(|p| p.format()).unwrap_or_else(|| {
+        let tool_format = config.tool_call_parser.unwrap_or_else(|| {
             running
                 .chat_template
                 .as_ref()
                 .and_then(|t| pagoda_text::ToolCallFormat::detect(t.source()))
                 .unwrap_or(pagoda_text::ToolCallFormat::Generic)
         });
-        let reasoning = config.reasoning_parser.map(|p| p.format());
+        let reasoning = config.reasoning_parser;
         tracing::info!(
             tool_call_parser = tool_format.name(),
             reasoning_parser = reasoning.map(|r| r.name()),

@@ -11,14 +11,29 @@ use crate::tool_parser::{partial_tag_len, TrimmedStream};
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
 
-/// How a model family marks its reasoning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a model family marks its reasoning (`--reasoning-parser`; the `value(help)`s are the
+/// flag's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
 pub enum ReasoningFormat {
     /// DeepSeek-R1 style: the output is reasoning until `</think>`, whether or not it (or the
     /// prompt) opened with `<think>`; without `</think>` it is all reasoning.
+    #[cfg_attr(
+        feature = "clap",
+        value(
+            name = "deepseek_r1",
+            help = "`<think>...</think>`; the opening tag may come from the template (DeepSeek-R1)"
+        )
+    )]
+    #[serde(rename = "deepseek_r1")]
     DeepSeekR1,
     /// Qwen3 style: reasoning only when the output starts with `<think>` or the prompt opened
     /// one; otherwise thinking was switched off and everything is content.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "`<think>...</think>` when the output opens it (Qwen3; thinking can be switched off)")
+    )]
     Qwen3,
 }
 

@@ -26,16 +26,37 @@ const PYTHON_TAG: &str = "<|python_tag|>";
 const MISTRAL_TAG: &str = "[TOOL_CALLS]";
 const MISTRAL_ARGS: &str = "[ARGS]";
 
-/// The markup a model uses for tool calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The markup a model uses for tool calls (`--tool-call-parser`; the `value(help)`s are the
+/// flag's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
 pub enum ToolCallFormat {
     /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>` blocks (Hermes, Qwen2.5/3, SmolLM3).
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "`<tool_call>{\"name\", \"arguments\"}</tool_call>` (Qwen 2.5/3, Hermes, SmolLM3)")
+    )]
     Hermes,
     /// The whole output is `[<|python_tag|>]{"name": …, "parameters": {…}}`, `;`-separated.
+    #[cfg_attr(
+        feature = "clap",
+        value(
+            name = "llama3_json",
+            help = "`{\"name\", \"parameters\"}`, optionally after `<|python_tag|>` (Llama 3.1+)"
+        )
+    )]
     Llama3Json,
     /// `[TOOL_CALLS]` then a JSON array of calls, or `name{args}` / `name[ARGS]{args}`.
+    #[cfg_attr(feature = "clap", value(help = "`[TOOL_CALLS][{\"name\", \"arguments\"}]` (Mistral)"))]
     Mistral,
     /// One JSON object: `{"tool_calls": […]}`, `{"tool_call": {…}}` or `{"response": "…"}`.
+    #[cfg_attr(
+        feature = "clap",
+        value(
+            help = "One JSON object, `{\"tool_calls\": [...]}` or `{\"response\": ...}`, taught by a system prompt (models whose template knows no tools)"
+        )
+    )]
     Generic,
 }
 
