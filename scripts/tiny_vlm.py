@@ -19,7 +19,8 @@ The model is transformers' own `Idefics3ForConditionalGeneration`:
   `<row_2_col_2>` -- vocab_size 520.
 
 It writes config.json, model.safetensors (`save_pretrained`, float32), tokenizer.json,
-tokenizer_config.json, `pixels_a.bin` / `pixels_b.bin` (two deterministic pixel inputs, float32
+tokenizer_config.json, preprocessor_config.json and processor_config.json (the image processor's
+settings for this model: 64-pixel tiles, longest edge 128, 16 placeholders a tile), `pixels_a.bin` / `pixels_b.bin` (two deterministic pixel inputs, float32
 little-endian, shape [3, 3, 64, 64]: a 1 x 2 split plus the global tile, in the processor's
 order, values in [-1, 1] as SmolVLM's normalization gives) and reference.json: per pixel input
 the image features (the connector's output, [48, 64]), and for the prompt with that image's
@@ -110,6 +111,27 @@ def save_tokenizer(out: Path) -> None:
     ids = tok.encode(text).ids
     assert ids[-7:] == [513, 517, IMAGE, IMAGE, NEWLINE, GLOBAL, 515], ids
     assert AutoTokenizer.from_pretrained(str(out))(text)["input_ids"] == ids
+
+
+def save_processor_config(out: Path) -> None:
+    """preprocessor_config.json (transformers' own `Idefics3ImageProcessor` saves it) and
+    processor_config.json, sized for the tiny model: tiles of the encoder's 64 pixels, images
+    resized to a longest edge of 128 (so at most a 2 x 2 grid, whose `<row_r_col_c>` tokens the
+    vocabulary has, plus the global tile), 16 placeholders a tile; SmolVLM's other settings
+    (Lanczos, mean and std 0.5)."""
+    from transformers import Idefics3ImageProcessor
+
+    size = VISION["image_size"]
+    processor = Idefics3ImageProcessor(size={"longest_edge": 2 * size}, max_image_size={"longest_edge": size},
+                                       do_image_splitting=True, resample=1, image_mean=[0.5] * 3,
+                                       image_std=[0.5] * 3)
+    processor.save_pretrained(str(out))
+    path = out / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    assert config["max_image_size"] == {"longest_edge": size} and config["resample"] == 1, config
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    processor_config = {"image_seq_len": TILE_TOKENS, "processor_class": "Idefics3Processor"}
+    (out / "processor_config.json").write_text(json.dumps(processor_config, indent=2, sort_keys=True) + "\n")
 
 
 def pixel_inputs() -> dict:
@@ -308,6 +330,7 @@ def main() -> None:
     cfg = json.loads((OUT / "config.json").read_text())
     (OUT / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     save_tokenizer(OUT)
+    save_processor_config(OUT)
     images = pixel_inputs()
     for name, pixels in images.items():
         (OUT / f"pixels_{name}.bin").write_bytes(pixels.numpy().astype("<f4").tobytes())

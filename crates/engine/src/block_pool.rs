@@ -124,6 +124,12 @@ impl BlockPool {
         self.blocks.get(id as usize).is_some_and(|b| b.cached.is_some())
     }
 
+    /// The block's current cache registration, if it holds cached content.
+    pub fn registration(&self, id: BlockId) -> Option<CachedBlockRef> {
+        let block = self.blocks.get(id as usize)?;
+        block.cached.as_ref().map(|_| CachedBlockRef { id, generation: block.generation })
+    }
+
     /// Takes the least recently freed block, evicting its cached content; `None` when all blocks
     /// are referenced.
     pub fn allocate(&mut self) -> Option<BlockId> {

@@ -6,6 +6,8 @@
 
 use crate::block_pool::CachedBlockRef;
 use crate::executor::LoraId;
+use crate::kv_tier::TierMedium;
+use crate::multimodal::ImageHash;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheEvent {
@@ -19,9 +21,17 @@ pub enum CacheEvent {
         lora: Option<LoraId>,
         /// Its KV group (0: full attention; others: sliding windows).
         group: usize,
+        /// The images with a placeholder in it, in prompt order (their hashes enter the
+        /// block's hash as vLLM's multimodal `extra_keys`).
+        images: Box<[ImageHash]>,
     },
     /// A block's cached content was evicted (its block reused for other tokens).
     Removed { block: CachedBlockRef },
     /// Every unreferenced cached block was dropped at once (a flush).
     Cleared,
+    /// A cached block's pages were copied to an offload tier ([`crate::kv_tier`]) under `hash`
+    /// (the engine's block hash, which names it there from now on).
+    TierStored { block: CachedBlockRef, hash: u64, medium: TierMedium },
+    /// An offload tier dropped the block it held under `hash` (least recently used, or refused).
+    TierRemoved { hash: u64, medium: TierMedium },
 }

@@ -29,6 +29,10 @@ pub enum ConfigError {
     KvGroupsMismatch { config: Vec<Option<usize>>, executor: Vec<Option<usize>> },
     #[error("speculative decoding: {0}")]
     Speculative(#[from] SpeculativeConfigError),
+    #[error("KV offload: {0}")]
+    KvOffload(String),
+    #[error("the engine is configured for images but its executor runs no vision encoder")]
+    NoVisionEncoder,
 }
 
 /// Sizes and limits of one engine. `block_size` and `num_blocks` come from the executor (see
@@ -61,6 +65,11 @@ pub struct EngineConfig {
     /// Report the prefix cache's changes to the observer ([`crate::CacheEvent`]), for KV-event
     /// publishers.
     pub kv_cache_events: bool,
+    /// Offload tiers behind the prefix cache ([`crate::kv_tier`]); none when `None`.
+    pub kv_offload: Option<crate::kv_tier::KvOffloadConfig>,
+    /// The executor runs a vision encoder: requests may carry images
+    /// ([`crate::Request::images`]); without it, a request with images is refused.
+    pub images: bool,
 }
 
 impl EngineConfig {
@@ -78,6 +87,8 @@ impl EngineConfig {
             speculative: None,
             max_loras: None,
             kv_cache_events: false,
+            kv_offload: None,
+            images: false,
         }
     }
 
@@ -169,6 +180,9 @@ impl EngineConfig {
                 return Err(SpeculativeConfigError::NoDraftModel.into())
             }
             _ => {}
+        }
+        if self.images && !executor.takes_images() {
+            return Err(ConfigError::NoVisionEncoder);
         }
         if self.num_blocks > executor.num_blocks() {
             return Err(ConfigError::NumBlocksMismatch {

@@ -50,8 +50,12 @@ impl Engine {
         shutdown: Shutdown,
     ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
         config.validate_for(&executor)?;
-        let scheduler = Scheduler::new(config.clone())?;
-        let shared = Arc::new(Shared::new(config).with_kv_page_layout(executor.kv_page_layout()));
+        let mut scheduler = Scheduler::new(config.clone())?;
+        let layout = executor.kv_page_layout();
+        let tiers = crate::kv_tier::open_for_engine(&config, layout.as_ref(), &mut scheduler)?;
+        let mut shared = Shared::new(config).with_kv_page_layout(layout);
+        shared.kv_tier_stats = tiers.as_ref().map(|t| Arc::clone(t.stats()));
+        let shared = Arc::new(shared);
         shared.stats.publish(&scheduler);
         let (tx, rx) = mpsc::channel();
         let inner =
@@ -71,6 +75,7 @@ impl Engine {
             empty_steps: 0,
             steps: 0,
             pending_sleep: None,
+            tiers,
         };
         let thread = std::thread::Builder::new()
             .name("pagoda-engine".into())
@@ -97,6 +102,8 @@ struct EngineLoop<E: ModelExecutor> {
     steps: u64,
     /// A sleep waiting for the requests in flight ([`crate::sleep`]).
     pending_sleep: Option<crate::sleep::PendingSleep>,
+    /// The prefix cache's offload tiers (`--kv-offload`, [`crate::kv_tier`]).
+    tiers: Option<crate::kv_tier::KvTiers>,
 }
 
 enum Flow {
@@ -341,6 +348,9 @@ impl<E: ModelExecutor> EngineLoop<E> {
 
     fn step(&mut self) -> Flow {
         let start = Instant::now();
+        if let Some(tiers) = &mut self.tiers {
+            crate::kv_tier::load_waiting(tiers, &mut self.scheduler, &mut self.executor);
+        }
         let batch = self.scheduler.schedule();
         // Requests admitted just now stop counting against `max_waiting_requests` before the
         // (possibly long) step runs.
@@ -391,6 +401,9 @@ impl<E: ModelExecutor> EngineLoop<E> {
                     return Flow::Stop;
                 }
             }
+        }
+        if let Some(tiers) = &mut self.tiers {
+            crate::kv_tier::store_new_blocks(tiers, &mut self.scheduler, &mut self.executor);
         }
         self.steps += 1;
         let s = *self.scheduler.last_schedule_stats();

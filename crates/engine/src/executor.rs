@@ -196,6 +196,19 @@ pub struct ScheduledBatch {
     /// Sequences the executor ran before that are gone (finished, aborted or preempted): it
     /// forgets their block tables before applying this batch's updates.
     pub released: Vec<SeqId>,
+    /// The images of the sequences whose tokens this step include an image placeholder, in
+    /// batch order: the executor runs (or takes from its cache) each such image's encoder
+    /// features and puts the rows of this step's placeholders in place of their embeddings.
+    pub images: Vec<ScheduledImages>,
+}
+
+/// A sequence's images, for a step whose tokens include some of their placeholders.
+#[derive(Debug, Clone)]
+pub struct ScheduledImages {
+    pub seq_id: SeqId,
+    /// All of the prompt's images, in prompt order (the executor takes those whose
+    /// placeholders fall among the step's positions, [`crate::ImageInput::features_in`]).
+    pub images: Arc<[crate::multimodal::ImageInput]>,
 }
 
 /// What an executor drafts proposals with ([`ScheduledBatch::executor_draft`]): which of its
@@ -218,6 +231,11 @@ impl ScheduledBatch {
 
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()
+    }
+
+    /// The images of sequence `seq_id` when this step includes some of their placeholders.
+    pub fn images_of(&self, seq_id: SeqId) -> Option<&Arc<[crate::multimodal::ImageInput]>> {
+        self.images.iter().find(|i| i.seq_id == seq_id).map(|i| &i.images)
     }
 }
 
@@ -327,6 +345,12 @@ pub trait ModelExecutor: Send {
 
     /// Whether the executor holds a separate draft model ([`ExecutorDraft::Model`]).
     fn has_draft_model(&self) -> bool {
+        false
+    }
+
+    /// Whether the executor runs a vision encoder for the images of a batch
+    /// ([`ScheduledBatch::images`]); one that does not must not be sent any.
+    fn takes_images(&self) -> bool {
         false
     }
 

@@ -13,6 +13,11 @@
 //! sequence's first query, so a block released too early, or a page two groups share, shows up
 //! too. The output comes from the first full group's history; with windowed groups only, from the
 //! last query's window (a model that sees nothing else).
+//!
+//! Images ([`ScheduledBatch::images`]) stand in for an encoder: a placeholder position of an
+//! image is written with a value made from the image's hash and the feature row instead of its
+//! token, so outputs depend on the image, and a prefix-cache hit on another image's blocks, or a
+//! chunk missing its image, shows up as a different output.
 
 use pagoda_text::TokenDecoder;
 
@@ -22,6 +27,7 @@ use crate::executor::{
     ScheduledBatch, ScheduledSeq, StepOutput,
 };
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
+use crate::multimodal::ImageHash;
 use crate::rng::{combine, mix64};
 use crate::sampler::Sampler;
 use crate::speculative::{verify, DraftChain};
@@ -218,6 +224,16 @@ impl FakeExecutor {
     }
 }
 
+/// The fake's "feature" at prompt position `pos` when an image has a placeholder there.
+fn image_feature(images: &[crate::multimodal::ImageInput], pos: usize) -> Option<u32> {
+    images.iter().find_map(|image| {
+        let row = image.features_in(pos..pos + 1)?.start;
+        let ImageHash(hash) = image.hash;
+        let h = combine(combine(hash as u64, (hash >> 64) as u64), row as u64);
+        Some((mix64(h) >> 33) as u32 | 0x8000_0000)
+    })
+}
+
 impl ModelExecutor for FakeExecutor {
     fn execute(&mut self, batch: &ScheduledBatch) -> Result<StepOutput, ExecutorError> {
         if self.kv.is_empty() {
@@ -240,9 +256,11 @@ impl ModelExecutor for FakeExecutor {
         });
         // Like a real forward pass: every new token's KV is written before anything attends.
         for seq in &batch.seqs {
+            let images = batch.images_of(seq.seq_id);
             for g in 0..self.groups.len() {
                 for (i, &token) in seq.token_ids.iter().enumerate() {
                     let pos = seq.start_pos + i;
+                    let token = images.and_then(|images| image_feature(images, pos)).unwrap_or(token);
                     let slot = self.slot(seq, g, pos)?;
                     self.kv[slot] = Slot { token, pos: pos as u32, group: g as u32 };
                 }
@@ -343,6 +361,11 @@ impl ModelExecutor for FakeExecutor {
 
     /// Drafts "with a model" too.
     fn has_draft_model(&self) -> bool {
+        true
+    }
+
+    /// Its "encoder" is the stand-in of the module docs.
+    fn takes_images(&self) -> bool {
         true
     }
 

@@ -121,6 +121,8 @@ pub(crate) struct Shared {
     pub stats: LiveStats,
     /// The executor's page shape for prefill/decode transfers, `None` when it has none.
     pub kv_page_layout: Option<crate::KvPageLayout>,
+    /// The offload tiers' counters, when the engine has tiers ([`crate::kv_tier`]).
+    pub kv_tier_stats: Option<Arc<crate::kv_tier::KvTierStats>>,
     /// The sleep level's number, 0 while awake ([`crate::sleep`]).
     pub asleep: AtomicU8,
     next_request_id: AtomicU64,
@@ -135,6 +137,7 @@ impl Shared {
             pending: AtomicUsize::new(0),
             stats: LiveStats::default(),
             kv_page_layout: None,
+            kv_tier_stats: None,
             asleep: AtomicU8::new(0),
             next_request_id: AtomicU64::new(1),
         }
@@ -307,6 +310,11 @@ impl EngineHandle {
     /// be transferred.
     pub fn kv_page_layout(&self) -> Option<&crate::KvPageLayout> {
         self.inner.shared.kv_page_layout.as_ref()
+    }
+
+    /// The prefix cache's offload tiers' counters, when it has tiers (`--kv-offload`).
+    pub fn kv_tier_stats(&self) -> Option<&Arc<crate::kv_tier::KvTierStats>> {
+        self.inner.shared.kv_tier_stats.as_ref()
     }
 
     /// A fresh request id, unique for this engine (for callers without ids of their own).

@@ -36,6 +36,7 @@ pub mod fake;
 pub mod handle;
 mod id_map;
 pub mod kv_groups;
+pub mod kv_tier;
 pub mod kv_transfer;
 pub mod multimodal;
 mod outbox;
@@ -58,13 +59,16 @@ pub use engine::Engine;
 pub use event::{FinishReason, RequestMetrics, RequestTimestamps, StopReason, TokenEvent, Usage};
 pub use executor::{
     ExecutorDraft, ExecutorError, LoraId, ModelExecutor, PooledOutput, PreparedLora, PromptLogprobsOutput,
-    PromptLogprobsRequest, SampleRequest, SampledToken, ScheduledBatch, ScheduledSeq, SeqId, StepOutput,
-    TokenLogprob, TopLogprobs,
+    PromptLogprobsRequest, SampleRequest, SampledToken, ScheduledBatch, ScheduledImages, ScheduledSeq, SeqId,
+    StepOutput, TokenLogprob, TopLogprobs,
 };
 pub use handle::{EngineError, EngineHandle, FlushBusy, FlushError, RequestStream, Shutdown};
 pub use kv_groups::{KvGroups, KvGroupsError, NULL_BLOCK};
 pub use kv_transfer::{HeldExport, KvHold, KvPageLayout, KvPrefix, KvTransferError};
-pub use multimodal::{ImageHash, ImageInput, PixelTensor};
+pub use multimodal::{
+    split_placeholders, validate_images, EncoderCacheSnapshot, EncoderCacheStats, ImageHash, ImageInput,
+    ImageRequestError, PixelTensor,
+};
 pub use pagoda_text::TokenDecoder;
 pub use request::{BeamSearch, Request, RequestError, RequestId, StopConditions};
 pub use sampling::{SamplingParams, SamplingParamsError};

@@ -202,6 +202,16 @@ impl Request {
         if prompt_len == 0 {
             return Err(RequestError::EmptyPrompt);
         }
+        if !self.images.is_empty() {
+            if !config.images {
+                return Err(crate::multimodal::ImageRequestError::NoVisionEncoder.into());
+            }
+            crate::multimodal::validate_images(&self.images, prompt_len)?;
+            // Transferred pages are keyed by their tokens alone on the decoding side.
+            if self.kv_hold.is_some() {
+                return Err(crate::multimodal::ImageRequestError::KvTransfer.into());
+            }
+        }
         if let Some(start) = self.second_segment {
             if !self.pool || start == 0 || start >= self.prompt_token_ids.len() {
                 return Err(RequestError::SecondSegmentOutside {
@@ -385,6 +395,9 @@ pub enum RequestError {
     PoolingGenerates { what: &'static str },
     #[error(transparent)]
     Sampling(#[from] SamplingParamsError),
+    /// The prompt's images cannot run (see [`crate::multimodal::validate_images`]).
+    #[error(transparent)]
+    Image(#[from] crate::multimodal::ImageRequestError),
 }
 
 #[cfg(test)]

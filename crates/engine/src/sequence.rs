@@ -51,6 +51,22 @@ pub struct Sequence {
     /// The LoRA adapter the sequence runs with: its blocks' hashes start from it, so that the
     /// prefix cache keeps each adapter's KV apart.
     pub lora: Option<crate::executor::LoraId>,
+    /// The prompt's images, in prompt order (`None` for a text-only prompt): the hash of each
+    /// enters the hashes of the blocks holding its placeholders, and a prefill chunk covering
+    /// any of them hands them to the executor.
+    pub images: Option<std::sync::Arc<[crate::multimodal::ImageInput]>>,
+}
+
+impl Sequence {
+    /// The hashes of the images with a placeholder among prompt positions `positions`, in
+    /// prompt order: what keys a block's content besides its tokens.
+    pub fn image_hashes_in(
+        &self,
+        positions: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = crate::multimodal::ImageHash> + '_ {
+        let images = self.images.iter().flat_map(|images| images.iter());
+        images.filter(move |i| i.has_placeholder_in(positions.clone())).map(|i| i.hash)
+    }
 }
 
 /// What changed in a sequence's block tables since the executor last saw them: the block
@@ -110,6 +126,7 @@ impl Sequence {
             cache_refs: Vec::new(),
             table_changes: TableChanges::default(),
             lora: None,
+            images: None,
         }
     }
 
@@ -127,6 +144,15 @@ impl Sequence {
 
     pub fn output_token_ids(&self) -> &[u32] {
         &self.token_ids[self.prompt_len..]
+    }
+
+    /// The images with a placeholder among positions `range` (a step's chunk), or none.
+    pub fn images_in(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> Option<&std::sync::Arc<[crate::multimodal::ImageInput]>> {
+        let images = self.images.as_ref()?;
+        images.iter().any(|image| image.has_placeholder_in(range.clone())).then_some(images)
     }
 
     /// Entries of each block table (the same in every group).

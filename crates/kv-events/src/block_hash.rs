@@ -23,17 +23,28 @@ pub type BlockDigest = [u8; 32];
 pub struct ExtraKeys {
     /// The LoRA adapter's name and path, on every block of its requests.
     pub lora: Option<(String, String)>,
+    /// The identifiers of the images with a placeholder in the block (vLLM's multimodal
+    /// `extra_keys`, after the adapter's as vLLM orders them): our image hashes in hex. vLLM
+    /// names an image by a hash of its own, so these blocks' hashes are ours alone; what they
+    /// guarantee is that equal tokens with other images never share a hash.
+    pub images: Vec<String>,
 }
 
 impl ExtraKeys {
     fn cbor(&self) -> Value {
-        match &self.lora {
-            None => Value::Null,
-            Some((name, path)) => Value::Array(vec![Value::Array(vec![
+        let mut keys = Vec::new();
+        if let Some((name, path)) = &self.lora {
+            keys.push(Value::Array(vec![
                 Value::Text("lora".into()),
                 Value::Text(name.clone()),
                 Value::Text(path.clone()),
-            ])]),
+            ]));
+        }
+        keys.extend(self.images.iter().map(|id| Value::Text(id.clone())));
+        if keys.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(keys)
         }
     }
 }
@@ -125,7 +136,8 @@ mod tests {
     fn lora_blocks_hash_apart() {
         let h = BlockHasher::new(DEFAULT_SEED);
         let tokens: Vec<u32> = (1..=32).collect();
-        let lora = ExtraKeys { lora: Some(("my-lora".into(), "/adapters/my-lora".into())) };
+        let lora =
+            ExtraKeys { lora: Some(("my-lora".into(), "/adapters/my-lora".into())), ..ExtraKeys::default() };
         let base = h.chain(&tokens, 16, &ExtraKeys::default());
         let adapted = h.chain(&tokens, 16, &lora);
         assert_ne!(base, adapted);
@@ -135,5 +147,20 @@ mod tests {
             adapted.iter().map(event_hash).collect::<Vec<_>>(),
             [17545897215080021822, 16746835161408628684]
         );
+    }
+
+    #[test]
+    fn image_blocks_hash_apart_by_image_and_keep_the_adapters_key_first() {
+        let h = BlockHasher::new(DEFAULT_SEED);
+        let tokens: Vec<u32> = (1..=16).collect();
+        let image = |id: &str| ExtraKeys { images: vec![id.into()], ..ExtraKeys::default() };
+        let (a, b) = (h.chain(&tokens, 16, &image("aa")), h.chain(&tokens, 16, &image("bb")));
+        assert_ne!(a, b);
+        assert_ne!(a, h.chain(&tokens, 16, &ExtraKeys::default()));
+        assert_eq!(a, h.chain(&tokens, 16, &image("aa")));
+        // The adapter's key, then the images', as vLLM orders its extra keys.
+        let both = ExtraKeys { lora: Some(("l".into(), "/l".into())), images: vec!["aa".into()] };
+        let Value::Array(keys) = both.cbor() else { panic!("extra keys are an array") };
+        assert!(matches!(&keys[..], [Value::Array(_), Value::Text(t)] if t == "aa"), "{keys:?}");
     }
 }

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use pagoda_engine::block_pool::CachedBlockRef;
+use pagoda_engine::kv_tier::TierMedium;
 use pagoda_engine::{CacheEvent, LoraId};
 
 use crate::block_hash::{event_hash, BlockDigest, BlockHasher, ExtraKeys};
@@ -23,10 +24,14 @@ pub enum HashedEvent {
         lora_id: Option<LoraId>,
         lora_name: Option<String>,
         group_idx: usize,
+        /// Where the blocks are: `GPU` (the primary pool, whatever its device, as vLLM names
+        /// it), or an offload tier's `CPU` or `DISK`.
+        medium: &'static str,
     },
     Removed {
         block_hashes: Vec<u64>,
         group_idx: usize,
+        medium: &'static str,
     },
     Cleared,
 }
@@ -44,11 +49,14 @@ pub struct EventHashes {
     hasher: BlockHasher,
     block_size: usize,
     blocks: HashMap<CachedBlockRef, Known>,
+    /// Blocks an offload tier holds, by medium and the engine's block hash: their digests, for
+    /// the removal that names them once their primary block is long gone.
+    tier_blocks: HashMap<(TierMedium, u64), u64>,
 }
 
 impl EventHashes {
     pub fn new(hasher: BlockHasher, block_size: usize) -> Self {
-        Self { hasher, block_size, blocks: HashMap::new() }
+        Self { hasher, block_size, blocks: HashMap::new(), tier_blocks: HashMap::new() }
     }
 
     /// Cached blocks known now (stored and not yet removed).
@@ -69,7 +77,7 @@ impl EventHashes {
         let mut tail: Option<(CachedBlockRef, BlockDigest)> = None;
         for event in events {
             match event {
-                CacheEvent::Stored { block, parent, token_ids, lora, group } => {
+                CacheEvent::Stored { block, parent, token_ids, lora, group, images } => {
                     let parent_digest = match parent {
                         None => None,
                         Some(p) => match self.blocks.get(&p) {
@@ -78,7 +86,8 @@ impl EventHashes {
                         },
                     };
                     let names = lora.and_then(adapter);
-                    let extra = ExtraKeys { lora: names.clone() };
+                    let images = images.iter().map(|i| format!("{:032x}", i.0)).collect();
+                    let extra = ExtraKeys { lora: names.clone(), images };
                     let digest = self.hasher.hash(parent_digest.as_ref(), &token_ids, &extra);
                     self.blocks.insert(block, Known { digest, group });
                     let extends = matches!((&tail, parent), (Some((t, _)), Some(p)) if *t == p);
@@ -101,6 +110,7 @@ impl EventHashes {
                             lora_id: lora,
                             lora_name: names.map(|(name, _)| name),
                             group_idx: group,
+                            medium: "GPU",
                         }),
                     }
                     tail = Some((block, digest));
@@ -111,6 +121,7 @@ impl EventHashes {
                         out.push(HashedEvent::Removed {
                             block_hashes: vec![event_hash(&known.digest)],
                             group_idx: known.group,
+                            medium: "GPU",
                         });
                     }
                 }
@@ -118,6 +129,35 @@ impl EventHashes {
                     tail = None;
                     self.blocks.clear();
                     out.push(HashedEvent::Cleared);
+                }
+                // As vLLM's offloading connector reports its stores: the blocks' hashes, no
+                // parent or tokens (a consumer knows them from the block's GPU store).
+                CacheEvent::TierStored { block, hash, medium } => {
+                    tail = None;
+                    if let Some(known) = self.blocks.get(&block) {
+                        let digest = event_hash(&known.digest);
+                        self.tier_blocks.insert((medium, hash), digest);
+                        out.push(HashedEvent::Stored {
+                            block_hashes: vec![digest],
+                            parent_block_hash: None,
+                            token_ids: Vec::new(),
+                            block_size: self.block_size,
+                            lora_id: None,
+                            lora_name: None,
+                            group_idx: known.group,
+                            medium: medium.name(),
+                        });
+                    }
+                }
+                CacheEvent::TierRemoved { hash, medium } => {
+                    tail = None;
+                    if let Some(digest) = self.tier_blocks.remove(&(medium, hash)) {
+                        out.push(HashedEvent::Removed {
+                            block_hashes: vec![digest],
+                            group_idx: 0,
+                            medium: medium.name(),
+                        });
+                    }
                 }
             }
         }
@@ -146,6 +186,7 @@ mod tests {
             token_ids: tokens.collect(),
             lora,
             group: 0,
+            images: Box::default(),
         }
     }
 
@@ -175,6 +216,7 @@ mod tests {
                 lora_id: None,
                 lora_name: None,
                 group_idx: 0,
+                medium: "GPU",
             }]
         );
         // A later child names its parent; removals name what was stored.
@@ -183,7 +225,10 @@ mod tests {
             &no_adapter,
         );
         assert!(matches!(&later[0], HashedEvent::Stored { parent_block_hash: Some(p), .. } if *p == want[1]));
-        assert_eq!(later[1], HashedEvent::Removed { block_hashes: vec![want[0]], group_idx: 0 });
+        assert_eq!(
+            later[1],
+            HashedEvent::Removed { block_hashes: vec![want[0]], group_idx: 0, medium: "GPU" }
+        );
         assert_eq!(hashes.num_resident(), 2);
         // Unknown blocks are dropped, not guessed.
         assert!(hashes
@@ -194,6 +239,45 @@ mod tests {
             .is_empty());
         assert_eq!(hashes.hash(vec![CacheEvent::Cleared], &no_adapter), vec![HashedEvent::Cleared]);
         assert_eq!(hashes.num_resident(), 0);
+    }
+
+    #[test]
+    fn offload_tiers_report_their_medium_by_the_gpu_blocks_hash() {
+        let hasher = BlockHasher::new(DEFAULT_SEED);
+        let mut hashes = EventHashes::new(hasher, 16);
+        let gpu = hashes.hash(vec![stored(7, None, 1..17, None)], &no_adapter);
+        let [HashedEvent::Stored { block_hashes, .. }] = gpu.as_slice() else { panic!("{gpu:?}") };
+        let digest = block_hashes[0];
+        let cpu = TierMedium::Cpu;
+        let events = hashes.hash(
+            vec![
+                CacheEvent::TierStored { block: block(7), hash: 42, medium: cpu },
+                CacheEvent::Removed { block: block(7) },
+                // Unknown to any tier: dropped.
+                CacheEvent::TierRemoved { hash: 43, medium: cpu },
+                CacheEvent::TierRemoved { hash: 42, medium: TierMedium::Disk },
+                // The tier's copy outlives the GPU block.
+                CacheEvent::TierRemoved { hash: 42, medium: cpu },
+            ],
+            &no_adapter,
+        );
+        assert_eq!(
+            events,
+            vec![
+                HashedEvent::Stored {
+                    block_hashes: vec![digest],
+                    parent_block_hash: None,
+                    token_ids: Vec::new(),
+                    block_size: 16,
+                    lora_id: None,
+                    lora_name: None,
+                    group_idx: 0,
+                    medium: "CPU",
+                },
+                HashedEvent::Removed { block_hashes: vec![digest], group_idx: 0, medium: "GPU" },
+                HashedEvent::Removed { block_hashes: vec![digest], group_idx: 0, medium: "CPU" },
+            ]
+        );
     }
 
     #[test]
@@ -208,5 +292,30 @@ mod tests {
         };
         assert_eq!(block_hashes, &[17545897215080021822, 16746835161408628684]);
         assert_eq!((lora_name.as_deref(), *lora_id), (Some("my-lora"), Some(1)));
+    }
+
+    #[test]
+    fn blocks_of_other_images_with_equal_tokens_get_other_hashes() {
+        let hasher = BlockHasher::new(DEFAULT_SEED);
+        let with_image = |id: u32, image: u128| {
+            let CacheEvent::Stored { block, parent, token_ids, lora, group, .. } =
+                stored(id, None, 1..17, None)
+            else {
+                unreachable!()
+            };
+            let images = vec![pagoda_engine::ImageHash(image)].into_boxed_slice();
+            CacheEvent::Stored { block, parent, token_ids, lora, group, images }
+        };
+        let first = |events: Vec<HashedEvent>| match events.as_slice() {
+            [HashedEvent::Stored { block_hashes, .. }] => block_hashes[0],
+            other => panic!("{other:?}"),
+        };
+        let mut hashes = EventHashes::new(hasher, 16);
+        let plain = first(hashes.hash(vec![stored(1, None, 1..17, None)], &no_adapter));
+        let a = first(hashes.hash(vec![with_image(2, 7)], &no_adapter));
+        let b = first(hashes.hash(vec![with_image(3, 8)], &no_adapter));
+        let a_again = first(hashes.hash(vec![with_image(4, 7)], &no_adapter));
+        assert!(plain != a && a != b && plain != b);
+        assert_eq!(a, a_again);
     }
 }

@@ -55,6 +55,7 @@ fn event(out: &mut Out, e: &HashedEvent, windows: &GroupWindows) -> Result<(), V
             lora_id,
             lora_name,
             group_idx,
+            medium,
         } => {
             let window = windows.get(*group_idx).copied().flatten();
             // msgspec heads this map with map16 whatever its length (the struct declares more
@@ -74,7 +75,7 @@ fn event(out: &mut Out, e: &HashedEvent, windows: &GroupWindows) -> Result<(), V
             key(out, "lora_id");
             opt_uint(out, lora_id.map(u64::from));
             key(out, "medium");
-            text(out, "GPU");
+            text(out, medium);
             key(out, "lora_name");
             match lora_name {
                 Some(name) => text(out, name),
@@ -91,14 +92,14 @@ fn event(out: &mut Out, e: &HashedEvent, windows: &GroupWindows) -> Result<(), V
                 uint(out, w as u64);
             }
         }
-        HashedEvent::Removed { block_hashes, group_idx } => {
+        HashedEvent::Removed { block_hashes, group_idx, medium } => {
             write_map_len(out, 4)?;
             key(out, "type");
             text(out, "BlockRemoved");
             key(out, "block_hashes");
             uints(out, block_hashes.iter().copied())?;
             key(out, "medium");
-            text(out, "GPU");
+            text(out, medium);
             key(out, "group_idx");
             uint(out, *group_idx as u64);
         }
@@ -149,8 +150,9 @@ mod tests {
                 lora_id: None,
                 lora_name: None,
                 group_idx: 0,
+                medium: "GPU",
             },
-            HashedEvent::Removed { block_hashes: vec![807986237951177663], group_idx: 0 },
+            HashedEvent::Removed { block_hashes: vec![807986237951177663], group_idx: 0, medium: "GPU" },
             HashedEvent::Cleared,
         ];
         let want = "93cb41d954fc4020000093de000aa474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392cf7b0bf7bf7fd01682cf0b368b33d87bf3bfb1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473dc00200102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20aa626c6f636b5f73697a6510a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e84a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391cf0b368b33d87bf3bfa66d656469756da3475055a967726f75705f6964780081a474797065b0416c6c426c6f636b73436c656172656400";

@@ -206,6 +206,7 @@ impl Replay {
             num_layers: None,
             hidden_rows: None,
             lora: None,
+            placeholders: None,
         };
         let (logits, _) = model.forward_parts(&input, cache)?;
         self.logits.slice_set(&logits, 0, 0)?;

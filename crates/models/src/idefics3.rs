@@ -1,7 +1,8 @@
 //! Idefics3 (SmolVLM): a SigLIP vision encoder ([`crate::siglip`]), a connector that
 //! pixel-shuffles each tile's patch states (`scale_factor`² neighbouring patches into one
 //! token) and projects them to the decoder's width, and a Llama decoder whose `<image>`
-//! placeholder tokens take those features in order ([`PlaceholderEmbeds`]).
+//! placeholder tokens take those features in order
+//! ([`PlaceholderEmbeds`](crate::multimodal::PlaceholderEmbeds)).
 //!
 //! Weights come from a Hugging Face directory as transformers saves
 //! `Idefics3ForConditionalGeneration`: `model.vision_model.*`,
@@ -17,7 +18,6 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::llama::Llama;
 use crate::model::ForwardInput;
-use crate::multimodal::PlaceholderEmbeds;
 use crate::siglip::{SiglipVisionConfig, SiglipVisionEncoder};
 use crate::weights::{SafetensorsWeights, WeightSource};
 
@@ -143,17 +143,17 @@ impl Idefics3 {
         Ok(shuffled.reshape((tiles * tokens, width))?.matmul(&self.projection_t)?)
     }
 
+    /// Whether the decoder's projections run as quantized matmuls.
+    pub fn is_quantized(&self) -> bool {
+        self.text.is_quantized()
+    }
+
     /// The decoder's forward pass over a step (as [`Llama::forward`]), the rows of
-    /// `placeholders` taking its feature rows instead of the token embeddings. Each of those
-    /// rows must hold the `<image>` token; an `<image>` token without a row keeps its own
+    /// `input.placeholders` taking its feature rows instead of the token embeddings. Each of
+    /// those rows must hold the `<image>` token; an `<image>` token without a row keeps its own
     /// embedding (as transformers treats one the model generates).
-    pub fn forward(
-        &self,
-        input: &ForwardInput<'_>,
-        cache: &KvCache,
-        placeholders: Option<&PlaceholderEmbeds>,
-    ) -> Result<Tensor> {
-        Ok(self.forward_parts(input, cache, placeholders)?.0)
+    pub fn forward(&self, input: &ForwardInput<'_>, cache: &KvCache) -> Result<Tensor> {
+        Ok(self.forward_parts(input, cache)?.0)
     }
 
     /// [`Self::forward`], with the final-normed hidden states of `input.hidden_rows` too.
@@ -161,10 +161,9 @@ impl Idefics3 {
         &self,
         input: &ForwardInput<'_>,
         cache: &KvCache,
-        placeholders: Option<&PlaceholderEmbeds>,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let mut hidden = self.text.embed(input.input_ids)?;
-        if let Some(p) = placeholders {
+        if let Some(p) = input.placeholders {
             let ids = input.input_ids.to_vec1::<u32>()?;
             let image = self.config.image_token_id;
             if let Some(&row) = p.rows().iter().find(|&&r| ids.get(r as usize) != Some(&image)) {

@@ -17,6 +17,7 @@ mod decode_graphs;
 pub mod device_sampling;
 pub mod drafter;
 pub mod embedding;
+pub mod encoder_cache;
 pub mod error;
 pub mod gemma;
 pub mod gguf_check;
@@ -39,6 +40,7 @@ pub mod multimodal;
 pub mod pooling;
 pub mod runner;
 pub mod siglip;
+mod step_images;
 pub mod weights;
 
 pub use config::{ModelConfig, MoeConfig};

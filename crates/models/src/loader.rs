@@ -9,6 +9,7 @@ use pagoda_ops::QuantFormat;
 
 use crate::config::{LongRope, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::idefics3::{Idefics3, Idefics3Config};
 use crate::kernel_plan::{self, CpuFeatures, KernelPlan, KernelRequest, ResolvedPlan};
 use crate::linear_fp8::WeightQuantization;
 use crate::model::Model;
@@ -119,6 +120,16 @@ fn long_rope_of(path: &Path, weights: &mut GgufWeights, c: &ModelConfig) -> Resu
     }))
 }
 
+/// Whether the `config.json` at `path` is a vision-language Idefics3's (`model_type`
+/// `idefics3`), which nests its decoder's config and loads apart from the text models.
+fn is_idefics3(path: &Path) -> Result<bool> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: e.to_string() })?;
+    Ok(value.get("model_type").and_then(serde_json::Value::as_str) == Some("idefics3"))
+}
+
 /// The format `options` names for `path`, with `Auto` resolved.
 fn format_of(path: &Path, format: LoadFormat) -> LoadFormat {
     match format {
@@ -218,6 +229,16 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
             config.long_rope = long_rope_of(path, &mut weights, &config)?;
             let config = config.with_rope_override(options.rope_scaling.as_ref());
             Model::load(&mut weights, config, dtype, device)?
+        }
+        LoadFormat::Safetensors if is_idefics3(&path.join("config.json"))? => {
+            if options.rope_scaling.is_some() {
+                return Err(ModelError::InvalidOption("--rope-scaling is not supported for idefics3".into()));
+            }
+            let config = Idefics3Config::from_json(&path.join("config.json"))?;
+            let mut weights = SafetensorsWeights::open(path, "idefics3", device, dtype)?;
+            weights.set_kernel_plan(plan);
+            weights.set_quantization(options.quantization);
+            Model::idefics3(Idefics3::load_from(&mut weights, config, device)?, dtype, device)?
         }
         LoadFormat::Safetensors => {
             let config = ModelConfig::from_hf_json(&path.join("config.json"))?

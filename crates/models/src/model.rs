@@ -9,6 +9,7 @@ use crate::bert::Bert;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gemma::Gemma;
+use crate::idefics3::Idefics3;
 use crate::kv_cache::KvCache;
 use crate::llama::Llama;
 use crate::lora::{LoraAdapter, LoraBatch, LoraDtype};
@@ -34,6 +35,9 @@ pub struct ForwardInput<'a> {
     pub hidden_rows: Option<&'a Tensor>,
     /// The LoRA adapter of each row, when any row has one.
     pub lora: Option<&'a LoraBatch>,
+    /// Image features that replace the embeddings of the step's placeholder rows (a
+    /// vision-language model's prefill chunks over images); `None` when the step has none.
+    pub placeholders: Option<&'a crate::multimodal::PlaceholderEmbeds>,
 }
 
 /// The logits of a step that wants none: `[0, vocab]` f32 on the host, since CUDA cannot
@@ -104,6 +108,9 @@ enum Architecture {
     Gemma(Gemma),
     /// An encoder: it embeds, it does not generate.
     Bert(Bert),
+    /// A vision-language model: a vision encoder and a Llama decoder (boxed: twice the size of
+    /// the others, and the enum is matched on every call).
+    Idefics3(Box<Idefics3>),
 }
 
 /// Why a model has to run on the CPU, if it does: a head dim no CUDA attention kernel covers in
@@ -147,6 +154,48 @@ impl Model {
             loras: Default::default(),
             lora_dtype: LoraDtype::Auto,
         })
+    }
+
+    /// A loaded Idefics3 (SmolVLM) as a model, computing in `dtype`. Its decoder must be one
+    /// the device's attention kernels run (as [`Model::load`] checks).
+    pub fn idefics3(model: Idefics3, dtype: DType, device: &Device) -> Result<Self> {
+        if let Some(reason) = cpu_only_reason(model.text_config(), dtype).filter(|_| !device.is_cpu()) {
+            return Err(ModelError::InvalidOption(format!("`idefics3` {reason}")));
+        }
+        Ok(Self {
+            architecture: Architecture::Idefics3(Box::new(model)),
+            dtype,
+            pooling: None,
+            loras: Default::default(),
+            lora_dtype: LoraDtype::Auto,
+        })
+    }
+
+    /// The vision-language model's configuration, when this is one.
+    pub fn idefics3_config(&self) -> Option<&crate::idefics3::Idefics3Config> {
+        match &self.architecture {
+            Architecture::Idefics3(m) => Some(m.config()),
+            _ => None,
+        }
+    }
+
+    /// Whether the model has a vision encoder ([`Self::image_features`]).
+    pub fn takes_images(&self) -> bool {
+        matches!(self.architecture, Architecture::Idefics3(_))
+    }
+
+    /// The placeholder token's id of a model that takes images.
+    pub fn image_token_id(&self) -> Option<u32> {
+        self.idefics3_config().map(|c| c.image_token_id)
+    }
+
+    /// One image's encoder features, `[num_features, hidden]`, from its preprocessed pixels
+    /// (for Idefics3 `[tiles, 3, size, size]`).
+    pub fn image_features(&self, pixels: &Tensor) -> Result<Tensor> {
+        match &self.architecture {
+            Architecture::Idefics3(m) => m.image_features(pixels),
+            _ => Err(ModelError::ImageInput("this model has no vision encoder".into())),
+        }
     }
 
     /// Loads the adapter at `dir` (PEFT directory or GGUF LoRA file) under `id`, its weights on
@@ -217,6 +266,7 @@ impl Model {
             Architecture::Llama(m) => m.config(),
             Architecture::Gemma(m) => m.config(),
             Architecture::Bert(m) => m.config(),
+            Architecture::Idefics3(m) => m.text_config(),
         }
     }
 
@@ -226,6 +276,7 @@ impl Model {
         match &self.architecture {
             Architecture::Llama(m) => m.forward(input, cache),
             Architecture::Gemma(m) => m.forward(input, cache),
+            Architecture::Idefics3(m) => m.forward(input, cache),
             Architecture::Bert(_) => Err(ModelError::InvalidOption(
                 "this is an embedding model (an encoder): it computes no logits".into(),
             )),
@@ -242,6 +293,7 @@ impl Model {
         match &self.architecture {
             Architecture::Llama(m) => m.forward_parts(input, cache),
             Architecture::Gemma(m) => m.forward_parts(input, cache),
+            Architecture::Idefics3(m) => m.forward_parts(input, cache),
             Architecture::Bert(_) => self.forward(input, cache).map(|logits| (logits, None)),
         }
     }
@@ -251,6 +303,7 @@ impl Model {
         match &self.architecture {
             Architecture::Llama(m) => m.is_quantized(),
             Architecture::Gemma(m) => m.is_quantized(),
+            Architecture::Idefics3(m) => m.is_quantized(),
             Architecture::Bert(_) => false,
         }
     }

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 
 use crate::decode_graphs::DecodeGraphs;
 use crate::drafter::{DraftModel, ModelDrafter, SelfDrafter};
+use crate::encoder_cache::{EncoderCache, DEFAULT_ENCODER_CACHE_BYTES};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::lora::LoraBatch;
@@ -44,6 +45,8 @@ pub struct ModelRunner {
     pool: Arc<rayon::ThreadPool>,
     /// Decode steps replayed as CUDA graphs, when enabled ([`ModelRunner::enable_decode_graphs`]).
     graphs: Option<Mutex<DecodeGraphs>>,
+    /// A vision model's image features by image hash ([`crate::encoder_cache`]).
+    encoder_cache: EncoderCache,
 }
 
 /// Host-side flattening of one batch.
@@ -63,6 +66,8 @@ pub(crate) struct FlatBatch<'t> {
     pooled_bounds: Vec<usize>,
     /// Each row's LoRA adapter.
     pub(crate) lora: LoraBatch,
+    /// Image features in place of placeholder rows ([`crate::step_images`]).
+    pub(crate) placeholders: Option<crate::multimodal::PlaceholderEmbeds>,
 }
 
 impl ModelRunner {
@@ -77,7 +82,29 @@ impl ModelRunner {
             copies_done: None,
             pool: Arc::new(pool),
             graphs: None,
+            encoder_cache: EncoderCache::new(DEFAULT_ENCODER_CACHE_BYTES, Default::default()),
         })
+    }
+
+    /// Keeps up to `bytes` of image features (0: none; every chunk over an image encodes it),
+    /// counting into `stats`; what the cache held is dropped.
+    pub fn set_encoder_cache(&mut self, bytes: usize, stats: Arc<pagoda_engine::EncoderCacheStats>) {
+        self.encoder_cache = EncoderCache::new(bytes, stats);
+    }
+
+    /// The most bytes of image features the encoder cache keeps.
+    pub fn encoder_cache_bytes(&self) -> usize {
+        self.encoder_cache.capacity_bytes()
+    }
+
+    /// The encoder cache's counters (hits, misses, what it holds), for metrics.
+    pub fn encoder_cache_stats(&self) -> Arc<pagoda_engine::EncoderCacheStats> {
+        Arc::clone(self.encoder_cache.stats())
+    }
+
+    /// Drops the cached image features (their memory is the device's).
+    pub fn clear_encoder_cache(&mut self) {
+        self.encoder_cache.clear();
     }
 
     /// Attaches a draft model, whose cache must have this runner's block size and number of
@@ -148,7 +175,9 @@ impl ModelRunner {
     pub fn logits(&mut self, batch: &ScheduledBatch) -> Result<Tensor> {
         let invalid = |e: ExecutorError| ModelError::InvalidOption(e.to_string());
         self.tables.apply(batch).map_err(invalid)?;
-        let flat = flatten(batch, &self.tables, &self.model, &self.cache).map_err(invalid)?;
+        let placeholders = self.step_placeholders(batch).map_err(invalid)?;
+        let mut flat = flatten(batch, &self.tables, &self.model, &self.cache).map_err(invalid)?;
+        flat.placeholders = placeholders;
         self.cache.copy_blocks(&batch.block_copies)?;
         Ok(self.forward_flat(flat)?.0)
     }
@@ -157,7 +186,7 @@ impl ModelRunner {
     /// done (they run only after the check, so that a batch retried without a rejected sequence
     /// copies nothing twice).
     fn forward_flat(&self, flat: FlatBatch<'_>) -> Result<(Tensor, Option<Tensor>)> {
-        if let Some(graphs) = &self.graphs {
+        if let Some(graphs) = self.graphs.as_ref().filter(|_| flat.placeholders.is_none()) {
             let mut graphs = graphs.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(logits) = graphs.forward(&self.model, &self.cache, &self.device, &flat)? {
                 return Ok((logits, None));
@@ -213,6 +242,7 @@ pub(crate) fn flatten<'t>(
         pooled_rows: Vec::new(),
         pooled_bounds: vec![0],
         lora: LoraBatch::default(),
+        placeholders: None,
     };
     flat.cu_seqlens_q.push(0);
     for seq in &batch.seqs {
@@ -328,6 +358,7 @@ pub(crate) fn forward_with(
         num_layers,
         hidden_rows: hidden_rows.as_ref(),
         lora: flat.lora.is_active().then_some(&flat.lora),
+        placeholders: flat.placeholders.as_ref(),
     };
     model.forward_parts(&input, cache)
 }
@@ -375,6 +406,10 @@ impl ModelExecutor for ModelRunner {
         self.draft.is_some()
     }
 
+    fn takes_images(&self) -> bool {
+        self.model.takes_images()
+    }
+
     fn kv_page_layout(&self) -> Option<pagoda_engine::KvPageLayout> {
         self.cache.page_layout()
     }
@@ -402,7 +437,9 @@ impl ModelRunner {
                     .into(),
             });
         }
-        let flat = flatten(batch, &self.tables, &self.model, &self.cache)?;
+        let placeholders = self.step_placeholders(batch)?;
+        let mut flat = flatten(batch, &self.tables, &self.model, &self.cache)?;
+        flat.placeholders = placeholders;
         if self.copies_done.as_ref() != Some(&batch.block_copies) {
             self.cache.copy_blocks(&batch.block_copies).map_err(failed)?;
             if let Some(draft) = &self.draft {
@@ -415,6 +452,14 @@ impl ModelRunner {
             _ => None,
         };
         result
+    }
+
+    /// The image features of `batch`'s placeholder rows ([`crate::step_images`]).
+    fn step_placeholders(
+        &mut self,
+        batch: &ScheduledBatch,
+    ) -> std::result::Result<Option<crate::multimodal::PlaceholderEmbeds>, ExecutorError> {
+        crate::step_images::step_placeholders(batch, &self.model, &mut self.encoder_cache, &self.device)
     }
 
     /// The step after its block copies: the target's pass and sampling, then the drafts of

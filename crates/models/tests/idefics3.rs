@@ -105,8 +105,9 @@ impl Seq {
             num_layers: None,
             hidden_rows: None,
             lora: None,
+            placeholders,
         };
-        let logits = model.forward(&input, &self.cache, placeholders)?;
+        let logits = model.forward(&input, &self.cache)?;
         self.computed = end;
         Ok(logits.to_vec2::<f32>()?)
     }

@@ -15,6 +15,7 @@ use pagoda_models::{CpuGemmDtype, KernelRequest, LoadFormat, PoolingKind, Weight
 use serde::Deserialize;
 
 use crate::flags::{ByteSize, DeviceArg, DtypeArg, KvCacheDtypeArg};
+use crate::kv_offload::KvOffloadTier;
 use crate::lora_args::{LoraArgs, LoraSettings};
 use crate::speculative_config::{self, SpeculativeSetting};
 
@@ -125,6 +126,15 @@ pub struct EngineArgs {
     #[arg(long, conflicts_with = "enable_prefix_caching")]
     #[serde(skip)]
     pub no_enable_prefix_caching: bool,
+    /// Offload tiers behind the prefix cache: `host:SIZE` (host memory) and/or
+    /// `disk:PATH:SIZE` (one file per block under the directory PATH, reopened after a restart
+    /// by a server with the same model and cache layout), e.g. `--kv-offload host:2GiB
+    /// disk:/var/cache/pagoda:20GiB`. A block entering the prefix cache is copied to each tier;
+    /// a prompt whose prefix the cache has lost is loaded back from the first tier holding it
+    /// instead of recomputed. Each tier drops its least recently used blocks past SIZE.
+    /// [default: none]
+    #[arg(long, num_args = 1.., value_name = "TIER")]
+    pub kv_offload: Option<Vec<KvOffloadTier>>,
     /// Compute dtype.
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
@@ -233,6 +243,7 @@ impl EngineArgs {
                 .unwrap_or_else(|| default_max_num_batched_tokens(device)),
             max_waiting_requests: a.max_waiting_requests.unwrap_or(DEFAULT_MAX_WAITING_REQUESTS),
             enable_prefix_caching: !no_prefix_caching && a.enable_prefix_caching.unwrap_or(true),
+            kv_offload: a.kv_offload.unwrap_or_default(),
             speculative: a
                 .speculative_config
                 .map(|json| speculative_config::parse(&json, device))
@@ -277,6 +288,8 @@ pub struct EngineSettings {
     pub max_num_batched_tokens: usize,
     pub max_waiting_requests: usize,
     pub enable_prefix_caching: bool,
+    /// `--kv-offload`: the prefix cache's offload tiers.
+    pub kv_offload: Vec<KvOffloadTier>,
     pub speculative: Option<SpeculativeSetting>,
     /// LoRA adapters, when served (`--enable-lora`).
     pub lora: Option<LoraSettings>,
@@ -304,6 +317,10 @@ impl EngineSettings {
         }
         if self.kv_cache_memory == Some(0) || self.num_gpu_blocks_override == Some(0) {
             return Err(invalid("--kv-cache-memory", "the KV cache needs at least one block"));
+        }
+        crate::kv_offload::check(&self.kv_offload).map_err(|m| invalid("--kv-offload", m))?;
+        if !self.kv_offload.is_empty() && !self.enable_prefix_caching {
+            return Err(invalid("--kv-offload", "offloads the prefix cache: leave prefix caching on"));
         }
         if self.kernels.batch_invariant {
             let cuda = matches!(self.device, DeviceArg::Cuda(_));

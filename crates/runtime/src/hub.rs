@@ -90,7 +90,9 @@ pub fn resolve(model: &str, download_dir: Option<&Path>, offline: bool) -> Resul
         return fetcher.get(file);
     }
     let config = fetcher.get("config.json")?;
-    for optional in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    // The processor's files say how a vision model's images are preprocessed.
+    let text = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"];
+    for optional in text.into_iter().chain(["preprocessor_config.json", "processor_config.json"]) {
         fetcher.get_optional(optional);
     }
     match fetcher.get_optional("model.safetensors.index.json") {

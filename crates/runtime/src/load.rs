@@ -23,6 +23,8 @@ use pagoda_text::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 use crate::engine_args::EngineSettings;
 use crate::options::RuntimeOptions;
 use crate::plan::{model_load_options, resolve_plan, RuntimePlan};
+use crate::vision::VisionSpec;
+use pagoda_engine::EncoderCacheStats;
 
 /// Why the model or the engine could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,8 @@ pub enum RuntimeError {
     Lora { name: String, path: PathBuf, source: Box<ModelError> },
     #[error("draft model {path}: {reason}")]
     DraftIncompatible { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Vision(#[from] crate::vision::VisionConfigError),
 }
 
 /// Stage timings of start-up, for the log.
@@ -93,6 +97,10 @@ pub struct LoadedRuntime {
     pub lora_reader: Option<Arc<AdapterReader>>,
     /// How sleep mode loads the weights again (`None`: this model cannot sleep).
     pub reload: Option<crate::sleep::Reload>,
+    /// How the model takes images; `None` without a vision encoder.
+    pub vision: Option<Arc<VisionSpec>>,
+    /// The encoder cache's counters (a vision model's; they stay 0 otherwise).
+    pub encoder_cache: Arc<EncoderCacheStats>,
 }
 
 /// A running engine and what requests are prepared with.
@@ -109,6 +117,25 @@ pub struct Runtime {
     pub loras: Vec<(String, LoraId, PathBuf)>,
     /// Reads adapters loaded while serving; `None` without `--enable-lora`.
     pub lora_reader: Option<Arc<AdapterReader>>,
+    /// How the model takes images; `None` without a vision encoder.
+    pub vision: Option<Arc<VisionSpec>>,
+    /// The encoder cache's counters (a vision model's; they stay 0 otherwise).
+    pub encoder_cache: Arc<EncoderCacheStats>,
+}
+
+impl LoadedRuntime {
+    /// How the model takes images (what the server preprocesses them with and the token their
+    /// placeholders are); `None` when it has no vision encoder.
+    pub fn vision(&self) -> Option<&VisionSpec> {
+        self.vision.as_deref()
+    }
+}
+
+impl Runtime {
+    /// As [`LoadedRuntime::vision`].
+    pub fn vision(&self) -> Option<&VisionSpec> {
+        self.vision.as_deref()
+    }
 }
 
 fn tokenizer_source(options: &RuntimeOptions) -> Result<PathBuf, RuntimeError> {
@@ -177,6 +204,7 @@ impl LoadedRuntime {
             ..Default::default()
         };
         let TextParts { tokenizer, chat_template, .. } = text;
+        let vision = VisionSpec::for_model(&options.model, &loaded.model, &tokenizer)?.map(Arc::new);
 
         let started = Instant::now();
         let config = loaded.model.config().clone();
@@ -221,6 +249,10 @@ impl LoadedRuntime {
             KvCache::new(&config, 1, settings.block_size, cache_dtype, &options.device)?,
             options.device.clone(),
         )?;
+        let encoder_cache = runner.encoder_cache_stats();
+        if let Some(bytes) = options.encoder_cache_bytes {
+            runner.set_encoder_cache(bytes as usize, Arc::clone(&encoder_cache));
+        }
         let loras = load_loras(&mut runner, options)?;
         let lora_reader = settings
             .lora
@@ -264,8 +296,16 @@ impl LoadedRuntime {
         engine_config.kv_groups = groups;
         engine_config.enable_prefix_caching = settings.enable_prefix_caching;
         engine_config.kv_cache_events = options.kv_cache_events;
+        let dtypes = format!(
+            "dtype {:?}; kv {cache_dtype:?}; quantization {:?}",
+            settings.dtype, settings.quantization
+        );
+        let identity =
+            crate::kv_offload::model_identity(&options.model.display().to_string(), &config, &dtypes);
+        engine_config.kv_offload = crate::kv_offload::engine_config(&settings.kv_offload, identity);
         engine_config.speculative = options.speculative();
         engine_config.max_loras = settings.lora.as_ref().map(|l| l.max_loras);
+        engine_config.images = vision.is_some();
         engine_config.validate().map_err(EngineError::from)?;
 
         let reload = crate::sleep::Reload {
@@ -294,6 +334,8 @@ impl LoadedRuntime {
             pooling: self_pooling,
             loras,
             lora_reader,
+            vision,
+            encoder_cache,
         })
     }
 
@@ -359,6 +401,8 @@ impl LoadedRuntime {
             lora_reader: None,
             pooling: Some(pooling),
             reload: None,
+            vision: None,
+            encoder_cache: Arc::default(),
         })
     }
 
@@ -382,6 +426,8 @@ impl LoadedRuntime {
             pooling: self.pooling,
             loras: self.loras,
             lora_reader: self.lora_reader,
+            vision: self.vision,
+            encoder_cache: self.encoder_cache,
         })
     }
 }

@@ -48,6 +48,9 @@ pub struct RuntimeOptions {
     pub draft_model: Option<PathBuf>,
     /// Whether the engine reports its cache's stored and removed blocks (KV events).
     pub kv_cache_events: bool,
+    /// Most bytes of image features a vision model's encoder cache keeps; `None`:
+    /// [`pagoda_models::encoder_cache::DEFAULT_ENCODER_CACHE_BYTES`].
+    pub encoder_cache_bytes: Option<u64>,
 }
 
 impl RuntimeOptions {
@@ -106,6 +109,7 @@ impl EngineSettings {
             kv_cache_dtype: self.kv_cache_dtype.kv_cache(dtype),
             draft_model,
             kv_cache_events: false,
+            encoder_cache_bytes: None,
         })
     }
 

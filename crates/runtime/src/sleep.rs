@@ -55,6 +55,9 @@ pub struct SleepyRunner {
     kv_groups: KvGroups,
     num_layers: Option<usize>,
     kv_page_layout: Option<KvPageLayout>,
+    takes_images: bool,
+    /// The encoder cache's size and counters, for a runner loaded again.
+    encoder_cache: (usize, std::sync::Arc<pagoda_engine::EncoderCacheStats>),
 }
 
 impl SleepyRunner {
@@ -67,6 +70,8 @@ impl SleepyRunner {
             kv_groups: runner.kv_groups(),
             num_layers: runner.num_layers(),
             kv_page_layout: runner.kv_page_layout(),
+            takes_images: runner.takes_images(),
+            encoder_cache: (runner.encoder_cache_bytes(), runner.encoder_cache_stats()),
             runner: Some(runner),
             reload,
             asleep: None,
@@ -98,6 +103,8 @@ impl SleepyRunner {
         if let Some((max_batch, max_context)) = reload.decode_graphs {
             runner.enable_decode_graphs(max_batch, max_context, true);
         }
+        let (bytes, stats) = &self.encoder_cache;
+        runner.set_encoder_cache(*bytes, std::sync::Arc::clone(stats));
         Ok(runner)
     }
 }
@@ -128,6 +135,10 @@ impl ModelExecutor for SleepyRunner {
 
     fn has_draft_model(&self) -> bool {
         self.runner.as_ref().is_some_and(ModelExecutor::has_draft_model)
+    }
+
+    fn takes_images(&self) -> bool {
+        self.takes_images
     }
 
     fn install_lora(&mut self, id: LoraId, adapter: PreparedLora) -> Result<(), ExecutorError> {
@@ -178,6 +189,8 @@ impl ModelExecutor for SleepyRunner {
                     self.cache_of(&CacheShape { num_blocks: 1, scales: shape.scales.clone(), ..shape })?;
                 if let Some(runner) = self.runner.as_mut() {
                     drop(runner.replace_cache(stand_in));
+                    // Cached image features are device memory too; they are encoded again.
+                    runner.clear_encoder_cache();
                 }
             }
             SleepLevel::Weights => drop(self.runner.take()),

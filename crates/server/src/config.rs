@@ -90,6 +90,25 @@ pub struct ServeArgs {
     /// connection included); past it the call ends with an error item. [default: 30]
     #[arg(long, value_name = "SECONDS")]
     pub mcp_timeout: Option<u64>,
+    /// Hosts whose `http(s)://` image URLs requests may name (exact host names, as vLLM's
+    /// flag; a JSON list or separate values); a redirect is followed only to a listed host.
+    /// [default: none, image URLs must be data: URLs]
+    #[arg(long, value_name = "HOST", num_args = 1..)]
+    pub allowed_media_domains: Option<Vec<String>>,
+    /// Directory whose files `file://` image URLs may name (checked after `..` and symlinks
+    /// are resolved). [default: none, file:// URLs are refused]
+    #[arg(long, value_name = "DIR")]
+    pub allowed_local_media_path: Option<PathBuf>,
+    /// Most images one request may hold: a number, or vLLM's JSON `{"image": N}`. [default: 8]
+    #[arg(long, value_name = "N|JSON")]
+    pub limit_mm_per_prompt: Option<crate::media::policy::ImageLimitArg>,
+    /// Seconds one image fetch may take, redirects included. [default: 10]
+    #[arg(long, value_name = "SECONDS")]
+    pub media_fetch_timeout: Option<f64>,
+    /// Memory a vision model's encoder cache may hold (image features kept by image hash, least
+    /// recently used first out); 0 keeps none. [default: 256MiB]
+    #[arg(long, value_name = "BYTES")]
+    pub encoder_cache_memory: Option<ByteSize>,
     /// Address to listen on. [default: 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,
@@ -217,6 +236,10 @@ pub struct ServerConfig {
     pub allow_mcp_servers: Vec<String>,
     /// `--mcp-timeout`.
     pub mcp_timeout: std::time::Duration,
+    /// The image flags: allowed hosts and directory, images per request, fetch timeout.
+    pub media: crate::media::policy::MediaSettings,
+    /// `--encoder-cache-memory`, in bytes.
+    pub encoder_cache_bytes: u64,
     pub host: String,
     pub port: u16,
     pub scheduling_policy: SchedulingPolicy,
@@ -260,6 +283,9 @@ pub mod defaults {
     pub const HOST: &str = "127.0.0.1";
     pub const PORT: u16 = 8000;
     pub const MCP_TIMEOUT_SECONDS: u64 = 30;
+    pub const MAX_IMAGES_PER_PROMPT: usize = 8;
+    pub const MEDIA_FETCH_TIMEOUT_SECONDS: f64 = 10.0;
+    pub const ENCODER_CACHE_BYTES: u64 = 256 << 20;
     pub const ALLOWED_METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OPTIONS"];
     pub const ALLOWED_HEADERS: [&str; 1] = ["*"];
     pub const MAX_LOGPROBS: usize = 20;
@@ -361,6 +387,13 @@ impl ServerConfig {
                 0 => return Err(invalid("--mcp-timeout", "must be at least 1 second")),
                 s => std::time::Duration::from_secs(s),
             },
+            media: media_settings(
+                a.allowed_media_domains,
+                a.allowed_local_media_path,
+                a.limit_mm_per_prompt,
+                a.media_fetch_timeout,
+            )?,
+            encoder_cache_bytes: a.encoder_cache_memory.map_or(defaults::ENCODER_CACHE_BYTES, |b| b.0),
             host: a.host.unwrap_or_else(|| defaults::HOST.to_owned()),
             port: a.port.unwrap_or(defaults::PORT),
             scheduling_policy: a.scheduling_policy.unwrap_or_default(),
@@ -486,6 +519,30 @@ impl ServerConfig {
             format!("{}:{}", self.host, self.port)
         }
     }
+}
+
+/// The image flags resolved (their parsing lives with the policy, in `media::policy`).
+fn media_settings(
+    domains: Option<Vec<String>>,
+    local: Option<PathBuf>,
+    limit: Option<crate::media::policy::ImageLimitArg>,
+    timeout: Option<f64>,
+) -> Result<crate::media::policy::MediaSettings, ConfigError> {
+    use crate::media::policy;
+    let timeout = seconds("--media-fetch-timeout", timeout.unwrap_or(defaults::MEDIA_FETCH_TIMEOUT_SECONDS))?;
+    if timeout.is_zero() {
+        return Err(invalid("--media-fetch-timeout", "must be above 0"));
+    }
+    Ok(policy::MediaSettings {
+        allowed_domains: policy::parse_domains(domains.unwrap_or_default())
+            .map_err(|m| invalid("--allowed-media-domains", m))?,
+        local_root: local
+            .map(|dir| policy::canonical_root(&dir))
+            .transpose()
+            .map_err(|m| invalid("--allowed-local-media-path", m))?,
+        max_images: limit.map_or(defaults::MAX_IMAGES_PER_PROMPT, |l| l.0),
+        fetch_timeout: timeout,
+    })
 }
 
 /// A CORS list flag's values: each a JSON list (vLLM's form, `'["*"]'`) or one value.

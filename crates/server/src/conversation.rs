@@ -25,8 +25,11 @@ use crate::validate::validate;
 /// A chat request in the server's own terms.
 #[derive(Debug, Clone)]
 pub struct ChatTurn {
-    /// Checked messages, as the template takes them.
+    /// Checked messages, as the template takes them (each image part left as the model's
+    /// placeholder in the text).
     pub messages: Vec<ChatMessage>,
+    /// The image parts, in prompt order (empty on a text-only model: it refuses them).
+    pub images: Vec<crate::media::ImageRef>,
     pub options: ChatOptions,
     /// Active tools (a `none` choice is no tools).
     pub tools: Option<ToolRequest>,
@@ -62,13 +65,19 @@ impl ChatTurn {
     /// conversation for templates without tools.
     pub async fn render(&self, state: &AppState) -> Result<TokenizedPrompt, ApiError> {
         let (messages, options) = self.template_input(state);
-        state.prompts.chat(messages, options).await.map_err(|e| e.naming_prompt(self.prompt_param))
+        crate::media::build::chat(&state.media, &state.prompts, messages, options, &self.images, None)
+            .await
+            .map_err(|e| e.naming_prompt(self.prompt_param))
     }
 
     /// The number of tokens [`Self::render`] gives, even beyond the context (`count_tokens`).
     pub async fn count(&self, state: &AppState) -> Result<usize, ApiError> {
         let (messages, options) = self.template_input(state);
-        state.prompts.count_chat(messages, options).await
+        let limit = Some(usize::MAX);
+        let prompt =
+            crate::media::build::chat(&state.media, &state.prompts, messages, options, &self.images, limit)
+                .await?;
+        Ok(prompt.token_ids.len())
     }
 
     /// The messages and options the template renders, with the tools in one or the other.

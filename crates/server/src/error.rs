@@ -248,6 +248,8 @@ impl From<RequestError> for ApiError {
                 ApiError::invalid("input", e.to_string())
             }
             RequestError::Sampling(s) => ApiError::invalid(s.name, s.to_string()),
+            // The server builds images' placeholders itself; this is a model without an encoder.
+            e @ RequestError::Image(_) => ApiError::invalid("messages", e.to_string()),
         }
     }
 }

@@ -141,6 +141,8 @@ pub struct Metrics {
     kv_transfer_failures: IntCounterVec,
     kv_transfer_held_blocks: IntGauge,
     kv_transfer_expired_holds: IntCounter,
+    /// The encoder cache's and the KV offload tiers' counters.
+    pub caches: crate::cache_metrics::CacheMetrics,
     engine_sleep_state: IntGauge,
     /// Engine counters as last copied, so that the next copy adds only the difference.
     engine_seen: Mutex<EngineSnapshot>,
@@ -152,18 +154,21 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-struct Builder<'a> {
+pub(crate) struct Builder<'a> {
     registry: Registry,
     prefix: &'static str,
     model_name: &'a str,
 }
 
 impl Builder<'_> {
-    fn opts(&self, name: &str, help: &str) -> Opts {
+    pub(crate) fn opts(&self, name: &str, help: &str) -> Opts {
         Opts::new(format!("{}:{name}", self.prefix), help).const_label("model_name", self.model_name)
     }
 
-    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> prometheus::Result<C> {
+    pub(crate) fn register<C: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        c: C,
+    ) -> prometheus::Result<C> {
         self.registry.register(Box::new(c.clone()))?;
         Ok(c)
     }
@@ -176,7 +181,7 @@ impl Builder<'_> {
         self.register(IntGauge::with_opts(self.opts(name, help))?)
     }
 
-    fn counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    pub(crate) fn counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
         self.register(IntCounter::with_opts(self.opts(name, help))?)
     }
 
@@ -267,6 +272,7 @@ impl Metrics {
                 "kv_transfer_expired_holds_total",
                 "Prompts whose held KV no decode instance read in time (the blocks were released).",
             )?,
+            caches: crate::cache_metrics::CacheMetrics::new(&b)?,
             grammar_compile_time: b.histogram(
                 "structured_output_compile_seconds",
                 "Histogram of grammar compile time in seconds (cache misses).",

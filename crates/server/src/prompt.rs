@@ -11,6 +11,8 @@ use pagoda_text::{BoundedEncodeError, ChatMessage, ChatTemplate, ChatTemplateErr
 use tokio::sync::Semaphore;
 
 use crate::error::{ApiError, InvalidParam};
+use crate::media::collect::PartsText;
+use crate::media::ImageCollector;
 use crate::openai::{self, MessageContent, PromptInput};
 
 /// One prompt, ready for the engine.
@@ -19,11 +21,26 @@ pub struct TokenizedPrompt {
     /// The prompt text (rendered chat, or the completion prompt; decoded when given as ids).
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// The images whose features fill the prompt's placeholder tokens (chat with images only).
+    pub images: crate::media::build::PromptImages,
 }
 
+/// Rewrites a rendered chat prompt before it is tokenized (a vision model's image placeholders
+/// expanded to their tokens' text).
+pub type Expand = Box<dyn FnOnce(String) -> Result<String, ApiError> + Send>;
+
 /// Checks roles and content and flattens content parts into plain text, as the template
-/// expects it.
+/// expects it; image parts are refused (a text-only model).
 pub fn chat_messages(messages: &[openai::ChatMessage]) -> Result<Vec<ChatMessage>, InvalidParam> {
+    chat_messages_with(messages, &mut ImageCollector::text_only())
+}
+
+/// [`chat_messages`], handing `image_url` parts to `images` (which leaves a placeholder in the
+/// text, or refuses them).
+pub fn chat_messages_with(
+    messages: &[openai::ChatMessage],
+    images: &mut ImageCollector,
+) -> Result<Vec<ChatMessage>, InvalidParam> {
     if messages.is_empty() {
         return Err(InvalidParam::new("messages", "messages must contain at least one message"));
     }
@@ -68,22 +85,33 @@ pub fn chat_messages(messages: &[openai::ChatMessage]) -> Result<Vec<ChatMessage
                 }
                 Some(MessageContent::Text(t)) => t.clone(),
                 Some(MessageContent::Parts(parts)) => {
-                    let mut texts = Vec::with_capacity(parts.len());
+                    let mut text = PartsText::new("\n");
                     for (j, part) in parts.iter().enumerate() {
                         let param = || format!("messages[{i}].content[{j}]");
-                        if part.r#type != "text" {
-                            return Err(InvalidParam::new(
-                                param(),
-                                format!("only text content parts are supported, got type {:?}", part.r#type),
-                            ));
+                        match part.r#type.as_str() {
+                            "text" => text.push_text(part.text.as_ref().ok_or_else(|| {
+                                InvalidParam::new(param(), "a text part needs a `text` string")
+                            })?),
+                            "image_url" if role == "user" => {
+                                images.check(&param())?;
+                                let image =
+                                    crate::media::parts::chat_image_url(&param(), part.image_url.as_ref())?;
+                                text.push_image(images.push(&param(), image)?);
+                            }
+                            "image_url" => {
+                                return Err(InvalidParam::new(param(), "only user messages may hold images"))
+                            }
+                            other => {
+                                return Err(InvalidParam::new(
+                                    param(),
+                                    format!(
+                                        "content parts must be `text` or `image_url`, got type {other:?}"
+                                    ),
+                                ))
+                            }
                         }
-                        let text = part
-                            .text
-                            .as_ref()
-                            .ok_or_else(|| InvalidParam::new(param(), "a text part needs a `text` string"))?;
-                        texts.push(text.as_str());
                     }
-                    texts.join("\n")
+                    text.finish()
                 }
             };
             let mut message = ChatMessage::new(role, content);
@@ -222,7 +250,7 @@ impl PromptBuilder {
         messages: Vec<ChatMessage>,
         options: ChatOptions,
     ) -> Result<TokenizedPrompt, ApiError> {
-        self.chat_within(messages, options, self.max_model_len).await
+        self.chat_expanded(messages, options, None, None).await
     }
 
     /// The number of tokens of the rendered conversation, however many (a count, as Anthropic's
@@ -232,15 +260,17 @@ impl PromptBuilder {
         messages: Vec<ChatMessage>,
         options: ChatOptions,
     ) -> Result<usize, ApiError> {
-        Ok(self.chat_within(messages, options, usize::MAX).await?.token_ids.len())
+        Ok(self.chat_expanded(messages, options, Some(usize::MAX), None).await?.token_ids.len())
     }
 
-    /// [`Self::chat`], refusing a prompt of more than `limit` tokens.
-    async fn chat_within(
+    /// [`Self::chat`], refusing a prompt of more than `limit` tokens (`None`: the context
+    /// length), its rendered text rewritten by `expand` before it is tokenized.
+    pub(crate) async fn chat_expanded(
         &self,
         messages: Vec<ChatMessage>,
         options: ChatOptions,
-        limit: usize,
+        limit: Option<usize>,
+        expand: Option<Expand>,
     ) -> Result<TokenizedPrompt, ApiError> {
         let template = self.template.clone().ok_or_else(|| {
             ApiError::invalid(
@@ -249,7 +279,7 @@ impl PromptBuilder {
             )
         })?;
         let tokenizer = self.tokenizer.clone();
-        let max_model_len = limit;
+        let max_model_len = limit.unwrap_or(self.max_model_len);
         self.blocking(move || {
             let rendered = template.render_with(&messages, options.add_generation_prompt, &options.template_kwargs);
             let mut text = rendered.map_err(|e| match e {
@@ -268,8 +298,11 @@ impl PromptBuilder {
                 })?;
                 text.truncate(end);
             }
+            if let Some(expand) = expand {
+                text = expand(text)?;
+            }
             let token_ids = encode(&tokenizer, &text, options.add_special_tokens, max_model_len, "messages")?;
-            Ok(TokenizedPrompt { text, token_ids })
+            Ok(TokenizedPrompt { text, token_ids, images: Default::default() })
         })
         .await?
     }
@@ -294,7 +327,7 @@ impl PromptBuilder {
                         PromptInput::Text(text) => {
                             let token_ids =
                                 encode(&tokenizer, &text, add_special_tokens, max_model_len, "prompt")?;
-                            TokenizedPrompt { text, token_ids }
+                            TokenizedPrompt { text, token_ids, images: Default::default() }
                         }
                         PromptInput::Tokens(token_ids) => {
                             if let Some(bad) = token_ids.iter().find(|&&t| t as usize >= vocab_size) {
@@ -304,7 +337,7 @@ impl PromptBuilder {
                                 ));
                             }
                             let text = tokenizer.decode(&token_ids, false).unwrap_or_default();
-                            TokenizedPrompt { text, token_ids }
+                            TokenizedPrompt { text, token_ids, images: Default::default() }
                         }
                     };
                     if prompt.token_ids.is_empty() {
@@ -359,8 +392,8 @@ mod tests {
             msg(
                 "user",
                 Some(MessageContent::Parts(vec![
-                    ContentPart { r#type: "text".into(), text: Some("a".into()) },
-                    ContentPart { r#type: "text".into(), text: Some("b".into()) },
+                    ContentPart { r#type: "text".into(), text: Some("a".into()), image_url: None },
+                    ContentPart { r#type: "text".into(), text: Some("b".into()), image_url: None },
                 ])),
             ),
             msg("assistant", None),
@@ -382,9 +415,9 @@ mod tests {
         assert_eq!(p(vec![]), "messages");
         assert_eq!(p(vec![msg("wizard", Some(MessageContent::Text("x".into())))]), "messages[0].role");
         assert_eq!(p(vec![msg("user", None)]), "messages[0].content");
-        let image = ContentPart { r#type: "image_url".into(), text: None };
+        let image = ContentPart { r#type: "image_url".into(), text: None, image_url: None };
         assert_eq!(p(vec![msg("user", Some(MessageContent::Parts(vec![image])))]), "messages[0].content[0]");
-        let no_text = ContentPart { r#type: "text".into(), text: None };
+        let no_text = ContentPart { r#type: "text".into(), text: None, image_url: None };
         assert_eq!(
             p(vec![msg("user", Some(MessageContent::Parts(vec![no_text])))]),
             "messages[0].content[0]"

@@ -54,6 +54,8 @@ pub enum ServeError {
     Traces(#[from] crate::traces::TraceError),
     #[error("--batch-dir: {0}")]
     Batch(#[from] crate::batch::store::StoreError),
+    #[error("image inputs: {0}")]
+    Media(String),
 }
 
 fn load_chat_template(path: &Path, runtime: &LoadedRuntime) -> Result<ChatTemplate, ServeError> {
@@ -127,6 +129,7 @@ impl Server {
         let started = Instant::now();
         let mut options = config.engine.runtime_options()?;
         options.kv_cache_events = config.kv_events.is_some();
+        options.encoder_cache_bytes = Some(config.encoder_cache_bytes);
         tracing::info!(
             model = %config.engine.model,
             device = %config.engine.device,
@@ -252,6 +255,18 @@ impl Server {
             }
             None => None,
         };
+        let vision = running.vision.as_deref().map(crate::media::VisionProcessor::of_spec);
+        if let Some(v) = &vision {
+            tracing::info!(
+                image_token = v.image_token,
+                tokens_per_tile = v.config.image_seq_len,
+                "the model takes images"
+            );
+        }
+        let takes_images = vision.is_some();
+        let mut media =
+            crate::media::build::MediaState::new(config.media.clone(), vision).map_err(ServeError::Media)?;
+        media.encoder_cache = takes_images.then(|| Arc::clone(&running.encoder_cache));
         let state = Arc::new(AppState {
             disaggregation,
             worker: crate::state::WorkerIdentity {
@@ -277,6 +292,7 @@ impl Server {
             mcp_servers: config.allow_mcp_servers.clone(),
             mcp_timeout: config.mcp_timeout,
             stats: Default::default(),
+            media,
             traces: traces.clone(),
             eos_token_ids: running.tokenizer.eos_token_ids().to_vec(),
             prompts: PromptBuilder::new(

@@ -109,6 +109,8 @@ pub struct AppState {
     pub stats: crate::live_stats::StatsHistory,
     /// Request spans for `--otlp-traces-endpoint`.
     pub traces: Option<Arc<crate::traces::RequestTracer>>,
+    /// Image inputs: which URLs may be read, the limits, and the model's processor (if any).
+    pub media: crate::media::build::MediaState,
 }
 
 impl std::fmt::Debug for AppState {
@@ -161,6 +163,13 @@ impl AppState {
         });
         if self.disaggregation.is_some() {
             self.metrics.record_kv_transfer_holds(s.kv_held_blocks, s.kv_expired_holds);
+        }
+        if let Some(tiers) = self.engine.kv_tier_stats() {
+            self.metrics.caches.record_kv_offload(tiers);
+        }
+        if let Some(cache) = &self.media.encoder_cache {
+            let c = cache.snapshot();
+            self.metrics.caches.record_encoder_cache(c.hits, c.misses);
         }
         if let Some(kv) = &self.worker.kv_events {
             let stats = kv.publisher.stats();

@@ -103,6 +103,7 @@ pub fn submit(
             request.prompt_logprobs = params.prompt_logprobs;
             request.beam = params.beam;
             request.lora = params.lora;
+            request.images = prompt.images.0.clone();
             let grammar = params.grammar.as_ref().map(|grammar| {
                 let constraint = match params.grammar_after {
                     Some(end) => grammar.constraint().after_reasoning(end),

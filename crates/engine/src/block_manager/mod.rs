@@ -14,15 +14,18 @@
 //! exact as group 0's chain while surviving the eviction of its own earlier blocks.
 
 mod admission;
+mod offload;
 mod transfer;
 
 pub use admission::AdmissionPlan;
+pub use offload::{NewCachedBlock, TierLoadBlock, TierLoadPlan};
 pub use transfer::ImportPlan;
 
 use crate::block_pool::{BlockId, BlockPool, CachedBlockRef};
 use crate::cache_events::CacheEvent;
 use crate::executor::SeqId;
 use crate::kv_groups::{KvGroups, NULL_BLOCK};
+use crate::multimodal::ImageHash;
 use crate::rng::{combine, mix64};
 use crate::sequence::Sequence;
 
@@ -46,12 +49,17 @@ pub struct BlockManager {
     hits: u64,
     /// Sequences freed whose tables the executor holds ([`Self::take_released`]).
     released: Vec<SeqId>,
+    /// Blocks that entered the cache, for the offload tiers (`offload.rs`); `None`: not logged.
+    new_blocks: Option<Vec<NewCachedBlock>>,
 }
 
-/// Chained hash of one full block: its parent's hash and its token ids.
-fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
+/// Chained hash of one full block: its parent's hash, its token ids and the hashes of the
+/// images with a placeholder in it (vLLM's `extra_keys`), so that blocks of equal tokens but
+/// different images never match.
+fn block_hash(parent: Option<u64>, tokens: &[u32], images: impl Iterator<Item = ImageHash>) -> u64 {
     let seed = parent.map_or(0x5EED_B10C_u64, |p| combine(p, 1));
-    mix64(tokens.iter().fold(seed, |h, &t| mix64(h ^ u64::from(t))))
+    let h = mix64(tokens.iter().fold(seed, |h, &t| mix64(h ^ u64::from(t))));
+    images.fold(h, |h, ImageHash(image)| combine(combine(h, image as u64), (image >> 64) as u64))
 }
 
 /// The chain root of LoRA adapter `id`'s blocks.
@@ -84,6 +92,7 @@ impl BlockManager {
             queries: 0,
             hits: 0,
             released: Vec::new(),
+            new_blocks: None,
         }
     }
 
@@ -146,7 +155,8 @@ impl BlockManager {
             let j = seq.block_hashes.len();
             // An adapter's chain starts from the adapter: its KV differs from the base model's.
             let parent = j.checked_sub(1).map(|p| seq.block_hashes[p]).or(seq.lora.map(adapter_root));
-            let hash = block_hash(parent, &seq.token_ids[j * bs..(j + 1) * bs]);
+            let positions = j * bs..(j + 1) * bs;
+            let hash = block_hash(parent, &seq.token_ids[positions.clone()], seq.image_hashes_in(positions));
             seq.block_hashes.push(hash);
         }
     }
@@ -266,6 +276,9 @@ impl BlockManager {
                 };
                 if let Some(stored) = r.filter(|r| r.id == block) {
                     self.stored(seq, g, j, stored);
+                    if g == 0 {
+                        self.log_new_block(seq, j, stored);
+                    }
                 }
                 seq.cache_refs[g].push(r);
             }
@@ -290,6 +303,7 @@ impl BlockManager {
             token_ids: seq.token_ids[j * bs..(j + 1) * bs].into(),
             lora: seq.lora,
             group: g,
+            images: seq.image_hashes_in(j * bs..(j + 1) * bs).collect(),
         });
     }
 
@@ -416,5 +430,7 @@ impl BlockManager {
     }
 }
 
+#[cfg(test)]
+mod image_tests;
 #[cfg(test)]
 mod tests;

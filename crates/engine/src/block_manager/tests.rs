@@ -370,6 +370,7 @@ fn cache_events_report_stores_evictions_and_flushes_in_order() {
                 CacheEvent::Stored { block, .. } => assert!(resident.insert(*block), "stored twice: {e:?}"),
                 CacheEvent::Removed { block } => assert!(resident.remove(block), "removed unknown: {e:?}"),
                 CacheEvent::Cleared => resident.clear(),
+                CacheEvent::TierStored { .. } | CacheEvent::TierRemoved { .. } => panic!("no tiers: {e:?}"),
             }
         }
         events
@@ -377,7 +378,7 @@ fn cache_events_report_stores_evictions_and_flushes_in_order() {
     let mut a = seq(1, (0..10).collect());
     admit_all(&mut bm, &mut a, &mut copies);
     let events = apply(bm.take_events(), &mut resident);
-    let [CacheEvent::Stored { block: a0, parent: None, token_ids: t0, lora: None, group: 0 }, CacheEvent::Stored { parent: Some(p), token_ids: t1, .. }] =
+    let [CacheEvent::Stored { block: a0, parent: None, token_ids: t0, lora: None, group: 0, .. }, CacheEvent::Stored { parent: Some(p), token_ids: t1, .. }] =
         events.as_slice()
     else {
         panic!("{events:?}")

@@ -69,7 +69,8 @@ impl BlockManager {
         let mut hashes = Vec::with_capacity(n);
         for j in 0..n {
             let parent = j.checked_sub(1).map(|p| hashes[p]).or(lora.map(super::adapter_root));
-            hashes.push(block_hash(parent, &token_ids[j * bs..(j + 1) * bs]));
+            // Imported pages carry no images (a prompt with images is not transferred).
+            hashes.push(block_hash(parent, &token_ids[j * bs..(j + 1) * bs], std::iter::empty()));
         }
         let mut hits: Vec<CachedBlockRef> = Vec::new();
         for j in 0..n {
@@ -111,6 +112,8 @@ impl BlockManager {
                             token_ids: tokens.into(),
                             lora: plan.lora,
                             group: 0,
+                            // Requests with images are not transferred.
+                            images: Box::default(),
                         });
                         parent = Some(stored);
                         covered += 1;

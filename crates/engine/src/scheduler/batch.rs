@@ -84,6 +84,12 @@ impl Scheduler {
             lora: e.shared.lora,
             prompt_logprobs,
         });
+        // Prompt tokens only: a generated placeholder token has no image behind it.
+        let prompt_part = start..(start + own).min(e.seq.prompt_len);
+        if let Some(images) = e.seq.images_in(prompt_part) {
+            let images = Arc::clone(images);
+            batch.images.push(crate::executor::ScheduledImages { seq_id: e.seq.id, images });
+        }
         e.last_scheduled = self.step;
         if decoding {
             self.last_stats.num_decode_tokens += q;

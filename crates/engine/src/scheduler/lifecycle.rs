@@ -68,6 +68,7 @@ impl Scheduler {
         let seq_id = self.new_seq_id();
         let mut seq = Sequence::new(seq_id, request.id, 0, request.prompt_token_ids, sample_seed(seed, 0));
         seq.lora = request.lora;
+        seq.images = (!request.images.is_empty()).then(|| std::sync::Arc::from(request.images));
         // A beam search starts from one beam, holding the slots of all of them.
         let fork_into = if shared.n > 1 && shared.beam.is_none() { shared.n } else { 0 };
         let beam = shared.beam.map(|b| beam::Beam::first(b.width));

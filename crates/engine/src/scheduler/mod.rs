@@ -32,6 +32,7 @@ mod holds;
 mod lifecycle;
 mod lora;
 mod masks;
+mod offload;
 mod preempt;
 mod queue;
 mod schedule;

@@ -574,6 +574,7 @@ fn finish_sample_ends_a_running_or_a_preempted_sequence() {
 }
 
 mod beam;
+mod images;
 mod lora;
 mod pooling;
 mod prompt_logprobs;

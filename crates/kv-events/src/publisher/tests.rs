@@ -10,7 +10,14 @@ use super::*;
 
 fn stored(id: u32) -> CacheEvent {
     let block = pagoda_engine::block_pool::CachedBlockRef { id, generation: 0 };
-    CacheEvent::Stored { block, parent: None, token_ids: (100..116).collect(), lora: None, group: 0 }
+    CacheEvent::Stored {
+        block,
+        parent: None,
+        token_ids: (100..116).collect(),
+        lora: None,
+        group: 0,
+        images: Box::default(),
+    }
 }
 
 fn config(publish_token_ids: bool) -> KvEventsConfig {

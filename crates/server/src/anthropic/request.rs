@@ -9,6 +9,8 @@ use super::wire::{CountTokensRequest, MessagesRequest};
 use crate::config::HostedToolsPolicy;
 use crate::conversation::ChatTurn;
 use crate::error::{ApiError, InvalidParam};
+use crate::media::collect::PartsText;
+use crate::media::ImageCollector;
 use crate::openai::{CommonParams, StopSpec};
 use crate::prompt::ChatOptions;
 use crate::state::AppState;
@@ -50,7 +52,12 @@ fn text_of(param: &str, value: &Value) -> Result<String, InvalidParam> {
 }
 
 fn unsupported_block(kind: &str) -> String {
-    format!("`{kind}` blocks are not supported: this server serves a text-only model")
+    match kind {
+        "image" => {
+            "`image` blocks are taken only in a user message's content (and only by a vision model)".into()
+        }
+        _ => format!("`{kind}` blocks are not supported by this server"),
+    }
 }
 
 /// Where each tool use of the conversation so far was made: its id and tool name.
@@ -64,7 +71,12 @@ impl CallsSoFar {
 }
 
 /// One turn's messages (a user turn with tool results is several chat messages).
-fn turn(i: usize, value: &Value, calls: &mut CallsSoFar) -> Result<Vec<ChatMessage>, InvalidParam> {
+fn turn(
+    i: usize,
+    value: &Value,
+    calls: &mut CallsSoFar,
+    images: &mut ImageCollector,
+) -> Result<Vec<ChatMessage>, InvalidParam> {
     let p = format!("messages[{i}]");
     let obj = value.as_object().ok_or_else(|| invalid(&p, "a message must be an object"))?;
     if let Some(key) = obj.keys().find(|k| !matches!(k.as_str(), "role" | "content")) {
@@ -84,7 +96,8 @@ fn turn(i: usize, value: &Value, calls: &mut CallsSoFar) -> Result<Vec<ChatMessa
         Some(Value::Array(blocks)) => blocks,
         _ => return Err(invalid(format!("{p}.content"), "content must be a string or a list of blocks")),
     };
-    let mut texts = Vec::new();
+    let mut text = PartsText::new(if role == "assistant" { "" } else { "\n" });
+    let mut any_text = false;
     let mut tool_calls = Vec::new();
     let mut results = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
@@ -93,11 +106,20 @@ fn turn(i: usize, value: &Value, calls: &mut CallsSoFar) -> Result<Vec<ChatMessa
         let kind =
             field("type").and_then(Value::as_str).ok_or_else(|| invalid(&bp, "a block needs a `type`"))?;
         match (kind, role) {
-            ("text", _) => texts.push(
-                field("text")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| invalid(&bp, "a text block needs a `text` string"))?,
-            ),
+            ("text", _) => {
+                text.push_text(
+                    field("text")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| invalid(&bp, "a text block needs a `text` string"))?,
+                );
+                any_text = true;
+            }
+            ("image", "user") => {
+                images.check(&bp)?;
+                let image = crate::media::parts::anthropic_image(&bp, block)?;
+                text.push_image(images.push(&bp, image)?);
+                any_text = true;
+            }
             // Anthropic drops earlier turns' thinking from the context; so does this server.
             ("thinking" | "redacted_thinking", "assistant") => {}
             ("tool_use", "assistant") => {
@@ -150,17 +172,27 @@ fn turn(i: usize, value: &Value, calls: &mut CallsSoFar) -> Result<Vec<ChatMessa
     }
     let mut out = results;
     if role == "assistant" {
-        let mut message = ChatMessage::new("assistant", texts.join(""));
+        let mut message = ChatMessage::new("assistant", text.finish());
         message.tool_calls = (!tool_calls.is_empty()).then_some(tool_calls);
         out.push(message);
-    } else if !texts.is_empty() || out.is_empty() {
-        out.push(ChatMessage::new("user", texts.join("\n")));
+    } else if any_text || out.is_empty() {
+        out.push(ChatMessage::new("user", text.finish()));
     }
     Ok(out)
 }
 
-/// The system prompt and the conversation as chat messages.
+/// The system prompt and the conversation as chat messages; image blocks are refused (a
+/// text-only model).
 pub fn messages(system: Option<&Value>, turns: &[Value]) -> Result<Vec<ChatMessage>, InvalidParam> {
+    messages_with(system, turns, &mut ImageCollector::text_only())
+}
+
+/// [`messages`], handing a user turn's `image` blocks to `images`.
+pub fn messages_with(
+    system: Option<&Value>,
+    turns: &[Value],
+    images: &mut ImageCollector,
+) -> Result<Vec<ChatMessage>, InvalidParam> {
     if turns.is_empty() {
         return Err(invalid("messages", "messages must contain at least one message"));
     }
@@ -171,7 +203,7 @@ pub fn messages(system: Option<&Value>, turns: &[Value]) -> Result<Vec<ChatMessa
     }
     let mut calls = CallsSoFar::default();
     for (i, t) in turns.iter().enumerate() {
-        out.extend(turn(i, t, &mut calls)?);
+        out.extend(turn(i, t, &mut calls, images)?);
     }
     Ok(out)
 }
@@ -457,7 +489,8 @@ pub fn turn_of(
     fields: PromptFields<'_>,
     max_tokens: Option<u32>,
 ) -> Result<(ChatTurn, ThinkingDisplay), ApiError> {
-    let mut messages = messages(fields.system, fields.messages)?;
+    let mut images = state.media.collector();
+    let mut messages = messages_with(fields.system, fields.messages, &mut images)?;
     let tools = tools(fields.tools, fields.tool_choice, state.hosted_tools)?;
     let mut kwargs = Map::new();
     let display = thinking(state, fields.thinking, max_tokens, &mut kwargs)?;
@@ -481,6 +514,7 @@ pub fn turn_of(
     let options = ChatOptions::of(&messages, Some(!prefill), Some(prefill), None, Some(kwargs))?;
     let turn = ChatTurn {
         messages,
+        images: images.into_images(),
         options,
         tools,
         grammar,

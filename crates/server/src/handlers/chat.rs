@@ -20,7 +20,7 @@ use crate::openai::{
     unix_now, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ResponseMessage, Usage,
 };
-use crate::prompt::{chat_messages, ChatOptions};
+use crate::prompt::{chat_messages_with, ChatOptions};
 use crate::sse;
 use crate::state::SharedState;
 use crate::submit::{failure, ChoiceEvent, Submission};
@@ -110,7 +110,8 @@ pub(crate) fn chat_turn(
         .filter(ToolRequest::active);
     crate::openai::router_fields::check(&req.router_fields())?;
     let grammar = req.extensions.grammar_fields().grammar()?;
-    let messages = chat_messages(&req.messages)?;
+    let mut images = state.media.collector();
+    let messages = chat_messages_with(&req.messages, &mut images)?;
     let options = ChatOptions::of(
         &messages,
         req.add_generation_prompt,
@@ -120,6 +121,7 @@ pub(crate) fn chat_turn(
     )?;
     Ok(ChatTurn {
         messages,
+        images: images.into_images(),
         options,
         tools,
         grammar,

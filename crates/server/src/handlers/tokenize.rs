@@ -8,7 +8,7 @@ use crate::extract::JsonBody;
 use crate::openai::{
     DetokenizeRequest, DetokenizeResponse, ErrorResponse, TokenizeRequest, TokenizeResponse,
 };
-use crate::prompt::{chat_messages, ChatOptions};
+use crate::prompt::{chat_messages_with, ChatOptions};
 use crate::state::SharedState;
 
 /// Token ids of a prompt, or of a conversation rendered with the chat template.
@@ -24,7 +24,8 @@ pub async fn tokenize(
     let tokens = match (req.prompt, req.messages) {
         (Some(prompt), None) => state.prompts.encode(prompt, req.add_special_tokens.unwrap_or(true)).await?,
         (None, Some(messages)) => {
-            let messages = chat_messages(&messages)?;
+            let mut images = state.media.collector();
+            let messages = chat_messages_with(&messages, &mut images)?;
             let options = ChatOptions::of(
                 &messages,
                 req.add_generation_prompt,
@@ -32,7 +33,10 @@ pub async fn tokenize(
                 req.add_special_tokens,
                 req.chat_template_kwargs,
             )?;
-            state.prompts.chat(messages, options).await?.token_ids
+            let images = images.into_images();
+            crate::media::build::chat(&state.media, &state.prompts, messages, options, &images, None)
+                .await?
+                .token_ids
         }
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid("messages", "give either prompt or messages, not both"))

@@ -160,13 +160,18 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
-/// One content part. Only `text` parts are supported.
+/// One content part: `text`, or `image_url` (user messages, on a vision model).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
 pub struct ContentPart {
-    /// Must be `text`.
+    /// `text` or `image_url`.
     pub r#type: String,
     #[serde(default)]
     pub text: Option<String>,
+    /// `{"url": "data:image/png;base64,...", "detail": "auto"}` (or the URL as a string): a
+    /// `data:` URL, or `http(s)://` / `file://` where the server's flags allow them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub image_url: Option<serde_json::Value>,
 }
 
 impl<'de> Deserialize<'de> for MessageContent {

@@ -11,6 +11,8 @@ use super::wire::ResponsesRequest;
 use crate::config::HostedToolsPolicy;
 use crate::conversation::ChatTurn;
 use crate::error::{ApiError, InvalidParam};
+use crate::media::collect::PartsText;
+use crate::media::ImageCollector;
 use crate::openai::CommonParams;
 use crate::prompt::ChatOptions;
 use crate::state::AppState;
@@ -117,46 +119,65 @@ fn string_field<'a>(p: &str, item: &'a Map<String, Value>, key: &str) -> Result<
         .ok_or_else(|| invalid(format!("{p}.{key}"), "is required (a string)"))
 }
 
-/// A message's content: a string or `input_text` / `output_text` / `refusal` parts.
-fn content_text(p: &str, content: Option<&Value>) -> Result<String, InvalidParam> {
+/// A message's content: a string or `input_text` / `output_text` / `refusal` parts, and in a
+/// user message `input_image` parts (handed to `images`).
+fn content_text(
+    p: &str,
+    content: Option<&Value>,
+    role: &str,
+    images: &mut ImageCollector,
+) -> Result<String, InvalidParam> {
     match content {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
+            let mut texts = PartsText::new("");
             for (j, part) in parts.iter().enumerate() {
                 let pp = format!("{p}[{j}]");
                 let text = match part.get("type").and_then(Value::as_str) {
                     Some("input_text" | "output_text" | "text") => part.get("text"),
                     Some("refusal") => part.get("refusal"),
-                    Some(other @ ("input_image" | "input_file" | "input_audio")) => {
-                        return Err(invalid(
-                            pp,
-                            format!(
-                                "`{other}` parts are not supported: this server serves a text-only model"
-                            ),
-                        ))
+                    Some("input_image") if role == "user" => {
+                        images.check(&pp)?;
+                        let image = crate::media::parts::responses_input_image(&pp, part)?;
+                        texts.push_image(images.push(&pp, image)?);
+                        continue;
+                    }
+                    Some("input_image") => {
+                        return Err(invalid(pp, "only user messages may hold `input_image` parts"))
+                    }
+                    Some(other @ ("input_file" | "input_audio")) => {
+                        return Err(invalid(pp, format!("`{other}` parts are not supported by this server")))
                     }
                     Some(other) => return Err(invalid(pp, format!("`{other}` parts are not supported"))),
                     None => return Err(invalid(pp, "a part needs a `type`")),
                 };
-                texts.push(
-                    text.and_then(Value::as_str)
-                        .ok_or_else(|| invalid(&pp, "the part's text is missing"))?
-                        .to_owned(),
+                texts.push_text(
+                    text.and_then(Value::as_str).ok_or_else(|| invalid(&pp, "the part's text is missing"))?,
                 );
             }
-            Ok(texts.join(""))
+            Ok(texts.finish())
         }
         _ => Err(invalid(p, "content must be a string or a list of parts")),
     }
 }
 
 /// Chat messages of the conversation's items (earlier turns' and this request's).
-/// `first_new` is the index of this request's first item, for parameter names.
+/// `first_new` is the index of this request's first item, for parameter names. Image parts are
+/// refused (a text-only model).
 pub fn messages(
     instructions: Option<&str>,
     items: &[Value],
     first_new: usize,
+) -> Result<Vec<ChatMessage>, InvalidParam> {
+    messages_with(instructions, items, first_new, &mut ImageCollector::text_only())
+}
+
+/// [`messages`], handing user messages' `input_image` parts to `images`.
+pub fn messages_with(
+    instructions: Option<&str>,
+    items: &[Value],
+    first_new: usize,
+    images: &mut ImageCollector,
 ) -> Result<Vec<ChatMessage>, InvalidParam> {
     let mut out: Vec<ChatMessage> = Vec::with_capacity(items.len() + 1);
     if let Some(text) = instructions {
@@ -183,7 +204,8 @@ pub fn messages(
                         ))
                     }
                 };
-                out.push(ChatMessage::new(role, content_text(&format!("{p}.content"), item.get("content"))?));
+                let content = content_text(&format!("{p}.content"), item.get("content"), role, images)?;
+                out.push(ChatMessage::new(role, content));
             }
             "function_call" => {
                 only_keys(&p, item, &["type", "id", "call_id", "name", "arguments", "status", "namespace"])?;
@@ -215,7 +237,7 @@ pub fn messages(
                             format!("No tool call found for function call output with call_id {call_id}."),
                         )
                     })?;
-                let output = content_text(&format!("{p}.output"), item.get("output"))?;
+                let output = content_text(&format!("{p}.output"), item.get("output"), "tool", images)?;
                 let mut m = ChatMessage::new("tool", output);
                 m.tool_call_id = Some(call_id.to_owned());
                 m.name = Some(name);
@@ -453,7 +475,8 @@ pub fn chat_turn(
     if req.max_output_tokens == Some(0) {
         return Err(ApiError::invalid("max_output_tokens", "max_output_tokens must be at least 1"));
     }
-    let messages = messages(req.instructions.as_deref(), items, first_new)?;
+    let mut images = state.media.collector();
+    let messages = messages_with(req.instructions.as_deref(), items, first_new, &mut images)?;
     let (tools, namespaces) = tools(req, state.hosted_tools)?;
     let grammar = text_format(req.text.as_ref())?;
     let mut kwargs = Map::new();
@@ -470,6 +493,7 @@ pub fn chat_turn(
     };
     let turn = ChatTurn {
         messages,
+        images: images.into_images(),
         options,
         tools,
         grammar,

@@ -66,6 +66,8 @@ async fn a_failed_engine_means_stream_error_then_503() -> Result<()> {
         mcp_servers: Vec::new(),
         mcp_timeout: std::time::Duration::from_secs(30),
         stats: Default::default(),
+        media: pagoda_server::media::build::MediaState::new(Default::default(), None)
+            .map_err(anyhow::Error::msg)?,
         responses: pagoda_server::responses::store::ResponseStore::new(8),
         eos_token_ids: tokenizer.eos_token_ids().to_vec(),
         prompts: PromptBuilder::new(tokenizer, Some(Arc::new(template)), vocab_size, 2048),

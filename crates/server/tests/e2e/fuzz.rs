@@ -24,10 +24,11 @@ mod check;
 mod deep_grammar;
 mod gen;
 mod huge_n;
+pub(crate) mod images;
 mod mcp_gen;
 mod mutate;
 mod reuse;
-mod rng;
+pub(crate) mod rng;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};

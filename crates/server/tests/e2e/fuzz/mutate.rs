@@ -344,7 +344,7 @@ const RAW_TOKENS: &[&str] = &[
 
 /// A value of some other type or range than the field wants.
 fn weird(rng: &mut Rng, raw: &mut Raw) -> Value {
-    match rng.below(9) {
+    match rng.below(10) {
         0 | 1 => rng
             .pick(&[
                 json!(0),
@@ -411,6 +411,8 @@ fn weird(rng: &mut Rng, raw: &mut Raw) -> Value {
         5 => json!(long_string(rng)),
         6 => raw.add(*rng.pick(RAW_TOKENS)),
         7 => raw.add(nested(*rng.pick(&[2usize, 64, 127, 128, 129, 500, 5000]), rng.chance(50))),
+        // An image part (fuzzed bytes or URL) wherever a value goes: the model takes no images.
+        8 => super::images::chat_part(rng),
         _ => {
             let options: &[&[u8]] =
                 &[b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe2\x82", b"\xfe\xfe"];
