@@ -5,6 +5,7 @@
 //! `pagoda-bench-offline` all start through it; the HTTP server then speaks only to the engine's
 //! handle and the tokenizer.
 
+mod draft;
 pub mod engine_args;
 pub mod flags;
 mod fp8_kv;
